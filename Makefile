@@ -1,0 +1,90 @@
+# R2CC build. `make` builds everything that needs no GPU; each folder adds its
+# own sources and targets through a module.mk fragment included below, so the
+# folders can grow independently.
+#
+#   make            libr2cc.so, tools, test programs, the software RDMA device
+#   make test       the CPU test suite (what CI runs)
+#   make demo       the main job on the built-in default (software RDMA device)
+#   make gpu-test   GPU tests (GPU machine only)
+#   make bench      benchmarks
+#   make format / make lint
+
+BUILD     ?= build
+CUDA_HOME ?= /usr/local/cuda
+NCCL_HOME ?=
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CC        ?= cc
+
+# nccl.h: NCCL_HOME, then CUDA_HOME, then the system, then the copy that
+# scripts/deps.sh unpacks from PyPI when none of those has one.
+NCCL_INC := $(firstword $(foreach d,$(if $(NCCL_HOME),$(NCCL_HOME)/include) $(CUDA_HOME)/include /usr/include $(BUILD)/deps/nccl/include,$(if $(wildcard $(d)/nccl.h),$(d))))
+CUDA_INC := $(firstword $(foreach d,$(CUDA_HOME)/include $(BUILD)/deps/cuda/include,$(if $(wildcard $(d)/cuda_runtime_api.h),$(d))))
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wmissing-prototypes
+CSTD     := -std=c11 -D_GNU_SOURCE
+OPT      ?= -O2 -g
+CFLAGS_BASE := $(CSTD) $(OPT) $(WARN) -fPIC -I. $(if $(CUDA_INC),-isystem $(CUDA_INC)) $(if $(NCCL_INC),-isystem $(NCCL_INC))
+LIB_CFLAGS  := $(CFLAGS_BASE) -fvisibility=hidden -pthread
+BIN_CFLAGS  := $(CFLAGS_BASE) -pthread
+
+LIBR2CC := $(BUILD)/lib/libr2cc.so
+
+# Filled in by the module.mk fragments.
+LIBR2CC_SRCS :=
+LIBR2CC_LIBS := -ldl -lpthread
+ALL_TARGETS  :=
+TEST_DEPS    :=
+CPU_TESTS    :=
+GPU_TARGETS  :=
+GPU_TESTS    :=
+BENCH_TARGETS :=
+BENCHES      :=
+FORMAT_SRCS  :=
+
+MODULES := shim intercept repair strategies tests tests/softverbs tests/ncclstub bench
+include $(wildcard $(MODULES:%=%/module.mk))
+
+LIBR2CC_OBJS := $(LIBR2CC_SRCS:%.c=$(BUILD)/obj/%.o)
+
+.PHONY: all test demo gpu-test bench format lint deps clean
+.DEFAULT_GOAL := all
+
+all: $(LIBR2CC) $(ALL_TARGETS)
+
+$(LIBR2CC): $(LIBR2CC_OBJS) shim/exports.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $(LIBR2CC_OBJS) -Wl,--version-script=shim/exports.map -Wl,-z,defs $(LIBR2CC_LIBS)
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	@echo "  CC $<"; $(CC) $(LIB_CFLAGS) -MMD -MP -c -o $@ $<
+
+-include $(LIBR2CC_OBJS:.o=.d)
+
+deps:
+	@scripts/deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all $(TEST_DEPS)
+	@scripts/run-tests.sh $(CPU_TESTS)
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/demo.sh
+
+gpu-test: all $(GPU_TARGETS)
+	@scripts/run-tests.sh $(GPU_TESTS)
+
+bench: all $(BENCH_TARGETS)
+	@scripts/run-bench.sh $(BENCHES)
+
+format:
+	clang-format -i $(FORMAT_SRCS)
+
+lint: all
+	clang-format --dry-run --Werror $(FORMAT_SRCS)
+	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \
+	  --suppress=missingIncludeSystem -I. $(LIBR2CC_SRCS)
+
+clean:
+	rm -rf $(BUILD)

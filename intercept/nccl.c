@@ -1,0 +1,323 @@
+/*
+ * The NCCL door: R2CC's definitions of NCCL's public functions, found by the
+ * application before libnccl's weak nccl* symbols because libr2cc.so is
+ * preloaded. Each forwards to NCCL's strong pnccl* alias. Creation and
+ * destruction wrappers keep the communicator registry; the collectives add
+ * nothing but one predictable branch while no strategy is armed (no lock, no
+ * allocation, no system call on that path).
+ *
+ * Thread-local state: the group depth (ncclGroupStart/End nesting), which the
+ * strategies need to know whether a call is inside a user's group.
+ */
+#include "intercept/nccl_hooks.h"
+#include "shim/comm.h"
+#include "shim/common.h"
+#include "shim/core.h"
+#include "shim/log.h"
+
+#include <dlfcn.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <string.h>
+
+/* nccl.h declares these without a prototype. */
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
+ncclResult_t pncclGroupStart(void);
+ncclResult_t pncclGroupEnd(void);
+
+/* --- real functions ---------------------------------------------------------- */
+
+#define R2CC_NCCL_FN(name, params, args)                                                           \
+	typedef ncclResult_t(*real_nccl##name##_fn) params;                                        \
+	static real_nccl##name##_fn real_nccl##name __attribute__((unused));
+#define R2CC_NCCL_OWN  R2CC_NCCL_FN
+#define R2CC_NCCL_REAL R2CC_NCCL_FN
+#include "intercept/nccl_funcs.def"
+#undef R2CC_NCCL_FN
+#undef R2CC_NCCL_OWN
+#undef R2CC_NCCL_REAL
+
+/* NCCL's own strong alias first: it is exactly the library's function even
+ * when another interposer sits between us and libnccl. */
+static void *resolve_nccl(const char *name)
+{
+	char p[64];
+	snprintf(p, sizeof(p), "pnccl%s", name);
+	void *f = dlsym(RTLD_DEFAULT, p);
+	if (!f) {
+		snprintf(p, sizeof(p), "nccl%s", name);
+		f = dlsym(RTLD_NEXT, p);
+	}
+	if (!f)
+		R2CC_WARN("nccl%s is not in the loaded NCCL; the call fails with ncclInvalidUsage",
+			  name);
+	return f;
+}
+
+#define REAL(name)                                                                                 \
+	(r2cc_likely(real_nccl##name != NULL)                                                      \
+		 ? real_nccl##name                                                                 \
+		 : (real_nccl##name = (real_nccl##name##_fn)resolve_nccl(#name)))
+
+/* Forward to the real function, or report that this NCCL lacks it. */
+#define FORWARD(name, args)                                                                        \
+	do {                                                                                       \
+		real_nccl##name##_fn f_ = REAL(name);                                              \
+		return f_ ? f_ args : ncclInvalidUsage;                                            \
+	} while (0)
+
+/* --- hooks the strategies and repair layers install -------------------------- */
+
+r2cc_allreduce_hook_fn r2cc_allreduce_hook;
+static __thread int group_depth;
+
+int r2cc_nccl_group_depth(void)
+{
+	return group_depth;
+}
+
+const struct r2cc_nccl_real *r2cc_nccl_real(void)
+{
+	static struct r2cc_nccl_real t;
+	t.AllReduce = (void *)REAL(AllReduce);
+	t.Reduce = (void *)REAL(Reduce);
+	t.Broadcast = (void *)REAL(Broadcast);
+	t.CommSplit = (void *)REAL(CommSplit);
+	t.CommDestroy = (void *)REAL(CommDestroy);
+	t.GroupStart = (void *)REAL(GroupStart);
+	t.GroupEnd = (void *)REAL(GroupEnd);
+	return &t;
+}
+
+/* --- versions and ids ----------------------------------------------------------- */
+
+static void note_version(void)
+{
+	static int done;
+	if (__atomic_exchange_n(&done, 1, __ATOMIC_RELAXED))
+		return;
+	int v = 0;
+	if (REAL(GetVersion) && real_ncclGetVersion(&v) == ncclSuccess)
+		r2cc_note_nccl_version(v);
+}
+
+R2CC_EXPORT ncclResult_t ncclGetVersion(int *version)
+{
+	FORWARD(GetVersion, (version));
+}
+
+R2CC_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+	FORWARD(GetUniqueId, (id));
+}
+
+/* --- creation ------------------------------------------------------------------- */
+
+static bool config_blocking(const ncclConfig_t *config)
+{
+	/* Never read past the caller's size. */
+	if (!config || config->size < offsetof(ncclConfig_t, blocking) + sizeof(config->blocking))
+		return true;
+	return config->blocking != 0;
+}
+
+static void register_comm(ncclComm_t comm, int rank, int nranks, struct r2cc_comm *parent,
+			  const ncclConfig_t *config)
+{
+	if (!comm)
+		return;
+	struct r2cc_comm *c = r2cc_comm_add(comm, rank, nranks, parent);
+	if (!c)
+		return;
+	c->blocking = config_blocking(config);
+	if (c->blocking && REAL(CommCuDevice))
+		real_ncclCommCuDevice(comm, &c->cuda_dev);
+	R2CC_INFO("comm %p rank %d/%d registered%s", (void *)comm, rank, nranks,
+		  parent ? " (split)" : "");
+}
+
+static bool on_create(void)
+{
+	if (!r2cc_active())
+		return false;
+	note_version();
+	return r2cc_active();
+}
+
+R2CC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
+{
+	bool active = on_create();
+	real_ncclCommInitRank_fn f = REAL(CommInitRank);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f(comm, nranks, id, rank);
+	if (active && rc == ncclSuccess)
+		register_comm(*comm, rank, nranks, NULL, NULL);
+	return rc;
+}
+
+R2CC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id,
+						int rank, ncclConfig_t *config)
+{
+	bool active = on_create();
+	real_ncclCommInitRankConfig_fn f = REAL(CommInitRankConfig);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f(comm, nranks, id, rank, config);
+	if (active && (rc == ncclSuccess || rc == ncclInProgress))
+		register_comm(*comm, rank, nranks, NULL, config);
+	return rc;
+}
+
+R2CC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank, int nid,
+						  ncclUniqueId *ids, ncclConfig_t *config)
+{
+	bool active = on_create();
+	real_ncclCommInitRankScalable_fn f = REAL(CommInitRankScalable);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f(comm, nranks, rank, nid, ids, config);
+	if (active && (rc == ncclSuccess || rc == ncclInProgress))
+		register_comm(*comm, rank, nranks, NULL, config);
+	return rc;
+}
+
+R2CC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
+{
+	bool active = on_create();
+	real_ncclCommInitAll_fn f = REAL(CommInitAll);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f(comms, ndev, devlist);
+	if (active && rc == ncclSuccess)
+		for (int i = 0; i < ndev; i++)
+			register_comm(comms[i], i, ndev, NULL, NULL);
+	return rc;
+}
+
+/* Rank and size of a communicator NCCL made for us (split, shrink); -1 while
+ * a non-blocking communicator is still being created. */
+static void query_rank(ncclComm_t comm, int *rank, int *nranks)
+{
+	if (!REAL(CommUserRank) || real_ncclCommUserRank(comm, rank) != ncclSuccess)
+		*rank = -1;
+	if (!REAL(CommCount) || real_ncclCommCount(comm, nranks) != ncclSuccess)
+		*nranks = -1;
+}
+
+static void register_child(ncclComm_t parent, ncclComm_t child, const ncclConfig_t *config)
+{
+	if (!child)
+		return;
+	int rank = -1, nranks = -1;
+	if (config_blocking(config))
+		query_rank(child, &rank, &nranks);
+	register_comm(child, rank, nranks, r2cc_comm_find(parent), config);
+}
+
+R2CC_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
+				       ncclConfig_t *config)
+{
+	real_ncclCommSplit_fn f = REAL(CommSplit);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f(comm, color, key, newcomm, config);
+	if (r2cc_active() && (rc == ncclSuccess || rc == ncclInProgress))
+		register_child(comm, *newcomm, config);
+	return rc;
+}
+
+R2CC_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexclude,
+					ncclComm_t *newcomm, ncclConfig_t *config, int flags)
+{
+	real_ncclCommShrink_fn f = REAL(CommShrink);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f(comm, exclude, nexclude, newcomm, config, flags);
+	if (r2cc_active() && (rc == ncclSuccess || rc == ncclInProgress))
+		register_child(comm, *newcomm, config);
+	return rc;
+}
+
+/* --- destruction ------------------------------------------------------------ */
+
+/* Strategy state first (its sub-communicators), then the record. */
+static void unregister_comm(ncclComm_t comm)
+{
+	struct r2cc_comm *c = r2cc_comm_find(comm);
+	if (!c)
+		return;
+	r2cc_comm_release_fn rel = __atomic_load_n(&r2cc_comm_release_hook, __ATOMIC_ACQUIRE);
+	if (rel && c->strategy)
+		rel(c);
+	r2cc_comm_remove(comm);
+}
+
+r2cc_comm_release_fn r2cc_comm_release_hook;
+
+R2CC_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm)
+{
+	FORWARD(CommFinalize, (comm));
+}
+
+R2CC_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
+{
+	unregister_comm(comm);
+	FORWARD(CommDestroy, (comm));
+}
+
+R2CC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
+{
+	unregister_comm(comm);
+	FORWARD(CommAbort, (comm));
+}
+
+/* --- collectives ------------------------------------------------------------ */
+
+R2CC_EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
+				       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
+				       cudaStream_t stream)
+{
+	r2cc_allreduce_hook_fn hook = __atomic_load_n(&r2cc_allreduce_hook, __ATOMIC_RELAXED);
+	if (r2cc_unlikely(hook != NULL)) {
+		struct r2cc_comm *c = r2cc_comm_find(comm);
+		if (c && c->strategy)
+			return (ncclResult_t)hook(c, sendbuff, recvbuff, count, (int)datatype,
+						  (int)op, stream);
+	}
+	FORWARD(AllReduce, (sendbuff, recvbuff, count, datatype, op, comm, stream));
+}
+
+R2CC_EXPORT ncclResult_t ncclGroupStart(void)
+{
+	real_ncclGroupStart_fn f = REAL(GroupStart);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f();
+	if (rc == ncclSuccess)
+		group_depth++;
+	return rc;
+}
+
+R2CC_EXPORT ncclResult_t ncclGroupEnd(void)
+{
+	real_ncclGroupEnd_fn f = REAL(GroupEnd);
+	if (!f)
+		return ncclInvalidUsage;
+	if (group_depth > 0)
+		group_depth--;
+	return f();
+}
+
+#define R2CC_NCCL_OWN(name, params, args)
+#define R2CC_NCCL_REAL(name, params, args)
+#define R2CC_NCCL_FN(name, params, args)                                                           \
+	R2CC_EXPORT ncclResult_t nccl##name params                                                 \
+	{                                                                                          \
+		FORWARD(name, args);                                                               \
+	}
+#include "intercept/nccl_funcs.def"
+#undef R2CC_NCCL_FN
+#undef R2CC_NCCL_OWN
+#undef R2CC_NCCL_REAL

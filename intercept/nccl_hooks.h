@@ -1,0 +1,33 @@
+/*
+ * What the NCCL door offers the layers above it (strategies/, repair/):
+ * the real NCCL functions they call, the thread's group depth, and hooks
+ * they install. A hook pointer is NULL while nothing is armed, which keeps
+ * the collective wrappers to one predictable branch.
+ */
+#ifndef R2CC_INTERCEPT_NCCL_HOOKS_H
+#define R2CC_INTERCEPT_NCCL_HOOKS_H
+
+#include <stddef.h>
+
+struct r2cc_comm;
+
+/* Replaces ncclAllReduce for communicators whose record has strategy state.
+ * Returns an ncclResult_t. */
+typedef int (*r2cc_allreduce_hook_fn)(struct r2cc_comm *c, const void *sendbuff, void *recvbuff,
+				      size_t count, int datatype, int op, void *stream);
+extern r2cc_allreduce_hook_fn r2cc_allreduce_hook;
+
+/* Called before a communicator with strategy state is destroyed/aborted. */
+typedef void (*r2cc_comm_release_fn)(struct r2cc_comm *c);
+extern r2cc_comm_release_fn r2cc_comm_release_hook;
+
+/* Depth of ncclGroupStart nesting on this thread. */
+int r2cc_nccl_group_depth(void);
+
+/* The real NCCL functions, as void pointers to be cast by the user. */
+struct r2cc_nccl_real {
+	void *AllReduce, *Reduce, *Broadcast, *CommSplit, *CommDestroy, *GroupStart, *GroupEnd;
+};
+const struct r2cc_nccl_real *r2cc_nccl_real(void);
+
+#endif

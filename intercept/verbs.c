@@ -1,0 +1,448 @@
+/*
+ * The verbs door. NCCL never links libibverbs: it dlopen()s it and resolves
+ * every function with dlvsym(handle, name, "IBVERBS_1.x"), so R2CC interposes
+ * dlvsym itself and hands back its own wrappers for the ibv_* names listed in
+ * verbs_funcs.def. The wrappers forward to the real functions (same return
+ * values, same errno), feed the registries, and replace the three data-path
+ * ops (post_send, post_recv, poll_cq) in every context opened through them.
+ *
+ * The data-path wrappers take no lock, allocate nothing and make no system
+ * call: one lock-free registry lookup, the real op, relaxed counter updates.
+ * With R2CC inactive (R2CC_MODE=0 or a bad setting) the hook returns the real
+ * functions untouched.
+ */
+#include "shim/common.h"
+#include "shim/core.h"
+#include "shim/log.h"
+#include "shim/registry.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <string.h>
+
+/* --- real functions ------------------------------------------------------- */
+
+#define R2CC_VERBS_FN(ret, name, params, args) typedef ret(*name##_fn) params;
+#define R2CC_VERBS_OWN R2CC_VERBS_FN
+#include "intercept/verbs_funcs.def"
+#undef R2CC_VERBS_FN
+#undef R2CC_VERBS_OWN
+
+#define R2CC_VERBS_FN(ret, name, params, args) static name##_fn real_##name;
+#define R2CC_VERBS_OWN R2CC_VERBS_FN
+#include "intercept/verbs_funcs.def"
+#undef R2CC_VERBS_FN
+#undef R2CC_VERBS_OWN
+
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+static dlvsym_fn real_dlvsym;
+static void *verbs_handle;    /* the libibverbs handle NCCL resolved through */
+static char verbs_version[16]; /* the version node it asked for */
+
+/* Calls made while resolving (libunwind, libcrypto, …) go straight through. */
+static __thread int in_hook;
+
+static dlvsym_fn get_real_dlvsym(void)
+{
+	dlvsym_fn f = __atomic_load_n(&real_dlvsym, __ATOMIC_ACQUIRE);
+	if (!f) {
+		f = (dlvsym_fn)dlsym(RTLD_NEXT, "dlvsym");
+		__atomic_store_n(&real_dlvsym, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
+/* Resolve a real function a wrapper needs that NCCL has not asked for yet. */
+static void *resolve_real(const char *name)
+{
+	dlvsym_fn f = get_real_dlvsym();
+	void *h = __atomic_load_n(&verbs_handle, __ATOMIC_ACQUIRE);
+	if (!f || !h)
+		return NULL;
+	return f(h, name, verbs_version[0] ? verbs_version : "IBVERBS_1.1");
+}
+
+#define REAL(name)                                                                                 \
+	(real_##name ? real_##name : (real_##name = (name##_fn)resolve_real(#name)))
+
+/* --- data path ------------------------------------------------------------- */
+
+static struct r2cc_ctx *ctx_of(const struct ibv_context *ctx)
+{
+	return r2cc_ctx_find(ctx);
+}
+
+static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct r2cc_qp *q = r2cc_qp_find(qp);
+	struct r2cc_ctx *c = q ? q->ctx : ctx_of(qp->context);
+	if (r2cc_unlikely(!c)) {
+		*bad = wr;
+		return EINVAL;
+	}
+	int rc = c->post_send(qp, wr, bad);
+	if (r2cc_likely(q != NULL)) {
+		uint64_t bytes = 0, n = 0;
+		const struct ibv_send_wr *stop = rc ? *bad : NULL;
+		for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next, n++)
+			for (int i = 0; i < w->num_sge; i++)
+				bytes += w->sg_list[i].length;
+		struct r2cc_nic *nic = c->nic;
+		r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
+		r2cc_counter_add(&nic->cnt.tx_wrs, n);
+		r2cc_counter_add(&q->tx_bytes, bytes);
+		r2cc_counter_add(&q->tx_wrs, n);
+	}
+	return rc;
+}
+
+static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct r2cc_qp *q = r2cc_qp_find(qp);
+	struct r2cc_ctx *c = q ? q->ctx : ctx_of(qp->context);
+	if (r2cc_unlikely(!c)) {
+		*bad = wr;
+		return EINVAL;
+	}
+	int rc = c->post_recv(qp, wr, bad);
+	if (r2cc_likely(q != NULL)) {
+		uint64_t n = 0;
+		const struct ibv_recv_wr *stop = rc ? *bad : NULL;
+		for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next)
+			n++;
+		r2cc_counter_add(&c->nic->cnt.recv_posted, n);
+		r2cc_counter_add(&q->rx_wrs, n);
+	}
+	return rc;
+}
+
+static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
+{
+	struct r2cc_cq *rc = r2cc_cq_find(cq);
+	struct r2cc_ctx *c = rc ? rc->ctx : ctx_of(cq->context);
+	if (r2cc_unlikely(!c))
+		return -EINVAL;
+	int got = c->poll_cq(cq, num, wc);
+	if (got > 0) {
+		uint64_t rx_bytes = 0, rx = 0, tx = 0, err = 0;
+		for (int i = 0; i < got; i++) {
+			if (r2cc_unlikely(wc[i].status != IBV_WC_SUCCESS))
+				err++;
+			else if (wc[i].opcode & IBV_WC_RECV) {
+				rx++;
+				rx_bytes += wc[i].byte_len;
+			} else {
+				tx++;
+			}
+		}
+		struct r2cc_nic *nic = c->nic;
+		if (rx) {
+			r2cc_counter_add(&nic->cnt.rx_wrs, rx);
+			r2cc_counter_add(&nic->cnt.rx_bytes, rx_bytes);
+		}
+		if (tx)
+			r2cc_counter_add(&nic->cnt.tx_cqes, tx);
+		if (r2cc_unlikely(err)) {
+			r2cc_counter_add(&nic->cnt.err_cqes, err);
+			R2CC_WARN("%s: %llu completion(s) with an error status", nic->name,
+				  (unsigned long long)err);
+		}
+	}
+	return got;
+}
+
+/* --- control path ---------------------------------------------------------- */
+
+static void query_port_attrs(struct ibv_context *ctx, struct r2cc_nic *nic)
+{
+	struct ibv_port_attr pa;
+	memset(&pa, 0, sizeof(pa));
+	if (REAL(ibv_query_port) && real_ibv_query_port(ctx, nic->port, &pa) == 0) {
+		nic->port_state = pa.state;
+		nic->lid = pa.lid;
+		nic->link_layer = pa.link_layer;
+		nic->active_mtu = pa.active_mtu;
+	}
+}
+
+static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
+{
+	struct ibv_context *ctx = real_ibv_open_device(dev);
+	if (!ctx)
+		return NULL;
+	int saved = errno;
+	const char *name = REAL(ibv_get_device_name) ? real_ibv_get_device_name(dev) : NULL;
+	struct r2cc_nic *nic = r2cc_nic_get(name ? name : "?");
+	struct r2cc_ctx *c = nic ? r2cc_ctx_add(ctx, nic) : NULL;
+	if (!c) {
+		R2CC_WARN("%s: cannot register the device; its traffic passes through unobserved",
+			  name ? name : "?");
+		errno = saved;
+		return ctx;
+	}
+	c->post_send = ctx->ops.post_send;
+	c->post_recv = ctx->ops.post_recv;
+	c->poll_cq = ctx->ops.poll_cq;
+	query_port_attrs(ctx, nic);
+	/* Publish the originals before the wrappers can run. */
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	ctx->ops.post_send = wrap_post_send;
+	ctx->ops.post_recv = wrap_post_recv;
+	ctx->ops.poll_cq = wrap_poll_cq;
+	R2CC_INFO("%s: opened (NIC %d, lid %u, port %s)", nic->name, nic->index, nic->lid,
+		  nic->port_state == IBV_PORT_ACTIVE ? "active" : "not active");
+	errno = saved;
+	return ctx;
+}
+
+static int wrap_ibv_close_device(struct ibv_context *ctx)
+{
+	struct r2cc_ctx *c = r2cc_ctx_find(ctx);
+	if (c) {
+		ctx->ops.post_send = c->post_send;
+		ctx->ops.post_recv = c->post_recv;
+		ctx->ops.poll_cq = c->poll_cq;
+	}
+	int rc = real_ibv_close_device(ctx);
+	if (rc == 0)
+		r2cc_ctx_remove(ctx);
+	else if (c) {
+		ctx->ops.post_send = wrap_post_send;
+		ctx->ops.post_recv = wrap_post_recv;
+		ctx->ops.poll_cq = wrap_poll_cq;
+	}
+	return rc;
+}
+
+static int wrap_ibv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
+{
+	int rc = real_ibv_query_port(ctx, port, attr);
+	struct r2cc_ctx *c;
+	if (rc == 0 && (c = r2cc_ctx_find(ctx))) {
+		c->nic->port = port;
+		c->nic->port_state = attr->state;
+		c->nic->lid = attr->lid;
+		c->nic->link_layer = attr->link_layer;
+		c->nic->active_mtu = attr->active_mtu;
+	}
+	return rc;
+}
+
+static int wrap_ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
+{
+	int rc = real_ibv_query_gid(ctx, port, index, gid);
+	struct r2cc_ctx *c;
+	if (rc == 0 && (c = r2cc_ctx_find(ctx)) && !c->nic->gid_known) {
+		c->nic->gid = *gid;
+		c->nic->gid_known = true;
+	}
+	return rc;
+}
+
+static struct ibv_pd *wrap_ibv_alloc_pd(struct ibv_context *ctx)
+{
+	struct ibv_pd *pd = real_ibv_alloc_pd(ctx);
+	if (pd) {
+		int saved = errno;
+		struct r2cc_ctx *c = r2cc_ctx_find(ctx);
+		if (c)
+			r2cc_pd_add(pd, c);
+		errno = saved;
+	}
+	return pd;
+}
+
+static int wrap_ibv_dealloc_pd(struct ibv_pd *pd)
+{
+	int rc = real_ibv_dealloc_pd(pd);
+	if (rc == 0)
+		r2cc_pd_remove(pd);
+	return rc;
+}
+
+static struct ibv_mr *note_mr(struct ibv_pd *pd, struct ibv_mr *mr, uint64_t addr, size_t len,
+			      int access)
+{
+	if (mr) {
+		int saved = errno;
+		struct r2cc_pd *p = r2cc_pd_find(pd);
+		if (p)
+			r2cc_mr_add(mr, p->ctx->nic, addr, len, mr->lkey, mr->rkey, access);
+		errno = saved;
+	}
+	return mr;
+}
+
+static struct ibv_mr *wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+	return note_mr(pd, real_ibv_reg_mr(pd, addr, len, access), (uintptr_t)addr, len, access);
+}
+
+static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+					    unsigned int access)
+{
+	return note_mr(pd, real_ibv_reg_mr_iova2(pd, addr, len, iova, access), (uintptr_t)addr, len,
+		       (int)access);
+}
+
+static struct ibv_mr *wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+					     uint64_t iova, int fd, int access)
+{
+	struct ibv_mr *mr = real_ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
+	return note_mr(pd, mr, iova, len, access);
+}
+
+static int wrap_ibv_dereg_mr(struct ibv_mr *mr)
+{
+	int rc = real_ibv_dereg_mr(mr);
+	if (rc == 0)
+		r2cc_mr_remove(mr);
+	return rc;
+}
+
+static struct ibv_cq *wrap_ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
+					 struct ibv_comp_channel *ch, int vec)
+{
+	struct ibv_cq *cq = real_ibv_create_cq(ctx, cqe, cq_context, ch, vec);
+	if (cq) {
+		int saved = errno;
+		struct r2cc_ctx *c = r2cc_ctx_find(ctx);
+		if (c)
+			r2cc_cq_add(cq, c, cq->cqe);
+		errno = saved;
+	}
+	return cq;
+}
+
+static int wrap_ibv_destroy_cq(struct ibv_cq *cq)
+{
+	int rc = real_ibv_destroy_cq(cq);
+	if (rc == 0)
+		r2cc_cq_remove(cq);
+	return rc;
+}
+
+static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+	struct ibv_qp *qp = real_ibv_create_qp(pd, attr);
+	if (qp) {
+		int saved = errno;
+		struct r2cc_pd *p = r2cc_pd_find(pd);
+		if (p) {
+			struct r2cc_qp *q = r2cc_qp_add(qp, p->ctx, r2cc_cq_find(attr->send_cq),
+							r2cc_cq_find(attr->recv_cq), qp->qp_num,
+							attr->qp_type);
+			if (q) {
+				q->max_send_wr = attr->cap.max_send_wr;
+				q->max_recv_wr = attr->cap.max_recv_wr;
+				R2CC_TRACE("%s: qp 0x%x created (send_wr %u recv_wr %u)",
+					   p->ctx->nic->name, qp->qp_num, q->max_send_wr,
+					   q->max_recv_wr);
+			}
+		}
+		errno = saved;
+	}
+	return qp;
+}
+
+static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+{
+	int rc = real_ibv_modify_qp(qp, attr, mask);
+	struct r2cc_qp *q;
+	if (rc == 0 && (q = r2cc_qp_find(qp))) {
+		if (mask & IBV_QP_STATE)
+			q->state = attr->qp_state;
+		if (mask & IBV_QP_DEST_QPN)
+			q->peer.qpn = attr->dest_qp_num;
+		if (mask & IBV_QP_AV) {
+			q->peer.lid = attr->ah_attr.dlid;
+			q->peer.has_grh = attr->ah_attr.is_global;
+			q->peer.port = attr->ah_attr.port_num;
+			if (attr->ah_attr.is_global)
+				q->peer.gid = attr->ah_attr.grh.dgid;
+		}
+		if (mask & IBV_QP_TIMEOUT)
+			q->timeout = attr->timeout;
+		if (mask & IBV_QP_RETRY_CNT)
+			q->retry_cnt = attr->retry_cnt;
+		if (mask & IBV_QP_RNR_RETRY)
+			q->rnr_retry = attr->rnr_retry;
+		if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTR)
+			R2CC_TRACE("%s: qp 0x%x -> RTR, peer lid %u qpn 0x%x", q->ctx->nic->name,
+				   q->qpn, q->peer.lid, q->peer.qpn);
+	}
+	return rc;
+}
+
+static int wrap_ibv_destroy_qp(struct ibv_qp *qp)
+{
+	int rc = real_ibv_destroy_qp(qp);
+	if (rc == 0)
+		r2cc_qp_remove(qp);
+	return rc;
+}
+
+/* --- generated forwarding wrappers ---------------------------------------- */
+
+#define R2CC_VERBS_OWN(ret, name, params, args)
+#define R2CC_VERBS_FN(ret, name, params, args)                                                     \
+	static ret wrap_##name params                                                              \
+	{                                                                                          \
+		return real_##name args;                                                           \
+	}
+#include "intercept/verbs_funcs.def"
+#undef R2CC_VERBS_FN
+#undef R2CC_VERBS_OWN
+
+/* --- the hook ------------------------------------------------------------- */
+
+struct verbs_entry {
+	const char *name;
+	void **real;
+	void *wrapper;
+};
+
+static const struct verbs_entry verbs_table[] = {
+#define R2CC_VERBS_FN(ret, name, params, args) {#name, (void **)&real_##name, (void *)wrap_##name},
+#define R2CC_VERBS_OWN R2CC_VERBS_FN
+#include "intercept/verbs_funcs.def"
+#undef R2CC_VERBS_FN
+#undef R2CC_VERBS_OWN
+};
+
+/* Counts of names handed out as wrappers, for tests and INFO. */
+static int verbs_wrapped;
+
+R2CC_EXPORT void *dlvsym(void *handle, const char *symbol, const char *version)
+{
+	dlvsym_fn real = get_real_dlvsym();
+	if (!real)
+		return NULL;
+	void *fn = real(handle, symbol, version);
+	if (!fn || in_hook || strncmp(symbol, "ibv_", 4))
+		return fn;
+	in_hook = 1;
+	if (!r2cc_active()) {
+		in_hook = 0;
+		return fn;
+	}
+	void *out = fn;
+	for (size_t i = 0; i < R2CC_ARRAY_SIZE(verbs_table); i++) {
+		if (strcmp(verbs_table[i].name, symbol))
+			continue;
+		if (!__atomic_load_n(&verbs_handle, __ATOMIC_ACQUIRE)) {
+			snprintf(verbs_version, sizeof(verbs_version), "%s", version);
+			__atomic_store_n(&verbs_handle, handle, __ATOMIC_RELEASE);
+		}
+		__atomic_store_n(verbs_table[i].real, fn, __ATOMIC_RELEASE);
+		out = verbs_table[i].wrapper;
+		if (__atomic_fetch_add(&verbs_wrapped, 1, __ATOMIC_RELAXED) == 0)
+			R2CC_INFO("verbs: wrapping %s's functions (first: %s@%s)", "libibverbs",
+				  symbol, version);
+		break;
+	}
+	in_hook = 0;
+	return out;
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Installs, when missing, what R2CC's build and CPU tests need on Debian/Ubuntu:
+# rdma-core's verbs headers, Criterion, libunwind, libsodium, bc. Also makes sure
+# nccl.h is reachable (from CUDA_HOME, the system, or the nvidia-nccl-cu12 wheel
+# unpacked under build/deps). Quiet when everything is already there.
+set -eu
+cd "$(dirname "$0")/.."
+need=()
+have_hdr() { [ -e "$1" ]; }
+have_hdr /usr/include/infiniband/verbs.h || need+=(libibverbs-dev)
+have_hdr /usr/include/criterion/criterion.h || need+=(libcriterion-dev)
+have_hdr /usr/include/libunwind.h || have_hdr /usr/include/x86_64-linux-gnu/libunwind.h || need+=(libunwind-dev)
+have_hdr /usr/include/sodium.h || need+=(libsodium-dev)
+command -v bc >/dev/null || need+=(bc)
+command -v cc >/dev/null || need+=(gcc)
+command -v make >/dev/null || need+=(make)
+command -v python3 >/dev/null || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+	echo "deps: installing ${need[*]}"
+	SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+	export DEBIAN_FRONTEND=noninteractive
+	$SUDO apt-get update -qq
+	$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+if [ ! -e "${NCCL_HOME:-/nonexistent}/include/nccl.h" ] && [ ! -e "$CUDA_HOME/include/nccl.h" ] &&
+	[ ! -e /usr/include/nccl.h ] && [ ! -e build/deps/nccl/include/nccl.h ]; then
+	echo "deps: no nccl.h found; unpacking the nvidia-nccl-cu12 wheel into build/deps"
+	mkdir -p build/deps/wheels
+	python3 -m pip download -q --no-deps --only-binary=:all: -d build/deps/wheels nvidia-nccl-cu12==2.28.9
+	python3 - <<'PY'
+import glob, zipfile, os
+w = glob.glob("build/deps/wheels/nvidia_nccl_cu12-*.whl")[0]
+with zipfile.ZipFile(w) as z:
+    for n in z.namelist():
+        if n.startswith("nvidia/nccl/include/"):
+            d = os.path.join("build/deps/nccl/include", os.path.basename(n))
+            os.makedirs(os.path.dirname(d), exist_ok=True)
+            open(d, "wb").write(z.read(n))
+PY
+fi
+if [ ! -e "$CUDA_HOME/include/cuda_runtime_api.h" ] && [ ! -e build/deps/cuda/include/cuda_runtime_api.h ]; then
+	echo "deps: no CUDA headers under $CUDA_HOME; unpacking the nvidia-cuda-runtime wheel into build/deps"
+	mkdir -p build/deps/wheels
+	python3 -m pip download -q --no-deps --only-binary=:all: -d build/deps/wheels "nvidia-cuda-runtime-cu12==12.8.*"
+	python3 - <<'PY'
+import glob, zipfile, os
+w = glob.glob("build/deps/wheels/nvidia_cuda_runtime_cu12-*.whl")[0]
+with zipfile.ZipFile(w) as z:
+    for n in z.namelist():
+        if "/include/" in n and not n.endswith("/"):
+            d = os.path.join("build/deps/cuda/include", n.split("/include/", 1)[1])
+            os.makedirs(os.path.dirname(d), exist_ok=True)
+            open(d, "wb").write(z.read(n))
+PY
+fi

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs each test command given as an argument (a program or a script, with its
+# arguments separated by ':' so that make can pass it as one word), prints its
+# output, and ends with one summary line "N passed, M failed".
+# A test command's name may carry a time limit: "120@build/tests/foo:--x".
+set -u
+pass=0; fail=0; failed=()
+for spec in "$@"; do
+	limit=600
+	case "$spec" in *@*) limit=${spec%%@*}; spec=${spec#*@} ;; esac
+	IFS=':' read -r -a cmd <<<"$spec"
+	echo "=== ${cmd[*]}"
+	start=$(date +%s.%N)
+	timeout --kill-after=10 "$limit" "${cmd[@]}"
+	rc=$?
+	secs=$(printf '%.1f' "$(echo "$(date +%s.%N) - $start" | bc)")
+	if [ $rc -eq 0 ]; then
+		pass=$((pass + 1)); echo "=== ok   ${cmd[*]} (${secs}s)"
+	else
+		fail=$((fail + 1)); failed+=("${cmd[*]}")
+		[ $rc -eq 124 ] && echo "=== timed out after ${limit}s"
+		echo "=== FAIL ${cmd[*]} (rc=$rc, ${secs}s)"
+	fi
+done
+for f in "${failed[@]+"${failed[@]}"}"; do echo "failed: $f"; done
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]

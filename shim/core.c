@@ -1,0 +1,80 @@
+/*
+ * Start-up: the constructor and every entry point call r2cc_init(), which
+ * reads the settings once, starts logging, creates the registries and
+ * decides whether R2CC is active. Constructor order is not guaranteed (NCCL
+ * or the application may call in first), so initialisation is a once-only
+ * function rather than constructor work. Fork: the registries describe verbs
+ * objects the child inherits only as memory; a child keeps them read-only.
+ */
+#include "shim/core.h"
+#include "include/r2cc.h"
+#include "shim/common.h"
+#include "shim/log.h"
+#include "shim/params.h"
+#include "shim/registry.h"
+
+#include <pthread.h>
+#include <stdio.h>
+
+int r2cc_state;
+int r2cc_nccl_version;
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+
+static void init_once_fn(void)
+{
+	int rc = r2cc_params_load();
+	int state = 1;
+	if (rc) {
+		state = -1;
+	} else if (r2cc_param.mode == R2CC_MODE_PASSTHROUGH) {
+		R2CC_INFO("R2CC_MODE=0: plain NCCL, every call passed through");
+		state = -1;
+	} else if (r2cc_registry_init()) {
+		r2cc_log_write(R2CC_LOG_WARN, -1, "cannot allocate registries; R2CC runs as plain NCCL");
+		state = -1;
+	}
+	if (state > 0) {
+		R2CC_INFO("R2CC %s active, mode %d", R2CC_VERSION_STRING, r2cc_param.mode);
+		r2cc_params_log_nondefault(&r2cc_param);
+	}
+	__atomic_store_n(&r2cc_state, state, __ATOMIC_RELEASE);
+}
+
+bool r2cc_init(void)
+{
+	pthread_once(&init_once, init_once_fn);
+	return __atomic_load_n(&r2cc_state, __ATOMIC_ACQUIRE) > 0;
+}
+
+void r2cc_disable(const char *why)
+{
+	if (__atomic_exchange_n(&r2cc_state, -1, __ATOMIC_ACQ_REL) > 0)
+		r2cc_log_backtrace(why);
+}
+
+void r2cc_note_nccl_version(int code)
+{
+	if (__atomic_exchange_n(&r2cc_nccl_version, code, __ATOMIC_RELAXED) == code)
+		return;
+	int major = code >= 10000 ? code / 10000 : code / 1000;
+	int minor = code >= 10000 ? code / 100 % 100 : code / 100 % 10;
+	int patch = code >= 10000 ? code % 100 : code % 100;
+	R2CC_INFO("NCCL %d.%d.%d", major, minor, patch);
+	if (major < 2 || (major == 2 && minor < 18)) {
+		r2cc_log_write(R2CC_LOG_WARN, -1,
+			       "NCCL %d.%d.%d is older than 2.18, which R2CC needs; running as plain NCCL",
+			       major, minor, patch);
+		__atomic_store_n(&r2cc_state, -1, __ATOMIC_RELEASE);
+	}
+}
+
+R2CC_EXPORT const char *r2cc_version(void)
+{
+	return R2CC_VERSION_STRING;
+}
+
+__attribute__((constructor)) static void r2cc_constructor(void)
+{
+	r2cc_init();
+}

@@ -1,0 +1,68 @@
+/*
+ * A map from 64-bit keys (object addresses, packed NIC/key pairs) to pointers,
+ * for the lookups on R2CC's hot path: post/poll wrappers find their queue pair,
+ * collectives find their communicator. Readers take no lock and make no system
+ * call: open addressing with linear probing over a fixed-size table whose slots
+ * are written with release stores. Writers (object creation and destruction,
+ * never on the hot path) serialise on a mutex. Deleted slots become tombstones,
+ * so a reader probing concurrently with a delete never stops early. The table
+ * does not grow: capacity is chosen at creation and an insert into a full table
+ * fails with -ENOSPC (the caller then runs that object as pass-through).
+ */
+#ifndef R2CC_SHIM_MAP_H
+#define R2CC_SHIM_MAP_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct r2cc_map_slot {
+	uint64_t key;
+	void *val; /* NULL: empty; R2CC_MAP_TOMBSTONE: deleted */
+};
+
+struct r2cc_map {
+	struct r2cc_map_slot *slots;
+	size_t mask; /* capacity - 1, capacity a power of two */
+	size_t used; /* live + tombstones, writers only */
+	pthread_mutex_t lock;
+};
+
+#define R2CC_MAP_TOMBSTONE ((void *)1)
+
+int r2cc_map_init(struct r2cc_map *m, size_t capacity);
+void r2cc_map_fini(struct r2cc_map *m);
+/* 0, -EEXIST if the key is present, -ENOSPC if full, -EINVAL for a NULL value. */
+int r2cc_map_insert(struct r2cc_map *m, uint64_t key, void *val);
+/* The removed value, or NULL. */
+void *r2cc_map_remove(struct r2cc_map *m, uint64_t key);
+/* Iterate over live values under the writer lock; stop when fn returns non-zero. */
+int r2cc_map_for_each(struct r2cc_map *m, int (*fn)(void *val, void *arg), void *arg);
+
+static inline uint64_t r2cc_map_hash(uint64_t k)
+{
+	k ^= k >> 33;
+	k *= 0xff51afd7ed558ccdULL;
+	k ^= k >> 33;
+	k *= 0xc4ceb9fe1a85ec53ULL;
+	k ^= k >> 33;
+	return k;
+}
+
+/* Lock-free lookup: the hot path. */
+static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
+{
+	struct r2cc_map_slot *slots = m->slots;
+	if (!slots)
+		return NULL;
+	for (size_t i = r2cc_map_hash(key) & m->mask, n = 0; n <= m->mask; i = (i + 1) & m->mask, n++) {
+		void *v = __atomic_load_n(&slots[i].val, __ATOMIC_ACQUIRE);
+		if (!v)
+			return NULL;
+		if (v != R2CC_MAP_TOMBSTONE && __atomic_load_n(&slots[i].key, __ATOMIC_RELAXED) == key)
+			return v;
+	}
+	return NULL;
+}
+
+#endif

@@ -1,0 +1,342 @@
+/*
+ * The registries declared in registry.h. Records are created and removed by
+ * the verbs wrappers (never on the data path) under registry_lock; the maps
+ * give the data path lock-free lookups. MRs also live in an array sorted by
+ * start address for interval lookups (read under a rwlock: MR lookups are
+ * repair-time work, not data-path work).
+ */
+#include "shim/registry.h"
+#include "shim/common.h"
+#include "shim/log.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct r2cc_map r2cc_qp_map, r2cc_cq_map, r2cc_ctx_map;
+static struct r2cc_map pd_map, mr_map, qpnum_map, lkey_map, rkey_map;
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct r2cc_nic *nics[R2CC_MAX_NICS];
+static int nnics;
+
+static pthread_rwlock_t mr_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct r2cc_mr **mrs; /* sorted by addr */
+static size_t nmrs, mrs_cap;
+static uint64_t mr_max_len;
+
+static size_t nqps;
+
+int r2cc_registry_init(void)
+{
+	static int done;
+	static int rc;
+	pthread_mutex_lock(&registry_lock);
+	if (!done) {
+		struct {
+			struct r2cc_map *m;
+			size_t cap;
+		} maps[] = {{&r2cc_qp_map, 1 << 16}, {&r2cc_cq_map, 1 << 12}, {&r2cc_ctx_map, 256},
+			    {&pd_map, 1 << 10},      {&mr_map, 1 << 16},      {&qpnum_map, 1 << 16},
+			    {&lkey_map, 1 << 16},    {&rkey_map, 1 << 16}};
+		for (size_t i = 0; i < sizeof(maps) / sizeof(maps[0]) && !rc; i++)
+			rc = r2cc_map_init(maps[i].m, maps[i].cap);
+		done = 1;
+	}
+	pthread_mutex_unlock(&registry_lock);
+	return rc;
+}
+
+/* --- NICs ----------------------------------------------------------------- */
+
+struct r2cc_nic *r2cc_nic_get(const char *name)
+{
+	struct r2cc_nic *nic = NULL;
+	pthread_mutex_lock(&registry_lock);
+	for (int i = 0; i < nnics; i++)
+		if (!strcmp(nics[i]->name, name))
+			nic = nics[i];
+	if (!nic && nnics < R2CC_MAX_NICS) {
+		nic = calloc(1, sizeof(*nic));
+		if (nic) {
+			nic->index = nnics;
+			snprintf(nic->name, sizeof(nic->name), "%s", name);
+			nic->port = 1;
+			__atomic_store_n(&nics[nnics], nic, __ATOMIC_RELEASE);
+			__atomic_store_n(&nnics, nnics + 1, __ATOMIC_RELEASE);
+		}
+	}
+	pthread_mutex_unlock(&registry_lock);
+	return nic;
+}
+
+struct r2cc_nic *r2cc_nic_by_index(int index)
+{
+	if (index < 0 || index >= __atomic_load_n(&nnics, __ATOMIC_ACQUIRE))
+		return NULL;
+	return __atomic_load_n(&nics[index], __ATOMIC_ACQUIRE);
+}
+
+int r2cc_nic_count(void)
+{
+	return __atomic_load_n(&nnics, __ATOMIC_ACQUIRE);
+}
+
+R2CC_EXPORT int r2cc_nic_stats(struct r2cc_nic_stat *out, int max)
+{
+	int n = r2cc_nic_count();
+	for (int i = 0; i < n && i < max; i++) {
+		const struct r2cc_nic *nic = r2cc_nic_by_index(i);
+		memset(&out[i], 0, sizeof(out[i]));
+		snprintf(out[i].name, sizeof(out[i].name), "%s", nic->name);
+		out[i].tx_bytes = __atomic_load_n(&nic->cnt.tx_bytes, __ATOMIC_RELAXED);
+		out[i].tx_wrs = __atomic_load_n(&nic->cnt.tx_wrs, __ATOMIC_RELAXED);
+		out[i].rx_bytes = __atomic_load_n(&nic->cnt.rx_bytes, __ATOMIC_RELAXED);
+		out[i].rx_wrs = __atomic_load_n(&nic->cnt.rx_wrs, __ATOMIC_RELAXED);
+		out[i].state = __atomic_load_n(&nic->state, __ATOMIC_RELAXED);
+	}
+	return n;
+}
+
+/* --- generic add/remove ---------------------------------------------------- */
+
+static void *record_add(struct r2cc_map *m, const void *key, size_t size)
+{
+	void *rec = calloc(1, size);
+	if (!rec)
+		return NULL;
+	int rc = r2cc_map_insert(m, (uint64_t)(uintptr_t)key, rec);
+	if (rc) {
+		R2CC_WARN_ONCE("registry full or inconsistent (%s); the object runs as pass-through",
+			       strerror(-rc));
+		free(rec);
+		return NULL;
+	}
+	return rec;
+}
+
+/* --- contexts, PDs, CQs ------------------------------------------------------ */
+
+struct r2cc_ctx *r2cc_ctx_add(struct ibv_context *ctx, struct r2cc_nic *nic)
+{
+	struct r2cc_ctx *c = record_add(&r2cc_ctx_map, ctx, sizeof(*c));
+	if (c) {
+		c->ctx = ctx;
+		c->nic = nic;
+	}
+	return c;
+}
+
+struct r2cc_ctx *r2cc_ctx_find(const struct ibv_context *ctx)
+{
+	return r2cc_map_get(&r2cc_ctx_map, (uint64_t)(uintptr_t)ctx);
+}
+
+void r2cc_ctx_remove(struct ibv_context *ctx)
+{
+	free(r2cc_map_remove(&r2cc_ctx_map, (uint64_t)(uintptr_t)ctx));
+}
+
+struct r2cc_pd *r2cc_pd_add(struct ibv_pd *pd, struct r2cc_ctx *ctx)
+{
+	struct r2cc_pd *p = record_add(&pd_map, pd, sizeof(*p));
+	if (p) {
+		p->pd = pd;
+		p->ctx = ctx;
+	}
+	return p;
+}
+
+struct r2cc_pd *r2cc_pd_find(const struct ibv_pd *pd)
+{
+	return r2cc_map_get(&pd_map, (uint64_t)(uintptr_t)pd);
+}
+
+void r2cc_pd_remove(struct ibv_pd *pd)
+{
+	free(r2cc_map_remove(&pd_map, (uint64_t)(uintptr_t)pd));
+}
+
+struct r2cc_cq *r2cc_cq_add(struct ibv_cq *cq, struct r2cc_ctx *ctx, int depth)
+{
+	struct r2cc_cq *c = record_add(&r2cc_cq_map, cq, sizeof(*c));
+	if (c) {
+		c->cq = cq;
+		c->ctx = ctx;
+		c->depth = depth;
+	}
+	return c;
+}
+
+void r2cc_cq_remove(struct ibv_cq *cq)
+{
+	free(r2cc_map_remove(&r2cc_cq_map, (uint64_t)(uintptr_t)cq));
+}
+
+/* --- QPs --------------------------------------------------------------------- */
+
+static uint64_t nic_key(const struct r2cc_nic *nic, uint32_t k)
+{
+	return ((uint64_t)(unsigned)nic->index << 32) | k;
+}
+
+struct r2cc_qp *r2cc_qp_add(struct ibv_qp *qp, struct r2cc_ctx *ctx, struct r2cc_cq *send_cq,
+			    struct r2cc_cq *recv_cq, uint32_t qpn, int qp_type)
+{
+	struct r2cc_qp *q = record_add(&r2cc_qp_map, qp, sizeof(*q));
+	if (!q)
+		return NULL;
+	q->qp = qp;
+	q->ctx = ctx;
+	q->send_cq = send_cq;
+	q->recv_cq = recv_cq;
+	q->qpn = qpn;
+	q->qp_type = qp_type;
+	q->state = IBV_QPS_RESET;
+	if (ctx && ctx->nic)
+		r2cc_map_insert(&qpnum_map, nic_key(ctx->nic, qpn), q);
+	__atomic_fetch_add(&nqps, 1, __ATOMIC_RELAXED);
+	return q;
+}
+
+struct r2cc_qp *r2cc_qp_by_num(const struct r2cc_nic *nic, uint32_t qpn)
+{
+	return r2cc_map_get(&qpnum_map, nic_key(nic, qpn));
+}
+
+void r2cc_qp_remove(struct ibv_qp *qp)
+{
+	struct r2cc_qp *q = r2cc_map_remove(&r2cc_qp_map, (uint64_t)(uintptr_t)qp);
+	if (!q)
+		return;
+	if (q->ctx && q->ctx->nic)
+		r2cc_map_remove(&qpnum_map, nic_key(q->ctx->nic, q->qpn));
+	__atomic_fetch_sub(&nqps, 1, __ATOMIC_RELAXED);
+	free(q);
+}
+
+size_t r2cc_qp_count(void)
+{
+	return __atomic_load_n(&nqps, __ATOMIC_RELAXED);
+}
+
+/* --- MRs --------------------------------------------------------------------- */
+
+/* First index whose addr > a. */
+static size_t mr_upper(uint64_t a)
+{
+	size_t lo = 0, hi = nmrs;
+	while (lo < hi) {
+		size_t mid = (lo + hi) / 2;
+		if (mrs[mid]->addr <= a)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+struct r2cc_mr *r2cc_mr_add(struct ibv_mr *mr, struct r2cc_nic *nic, uint64_t addr, uint64_t len,
+			    uint32_t lkey, uint32_t rkey, int access)
+{
+	struct r2cc_mr *r = record_add(&mr_map, mr, sizeof(*r));
+	if (!r)
+		return NULL;
+	r->mr = mr;
+	r->nic = nic;
+	r->addr = addr;
+	r->len = len;
+	r->lkey = lkey;
+	r->rkey = rkey;
+	r->access = access;
+	pthread_rwlock_wrlock(&mr_lock);
+	if (nmrs == mrs_cap) {
+		size_t cap = mrs_cap ? mrs_cap * 2 : 256;
+		struct r2cc_mr **n = realloc(mrs, cap * sizeof(*n));
+		if (!n) {
+			pthread_rwlock_unlock(&mr_lock);
+			free(r2cc_map_remove(&mr_map, (uint64_t)(uintptr_t)mr));
+			return NULL;
+		}
+		mrs = n;
+		mrs_cap = cap;
+	}
+	size_t at = mr_upper(addr);
+	memmove(&mrs[at + 1], &mrs[at], (nmrs - at) * sizeof(*mrs));
+	mrs[at] = r;
+	nmrs++;
+	if (len > mr_max_len)
+		mr_max_len = len;
+	pthread_rwlock_unlock(&mr_lock);
+	if (nic) {
+		r2cc_map_insert(&lkey_map, nic_key(nic, lkey), r);
+		r2cc_map_insert(&rkey_map, nic_key(nic, rkey), r);
+	}
+	return r;
+}
+
+struct r2cc_mr *r2cc_mr_find(const struct ibv_mr *mr)
+{
+	return r2cc_map_get(&mr_map, (uint64_t)(uintptr_t)mr);
+}
+
+struct r2cc_mr *r2cc_mr_by_addr(const struct r2cc_nic *nic, uint64_t addr, uint64_t len)
+{
+	struct r2cc_mr *found = NULL;
+	if (addr + len < addr)
+		return NULL;
+	pthread_rwlock_rdlock(&mr_lock);
+	/* Candidates start at or before addr and no earlier than addr - longest MR. */
+	for (size_t i = mr_upper(addr); i-- > 0;) {
+		struct r2cc_mr *r = mrs[i];
+		if (addr - r->addr > mr_max_len)
+			break;
+		if ((!nic || r->nic == nic) && addr + len <= r->addr + r->len) {
+			found = r;
+			break;
+		}
+	}
+	pthread_rwlock_unlock(&mr_lock);
+	return found;
+}
+
+struct r2cc_mr *r2cc_mr_by_lkey(const struct r2cc_nic *nic, uint32_t lkey)
+{
+	return r2cc_map_get(&lkey_map, nic_key(nic, lkey));
+}
+
+struct r2cc_mr *r2cc_mr_by_rkey(const struct r2cc_nic *nic, uint32_t rkey)
+{
+	return r2cc_map_get(&rkey_map, nic_key(nic, rkey));
+}
+
+void r2cc_mr_remove(struct ibv_mr *mr)
+{
+	struct r2cc_mr *r = r2cc_map_remove(&mr_map, (uint64_t)(uintptr_t)mr);
+	if (!r)
+		return;
+	pthread_rwlock_wrlock(&mr_lock);
+	for (size_t i = 0; i < nmrs; i++) {
+		if (mrs[i] == r) {
+			memmove(&mrs[i], &mrs[i + 1], (nmrs - i - 1) * sizeof(*mrs));
+			nmrs--;
+			break;
+		}
+	}
+	pthread_rwlock_unlock(&mr_lock);
+	if (r->nic) {
+		r2cc_map_remove(&lkey_map, nic_key(r->nic, r->lkey));
+		r2cc_map_remove(&rkey_map, nic_key(r->nic, r->rkey));
+	}
+	free(r);
+}
+
+size_t r2cc_mr_count(void)
+{
+	pthread_rwlock_rdlock(&mr_lock);
+	size_t n = nmrs;
+	pthread_rwlock_unlock(&mr_lock);
+	return n;
+}

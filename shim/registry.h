@@ -1,0 +1,159 @@
+/*
+ * Registries of the verbs objects NCCL creates through R2CC's wrappers: NICs
+ * (one per physical device, shared by every context opened on it), contexts
+ * (with the original data-path ops R2CC replaced), PDs, MRs, CQs and QPs.
+ * Hot repair (repair/) and the reports read them; the post/poll wrappers
+ * reach a QP's or CQ's record with one lock-free lookup and update per-NIC
+ * counters with relaxed atomics.
+ *
+ * Lock order: registry lock (creation/destruction of any object) before a
+ * map's own writer lock. Nothing in here calls into NCCL or verbs with a lock
+ * held.
+ */
+#ifndef R2CC_SHIM_REGISTRY_H
+#define R2CC_SHIM_REGISTRY_H
+
+#include "include/r2cc.h"
+#include "shim/map.h"
+
+#include <infiniband/verbs.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define R2CC_MAX_NICS 64
+
+typedef int (*r2cc_post_send_fn)(struct ibv_qp *, struct ibv_send_wr *, struct ibv_send_wr **);
+typedef int (*r2cc_post_recv_fn)(struct ibv_qp *, struct ibv_recv_wr *, struct ibv_recv_wr **);
+typedef int (*r2cc_poll_cq_fn)(struct ibv_cq *, int, struct ibv_wc *);
+
+struct r2cc_nic_counters {
+	uint64_t tx_bytes, tx_wrs;   /* posted sends */
+	uint64_t rx_bytes, rx_wrs;   /* polled receive completions */
+	uint64_t tx_cqes;            /* polled send completions */
+	uint64_t err_cqes;           /* polled completions with an error status */
+	uint64_t recv_posted;        /* posted receive WRs */
+};
+
+struct r2cc_nic {
+	int index; /* order of first open, stable for the process */
+	char name[R2CC_NIC_NAME_MAX];
+	uint8_t port;
+	int port_state;  /* enum ibv_port_state, last queried */
+	int link_layer;
+	uint16_t lid;
+	int active_mtu;
+	int speed_gbps;
+	union ibv_gid gid;
+	bool gid_known;
+	int state; /* enum r2cc_nic_state */
+	struct r2cc_nic_counters cnt;
+};
+
+struct r2cc_ctx {
+	struct ibv_context *ctx;
+	struct r2cc_nic *nic;
+	r2cc_post_send_fn post_send;
+	r2cc_post_recv_fn post_recv;
+	r2cc_poll_cq_fn poll_cq;
+};
+
+struct r2cc_pd {
+	struct ibv_pd *pd;
+	struct r2cc_ctx *ctx;
+};
+
+struct r2cc_mr {
+	struct ibv_mr *mr;
+	struct r2cc_nic *nic;
+	uint64_t addr, len;
+	uint32_t lkey, rkey;
+	int access;
+};
+
+struct r2cc_cq {
+	struct ibv_cq *cq;
+	struct r2cc_ctx *ctx;
+	int depth;
+};
+
+struct r2cc_qp_peer {
+	uint32_t qpn;
+	uint16_t lid;
+	bool has_grh;
+	union ibv_gid gid;
+	uint8_t port;
+};
+
+struct r2cc_qp {
+	struct ibv_qp *qp;
+	struct r2cc_ctx *ctx;
+	struct r2cc_cq *send_cq, *recv_cq;
+	uint32_t qpn;
+	int state; /* enum ibv_qp_state, as last set through ibv_modify_qp */
+	int qp_type;
+	uint32_t max_send_wr, max_recv_wr;
+	struct r2cc_qp_peer peer; /* valid from RTR on */
+	uint8_t timeout, retry_cnt, rnr_retry;
+	uint64_t tx_bytes, tx_wrs, rx_wrs;
+};
+
+/* Initialise once (idempotent); -ENOMEM when the tables cannot be made. */
+int r2cc_registry_init(void);
+
+/* NICs: found or created by name. */
+struct r2cc_nic *r2cc_nic_get(const char *name);
+struct r2cc_nic *r2cc_nic_by_index(int index);
+int r2cc_nic_count(void);
+
+/* Contexts. */
+struct r2cc_ctx *r2cc_ctx_add(struct ibv_context *ctx, struct r2cc_nic *nic);
+struct r2cc_ctx *r2cc_ctx_find(const struct ibv_context *ctx);
+void r2cc_ctx_remove(struct ibv_context *ctx);
+
+/* PDs. */
+struct r2cc_pd *r2cc_pd_add(struct ibv_pd *pd, struct r2cc_ctx *ctx);
+struct r2cc_pd *r2cc_pd_find(const struct ibv_pd *pd);
+void r2cc_pd_remove(struct ibv_pd *pd);
+
+/* MRs: by address range (on a NIC, or on any NIC), by lkey, by rkey. */
+struct r2cc_mr *r2cc_mr_add(struct ibv_mr *mr, struct r2cc_nic *nic, uint64_t addr, uint64_t len,
+			    uint32_t lkey, uint32_t rkey, int access);
+struct r2cc_mr *r2cc_mr_find(const struct ibv_mr *mr);
+/* The registration on nic (NULL: any) that covers [addr, addr+len). */
+struct r2cc_mr *r2cc_mr_by_addr(const struct r2cc_nic *nic, uint64_t addr, uint64_t len);
+struct r2cc_mr *r2cc_mr_by_lkey(const struct r2cc_nic *nic, uint32_t lkey);
+struct r2cc_mr *r2cc_mr_by_rkey(const struct r2cc_nic *nic, uint32_t rkey);
+void r2cc_mr_remove(struct ibv_mr *mr);
+size_t r2cc_mr_count(void);
+
+/* CQs. */
+struct r2cc_cq *r2cc_cq_add(struct ibv_cq *cq, struct r2cc_ctx *ctx, int depth);
+void r2cc_cq_remove(struct ibv_cq *cq);
+
+/* QPs: by object and by (NIC, QP number). */
+struct r2cc_qp *r2cc_qp_add(struct ibv_qp *qp, struct r2cc_ctx *ctx, struct r2cc_cq *send_cq,
+			    struct r2cc_cq *recv_cq, uint32_t qpn, int qp_type);
+struct r2cc_qp *r2cc_qp_by_num(const struct r2cc_nic *nic, uint32_t qpn);
+void r2cc_qp_remove(struct ibv_qp *qp);
+size_t r2cc_qp_count(void);
+
+/* Hot-path lookups (lock-free). */
+extern struct r2cc_map r2cc_qp_map, r2cc_cq_map, r2cc_ctx_map;
+
+static inline struct r2cc_qp *r2cc_qp_find(const struct ibv_qp *qp)
+{
+	return (struct r2cc_qp *)r2cc_map_get(&r2cc_qp_map, (uint64_t)(uintptr_t)qp);
+}
+
+static inline struct r2cc_cq *r2cc_cq_find(const struct ibv_cq *cq)
+{
+	return (struct r2cc_cq *)r2cc_map_get(&r2cc_cq_map, (uint64_t)(uintptr_t)cq);
+}
+
+static inline void r2cc_counter_add(uint64_t *c, uint64_t v)
+{
+	__atomic_fetch_add(c, v, __ATOMIC_RELAXED);
+}
+
+#endif
