@@ -50,7 +50,7 @@ struct r2cc_comm *r2cc_comm_add(void *comm, int rank, int nranks, struct r2cc_co
 
 void r2cc_comm_remove(void *comm)
 {
-	if (!r2cc_comm_map.slots)
+	if (!__atomic_load_n(&r2cc_comm_map.t, __ATOMIC_ACQUIRE))
 		return;
 	struct r2cc_comm *c = r2cc_map_remove(&r2cc_comm_map, (uint64_t)(uintptr_t)comm);
 	if (!c)

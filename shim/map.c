@@ -4,64 +4,123 @@
  * key. A removed slot becomes a tombstone and is reused by a later insert:
  * the new key is stored before the new value is published, so a reader that
  * sees the new value also sees the new key and never returns a value under a
- * foreign key.
+ * foreign key. Rebuilt tables are published whole; retired ones stay mapped.
  */
 #include "shim/map.h"
 
 #include <errno.h>
 #include <stdlib.h>
 
+#define MAP_MAX_CAPACITY (1u << 22)
+
+static struct r2cc_map_table *table_new(size_t cap)
+{
+	struct r2cc_map_table *t = calloc(1, sizeof(*t) + cap * sizeof(t->slots[0]));
+	if (t)
+		t->mask = cap - 1;
+	return t;
+}
+
 int r2cc_map_init(struct r2cc_map *m, size_t capacity)
 {
 	size_t cap = 16;
 	while (cap < capacity)
 		cap <<= 1;
-	m->slots = calloc(cap, sizeof(*m->slots));
-	if (!m->slots)
+	m->t = table_new(cap);
+	if (!m->t)
 		return -ENOMEM;
-	m->mask = cap - 1;
-	m->used = 0;
+	m->live = m->used = 0;
+	m->max_capacity = cap > MAP_MAX_CAPACITY ? cap : MAP_MAX_CAPACITY;
 	pthread_mutex_init(&m->lock, NULL);
 	return 0;
 }
 
 void r2cc_map_fini(struct r2cc_map *m)
 {
-	free(m->slots);
-	m->slots = NULL;
+	struct r2cc_map_table *t = m->t;
+	while (t) {
+		struct r2cc_map_table *next = t->retired;
+		free(t);
+		t = next;
+	}
+	m->t = NULL;
 	pthread_mutex_destroy(&m->lock);
+}
+
+/* Place key in a table known to have room and no such key. */
+static void table_put(struct r2cc_map_table *t, uint64_t key, void *val)
+{
+	size_t i = r2cc_map_hash(key) & t->mask;
+	while (t->slots[i].val)
+		i = (i + 1) & t->mask;
+	t->slots[i].key = key;
+	t->slots[i].val = val;
+}
+
+/* Rebuild without tombstones, larger if needed; under the writer lock. */
+static int rebuild(struct r2cc_map *m)
+{
+	struct r2cc_map_table *old = m->t;
+	size_t cap = old->mask + 1;
+	if (m->live * 2 >= cap)
+		cap *= 2;
+	if (cap > m->max_capacity)
+		return -ENOSPC;
+	struct r2cc_map_table *t = table_new(cap);
+	if (!t)
+		return -ENOMEM;
+	for (size_t i = 0; i <= old->mask; i++) {
+		void *v = old->slots[i].val;
+		if (v && v != R2CC_MAP_TOMBSTONE)
+			table_put(t, old->slots[i].key, v);
+	}
+	t->retired = old;
+	m->used = m->live;
+	__atomic_store_n(&m->t, t, __ATOMIC_RELEASE);
+	return 0;
 }
 
 int r2cc_map_insert(struct r2cc_map *m, uint64_t key, void *val)
 {
-	int rc = -ENOSPC;
+	int rc = 0;
 	if (!val || val == R2CC_MAP_TOMBSTONE)
 		return -EINVAL;
 	pthread_mutex_lock(&m->lock);
-	size_t reuse = (size_t)-1;
-	for (size_t i = r2cc_map_hash(key) & m->mask, n = 0; n <= m->mask; i = (i + 1) & m->mask, n++) {
-		void *v = m->slots[i].val;
-		if (v == R2CC_MAP_TOMBSTONE) {
-			if (reuse == (size_t)-1)
-				reuse = i;
-			continue;
-		}
-		if (!v) {
-			/* Keep a 1/4 reserve of empty slots so probes stay short. */
-			if (reuse == (size_t)-1 && (m->used + 1) * 4 > (m->mask + 1) * 3)
+	for (;;) {
+		struct r2cc_map_table *t = m->t;
+		size_t reuse = (size_t)-1, empty = (size_t)-1;
+		for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask;
+		     i = (i + 1) & t->mask, n++) {
+			void *v = t->slots[i].val;
+			if (v == R2CC_MAP_TOMBSTONE) {
+				if (reuse == (size_t)-1)
+					reuse = i;
+			} else if (!v) {
+				empty = i;
 				break;
-			size_t j = reuse != (size_t)-1 ? reuse : i;
-			if (j == i)
-				m->used++;
-			__atomic_store_n(&m->slots[j].key, key, __ATOMIC_RELAXED);
-			__atomic_store_n(&m->slots[j].val, val, __ATOMIC_RELEASE);
-			rc = 0;
-			break;
+			} else if (t->slots[i].key == key) {
+				rc = -EEXIST;
+				break;
+			}
 		}
-		if (m->slots[i].key == key) {
-			rc = -EEXIST;
+		if (rc)
 			break;
+		size_t at = reuse;
+		if (at == (size_t)-1) {
+			/* Keep a quarter of the slots empty so probes stay short. */
+			if (empty == (size_t)-1 || (m->used + 1) * 4 > (t->mask + 1) * 3) {
+				rc = rebuild(m);
+				if (rc)
+					break;
+				continue;
+			}
+			at = empty;
+			m->used++;
 		}
+		__atomic_store_n(&t->slots[at].key, key, __ATOMIC_RELAXED);
+		__atomic_store_n(&t->slots[at].val, val, __ATOMIC_RELEASE);
+		m->live++;
+		break;
 	}
 	pthread_mutex_unlock(&m->lock);
 	return rc;
@@ -71,13 +130,15 @@ void *r2cc_map_remove(struct r2cc_map *m, uint64_t key)
 {
 	void *out = NULL;
 	pthread_mutex_lock(&m->lock);
-	for (size_t i = r2cc_map_hash(key) & m->mask, n = 0; n <= m->mask; i = (i + 1) & m->mask, n++) {
-		void *v = m->slots[i].val;
+	struct r2cc_map_table *t = m->t;
+	for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask; i = (i + 1) & t->mask, n++) {
+		void *v = t->slots[i].val;
 		if (!v)
 			break;
-		if (v != R2CC_MAP_TOMBSTONE && m->slots[i].key == key) {
+		if (v != R2CC_MAP_TOMBSTONE && t->slots[i].key == key) {
 			out = v;
-			__atomic_store_n(&m->slots[i].val, R2CC_MAP_TOMBSTONE, __ATOMIC_RELEASE);
+			__atomic_store_n(&t->slots[i].val, R2CC_MAP_TOMBSTONE, __ATOMIC_RELEASE);
+			m->live--;
 			break;
 		}
 	}
@@ -89,8 +150,9 @@ int r2cc_map_for_each(struct r2cc_map *m, int (*fn)(void *val, void *arg), void 
 {
 	int rc = 0;
 	pthread_mutex_lock(&m->lock);
-	for (size_t i = 0; i <= m->mask && !rc; i++) {
-		void *v = m->slots[i].val;
+	struct r2cc_map_table *t = m->t;
+	for (size_t i = 0; i <= t->mask && !rc; i++) {
+		void *v = t->slots[i].val;
 		if (v && v != R2CC_MAP_TOMBSTONE)
 			rc = fn(v, arg);
 	}

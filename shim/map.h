@@ -5,9 +5,13 @@
  * call: open addressing with linear probing over a fixed-size table whose slots
  * are written with release stores. Writers (object creation and destruction,
  * never on the hot path) serialise on a mutex. Deleted slots become tombstones,
- * so a reader probing concurrently with a delete never stops early. The table
- * does not grow: capacity is chosen at creation and an insert into a full table
- * fails with -ENOSPC (the caller then runs that object as pass-through).
+ * so a reader probing concurrently with a delete never stops early. When live
+ * entries and tombstones fill three quarters of the table, the writer builds
+ * a new table (twice as large if more than half of it is live) and publishes
+ * it with one pointer store; a reader may still be probing the old one, so old
+ * tables are retired, not freed, until r2cc_map_fini(). Growth stops at a
+ * fixed maximum: beyond it an insert fails with -ENOSPC and the caller runs
+ * that object as pass-through.
  */
 #ifndef R2CC_SHIM_MAP_H
 #define R2CC_SHIM_MAP_H
@@ -21,10 +25,16 @@ struct r2cc_map_slot {
 	void *val; /* NULL: empty; R2CC_MAP_TOMBSTONE: deleted */
 };
 
-struct r2cc_map {
-	struct r2cc_map_slot *slots;
+struct r2cc_map_table {
 	size_t mask; /* capacity - 1, capacity a power of two */
-	size_t used; /* live + tombstones, writers only */
+	struct r2cc_map_table *retired; /* older tables, freed at fini */
+	struct r2cc_map_slot slots[];
+};
+
+struct r2cc_map {
+	struct r2cc_map_table *t;
+	size_t live, used; /* used: live + tombstones; writers only */
+	size_t max_capacity;
 	pthread_mutex_t lock;
 };
 
@@ -52,14 +62,16 @@ static inline uint64_t r2cc_map_hash(uint64_t k)
 /* Lock-free lookup: the hot path. */
 static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
 {
-	struct r2cc_map_slot *slots = m->slots;
-	if (!slots)
+	const struct r2cc_map_table *t = __atomic_load_n(&m->t, __ATOMIC_ACQUIRE);
+	if (!t)
 		return NULL;
-	for (size_t i = r2cc_map_hash(key) & m->mask, n = 0; n <= m->mask; i = (i + 1) & m->mask, n++) {
-		void *v = __atomic_load_n(&slots[i].val, __ATOMIC_ACQUIRE);
+	const struct r2cc_map_slot *slots = t->slots;
+	for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask; i = (i + 1) & t->mask, n++) {
+		void *v = __atomic_load_n((void *const *)&slots[i].val, __ATOMIC_ACQUIRE);
 		if (!v)
 			return NULL;
-		if (v != R2CC_MAP_TOMBSTONE && __atomic_load_n(&slots[i].key, __ATOMIC_RELAXED) == key)
+		if (v != R2CC_MAP_TOMBSTONE &&
+		    __atomic_load_n((const uint64_t *)&slots[i].key, __ATOMIC_RELAXED) == key)
 			return v;
 	}
 	return NULL;

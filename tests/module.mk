@@ -1,0 +1,29 @@
+# tests/: unit tests (Criterion) of the shim, and the preload test.
+UNIT_SHIM := shim/params.c shim/log.c shim/map.c shim/registry.c shim/comm.c shim/core.c
+UNIT_CFLAGS = $(BIN_CFLAGS) -DR2CC_VERSION_STRING='"test"'
+
+$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/log.c
+	@mkdir -p $(@D)
+	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
+
+$(BUILD)/tests/unit/test_registry: tests/unit/test_registry.c shim/map.c shim/registry.c shim/log.c shim/params.c
+	@mkdir -p $(@D)
+	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
+
+$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c
+	@mkdir -p $(@D)
+	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
+
+UNIT_TESTS := test_params test_registry test_log
+TEST_DEPS += $(UNIT_TESTS:%=$(BUILD)/tests/unit/%)
+CPU_TESTS += $(UNIT_TESTS:%=120@$(BUILD)/tests/unit/%:--jobs=2)
+FORMAT_SRCS += $(wildcard tests/unit/test_params.c tests/unit/test_registry.c tests/unit/test_log.c)
+
+# Preload test: needs the software RDMA device and libr2cc.so.
+$(BUILD)/tests/preload/verbs_preload: tests/preload/verbs_preload.c
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< -ldl
+
+TEST_DEPS += $(BUILD)/tests/preload/verbs_preload
+CPU_TESTS += 120@tests/preload/run.sh
+FORMAT_SRCS += tests/preload/verbs_preload.c

@@ -1,0 +1,180 @@
+/* Settings: every variable's good values, and every kind of bad one gives
+ * an error that names the variable and what it accepts. */
+#include "shim/params.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct r2cc_params p;
+static char err[512];
+
+static void setup(void)
+{
+	r2cc_params_defaults(&p);
+	err[0] = '\0';
+}
+
+TestSuite(params, .init = setup);
+
+static int set(const char *name, const char *value)
+{
+	return r2cc_param_set(&p, name, value, err, sizeof(err));
+}
+
+static void expect_bad(const char *name, const char *value, const char *accepts_fragment)
+{
+	cr_expect_eq(set(name, value), -EINVAL, "%s=%s accepted", name, value);
+	cr_expect(strstr(err, name) != NULL, "error does not name %s: %s", name, err);
+	cr_expect(strstr(err, accepts_fragment) != NULL, "error for %s=%s lacks '%s': %s", name,
+		  value, accepts_fragment, err);
+}
+
+Test(params, defaults)
+{
+	cr_expect_eq(p.mode, R2CC_MODE_BALANCE);
+	cr_expect_eq(p.ar_stage2_chunks, 4);
+	cr_expect_eq(p.ar_schedule, 0);
+	cr_expect_eq(p.ar_min_bytes, 16ull << 20);
+	cr_expect_eq(p.stall_ms, 0);
+	cr_expect_eq(p.debug, 1);
+	cr_expect_eq(p.ar_after_repair, 0);
+	cr_expect_str_empty(p.failed_node);
+	cr_expect(p.valid);
+}
+
+Test(params, mode)
+{
+	const char *good[] = {"0", "1", "2", "3"};
+	for (int i = 0; i < 4; i++) {
+		cr_expect_eq(set("R2CC_MODE", good[i]), 0);
+		cr_expect_eq(p.mode, i);
+	}
+	cr_expect_eq(set("R2CC_MODE", "auto"), 0);
+	cr_expect_eq(p.mode, R2CC_MODE_AUTO);
+	cr_expect_eq(set("R2CC_MODE", "AUTO"), 0);
+	const char *bad[] = {"4", "-1", "", " 2", "2 ", "2x", "balance", "0x2", "99999999999999999999"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		expect_bad("R2CC_MODE", bad[i], "0, 1, 2, 3 or auto");
+}
+
+Test(params, sizes)
+{
+	struct {
+		const char *v;
+		unsigned long long want;
+	} good[] = {{"0", 0},           {"1", 1},         {"16M", 16ull << 20}, {"16m", 16ull << 20},
+		    {"4G", 4ull << 30}, {"2K", 2048},     {"1T", 1ull << 40},   {"8MiB", 8ull << 20},
+		    {"8MB", 8ull << 20}};
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		cr_expect_eq(set("R2CC_AR_MIN_BYTES", good[i].v), 0, "%s", good[i].v);
+		cr_expect_eq(p.ar_min_bytes, good[i].want, "%s", good[i].v);
+	}
+	const char *bad[] = {"", "-1", "M", "16X", "16MM", "1.5G", "99999999999T", " 1"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		expect_bad("R2CC_AR_MIN_BYTES", bad[i], "byte count");
+}
+
+Test(params, ranges)
+{
+	cr_expect_eq(set("R2CC_AR_STAGE2_CHUNKS", "1"), 0);
+	cr_expect_eq(set("R2CC_AR_STAGE2_CHUNKS", "64"), 0);
+	cr_expect_eq(p.ar_stage2_chunks, 64);
+	expect_bad("R2CC_AR_STAGE2_CHUNKS", "0", "1 to 64");
+	expect_bad("R2CC_AR_STAGE2_CHUNKS", "65", "1 to 64");
+	for (int s = 0; s <= 3; s++) {
+		char v[4];
+		snprintf(v, sizeof(v), "%d", s);
+		cr_expect_eq(set("R2CC_AR_SCHEDULE", v), 0);
+		cr_expect_eq(p.ar_schedule, s);
+	}
+	expect_bad("R2CC_AR_SCHEDULE", "4", "0, 1, 2 or 3");
+	cr_expect_eq(set("R2CC_AR_AFTER_REPAIR", "3"), 0);
+	cr_expect_eq(p.ar_after_repair, 3);
+	expect_bad("R2CC_AR_AFTER_REPAIR", "1", "2 (Balance) or 3");
+	cr_expect_eq(set("R2CC_STALL_MS", "250"), 0);
+	cr_expect_eq(p.stall_ms, 250);
+	cr_expect_eq(set("R2CC_STALL_MS", "auto"), 0);
+	cr_expect_eq(p.stall_ms, 0);
+	expect_bad("R2CC_STALL_MS", "0", "auto or an integer");
+	expect_bad("R2CC_STALL_MS", "fast", "auto or an integer");
+}
+
+Test(params, debug)
+{
+	const char *names[] = {"NONE", "WARN", "INFO", "TRACE"};
+	for (int i = 0; i < 4; i++) {
+		cr_expect_eq(set("R2CC_DEBUG", names[i]), 0);
+		cr_expect_eq(p.debug, i);
+	}
+	cr_expect_eq(set("R2CC_DEBUG", "info"), 0);
+	expect_bad("R2CC_DEBUG", "VERBOSE", "NONE, WARN, INFO or TRACE");
+	expect_bad("R2CC_DEBUG", "", "NONE, WARN, INFO or TRACE");
+}
+
+Test(params, strings)
+{
+	cr_expect_eq(set("R2CC_FAILED_NODE", "0"), 0);
+	cr_expect_str_eq(p.failed_node, "0");
+	cr_expect_eq(set("R2CC_FAILED_HCA", "mlx5_2"), 0);
+	cr_expect_str_eq(p.failed_hca, "mlx5_2");
+	char big[400];
+	memset(big, 'a', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	expect_bad("R2CC_FAILED_HCA", big, "HCA names");
+	expect_bad("R2CC_FAILED_NODE", "node\x01", "node index");
+	cr_expect_eq(set("R2CC_OOB_ROOT", "10.0.0.1:5000"), 0);
+	cr_expect_eq(set("R2CC_OOB_ROOT", "[::1]:5000"), 0);
+	expect_bad("R2CC_OOB_ROOT", "10.0.0.1", "host:port");
+	expect_bad("R2CC_OOB_ROOT", "host:0", "host:port");
+	expect_bad("R2CC_OOB_ROOT", ":5000", "host:port");
+	expect_bad("R2CC_REPORT", "", "file path");
+	cr_expect_eq(set("R2CC_REPORT", "/tmp/r2cc.txt"), 0);
+}
+
+Test(params, unknown_name)
+{
+	cr_expect_eq(set("R2CC_NOPE", "1"), -EINVAL);
+	cr_expect(strstr(err, "R2CC_NOPE") != NULL);
+}
+
+Test(params, table_is_complete)
+{
+	const char *expected[] = {"R2CC_MODE",          "R2CC_FAILED_NODE",     "R2CC_FAILED_HCA",
+				  "R2CC_AR_AFTER_REPAIR", "R2CC_AR_STAGE2_CHUNKS", "R2CC_AR_SCHEDULE",
+				  "R2CC_AR_MIN_BYTES",  "R2CC_STALL_MS",        "R2CC_DEBUG",
+				  "R2CC_DEBUG_FILE",    "R2CC_REPORT",          "R2CC_OOB_ROOT"};
+	for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++) {
+		int found = 0;
+		for (int j = 0; r2cc_param_name(j); j++)
+			if (!strcmp(r2cc_param_name(j), expected[i])) {
+				found = 1;
+				cr_expect(r2cc_param_help(j)[0] != '\0');
+			}
+		cr_expect(found, "%s missing from the table", expected[i]);
+	}
+}
+
+/* The environment is read once; a bad value makes the library pass through. */
+Test(params, load_bad_env_disables)
+{
+	setenv("R2CC_MODE", "7", 1);
+	setenv("R2CC_DEBUG", "NONE", 1);
+	cr_expect_eq(r2cc_params_load(), -EINVAL);
+	cr_expect_not(r2cc_param.valid);
+	setenv("R2CC_MODE", "1", 1);
+	cr_expect_eq(r2cc_params_load(), -EINVAL, "settings must be read only once");
+}
+
+Test(params, load_good_env)
+{
+	setenv("R2CC_MODE", "3", 1);
+	setenv("R2CC_AR_STAGE2_CHUNKS", "8", 1);
+	setenv("R2CC_DEBUG", "NONE", 1);
+	cr_expect_eq(r2cc_params_load(), 0);
+	cr_expect(r2cc_param.valid);
+	cr_expect_eq(r2cc_param.mode, 3);
+	cr_expect_eq(r2cc_param.ar_stage2_chunks, 8);
+}

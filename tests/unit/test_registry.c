@@ -1,0 +1,235 @@
+/* Registries: the lock-free map, MR lookups by address range, lkey and rkey,
+ * QP lookups by object and number, and NIC records. */
+#include "shim/map.h"
+#include "shim/registry.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+Test(map, insert_get_remove)
+{
+	struct r2cc_map m;
+	cr_assert_eq(r2cc_map_init(&m, 64), 0);
+	int vals[100];
+	for (int i = 0; i < 40; i++)
+		cr_expect_eq(r2cc_map_insert(&m, (uint64_t)i * 4096, &vals[i]), 0);
+	cr_expect_eq(r2cc_map_insert(&m, 0, &vals[0]), -EEXIST);
+	cr_expect_eq(r2cc_map_insert(&m, 5, NULL), -EINVAL);
+	for (int i = 0; i < 40; i++)
+		cr_expect_eq(r2cc_map_get(&m, (uint64_t)i * 4096), &vals[i]);
+	cr_expect_null(r2cc_map_get(&m, 4096 * 41));
+	for (int i = 0; i < 40; i += 2)
+		cr_expect_eq(r2cc_map_remove(&m, (uint64_t)i * 4096), &vals[i]);
+	cr_expect_null(r2cc_map_remove(&m, 0));
+	for (int i = 0; i < 40; i++)
+		cr_expect_eq(r2cc_map_get(&m, (uint64_t)i * 4096), i % 2 ? &vals[i] : NULL);
+	r2cc_map_fini(&m);
+}
+
+Test(map, growth_and_tombstone_reuse)
+{
+	struct r2cc_map m;
+	cr_assert_eq(r2cc_map_init(&m, 16), 0);
+	int v[64];
+	int n = 12;
+	for (int i = 0; i < n; i++)
+		cr_assert_eq(r2cc_map_insert(&m, (uint64_t)i + 1, &v[i]), 0);
+	cr_expect_eq(m.t->mask + 1, 16, "12 entries fit in 16 slots");
+	cr_expect_eq(r2cc_map_insert(&m, 1000, &v[50]), 0, "the table grows");
+	cr_expect_eq(m.t->mask + 1, 32);
+	cr_expect_eq(r2cc_map_remove(&m, 1000), &v[50]);
+	/* Removing and inserting forever must neither exhaust nor keep growing it. */
+	for (int round = 0; round < 1000; round++) {
+		uint64_t k = (uint64_t)(round % n) + 1;
+		cr_assert_not_null(r2cc_map_remove(&m, k));
+		cr_assert_eq(r2cc_map_insert(&m, 5000 + (uint64_t)round, &v[round % n]), 0, "round %d",
+			     round);
+		cr_assert_not_null(r2cc_map_remove(&m, 5000 + (uint64_t)round));
+		cr_assert_eq(r2cc_map_insert(&m, k, &v[round % n]), 0);
+	}
+	for (int i = 0; i < n; i++)
+		cr_expect_eq(r2cc_map_get(&m, (uint64_t)i + 1), &v[i]);
+	cr_expect_leq(m.t->mask + 1, 64, "churn rebuilt to %zu slots", m.t->mask + 1);
+	r2cc_map_fini(&m);
+}
+
+Test(map, capacity_limit)
+{
+	struct r2cc_map m;
+	cr_assert_eq(r2cc_map_init(&m, 16), 0);
+	m.max_capacity = 32;
+	int v;
+	int n = 0;
+	while (r2cc_map_insert(&m, (uint64_t)n + 1, &v) == 0)
+		n++;
+	cr_expect_eq(n, 24, "a 32-slot limit keeps a quarter free");
+	cr_expect_eq(r2cc_map_insert(&m, 99999, &v), -ENOSPC);
+	r2cc_map_fini(&m);
+}
+
+/* Readers never see a value under a foreign key while a writer churns. */
+struct churn {
+	struct r2cc_map *m;
+	volatile int stop;
+	long bad, seen;
+};
+
+static int churn_vals[256];
+
+static void *reader(void *arg)
+{
+	struct churn *c = arg;
+	while (!c->stop) {
+		for (uint64_t k = 0; k < 256; k++) {
+			int *v = r2cc_map_get(c->m, k);
+			if (v) {
+				c->seen++;
+				if (v != &churn_vals[k])
+					c->bad++;
+			}
+		}
+	}
+	return NULL;
+}
+
+Test(map, concurrent_readers)
+{
+	struct r2cc_map m;
+	cr_assert_eq(r2cc_map_init(&m, 512), 0);
+	struct churn c = {.m = &m};
+	pthread_t t[2];
+	for (int i = 0; i < 2; i++)
+		pthread_create(&t[i], NULL, reader, &c);
+	for (int round = 0; round < 20000; round++) {
+		uint64_t k = (uint64_t)(round * 7) % 256;
+		if (r2cc_map_get(&m, k))
+			r2cc_map_remove(&m, k);
+		else
+			r2cc_map_insert(&m, k, &churn_vals[k]);
+	}
+	c.stop = 1;
+	for (int i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	cr_expect_eq(c.bad, 0, "%ld foreign values seen", c.bad);
+	r2cc_map_fini(&m);
+}
+
+static void reg_setup(void)
+{
+	cr_assert_eq(r2cc_registry_init(), 0);
+}
+
+TestSuite(registry, .init = reg_setup);
+
+Test(registry, nics)
+{
+	struct r2cc_nic *a = r2cc_nic_get("mlx5_0");
+	struct r2cc_nic *b = r2cc_nic_get("mlx5_2");
+	cr_assert_not_null(a);
+	cr_assert_not_null(b);
+	cr_expect_eq(r2cc_nic_get("mlx5_0"), a, "one record per physical NIC");
+	cr_expect_eq(a->index, 0);
+	cr_expect_eq(b->index, 1);
+	cr_expect_eq(r2cc_nic_by_index(1), b);
+	cr_expect_null(r2cc_nic_by_index(2));
+	cr_expect_eq(r2cc_nic_count(), 2);
+	a->cnt.tx_bytes = 1234;
+	b->cnt.rx_bytes = 99;
+	struct r2cc_nic_stat st[4];
+	cr_expect_eq(r2cc_nic_stats(st, 4), 2);
+	cr_expect_str_eq(st[0].name, "mlx5_0");
+	cr_expect_eq(st[0].tx_bytes, 1234);
+	cr_expect_eq(st[1].rx_bytes, 99);
+	cr_expect_eq(r2cc_nic_stats(st, 1), 2, "count of all NICs even when truncated");
+}
+
+Test(registry, mr_lookups)
+{
+	struct r2cc_nic *n0 = r2cc_nic_get("n0");
+	struct r2cc_nic *n1 = r2cc_nic_get("n1");
+	/* Fake MR objects: only their addresses matter to the registry. */
+	static struct ibv_mr mr[5];
+	/* The same buffer registered on two NICs, as NCCL does, plus others. */
+	cr_assert_not_null(r2cc_mr_add(&mr[0], n0, 0x10000, 0x1000, 11, 111, 0));
+	cr_assert_not_null(r2cc_mr_add(&mr[1], n1, 0x10000, 0x1000, 21, 211, 0));
+	cr_assert_not_null(r2cc_mr_add(&mr[2], n0, 0x40000, 0x100000, 12, 112, 0));
+	cr_assert_not_null(r2cc_mr_add(&mr[3], n0, 0x20000, 0x10, 13, 113, 0));
+	cr_assert_not_null(r2cc_mr_add(&mr[4], n1, 0x40100, 0x100, 22, 222, 0));
+	cr_expect_eq(r2cc_mr_count(), 5);
+
+	cr_expect_eq(r2cc_mr_by_addr(n0, 0x10000, 0x1000)->mr, &mr[0]);
+	cr_expect_eq(r2cc_mr_by_addr(n1, 0x10800, 0x10)->mr, &mr[1]);
+	cr_expect_null(r2cc_mr_by_addr(n0, 0x10800, 0x1000), "range runs past the MR");
+	cr_expect_null(r2cc_mr_by_addr(n0, 0xffff, 2));
+	cr_expect_eq(r2cc_mr_by_addr(n0, 0x20000, 0x10)->mr, &mr[3]);
+	cr_expect_null(r2cc_mr_by_addr(n0, 0x20000, 0x11));
+	/* A long MR that starts before a short one on another NIC. */
+	cr_expect_eq(r2cc_mr_by_addr(n0, 0x40150, 0x10)->mr, &mr[2]);
+	cr_expect_eq(r2cc_mr_by_addr(n1, 0x40150, 0x10)->mr, &mr[4]);
+	cr_expect_eq(r2cc_mr_by_addr(n0, 0x13ffff, 1)->mr, &mr[2]);
+	cr_expect_null(r2cc_mr_by_addr(n0, 0x140000, 1));
+	cr_expect_not_null(r2cc_mr_by_addr(NULL, 0x10000, 4));
+	cr_expect_null(r2cc_mr_by_addr(NULL, UINT64_MAX, 2), "wrapping range");
+
+	cr_expect_eq(r2cc_mr_by_lkey(n0, 12)->mr, &mr[2]);
+	cr_expect_eq(r2cc_mr_by_rkey(n1, 222)->mr, &mr[4]);
+	cr_expect_null(r2cc_mr_by_lkey(n1, 12), "keys are per NIC");
+	cr_expect_null(r2cc_mr_by_rkey(n0, 222));
+	cr_expect_eq(r2cc_mr_find(&mr[3])->rkey, 113);
+
+	r2cc_mr_remove(&mr[2]);
+	cr_expect_null(r2cc_mr_by_addr(n0, 0x40150, 0x10));
+	cr_expect_null(r2cc_mr_by_lkey(n0, 12));
+	cr_expect_null(r2cc_mr_by_rkey(n0, 112));
+	cr_expect_eq(r2cc_mr_by_addr(n1, 0x40150, 0x10)->mr, &mr[4]);
+	cr_expect_eq(r2cc_mr_count(), 4);
+}
+
+Test(registry, many_mrs_sorted)
+{
+	struct r2cc_nic *n = r2cc_nic_get("many");
+	static struct ibv_mr mr[2000];
+	/* Insert in a scrambled order; every lookup must still find its MR. */
+	for (int i = 0; i < 2000; i++) {
+		int j = (i * 7919) % 2000;
+		cr_assert_not_null(r2cc_mr_add(&mr[j], n, 0x100000 + (uint64_t)j * 0x2000, 0x1000,
+					       (uint32_t)j + 1, (uint32_t)j + 5001, 0));
+	}
+	for (int j = 0; j < 2000; j++) {
+		cr_assert_eq(r2cc_mr_by_addr(n, 0x100000 + (uint64_t)j * 0x2000 + 0x800, 0x800)->mr,
+			     &mr[j]);
+		cr_assert_null(r2cc_mr_by_addr(n, 0x100000 + (uint64_t)j * 0x2000 + 0x1000, 1));
+		cr_assert_eq(r2cc_mr_by_lkey(n, (uint32_t)j + 1)->mr, &mr[j]);
+	}
+}
+
+Test(registry, qps_and_cqs)
+{
+	struct r2cc_nic *n = r2cc_nic_get("q0");
+	static struct ibv_context ctx;
+	static struct ibv_cq cq;
+	static struct ibv_qp qp[3];
+	struct r2cc_ctx *c = r2cc_ctx_add(&ctx, n);
+	cr_assert_not_null(c);
+	cr_expect_eq(r2cc_ctx_find(&ctx), c);
+	struct r2cc_cq *rcq = r2cc_cq_add(&cq, c, 512);
+	cr_assert_not_null(rcq);
+	cr_expect_eq(r2cc_cq_find(&cq), rcq);
+	for (int i = 0; i < 3; i++)
+		cr_assert_not_null(r2cc_qp_add(&qp[i], c, rcq, rcq, 0x100u + (uint32_t)i, IBV_QPT_RC));
+	cr_expect_eq(r2cc_qp_find(&qp[1])->qpn, 0x101);
+	cr_expect_eq(r2cc_qp_by_num(n, 0x102)->qp, &qp[2]);
+	cr_expect_eq(r2cc_qp_find(&qp[0])->state, IBV_QPS_RESET);
+	cr_expect_eq(r2cc_qp_count(), 3);
+	r2cc_qp_remove(&qp[1]);
+	cr_expect_null(r2cc_qp_find(&qp[1]));
+	cr_expect_null(r2cc_qp_by_num(n, 0x101));
+	cr_expect_eq(r2cc_qp_count(), 2);
+	r2cc_cq_remove(&cq);
+	cr_expect_null(r2cc_cq_find(&cq));
+	r2cc_ctx_remove(&ctx);
+	cr_expect_null(r2cc_ctx_find(&ctx));
+}
