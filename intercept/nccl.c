@@ -16,6 +16,7 @@
 #include "shim/log.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <string.h>
@@ -38,6 +39,41 @@ ncclResult_t pncclGroupEnd(void);
 #undef R2CC_NCCL_OWN
 #undef R2CC_NCCL_REAL
 
+/*
+ * Where NCCL is. An application linked with -lnccl has it in the global
+ * scope; PyTorch loads it as a dependency of a library that Python opened
+ * with RTLD_LOCAL, where RTLD_DEFAULT does not look. The fallback walks the
+ * loaded objects for one that defines pncclGetVersion and takes a handle on
+ * it without loading anything.
+ */
+static int find_nccl_cb(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	void **out = arg;
+	if (!info->dlpi_name || !strstr(info->dlpi_name, "libnccl"))
+		return 0;
+	void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+	if (h && dlsym(h, "pncclGetVersion")) {
+		*out = h;
+		return 1;
+	}
+	if (h)
+		dlclose(h);
+	return 0;
+}
+
+static void *nccl_handle(void)
+{
+	static void *h;
+	void *cur = __atomic_load_n(&h, __ATOMIC_ACQUIRE);
+	if (!cur) {
+		dl_iterate_phdr(find_nccl_cb, &cur);
+		if (cur)
+			__atomic_store_n(&h, cur, __ATOMIC_RELEASE);
+	}
+	return cur;
+}
+
 /* NCCL's own strong alias first: it is exactly the library's function even
  * when another interposer sits between us and libnccl. */
 static void *resolve_nccl(const char *name)
@@ -45,6 +81,11 @@ static void *resolve_nccl(const char *name)
 	char p[64];
 	snprintf(p, sizeof(p), "pnccl%s", name);
 	void *f = dlsym(RTLD_DEFAULT, p);
+	if (!f) {
+		void *h = nccl_handle();
+		if (h)
+			f = dlsym(h, p);
+	}
 	if (!f) {
 		snprintf(p, sizeof(p), "nccl%s", name);
 		f = dlsym(RTLD_NEXT, p);

@@ -27,3 +27,14 @@ $(BUILD)/tests/preload/verbs_preload: tests/preload/verbs_preload.c
 TEST_DEPS += $(BUILD)/tests/preload/verbs_preload
 CPU_TESTS += 120@tests/preload/run.sh
 FORMAT_SRCS += tests/preload/verbs_preload.c
+
+# GPU tests (make gpu-test, on a GPU machine): programs linked like an
+# application, against the system NCCL and the CUDA runtime.
+CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
+$(BUILD)/tests/gpu/allreduce2: tests/gpu/allreduce2.c
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< -L$(CUDA_LIBDIR) -lcudart -lnccl
+
+GPU_TARGETS += $(BUILD)/tests/gpu/allreduce2
+GPU_TESTS += 600@scripts/gpu-foundation.sh
+FORMAT_SRCS += tests/gpu/allreduce2.c
