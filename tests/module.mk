@@ -38,3 +38,18 @@ $(BUILD)/tests/gpu/allreduce2: tests/gpu/allreduce2.c
 GPU_TARGETS += $(BUILD)/tests/gpu/allreduce2
 GPU_TESTS += 600@scripts/gpu-foundation.sh
 FORMAT_SRCS += tests/gpu/allreduce2.c
+
+# Benchmark of the fast paths' per-call cost (make bench).
+$(BUILD)/tests/bench/nccl_null/libnccl.so.2: tests/bench/nccl_null.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) -Wno-missing-prototypes -shared -Wl,-soname,libnccl.so.2 -o $@ $<
+	ln -sf libnccl.so.2 $(@D)/libnccl.so
+
+$(BUILD)/tests/bench/wrap_cost: tests/bench/wrap_cost.c $(BUILD)/tests/bench/nccl_null/libnccl.so.2
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< -L$(BUILD)/tests/bench/nccl_null -lnccl \
+		-Wl,-rpath,'$$ORIGIN/nccl_null' -ldl
+
+BENCH_TARGETS += $(BUILD)/tests/bench/wrap_cost
+BENCHES += tests/bench/wrap_cost.sh
+FORMAT_SRCS += tests/bench/wrap_cost.c tests/bench/nccl_null.c
