@@ -351,6 +351,17 @@ R2CC_EXPORT ncclResult_t ncclGroupEnd(void)
 	return f();
 }
 
+/* Ends the group like ncclGroupEnd, without launching anything. */
+R2CC_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *info)
+{
+	real_ncclGroupSimulateEnd_fn f = REAL(GroupSimulateEnd);
+	if (!f)
+		return ncclInvalidUsage;
+	if (group_depth > 0)
+		group_depth--;
+	return f(info);
+}
+
 #define R2CC_NCCL_OWN(name, params, args)
 #define R2CC_NCCL_REAL(name, params, args)
 #define R2CC_NCCL_FN(name, params, args)                                                           \
