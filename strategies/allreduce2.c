@@ -1,0 +1,646 @@
+/*
+ * R2CC-AllReduce: layout arithmetic, the executor over struct r2cc_ar2_ops and
+ * the per-communicator state (see allreduce2.h for the contract).
+ *
+ * Streams. The call is joined to the user's stream U like this:
+ *   U: record Start; every internal stream waits Start.
+ *   SA: main AllReduce (full comm)                       -> record EvA
+ *   SB: [wait EvA if schedule >= 2] tail AllReduce (healthy) -> record EvB
+ *   SR: wait EvB [and EvA if schedule >= 1]; Reduce_i (aPlusH)
+ *       schedule 3: Broadcast_i right after Reduce_i on SR
+ *       otherwise:  record EvR[i]; SC waits EvR[i]; Broadcast_i (full comm) on SC
+ *   every internal stream records its End event, U waits all of them.
+ * Data hazards this covers: the helper's Reduce reads its stage-1 result
+ * (EvB), every Broadcast overwrites the tail that the healthy AllReduce wrote
+ * (EvB before SR, EvR[i] after it) and, in place, the degraded ranks' input
+ * that Reduce_i reads (EvR[i]). The main part and the tail are disjoint, so
+ * SA needs nothing but Start.
+ *
+ * Collective order. On every rank the calls are issued in one order: main
+ * AllReduce, tail AllReduce (healthy ranks), then Reduce_0, Broadcast_0,
+ * Reduce_1, ... (members only). Per communicator all ranks therefore issue the
+ * same sequence (full: AllReduce, Broadcast_0..K-1; healthy: one AllReduce;
+ * aPlusH: Reduce_0..K-1), and each dependency above points from an earlier
+ * issued call to a later one, so no cycle of waits can form across ranks.
+ * Schedules 0-2 still let kernels of different communicators be in flight on
+ * one GPU together (0: everything; 1: the two stage-1 AllReduces, then
+ * Reduce_i+1 with Broadcast_i; 2: only the latter) and, like any concurrent use
+ * of several NCCL communicators, rely on the GPU running them side by side;
+ * schedule 3 makes each rank's work a single chain and needs no such thing.
+ */
+#include "strategies/allreduce2.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim/log.h"
+
+enum { S_A, S_B, S_R, S_C, NSTREAMS };
+enum { EV_START, EV_A, EV_B, EV_END0, EV_R0 = EV_END0 + NSTREAMS };
+
+enum setup_state { SETUP_NONE, SETUP_READY, SETUP_FAILED };
+
+struct r2cc_ar2_comm {
+	const struct r2cc_ar2_ops *ops;
+	void *parent;
+	int rank;
+	struct r2cc_ar2_cfg cfg;
+	struct r2cc_ar2_layout lay;
+	enum setup_state setup;
+	void *healthy; /* NULL on the degraded node */
+	void *aplush;  /* NULL on healthy ranks other than the helper */
+	void *stream[NSTREAMS];
+	int nevents;
+	void *event[EV_R0 + R2CC_AR2_MAX_CHUNKS];
+};
+
+size_t r2cc_nccl_type_size(int dtype)
+{
+	switch (dtype) {
+	case R2CC_NCCL_INT8:
+	case R2CC_NCCL_UINT8:
+	case R2CC_NCCL_FLOAT8E4M3:
+	case R2CC_NCCL_FLOAT8E5M2:
+		return 1;
+	case R2CC_NCCL_FLOAT16:
+	case R2CC_NCCL_BFLOAT16:
+		return 2;
+	case R2CC_NCCL_INT32:
+	case R2CC_NCCL_UINT32:
+	case R2CC_NCCL_FLOAT32:
+		return 4;
+	case R2CC_NCCL_INT64:
+	case R2CC_NCCL_UINT64:
+	case R2CC_NCCL_FLOAT64:
+		return 8;
+	default:
+		return 0;
+	}
+}
+
+/* ---- Layout ---- */
+
+struct id_rank {
+	int id, rank;
+};
+
+static int cmp_id_rank(const void *a, const void *b)
+{
+	const struct id_rank *x = a, *y = b;
+
+	if (x->id != y->id)
+		return x->id < y->id ? -1 : 1;
+	return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+static int cmp_rank(const void *a, const void *b)
+{
+	const struct id_rank *x = a, *y = b;
+
+	return x->rank < y->rank ? -1 : x->rank > y->rank;
+}
+
+/* Node index of every rank: nodes numbered in order of their first rank. */
+static int number_nodes(const struct r2cc_ar2_view *view, int *idx, int *nnodes_p)
+{
+	struct id_rank *v, *first;
+	int i, n = view->nranks, nfirst = 0, lo, hi, mid;
+
+	v = malloc(sizeof(*v) * (size_t)n);
+	first = malloc(sizeof(*first) * (size_t)n);
+	if (!v || !first) {
+		free(v);
+		free(first);
+		return -ENOMEM;
+	}
+	for (i = 0; i < n; i++) {
+		v[i].id = view->rank_node[i];
+		v[i].rank = i;
+	}
+	qsort(v, (size_t)n, sizeof(*v), cmp_id_rank);
+	for (i = 0; i < n; i++)
+		if (i == 0 || v[i].id != v[i - 1].id)
+			first[nfirst++] = v[i];
+	/* Number the nodes by first rank, then go back to id order for lookups;
+	 * .rank now holds the node index. */
+	qsort(first, (size_t)nfirst, sizeof(*first), cmp_rank);
+	for (i = 0; i < nfirst; i++)
+		first[i].rank = i;
+	qsort(first, (size_t)nfirst, sizeof(*first), cmp_id_rank);
+	for (i = 0; i < n; i++) {
+		lo = 0;
+		hi = nfirst - 1;
+		for (;;) {
+			mid = lo + (hi - lo) / 2;
+			if (first[mid].id == view->rank_node[i])
+				break;
+			if (first[mid].id < view->rank_node[i])
+				lo = mid + 1;
+			else
+				hi = mid - 1;
+		}
+		idx[i] = first[mid].rank;
+	}
+	free(v);
+	free(first);
+	*nnodes_p = nfirst;
+	return 0;
+}
+
+int r2cc_ar2_layout_init(struct r2cc_ar2_layout *lay, const struct r2cc_ar2_view *view)
+{
+	int i, ret, d;
+
+	memset(lay, 0, sizeof(*lay));
+	lay->degraded = -1;
+	lay->helper = -1;
+	if (!view || view->nranks < 1 || view->nranks > R2CC_AR2_MAX_RANKS || !view->rank_node ||
+	    !view->node_nics || !view->node_failed)
+		return -EINVAL;
+	lay->nranks = view->nranks;
+	lay->rank_node_idx = malloc(sizeof(int) * (size_t)view->nranks);
+	if (!lay->rank_node_idx)
+		return -ENOMEM;
+	ret = number_nodes(view, lay->rank_node_idx, &lay->nnodes);
+	if (ret)
+		goto err_free;
+	for (i = 0; i < lay->nnodes; i++) {
+		if (view->node_nics[i] < 0 || view->node_failed[i] < 0 ||
+		    view->node_failed[i] > view->node_nics[i]) {
+			ret = -EINVAL;
+			goto err_free;
+		}
+		if (view->node_failed[i] > 0) {
+			if (lay->ndegraded++ == 0)
+				lay->degraded = i;
+		}
+	}
+	if (lay->ndegraded != 1) {
+		lay->degraded = -1;
+		return 0;
+	}
+	d = lay->degraded;
+	lay->nics = view->node_nics[d];
+	lay->failed = view->node_failed[d];
+	if (lay->nnodes < 2)
+		return 0;
+	for (i = 0; i < lay->nranks; i++)
+		if (lay->rank_node_idx[i] == (d + 1) % lay->nnodes) {
+			lay->helper = i;
+			break;
+		}
+	for (i = 0; i < lay->nranks; i++) {
+		if (lay->rank_node_idx[i] != d)
+			lay->healthy_size++;
+		if (lay->rank_node_idx[i] == d || i == lay->helper) {
+			if (i < lay->helper)
+				lay->aplush_root++;
+			lay->aplush_size++;
+		}
+	}
+	return 0;
+
+err_free:
+	free(lay->rank_node_idx);
+	lay->rank_node_idx = NULL;
+	return ret;
+}
+
+void r2cc_ar2_layout_fini(struct r2cc_ar2_layout *lay)
+{
+	free(lay->rank_node_idx);
+	lay->rank_node_idx = NULL;
+}
+
+static bool on_degraded(const struct r2cc_ar2_layout *lay, int r)
+{
+	return lay->degraded >= 0 && lay->rank_node_idx[r] == lay->degraded;
+}
+
+void r2cc_ar2_healthy_color(const struct r2cc_ar2_layout *lay, int r, int *color, int *key)
+{
+	*color = lay->helper >= 0 && !on_degraded(lay, r) ? 0 : R2CC_NCCL_SPLIT_NOCOLOR;
+	*key = r;
+}
+
+void r2cc_ar2_aplush_color(const struct r2cc_ar2_layout *lay, int r, int *color, int *key)
+{
+	*color = lay->helper >= 0 && (on_degraded(lay, r) || r == lay->helper)
+		     ? 0
+		     : R2CC_NCCL_SPLIT_NOCOLOR;
+	*key = r;
+}
+
+/* ---- Split of one buffer ---- */
+
+int r2cc_ar2_split(size_t count, size_t esize, int nics, int failed, int k,
+		   struct r2cc_ar2_split *sp)
+{
+	unsigned __int128 num, den, units, frac;
+	size_t align, main, tail_units, start, end;
+	int i;
+
+	memset(sp, 0, offsetof(struct r2cc_ar2_split, chunk));
+	if (!esize || nics < 1 || failed < 0)
+		return -EINVAL;
+	if (k < 1)
+		k = 1;
+	if (k > R2CC_AR2_MAX_CHUNKS)
+		k = R2CC_AR2_MAX_CHUNKS;
+	align = R2CC_AR2_ALIGN_BYTES % esize == 0 ? R2CC_AR2_ALIGN_BYTES / esize : 1;
+
+	if (failed == 0) {
+		main = count;
+	} else if (failed >= nics) {
+		main = 0;
+	} else {
+		/* nearest multiple of align to count * (nics - failed) / nics */
+		num = (unsigned __int128)count * (unsigned)(nics - failed);
+		den = (unsigned __int128)nics * align;
+		units = num / den;
+		frac = num - units * den;
+		if (2 * frac >= den)
+			units++;
+		main = units * align > count ? count : (size_t)(units * align);
+	}
+	sp->main_count = main;
+	sp->tail_offset = main;
+	sp->tail_count = count - main;
+	if (!sp->tail_count)
+		return 0;
+	tail_units = (sp->tail_count + align - 1) / align;
+	sp->nchunks = tail_units < (size_t)k ? (int)tail_units : k;
+	for (i = 0; i < sp->nchunks; i++) {
+		start =
+		    (size_t)((unsigned __int128)tail_units * (unsigned)i / (unsigned)sp->nchunks);
+		end = (size_t)((unsigned __int128)tail_units * (unsigned)(i + 1) /
+			       (unsigned)sp->nchunks);
+		start = main + start * align;
+		end = main + end * align;
+		if (end > count)
+			end = count;
+		sp->chunk[i].offset = start;
+		sp->chunk[i].count = end - start;
+	}
+	return 0;
+}
+
+/* ---- Eligibility ---- */
+
+static const char *const reason_str[R2CC_AR2_NREASONS] = {
+    [R2CC_AR2_RAN] = "ran",
+    [R2CC_AR2_FB_SMALL] = "message below R2CC_AR_MIN_BYTES",
+    [R2CC_AR2_FB_OP] = "reduction op Avg or PreMulSum",
+    [R2CC_AR2_FB_DTYPE] = "unknown datatype",
+    [R2CC_AR2_FB_GROUP] = "called inside a user group",
+    [R2CC_AR2_FB_CAPTURE] = "called during CUDA graph capture",
+    [R2CC_AR2_FB_NONBLOCKING] = "non-blocking communicator",
+    [R2CC_AR2_FB_ONE_NODE] = "communicator spans fewer than two nodes",
+    [R2CC_AR2_FB_NO_DEGRADED] = "no degraded node",
+    [R2CC_AR2_FB_MULTI] = "more than one degraded node",
+    [R2CC_AR2_FB_NO_NIC] = "the degraded node has no healthy NIC",
+    [R2CC_AR2_FB_SETUP] = "sub-communicator setup failed on some rank",
+};
+
+const char *r2cc_ar2_reason_str(enum r2cc_ar2_reason r)
+{
+	return (unsigned)r < R2CC_AR2_NREASONS ? reason_str[r] : "?";
+}
+
+enum r2cc_ar2_reason r2cc_ar2_check(const struct r2cc_ar2_layout *lay,
+				    const struct r2cc_ar2_cfg *cfg, size_t count, int dtype, int op,
+				    unsigned flags)
+{
+	size_t esize = r2cc_nccl_type_size(dtype);
+
+	if (!esize)
+		return R2CC_AR2_FB_DTYPE;
+	if (op < R2CC_NCCL_SUM || op >= R2CC_NCCL_AVG)
+		return R2CC_AR2_FB_OP;
+	if (flags & R2CC_AR2_IN_GROUP)
+		return R2CC_AR2_FB_GROUP;
+	if (flags & R2CC_AR2_CAPTURING)
+		return R2CC_AR2_FB_CAPTURE;
+	if (flags & R2CC_AR2_NONBLOCKING)
+		return R2CC_AR2_FB_NONBLOCKING;
+	if (lay->nnodes < 2)
+		return R2CC_AR2_FB_ONE_NODE;
+	if (lay->ndegraded == 0)
+		return R2CC_AR2_FB_NO_DEGRADED;
+	if (lay->ndegraded > 1)
+		return R2CC_AR2_FB_MULTI;
+	if (lay->failed >= lay->nics)
+		return R2CC_AR2_FB_NO_NIC;
+	if (count > SIZE_MAX / esize || (uint64_t)(count * esize) < cfg->min_bytes)
+		return R2CC_AR2_FB_SMALL;
+	return R2CC_AR2_RAN;
+}
+
+static void warn_fallback(enum r2cc_ar2_reason r)
+{
+	static int warned[R2CC_AR2_NREASONS];
+
+	if (!__atomic_exchange_n(&warned[r], 1, __ATOMIC_RELAXED))
+		R2CC_WARN("R2CC-AllReduce: running Balance instead (%s); said once per reason",
+			  reason_str[r]);
+}
+
+/* ---- Per-communicator state ---- */
+
+/*
+ * Sub-communicators first (on abort, so that nothing of ours stays blocked on
+ * them), the healthy one before aPlusH since stage 2 waits for it, then the
+ * events and streams; CUDA releases those once pending work completes.
+ */
+static void release(struct r2cc_ar2_comm *c, bool abort)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+	int (*drop)(void *, void *) =
+	    abort && ops->comm_abort ? ops->comm_abort : ops->comm_destroy;
+	int i;
+
+	if (c->healthy)
+		drop(ops->ctx, c->healthy);
+	if (c->aplush)
+		drop(ops->ctx, c->aplush);
+	for (i = 0; i < c->nevents; i++)
+		if (c->event[i])
+			ops->event_destroy(ops->ctx, c->event[i]);
+	for (i = 0; i < NSTREAMS; i++)
+		if (c->stream[i])
+			ops->stream_destroy(ops->ctx, c->stream[i]);
+	memset(c->event, 0, sizeof(c->event));
+	memset(c->stream, 0, sizeof(c->stream));
+	c->nevents = 0;
+	c->healthy = NULL;
+	c->aplush = NULL;
+}
+
+/* Local part of the setup: 1 when everything this rank needs exists. */
+static int check_sub(struct r2cc_ar2_comm *c, void *sub, int want_size, int want_rank)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+	int n = -1, r = -1;
+
+	if (!sub)
+		return 0;
+	if (ops->comm_count(ops->ctx, sub, &n) || ops->comm_user_rank(ops->ctx, sub, &r))
+		return 0;
+	return n == want_size && r == want_rank;
+}
+
+static int sub_rank(const struct r2cc_ar2_layout *lay, int me, bool aplush)
+{
+	int i, r = 0, color, key;
+
+	for (i = 0; i < me; i++) {
+		if (aplush)
+			r2cc_ar2_aplush_color(lay, i, &color, &key);
+		else
+			r2cc_ar2_healthy_color(lay, i, &color, &key);
+		r += color != R2CC_NCCL_SPLIT_NOCOLOR;
+	}
+	return r;
+}
+
+/*
+ * Collective over the parent: every rank makes both splits (whatever happened
+ * locally before, so no rank is left waiting in a split), then all agree.
+ */
+static void setup(struct r2cc_ar2_comm *c)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+	const struct r2cc_ar2_layout *lay = &c->lay;
+	int ok = 1, all_ok = 0, i, color, key;
+
+	for (i = 0; i < NSTREAMS; i++)
+		if (ops->stream_create(ops->ctx, &c->stream[i])) {
+			c->stream[i] = NULL;
+			ok = 0;
+		}
+	c->nevents = EV_R0 + c->cfg.chunks;
+	for (i = 0; i < c->nevents; i++)
+		if (ops->event_create(ops->ctx, &c->event[i])) {
+			c->event[i] = NULL;
+			ok = 0;
+		}
+
+	r2cc_ar2_healthy_color(lay, c->rank, &color, &key);
+	if (ops->comm_split(ops->ctx, c->parent, color, key, &c->healthy)) {
+		c->healthy = NULL;
+		ok = 0;
+	} else if (color != R2CC_NCCL_SPLIT_NOCOLOR) {
+		ok &= check_sub(c, c->healthy, lay->healthy_size, sub_rank(lay, c->rank, false));
+	}
+	r2cc_ar2_aplush_color(lay, c->rank, &color, &key);
+	if (ops->comm_split(ops->ctx, c->parent, color, key, &c->aplush)) {
+		c->aplush = NULL;
+		ok = 0;
+	} else if (color != R2CC_NCCL_SPLIT_NOCOLOR) {
+		ok &= check_sub(c, c->aplush, lay->aplush_size, sub_rank(lay, c->rank, true));
+	}
+
+	if (ops->agree(ops->ctx, c->parent, ok, &all_ok))
+		all_ok = 0;
+	if (all_ok) {
+		c->setup = SETUP_READY;
+		R2CC_INFO("R2CC-AllReduce: %d ranks on %d nodes, degraded node %d (%d of %d NICs "
+			  "failed), helper rank %d, K=%d, schedule %d",
+			  lay->nranks, lay->nnodes, lay->degraded, lay->failed, lay->nics,
+			  lay->helper, c->cfg.chunks, c->cfg.schedule);
+		return;
+	}
+	if (!ok)
+		R2CC_WARN("R2CC-AllReduce: sub-communicator or stream setup failed on rank %d",
+			  c->rank);
+	release(c, false);
+	c->setup = SETUP_FAILED;
+}
+
+int r2cc_ar2_comm_create(const struct r2cc_ar2_ops *ops, void *parent,
+			 const struct r2cc_ar2_cfg *cfg, const struct r2cc_ar2_view *view,
+			 struct r2cc_ar2_comm **out)
+{
+	struct r2cc_ar2_comm *c;
+	int n = -1, ret;
+
+	*out = NULL;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->ops = ops;
+	c->parent = parent;
+	c->cfg = *cfg;
+	if (c->cfg.chunks < 1)
+		c->cfg.chunks = 1;
+	if (c->cfg.chunks > R2CC_AR2_MAX_CHUNKS)
+		c->cfg.chunks = R2CC_AR2_MAX_CHUNKS;
+	if (c->cfg.schedule < 0 || c->cfg.schedule > 3)
+		c->cfg.schedule = 0;
+	ret = ops->comm_count(ops->ctx, parent, &n);
+	if (!ret)
+		ret = ops->comm_user_rank(ops->ctx, parent, &c->rank);
+	if (ret) {
+		ret = ret > 0 ? -ret : ret;
+		goto err_free;
+	}
+	ret = r2cc_ar2_layout_init(&c->lay, view);
+	if (ret)
+		goto err_free;
+	if (n != c->lay.nranks || c->rank < 0 || c->rank >= n) {
+		ret = -EINVAL;
+		goto err_fini;
+	}
+	*out = c;
+	return 0;
+
+err_fini:
+	r2cc_ar2_layout_fini(&c->lay);
+err_free:
+	free(c);
+	return ret;
+}
+
+int r2cc_ar2_comm_set_view(struct r2cc_ar2_comm *c, const struct r2cc_ar2_view *view)
+{
+	struct r2cc_ar2_layout lay;
+	int ret;
+
+	ret = r2cc_ar2_layout_init(&lay, view);
+	if (ret)
+		return ret;
+	if (lay.nranks != c->lay.nranks) {
+		r2cc_ar2_layout_fini(&lay);
+		return -EINVAL;
+	}
+	if (lay.degraded != c->lay.degraded || lay.helper != c->lay.helper ||
+	    memcmp(lay.rank_node_idx, c->lay.rank_node_idx, sizeof(int) * (size_t)lay.nranks)) {
+		release(c, false);
+		c->setup = SETUP_NONE;
+	}
+	r2cc_ar2_layout_fini(&c->lay);
+	c->lay = lay;
+	return 0;
+}
+
+void r2cc_ar2_comm_destroy(struct r2cc_ar2_comm *c, bool abort)
+{
+	if (!c)
+		return;
+	release(c, abort);
+	r2cc_ar2_layout_fini(&c->lay);
+	free(c);
+}
+
+const struct r2cc_ar2_layout *r2cc_ar2_comm_layout(const struct r2cc_ar2_comm *c)
+{
+	return c ? &c->lay : NULL;
+}
+
+bool r2cc_ar2_comm_ready(const struct r2cc_ar2_comm *c)
+{
+	return c && c->setup == SETUP_READY;
+}
+
+/* ---- Executor ---- */
+
+static void *at(const void *buf, size_t elems, size_t esize)
+{
+	return (char *)buf + elems * esize;
+}
+
+static int run(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size_t count, int dtype,
+	       int op, void *user)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+	const struct r2cc_ar2_layout *lay = &c->lay;
+	void *ctx = ops->ctx, **s = c->stream, **ev = c->event;
+	size_t esize = r2cc_nccl_type_size(dtype);
+	struct r2cc_ar2_split sp;
+	bool healthy = !on_degraded(lay, c->rank), member = !healthy || c->rank == lay->helper;
+	bool serial = c->cfg.schedule >= 3;
+	void *sc = serial ? s[S_R] : s[S_C];
+	int ret, err, i;
+
+	r2cc_ar2_split(count, esize, lay->nics, lay->failed, c->cfg.chunks, &sp);
+	R2CC_TRACE("R2CC-AllReduce: count %zu = main %zu + tail %zu in %d chunks, schedule %d",
+		   count, sp.main_count, sp.tail_count, sp.nchunks, c->cfg.schedule);
+
+	ret = ops->event_record(ctx, ev[EV_START], user);
+	for (i = 0; i < NSTREAMS && !ret; i++)
+		ret = ops->stream_wait_event(ctx, s[i], ev[EV_START]);
+	if (ret)
+		return ret; /* nothing issued yet */
+
+	if (sp.main_count)
+		ret = ops->allreduce(ctx, sendbuf, recvbuf, sp.main_count, dtype, op, c->parent,
+				     s[S_A]);
+	if (!ret)
+		ret = ops->event_record(ctx, ev[EV_A], s[S_A]);
+	if (!ret && c->cfg.schedule >= 2)
+		ret = ops->stream_wait_event(ctx, s[S_B], ev[EV_A]);
+	if (!ret && healthy && sp.tail_count)
+		ret = ops->allreduce(ctx, at(sendbuf, sp.tail_offset, esize),
+				     at(recvbuf, sp.tail_offset, esize), sp.tail_count, dtype, op,
+				     c->healthy, s[S_B]);
+	if (!ret)
+		ret = ops->event_record(ctx, ev[EV_B], s[S_B]);
+	if (!ret)
+		ret = ops->stream_wait_event(ctx, s[S_R], ev[EV_B]);
+	if (!ret && c->cfg.schedule >= 1)
+		ret = ops->stream_wait_event(ctx, s[S_R], ev[EV_A]);
+
+	for (i = 0; i < sp.nchunks && !ret; i++) {
+		void *rc = at(recvbuf, sp.chunk[i].offset, esize);
+		size_t n = sp.chunk[i].count;
+
+		/* The helper reduces its stage-1 result in place; degraded
+		 * ranks contribute their own input. */
+		if (member)
+			ret = ops->reduce(
+			    ctx,
+			    c->rank == lay->helper ? rc : at(sendbuf, sp.chunk[i].offset, esize),
+			    rc, n, dtype, op, lay->aplush_root, c->aplush, s[S_R]);
+		if (!ret && !serial) {
+			ret = ops->event_record(ctx, ev[EV_R0 + i], s[S_R]);
+			if (!ret)
+				ret = ops->stream_wait_event(ctx, sc, ev[EV_R0 + i]);
+		}
+		if (!ret)
+			ret = ops->broadcast(ctx, rc, rc, n, dtype, lay->helper, c->parent, sc);
+	}
+
+	/* Join every internal stream back into the user's stream, even after an
+	 * error, so that the user's stream covers whatever was issued. */
+	for (i = 0; i < NSTREAMS; i++) {
+		err = ops->event_record(ctx, ev[EV_END0 + i], s[i]);
+		if (!err)
+			err = ops->stream_wait_event(ctx, user, ev[EV_END0 + i]);
+		if (!ret)
+			ret = err;
+	}
+	return ret;
+}
+
+int r2cc_ar2_allreduce(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+		       int dtype, int op, void *stream, unsigned flags,
+		       enum r2cc_ar2_reason *reason_p)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+	enum r2cc_ar2_reason why;
+
+	why = r2cc_ar2_check(&c->lay, &c->cfg, count, dtype, op, flags);
+	if (why == R2CC_AR2_RAN && c->setup == SETUP_NONE)
+		setup(c);
+	if (why == R2CC_AR2_RAN && c->setup != SETUP_READY)
+		why = R2CC_AR2_FB_SETUP;
+	if (reason_p)
+		*reason_p = why;
+	if (why != R2CC_AR2_RAN) {
+		warn_fallback(why);
+		return ops->allreduce(ops->ctx, sendbuf, recvbuf, count, dtype, op, c->parent,
+				      stream);
+	}
+	return run(c, sendbuf, recvbuf, count, dtype, op, stream);
+}

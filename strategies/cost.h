@@ -1,0 +1,123 @@
+/*
+ * The cost model of AllReduce on a cluster with one degraded server, and the
+ * per-call choice of `R2CC_MODE=auto`.
+ *
+ * n servers, k NICs per server, f of them failed on the degraded server,
+ * X = f / k, message of S bytes. The healthy ring moves L = 2(n-1)/n * S / k
+ * bytes through each NIC; a strategy's time is an alpha-beta sum
+ *
+ *   healthy (T0)     alpha + beta * L
+ *   mode 1 backup    alpha + beta * L * (1 + ceil(f / (k - f)))
+ *                    (each failed NIC's share moves whole to one backup NIC,
+ *                    spread round-robin: the most loaded NIC carries that many
+ *                    shares; f = 1 gives 2)
+ *   mode 2 Balance   alpha + beta * L * 1 / (1 - X)
+ *   mode 3 R2CC-AR   alpha + 2 * ar2_stage + K * ar2_chunk
+ *                    + ar2_beta * L * (1 + n X / (2 (n-1) (1-X)))
+ *
+ * so that for large S, T/T0 tends to the closed forms of DESIGN.md section 5
+ * (equal for Balance and R2CC-AllReduce at n = 2; 1.5 vs 1.375 at n = 3,
+ * X = 1/3), while the fixed terms make Balance win for small messages.
+ *
+ * The constants are fitted, not guessed: r2cc_cost_fit() (and the tool
+ * build/bin/r2cc-fit-cost) fits them by least squares on relative error from
+ * measurements in CSV rows "strategy,n,k,f,bytes,time_us[,chunks]" (strategy:
+ * healthy|backup|balance|ar2, or the mode numbers 0..3; chunks = K of the ar2
+ * rows, default 4), e.g. all_reduce_perf runs of the three modes on a GPU
+ * cluster. r2cc_cost_default holds placeholder values (100 Gb/s NICs, NCCL's
+ * usual small-message latency) until a fit replaces them.
+ */
+#ifndef R2CC_STRATEGIES_COST_H
+#define R2CC_STRATEGIES_COST_H
+
+#include <stddef.h>
+
+/* Values 1..3 are the R2CC_MODE numbers. */
+enum r2cc_strategy {
+	R2CC_STRAT_HEALTHY = 0, /* the healthy ring: the reference T0 */
+	R2CC_STRAT_BACKUP = 1,
+	R2CC_STRAT_BALANCE = 2,
+	R2CC_STRAT_AR2 = 3,
+	R2CC_STRAT_COUNT
+};
+const char *r2cc_strategy_name(enum r2cc_strategy s);
+
+struct r2cc_cost_model {
+	double alpha_us;	     /* fixed cost of one collective call */
+	double beta_us_per_byte;     /* per byte of NIC load: 1 / effective NIC bandwidth */
+	double ar2_beta_us_per_byte; /* the same for R2CC-AllReduce's data movement */
+	double ar2_stage_us;	     /* fixed cost of each of its two extra stages */
+	double ar2_chunk_us;	     /* fixed cost per stage-2 chunk (Reduce + Broadcast) */
+};
+#define R2CC_COST_NPARAMS 5
+
+extern const struct r2cc_cost_model r2cc_cost_default;
+
+struct r2cc_cost_case {
+	int nodes, nics, failed; /* n, k, f */
+	double bytes;		 /* S */
+	int chunks;		 /* K of R2CC-AllReduce, <= 0: 4 */
+};
+
+/* Bytes through each NIC of the healthy ring (0 for one node); K or its default. */
+double r2cc_cost_nic_load(const struct r2cc_cost_case *c);
+int r2cc_cost_chunks(const struct r2cc_cost_case *c);
+
+/* Bandwidth factors relative to the healthy ring; a huge value (HUGE_VAL)
+ * when nothing can run (f >= k). Balance and backup are 1 for f = 0. */
+double r2cc_cost_factor_backup(int nics, int failed);
+double r2cc_cost_factor_balance(int nics, int failed);
+/* n < 2: no inter-node traffic to save, same as Balance. */
+double r2cc_cost_factor_ar2(int nodes, int nics, int failed);
+
+/* Predicted time in microseconds; HUGE_VAL when the strategy cannot run. */
+double r2cc_cost_time(const struct r2cc_cost_model *m, enum r2cc_strategy s,
+		      const struct r2cc_cost_case *c);
+/* time(s) / time(healthy) */
+double r2cc_cost_relative(const struct r2cc_cost_model *m, enum r2cc_strategy s,
+			  const struct r2cc_cost_case *c);
+
+/*
+ * The choice of R2CC_MODE=auto for one AllReduce: Balance or R2CC-AllReduce
+ * (mode 1 never beats Balance in this model), with a one-line reason in
+ * reason (may be NULL) for an INFO log line. R2CC-AllReduce only when it is
+ * predicted strictly faster, so ties (n = 2) stay on Balance. Other
+ * collectives always run Balance.
+ */
+enum r2cc_strategy r2cc_cost_choose(const struct r2cc_cost_model *m, const struct r2cc_cost_case *c,
+				    char *reason, size_t len);
+
+/* Smallest message (bytes) for which R2CC-AllReduce wins; HUGE_VAL if never. */
+double r2cc_cost_crossover_bytes(const struct r2cc_cost_model *m, int nodes, int nics, int failed,
+				 int chunks);
+
+/* ---- fitting (strategies/cost_fit.c: tools and tests, not the library) ---- */
+
+struct r2cc_cost_sample {
+	enum r2cc_strategy strategy;
+	int nodes, nics, failed, chunks; /* chunks <= 0: the default K */
+	double bytes, time_us;
+};
+
+/*
+ * Least-squares fit of the model to samples, minimising the squared relative
+ * error. Parameters the samples cannot determine (no R2CC-AllReduce rows, one
+ * K only, ...) stay at (or, for a combination, as close as possible to) their
+ * values in *m on entry; *m is updated. *rms_rel_p (may be NULL) gets the RMS
+ * relative error of the fit. Returns 0, or -EINVAL (no usable sample, a
+ * singular system).
+ */
+int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, int n,
+		  double *rms_rel_p);
+
+/* Parse one CSV line into *s: 1 = a sample, 0 = blank, comment (#) or the
+ * header, -EINVAL = malformed (a message in err). */
+int r2cc_cost_parse_csv_line(const char *line, struct r2cc_cost_sample *s, char *err,
+			     size_t errlen);
+
+/* "alpha_us=20,beta_us_per_byte=9e-5,..." (any subset, any order) over *m;
+ * 0 or -EINVAL with a message. r2cc_cost_model_format writes all five. */
+int r2cc_cost_model_parse(const char *str, struct r2cc_cost_model *m, char *err, size_t errlen);
+void r2cc_cost_model_format(const struct r2cc_cost_model *m, char *buf, size_t len);
+
+#endif

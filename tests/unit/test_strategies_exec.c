@@ -1,0 +1,675 @@
+/*
+ * R2CC-AllReduce executed against the test double (threads as ranks, host
+ * memory), compared element for element with a reference AllReduce computed
+ * here from the generated inputs. Input values are chosen per type and op so
+ * that every partial result is exactly representable: the result then does
+ * not depend on the order of reduction, and any difference is a bug.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "strategies/allreduce2.h"
+#include "tests/unit/test_strategies_double.h"
+
+extern int r2cc_test_warnings;
+
+#define MAX_RANKS  16
+#define MAX_COUNTS 8
+#define CANARY	   64
+
+struct shape {
+	const char *name;
+	int nnodes, per;
+	bool interleave;
+	int degraded; /* node index; -1: none */
+	int nics, failed;
+	int degraded2; /* a second degraded node, -1: none */
+};
+
+struct run {
+	struct shape sh;
+	int dtype, op;
+	bool inplace;
+	struct r2cc_ar2_cfg cfg;
+	unsigned flags;
+	size_t counts[MAX_COUNTS];
+	int ncounts;
+	unsigned seed;
+	bool check_result;
+	int fail_split_rank, fail_stream_rank; /* -1: none */
+	pthread_barrier_t before_destroy;
+	/* a second view applied before the last count, -1: none */
+	int new_degraded;
+	bool abort; /* destroy with abort */
+	/* filled by the run */
+	struct dbl_world *w;
+	int nranks;
+	int map[MAX_RANKS], nics[MAX_RANKS], failed[MAX_RANKS], failed2[MAX_RANKS];
+	struct result {
+		char err[512];
+		enum r2cc_ar2_reason why[MAX_COUNTS];
+		int parent_allreduces[MAX_COUNTS], ncalls[MAX_COUNTS][5];
+		int live_comms_before_destroy;
+		int aborts;
+	} res[MAX_RANKS];
+};
+
+static uint64_t mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static bool is_fp8(int dtype)
+{
+	return dtype == R2CC_NCCL_FLOAT8E4M3 || dtype == R2CC_NCCL_FLOAT8E5M2;
+}
+
+/* Input value of element i on rank r; exact in every type, see the header. */
+static double gen(const struct run *run, int r, size_t i, unsigned call)
+{
+	uint64_t h =
+	    mix(((uint64_t)run->seed << 40) ^ ((uint64_t)call << 32) ^ ((uint64_t)r << 24) ^ i);
+	bool fl = dbl_is_float(run->dtype), sg = dbl_is_signed(run->dtype);
+	static const double prodf[] = {1, -1, 2, 0.5}, fp8mm[] = {-2, -1, -0.5, 0, 0.5, 1, 2, 3};
+
+	switch (run->op) {
+	case R2CC_NCCL_SUM:
+		if (is_fp8(run->dtype))
+			return (double)(h % 3) - 1;
+		return fl || sg ? (double)(h % 9) - 4 : (double)(h % 5);
+	case R2CC_NCCL_PROD:
+		if (fl)
+			return prodf[h % 4];
+		return sg ? (double)(h % 3) - 1 + (h % 3 == 1 ? 2 : 0) : (double)(h % 3) + 1;
+	default:
+		if (is_fp8(run->dtype))
+			return fp8mm[h % 8];
+		if (fl)
+			return ((double)(h % 64) - 32) * 0.25;
+		return sg ? (double)(h % 200) - 100 : (double)(h % 250);
+	}
+}
+
+static void store(int dtype, double v, void *p)
+{
+	int64_t iv = (int64_t)v;
+
+	if (dbl_is_float(dtype))
+		dbl_encode(dtype, v, p);
+	else
+		memcpy(p, &iv, r2cc_nccl_type_size(dtype)); /* little-endian low bytes */
+}
+
+/* The reference: fold the inputs of all ranks in exact arithmetic. */
+static void expect(const struct run *run, size_t i, unsigned call, void *out)
+{
+	double acc = gen(run, 0, i, call), v;
+	uint64_t iacc = (uint64_t)(int64_t)acc;
+	int r;
+
+	for (r = 1; r < run->nranks; r++) {
+		v = gen(run, r, i, call);
+		switch (run->op) {
+		case R2CC_NCCL_SUM:
+			acc += v;
+			iacc += (uint64_t)(int64_t)v;
+			break;
+		case R2CC_NCCL_PROD:
+			acc *= v;
+			iacc *= (uint64_t)(int64_t)v;
+			break;
+		case R2CC_NCCL_MAX:
+			acc = v > acc ? v : acc;
+			iacc = (uint64_t)(int64_t)acc;
+			break;
+		default:
+			acc = v < acc ? v : acc;
+			iacc = (uint64_t)(int64_t)acc;
+			break;
+		}
+	}
+	if (dbl_is_float(run->dtype))
+		dbl_encode(run->dtype, acc, out);
+	else
+		memcpy(out, &iacc, r2cc_nccl_type_size(run->dtype));
+}
+
+static void fail_rank(struct result *res, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void fail_rank(struct result *res, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (res->err[0])
+		return;
+	va_start(ap, fmt);
+	vsnprintf(res->err, sizeof(res->err), fmt, ap);
+	va_end(ap);
+}
+
+struct targ {
+	struct run *run;
+	int rank;
+};
+
+static void *rank_main(void *p)
+{
+	struct targ *t = p;
+	struct run *run = t->run;
+	struct result *res = &run->res[t->rank];
+	size_t esize = r2cc_nccl_type_size(run->dtype);
+	struct r2cc_ar2_view view = {run->nranks, run->map, run->nics, run->failed};
+	struct r2cc_ar2_view view2 = {run->nranks, run->map, run->nics, run->failed2};
+	struct r2cc_ar2_comm *c;
+	struct r2cc_ar2_ops ops;
+	struct dbl_rank *dr = calloc(1, sizeof(*dr));
+	unsigned char want[8];
+	int ret, n;
+
+	dbl_rank_init(dr, run->w, t->rank);
+	dr->fail_split = t->rank == run->fail_split_rank;
+	dr->fail_stream_create = t->rank == run->fail_stream_rank;
+	ops = dbl_ops(dr);
+	ret = r2cc_ar2_comm_create(&ops, dr->parent, &run->cfg, &view, &c);
+	if (ret)
+		fail_rank(res, "comm_create: %d", ret);
+	for (n = 0; n < run->ncounts && !res->err[0]; n++) {
+		size_t count = run->counts[n], bytes = count * esize, i;
+		unsigned char *send = malloc(bytes + CANARY), *recv, *orig = malloc(bytes + 1);
+
+		if (n > 0 && n == run->ncounts - 1 && run->new_degraded >= 0 &&
+		    (ret = r2cc_ar2_comm_set_view(c, &view2))) {
+			fail_rank(res, "set_view: %d", ret);
+			free(send);
+			free(orig);
+			break;
+		}
+		recv = run->inplace ? send : malloc(bytes + CANARY);
+		for (i = 0; i < count; i++)
+			store(run->dtype, gen(run, t->rank, i, (unsigned)n), send + i * esize);
+		memset(send + bytes, 0x5a, CANARY);
+		if (!run->inplace)
+			memset(recv, 0xa5, bytes + CANARY);
+		memcpy(orig, send, bytes);
+
+		dbl_begin(dr);
+		ret = r2cc_ar2_allreduce(c, send, recv, count, run->dtype, run->op, &dr->user,
+					 run->flags, &res->why[n]);
+		res->parent_allreduces[n] = dr->parent_allreduces;
+		memcpy(res->ncalls[n], dr->ncalls, sizeof(dr->ncalls));
+		if (ret)
+			fail_rank(res, "call %d (count %zu): allreduce returned %d", n, count, ret);
+		else if (dbl_check_order(dr))
+			fail_rank(res, "call %d (count %zu): %s", n, count, dr->error);
+		for (i = 0; i < count && run->check_result && !res->err[0]; i++) {
+			expect(run, i, (unsigned)n, want);
+			if (memcmp(want, recv + i * esize, esize))
+				fail_rank(res,
+					  "call %d (count %zu, %s): element %zu is %g, want %g", n,
+					  count, run->inplace ? "in place" : "out of place", i,
+					  dbl_is_float(run->dtype)
+					      ? dbl_decode(run->dtype, recv + i * esize)
+					      : (double)recv[i * esize],
+					  dbl_is_float(run->dtype) ? dbl_decode(run->dtype, want)
+								   : (double)want[0]);
+		}
+		for (i = 0; i < CANARY; i++)
+			if (recv[bytes + i] != (run->inplace ? 0x5a : 0xa5) ||
+			    (!run->inplace && send[bytes + i] != 0x5a))
+				fail_rank(res, "call %d: write past the end of a buffer", n);
+		if (!run->inplace && memcmp(orig, send, bytes))
+			fail_rank(res, "call %d: the send buffer was modified", n);
+		free(orig);
+		if (!run->inplace)
+			free(recv);
+		free(send);
+	}
+	pthread_barrier_wait(&run->before_destroy);
+	res->live_comms_before_destroy = dbl_live_comms(run->w);
+	pthread_barrier_wait(&run->before_destroy);
+	r2cc_ar2_comm_destroy(c, run->abort);
+	res->aborts = dr->aborts;
+	free(dr);
+	return NULL;
+}
+
+static void run_one(struct run *run)
+{
+	const struct shape *sh = &run->sh;
+	pthread_t th[MAX_RANKS];
+	struct targ targ[MAX_RANKS];
+	char why[256];
+	int r;
+
+	run->nranks = sh->nnodes * sh->per;
+	cr_assert_leq(run->nranks, MAX_RANKS);
+	for (r = 0; r < run->nranks; r++)
+		run->map[r] = 100 + 3 * (sh->interleave ? r % sh->nnodes : r / sh->per);
+	for (r = 0; r < sh->nnodes; r++) {
+		run->nics[r] = sh->nics;
+		run->failed[r] = r == sh->degraded || r == sh->degraded2 ? sh->failed : 0;
+		run->failed2[r] = r == run->new_degraded ? sh->failed : 0;
+	}
+	memset(run->res, 0, sizeof(run->res));
+	run->w = dbl_world_new(run->nranks);
+	pthread_barrier_init(&run->before_destroy, NULL, (unsigned)run->nranks);
+	for (r = 0; r < run->nranks; r++) {
+		targ[r].run = run;
+		targ[r].rank = r;
+		cr_assert_eq(pthread_create(&th[r], NULL, rank_main, &targ[r]), 0);
+	}
+	for (r = 0; r < run->nranks; r++)
+		pthread_join(th[r], NULL);
+	pthread_barrier_destroy(&run->before_destroy);
+	cr_assert(!dbl_world_failed(run->w, why, sizeof(why)),
+		  "%s dtype %d op %d %s K %d sched %d: %s", sh->name, run->dtype, run->op,
+		  run->inplace ? "in place" : "out of place", run->cfg.chunks, run->cfg.schedule,
+		  why);
+	for (r = 0; r < run->nranks; r++)
+		cr_assert(!run->res[r].err[0], "%s dtype %d op %d %s K %d sched %d rank %d: %s",
+			  sh->name, run->dtype, run->op, run->inplace ? "in place" : "out of place",
+			  run->cfg.chunks, run->cfg.schedule, r, run->res[r].err);
+	cr_assert_eq(dbl_live_comms(run->w), 0, "sub-communicators left after destroy");
+	cr_assert_eq(dbl_live_streams(run->w), 0, "streams left after destroy");
+	cr_assert_eq(dbl_live_events(run->w), 0, "events left after destroy");
+	dbl_world_free(run->w);
+}
+
+static void init_run(struct run *run, const struct shape *sh)
+{
+	memset(run, 0, sizeof(*run));
+	run->sh = *sh;
+	run->cfg.chunks = 4;
+	run->check_result = true;
+	run->fail_split_rank = -1;
+	run->fail_stream_rank = -1;
+	run->new_degraded = -1;
+	run->dtype = R2CC_NCCL_FLOAT32;
+	run->op = R2CC_NCCL_SUM;
+	run->counts[0] = 1021;
+	run->ncounts = 1;
+}
+
+static const struct shape shapes[] = {
+    {"2x2 seed", 2, 2, false, 0, 3, 1, -1},
+    {"4x1", 4, 1, false, 2, 4, 2, -1},
+    {"3x2", 3, 2, false, 1, 2, 1, -1},
+    {"8x1 wrap", 8, 1, false, 7, 8, 3, -1},
+    {"3x2 interleaved", 3, 2, true, 0, 3, 2, -1},
+};
+
+static void matrix(const struct shape *sh)
+{
+	static const int ks[] = {1, 3, 4, 64};
+	static const size_t counts[] = {1, 37, 1021, 4099};
+	struct run *run = malloc(sizeof(*run));
+	unsigned seed = 1;
+
+	for (int dtype = 0; dtype < R2CC_NCCL_NUM_TYPES; dtype++)
+		for (int op = 0; op < 4; op++)
+			for (int inplace = 0; inplace < 2; inplace++)
+				for (int sched = 0; sched < 4; sched++) {
+					init_run(run, sh);
+					run->dtype = dtype;
+					run->op = op;
+					run->inplace = inplace;
+					run->cfg.schedule = sched;
+					run->cfg.chunks = ks[(dtype + op + sched + inplace) % 4];
+					memcpy(run->counts, counts, sizeof(counts));
+					run->ncounts = 4;
+					run->seed = seed++;
+					run_one(run);
+					for (int r = 0; r < run->nranks; r++)
+						for (int n = 0; n < run->ncounts; n++)
+							cr_assert_eq(run->res[r].why[n],
+								     R2CC_AR2_RAN);
+				}
+	free(run);
+}
+
+Test(ar2_exec, matrix_2x2)
+{
+	matrix(&shapes[0]);
+}
+
+Test(ar2_exec, matrix_4x1)
+{
+	matrix(&shapes[1]);
+}
+
+Test(ar2_exec, matrix_3x2)
+{
+	matrix(&shapes[2]);
+}
+
+Test(ar2_exec, matrix_8x1)
+{
+	matrix(&shapes[3]);
+}
+
+Test(ar2_exec, matrix_3x2_interleaved)
+{
+	matrix(&shapes[4]);
+}
+
+/* The stage calls actually happen: a 3x2 call issues what section 5 says. */
+Test(ar2_exec, issues_the_two_stages)
+{
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &shapes[2]); /* 3 nodes x 2, node 1 degraded, helper rank 4 */
+	run->counts[0] = 3000;
+	run->cfg.chunks = 3;
+	run_one(run);
+	for (int r = 0; r < 6; r++) {
+		bool degraded = r == 2 || r == 3, helper = r == 4;
+		int *nc = run->res[r].ncalls[0];
+
+		cr_assert_eq(nc[DBL_SPLIT], 2, "rank %d", r);
+		cr_assert_eq(nc[DBL_AGREE], 1);
+		cr_assert_eq(run->res[r].parent_allreduces[0], 1); /* main part */
+		cr_assert_eq(nc[DBL_ALLREDUCE], degraded ? 1 : 2, "rank %d", r);
+		cr_assert_eq(nc[DBL_REDUCE], degraded || helper ? 3 : 0, "rank %d", r);
+		cr_assert_eq(nc[DBL_BCAST], 3, "rank %d", r);
+		cr_assert_eq(run->res[r].live_comms_before_destroy,
+			     4 + 3); /* 4 healthy + 3 aPlusH */
+	}
+	free(run);
+}
+
+/* Destruction with the parent's abort aborts the sub-communicators. */
+Test(ar2_exec, destroy_with_abort)
+{
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &shapes[2]);
+	run->abort = true;
+	run_one(run); /* and run_one checks nothing is left */
+	for (int r = 0; r < 6; r++)
+		cr_assert_eq(run->res[r].aborts, r == 4 ? 2 : 1, "rank %d", r); /* helper: both */
+	init_run(run, &shapes[2]);
+	run_one(run);
+	for (int r = 0; r < 6; r++)
+		cr_assert_eq(run->res[r].aborts, 0);
+	free(run);
+}
+
+/* Degenerate splits: a tail that rounds away, a main part that rounds away. */
+Test(ar2_exec, degenerate_splits)
+{
+	static const struct shape sh = {"4x1 8 NICs", 4, 1, false, 1, 8, 1, -1};
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &sh);
+	run->counts[0] = 31; /* main 7/8 * 31 rounds up to 32 > 31: no tail */
+	run->counts[1] = 1;  /* main rounds to 0: everything is tail */
+	run->ncounts = 2;
+	run->inplace = true;
+	run_one(run);
+	for (int r = 0; r < 4; r++) {
+		cr_assert_eq(run->res[r].why[0], R2CC_AR2_RAN);
+		cr_assert_eq(run->res[r].ncalls[0][DBL_ALLREDUCE], 1);
+		cr_assert_eq(run->res[r].ncalls[0][DBL_REDUCE] + run->res[r].ncalls[0][DBL_BCAST],
+			     0);
+		cr_assert_eq(run->res[r].parent_allreduces[1], 0);
+		cr_assert_eq(run->res[r].ncalls[1][DBL_BCAST], 1);
+	}
+	free(run);
+}
+
+/* Sub-communicators are made once and reused. */
+Test(ar2_exec, setup_once)
+{
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &shapes[0]);
+	run->counts[1] = 777;
+	run->counts[2] = 5000;
+	run->ncounts = 3;
+	run_one(run);
+	for (int r = 0; r < 4; r++) {
+		cr_assert_eq(run->res[r].ncalls[0][DBL_SPLIT], 2);
+		cr_assert_eq(run->res[r].ncalls[1][DBL_SPLIT], 0);
+		cr_assert_eq(run->res[r].ncalls[2][DBL_AGREE], 0);
+	}
+	free(run);
+}
+
+/* A new view with another degraded node re-makes the sub-communicators. */
+Test(ar2_exec, new_view)
+{
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &shapes[2]);
+	run->counts[1] = 2000;
+	run->counts[2] = 3001;
+	run->ncounts = 3;
+	run->new_degraded = 2;
+	run_one(run);
+	for (int r = 0; r < 6; r++) {
+		cr_assert_eq(run->res[r].ncalls[1][DBL_SPLIT], 0);
+		cr_assert_eq(run->res[r].ncalls[2][DBL_SPLIT], 2);
+		cr_assert_eq(run->res[r].why[2], R2CC_AR2_RAN);
+	}
+	free(run);
+}
+
+/* Two calls, both the plain AllReduce; warns = warnings expected from them. */
+static void expect_fallback_warns(struct run *run, enum r2cc_ar2_reason want, int warns)
+{
+	int before = r2cc_test_warnings;
+
+	run->counts[1] = 2048;
+	run->ncounts = 2;
+	run_one(run);
+	for (int r = 0; r < run->nranks; r++)
+		for (int n = 0; n < 2; n++) {
+			int *nc = run->res[r].ncalls[n];
+
+			cr_assert_eq(run->res[r].why[n], want,
+				     "rank %d call %d: reason %d, want %d", r, n,
+				     run->res[r].why[n], want);
+			cr_assert_eq(run->res[r].parent_allreduces[n], 1);
+			cr_assert_eq(nc[DBL_ALLREDUCE], 1);
+			cr_assert_eq(nc[DBL_REDUCE] + nc[DBL_BCAST], 0);
+			if (want != R2CC_AR2_FB_SETUP || n > 0)
+				cr_assert_eq(nc[DBL_SPLIT] + nc[DBL_AGREE], 0);
+		}
+	cr_assert_eq(r2cc_test_warnings - before, warns, "warned %d times for reason %d",
+		     r2cc_test_warnings - before, want);
+}
+
+static void expect_fallback(struct run *run, enum r2cc_ar2_reason want)
+{
+	expect_fallback_warns(run, want, 1);
+}
+
+Test(ar2_exec, fallbacks)
+{
+	static const struct shape one_node = {"1x4", 1, 4, false, 0, 3, 1, -1};
+	static const struct shape healthy = {"2x2 healthy", 2, 2, false, -1, 3, 1, -1};
+	static const struct shape two_bad = {"3x1 two degraded", 3, 1, false, 0, 3, 1, 2};
+	static const struct shape no_nic = {"3x1 no NIC", 3, 1, false, 1, 2, 2, -1};
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &shapes[0]);
+	run->cfg.min_bytes = 4 * 4096;
+	run->counts[0] = 4095;
+	expect_fallback(run, R2CC_AR2_FB_SMALL);
+
+	init_run(run, &shapes[0]);
+	run->op = R2CC_NCCL_AVG;
+	run->check_result = false;
+	expect_fallback(run, R2CC_AR2_FB_OP);
+	init_run(run, &shapes[0]);
+	run->op = 5; /* a PreMulSum op: same reason, no second warning */
+	run->check_result = false;
+	run->counts[0] = 100;
+	run->ncounts = 1;
+	run_one(run);
+	cr_assert_eq(run->res[0].why[0], R2CC_AR2_FB_OP);
+
+	init_run(run, &shapes[1]);
+	run->flags = R2CC_AR2_IN_GROUP;
+	expect_fallback(run, R2CC_AR2_FB_GROUP);
+	init_run(run, &shapes[1]);
+	run->flags = R2CC_AR2_CAPTURING;
+	expect_fallback(run, R2CC_AR2_FB_CAPTURE);
+	init_run(run, &shapes[1]);
+	run->flags = R2CC_AR2_NONBLOCKING;
+	expect_fallback(run, R2CC_AR2_FB_NONBLOCKING);
+
+	init_run(run, &one_node);
+	expect_fallback(run, R2CC_AR2_FB_ONE_NODE);
+	init_run(run, &healthy);
+	expect_fallback(run, R2CC_AR2_FB_NO_DEGRADED);
+	init_run(run, &two_bad);
+	expect_fallback(run, R2CC_AR2_FB_MULTI);
+	init_run(run, &no_nic);
+	expect_fallback(run, R2CC_AR2_FB_NO_NIC);
+	free(run);
+}
+
+Test(ar2_exec, split_failure_on_one_rank)
+{
+	struct run *run = malloc(sizeof(*run));
+
+	for (int bad = 0; bad < 4; bad++) {
+		init_run(run, &shapes[2]);
+		run->fail_split_rank = bad;
+		run->inplace = bad & 1;
+		/* the bad rank says what failed; the reason is said once per process */
+		expect_fallback_warns(run, R2CC_AR2_FB_SETUP, bad == 0 ? 2 : 1);
+		for (int r = 0; r < run->nranks; r++) {
+			cr_assert_eq(run->res[r].ncalls[0][DBL_SPLIT], 2);
+			cr_assert_eq(run->res[r].ncalls[0][DBL_AGREE], 1);
+			cr_assert_eq(run->res[r].live_comms_before_destroy, 0,
+				     "a sub-communicator outlived the failed setup");
+		}
+	}
+	free(run);
+}
+
+Test(ar2_exec, stream_failure_on_one_rank)
+{
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &shapes[3]);
+	run->fail_stream_rank = 5;
+	expect_fallback_warns(run, R2CC_AR2_FB_SETUP, 2);
+	for (int r = 0; r < run->nranks; r++)
+		cr_assert_eq(run->res[r].live_comms_before_destroy, 0);
+	free(run);
+}
+
+/* The double itself: conversions at known bit patterns. */
+Test(ar2_double, conversions)
+{
+	static const struct {
+		int dtype;
+		double v;
+		unsigned bits;
+	} k[] = {
+	    {R2CC_NCCL_FLOAT16, 1.0, 0x3c00},
+	    {R2CC_NCCL_FLOAT16, -2.0, 0xc000},
+	    {R2CC_NCCL_FLOAT16, 65504, 0x7bff},
+	    {R2CC_NCCL_FLOAT16, 0x1p-24, 0x0001},
+	    {R2CC_NCCL_FLOAT16, 1.0 + 0x1p-11, 0x3c00}, /* tie: to even */
+	    {R2CC_NCCL_FLOAT16, 1.0 + 0x1p-10 + 0x1p-11, 0x3c02},
+	    {R2CC_NCCL_BFLOAT16, 1.0, 0x3f80},
+	    {R2CC_NCCL_BFLOAT16, -0.5, 0xbf00},
+	    {R2CC_NCCL_BFLOAT16, 3.0, 0x4040},
+	    {R2CC_NCCL_FLOAT8E4M3, 1.0, 0x38},
+	    {R2CC_NCCL_FLOAT8E4M3, 448, 0x7e},
+	    {R2CC_NCCL_FLOAT8E4M3, 0x1p-9, 0x01},
+	    {R2CC_NCCL_FLOAT8E4M3, -3.0, 0xc4},
+	    {R2CC_NCCL_FLOAT8E4M3, 0x1p-6, 0x08},
+	    {R2CC_NCCL_FLOAT8E5M2, 1.0, 0x3c},
+	    {R2CC_NCCL_FLOAT8E5M2, 57344, 0x7b},
+	    {R2CC_NCCL_FLOAT8E5M2, 0x1p-16, 0x01},
+	    {R2CC_NCCL_FLOAT8E5M2, -1.5, 0xbe},
+	};
+	unsigned char b[2];
+	unsigned got;
+
+	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
+		memset(b, 0, sizeof(b));
+		dbl_encode(k[i].dtype, k[i].v, b);
+		got = b[0] | (r2cc_nccl_type_size(k[i].dtype) == 2 ? (unsigned)b[1] << 8 : 0);
+		cr_assert_eq(got, k[i].bits, "type %d value %g: 0x%x, want 0x%x", k[i].dtype,
+			     k[i].v, got, k[i].bits);
+		if (k[i].v != 1.0 + 0x1p-11 && k[i].v != 1.0 + 0x1p-10 + 0x1p-11)
+			cr_assert_eq(dbl_decode(k[i].dtype, b), k[i].v);
+	}
+	/* e4m3 has no infinity: overflow saturates; e5m2 overflows to infinity */
+	dbl_encode(R2CC_NCCL_FLOAT8E4M3, 1000, b);
+	cr_assert_eq(b[0], 0x7e);
+	dbl_encode(R2CC_NCCL_FLOAT8E5M2, 1e6, b);
+	cr_assert(isinf(dbl_decode(R2CC_NCCL_FLOAT8E5M2, b)));
+	b[0] = 0x7f;
+	cr_assert(isnan(dbl_decode(R2CC_NCCL_FLOAT8E4M3, b)));
+}
+
+/* The double's order checker is itself checked: two writers of one buffer on
+ * two streams need an event between them. */
+Test(ar2_double, order_checker_catches_missing_dependency)
+{
+	struct dbl_world *w = dbl_world_new(1);
+	struct dbl_rank *r = calloc(1, sizeof(*r));
+	struct r2cc_ar2_ops ops;
+	void *s1, *s2, *e0, *e1;
+	float buf[4] = {1, 2, 3, 4};
+
+	dbl_rank_init(r, w, 0);
+	ops = dbl_ops(r);
+	cr_assert_eq(ops.stream_create(r, &s1), 0);
+	cr_assert_eq(ops.stream_create(r, &s2), 0);
+	cr_assert_eq(ops.event_create(r, &e0), 0);
+	cr_assert_eq(ops.event_create(r, &e1), 0);
+	for (int good = 0; good < 2; good++) {
+		dbl_begin(r);
+		r->error[0] = '\0';
+		ops.event_record(r, e0, &r->user);
+		ops.stream_wait_event(r, s1, e0);
+		ops.stream_wait_event(r, s2, e0);
+		cr_assert_eq(ops.allreduce(r, buf, buf, 4, R2CC_NCCL_FLOAT32, 0, r->parent, s1), 0);
+		if (good) {
+			ops.event_record(r, e1, s1);
+			ops.stream_wait_event(r, s2, e1);
+		}
+		cr_assert_eq(ops.broadcast(r, buf, buf, 4, R2CC_NCCL_FLOAT32, 0, r->parent, s2), 0);
+		ops.event_record(r, e1, s2);
+		ops.stream_wait_event(r, &r->user, e1);
+		ops.event_record(r, e1, s1);
+		ops.stream_wait_event(r, &r->user, e1);
+		if (good) {
+			cr_assert_eq(dbl_check_order(r), 0, "%s", r->error);
+		} else {
+			cr_assert_eq(dbl_check_order(r), -1);
+			cr_assert(strstr(r->error, "touch the same memory"), "%s", r->error);
+		}
+	}
+	/* and the user's stream must wait for everything */
+	dbl_begin(r);
+	r->error[0] = '\0';
+	ops.event_record(r, e0, &r->user);
+	ops.stream_wait_event(r, s1, e0);
+	cr_assert_eq(ops.allreduce(r, buf, buf, 4, R2CC_NCCL_FLOAT32, 0, r->parent, s1), 0);
+	cr_assert_eq(dbl_check_order(r), -1);
+	cr_assert(strstr(r->error, "does not wait"), "%s", r->error);
+	ops.event_destroy(r, e0);
+	ops.event_destroy(r, e1);
+	ops.stream_destroy(r, s1);
+	ops.stream_destroy(r, s2);
+	cr_assert_eq(dbl_live_streams(w) + dbl_live_events(w), 0);
+	free(r);
+	dbl_world_free(w);
+}
