@@ -1,0 +1,222 @@
+/* Rank discovery from launcher variables and the built-in spawner of r2cc-perf (see
+ * perf_launch.h). Children get the parent's environment unchanged (LD_PRELOAD, NCCL_*,
+ * the software RDMA device's settings) plus their rank variables and the node's
+ * NCCL_HOSTID; ranks are node-major.
+ */
+#include "bench/perf_launch.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/perf_opts.h"
+#include "bench/perf_rdv.h"
+
+static int env_int(const char *name, int *out)
+{
+	const char *s = getenv(name);
+	char *end;
+	long v;
+	if (!s || !*s)
+		return 0;
+	v = strtol(s, &end, 10);
+	if (*end || v < 0 || v > 1000000) {
+		fprintf(stderr, "r2cc-perf: %s='%s' is not a rank number\n", name, s);
+		return -EINVAL;
+	}
+	*out = (int)v;
+	return 1;
+}
+
+int perf_world_from_env(struct perf_world *w)
+{
+	static const struct {
+		const char *rank, *size, *local, *source;
+	} vars[] = {
+	    {"R2CC_PERF_RANK", "R2CC_PERF_NRANKS", "R2CC_PERF_LOCAL_RANK", "r2cc-perf --nodes"},
+	    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+	     "Open MPI"},
+	    {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "PMI"},
+	    {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "Slurm"},
+	    {"RANK", "WORLD_SIZE", "LOCAL_RANK", "torchrun"},
+	};
+	w->proc = 0, w->nprocs = 1, w->local_proc = 0, w->source = "single process";
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		int rank, size, local = -1, rc;
+		rc = env_int(vars[i].rank, &rank);
+		if (rc < 0)
+			return rc;
+		if (rc == 0)
+			continue;
+		rc = env_int(vars[i].size, &size);
+		if (rc <= 0 || size < 1 || rank >= size) {
+			fprintf(stderr, "r2cc-perf: %s is set but %s is missing or too small\n",
+				vars[i].rank, vars[i].size);
+			return -EINVAL;
+		}
+		if (env_int(vars[i].local, &local) < 0)
+			return -EINVAL;
+		w->proc = rank, w->nprocs = size;
+		w->local_proc = local >= 0 ? local : rank;
+		w->source = vars[i].source;
+		return 0;
+	}
+	return 0;
+}
+
+static pid_t *children;
+static int nchildren;
+
+static void forward_signal(int sig)
+{
+	for (int i = 0; i < nchildren; i++)
+		if (children[i] > 0)
+			kill(children[i], sig);
+}
+
+static int free_port(void)
+{
+	struct sockaddr_in sa;
+	socklen_t len = sizeof(sa);
+	int port = -1, fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0)
+		return -1;
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (!bind(fd, (struct sockaddr *)&sa, sizeof(sa)) &&
+	    !getsockname(fd, (struct sockaddr *)&sa, &len))
+		port = ntohs(sa.sin_port);
+	close(fd);
+	return port;
+}
+
+static void setenv_int(const char *name, int v)
+{
+	char buf[16];
+	snprintf(buf, sizeof(buf), "%d", v);
+	setenv(name, buf, 1);
+}
+
+static int status_failed(int st)
+{
+	return !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+}
+
+static void describe(int rank, pid_t pid, int st)
+{
+	if (WIFSIGNALED(st))
+		fprintf(stderr, "r2cc-perf: rank %d (pid %d) was killed by signal %d (%s)\n", rank,
+			(int)pid, WTERMSIG(st), strsignal(WTERMSIG(st)));
+	else
+		fprintf(stderr, "r2cc-perf: rank %d (pid %d) exited with status %d\n", rank,
+			(int)pid, WEXITSTATUS(st));
+}
+
+int perf_spawn(const struct perf_opts *o, int argc, char **argv)
+{
+	int total = o->nodes * o->gpus_per_node, left, result = 0, killing = 0;
+	char root[64];
+	struct sigaction sa;
+	time_t kill_deadline = 0;
+
+	(void)argc;
+	if (!getenv("R2CC_PERF_ROOT")) {
+		int port = free_port();
+		if (port < 0)
+			port = PERF_RDV_DEFAULT_PORT;
+		snprintf(root, sizeof(root), "127.0.0.1:%d", port);
+		setenv("R2CC_PERF_ROOT", root, 1);
+	}
+	children = calloc((size_t)total, sizeof(pid_t));
+	if (!children)
+		return 1;
+	nchildren = total;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = forward_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	fflush(stdout);
+	fflush(stderr);
+
+	for (int rank = 0; rank < total; rank++) {
+		int node = rank / o->gpus_per_node, local = rank % o->gpus_per_node;
+		pid_t pid = fork();
+		if (pid < 0) {
+			perror("r2cc-perf: fork");
+			result = 1;
+			break;
+		}
+		if (pid == 0) {
+			char hostid[32];
+			snprintf(hostid, sizeof(hostid), "node%d", node);
+			setenv_int("R2CC_PERF_RANK", rank);
+			setenv_int("R2CC_PERF_NRANKS", total);
+			setenv_int("R2CC_PERF_LOCAL_RANK", local);
+			setenv_int("RANK", rank);
+			setenv_int("WORLD_SIZE", total);
+			setenv_int("LOCAL_RANK", local);
+			setenv_int("LOCAL_WORLD_SIZE", o->gpus_per_node);
+			setenv_int("NODE_RANK", node);
+			setenv_int("R2CC_PERF_DEVICE", rank);
+			setenv("NCCL_HOSTID", hostid, 1);
+			execv("/proc/self/exe", argv);
+			fprintf(stderr, "r2cc-perf: exec of /proc/self/exe failed: %s\n",
+				strerror(errno));
+			_exit(127);
+		}
+		children[rank] = pid;
+	}
+	if (result)
+		forward_signal(SIGTERM);
+
+	left = 0;
+	for (int i = 0; i < total; i++)
+		left += children[i] > 0;
+	while (left > 0) {
+		int st;
+		pid_t pid = waitpid(-1, &st, killing ? WNOHANG : 0);
+		if (pid < 0 && errno == EINTR)
+			continue;
+		if (pid < 0)
+			break;
+		if (pid == 0) {
+			if (time(NULL) >= kill_deadline)
+				forward_signal(SIGKILL);
+			usleep(100000);
+			continue;
+		}
+		for (int i = 0; i < total; i++) {
+			if (children[i] != pid)
+				continue;
+			children[i] = 0;
+			left--;
+			if (status_failed(st)) {
+				describe(i, pid, st);
+				if (!result)
+					result =
+					    WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+				if (!killing && left > 0) {
+					fprintf(stderr, "r2cc-perf: stopping the other %d ranks\n",
+						left);
+					forward_signal(SIGTERM);
+					killing = 1;
+					kill_deadline = time(NULL) + 5;
+				}
+			}
+		}
+	}
+	free(children);
+	children = NULL;
+	nchildren = 0;
+	return result;
+}
