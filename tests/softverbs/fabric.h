@@ -1,0 +1,204 @@
+/*
+ * The shared fabric of the software RDMA device: one POSIX shared-memory region
+ * (SOFTVERBS_FABRIC) that every process of a test maps. It holds the emulated nodes
+ * and their NICs (faults, shaping clock, counters), the processes attached, and the
+ * tables of memory regions, queue pairs (with their receive queues) and completion
+ * queues, so that the process that executes a work request can check the target's
+ * keys, consume its posted receive and place its completion without the target
+ * process running, as an RDMA NIC does.
+ *
+ * Locks: fabric->lock (tables, registration, reaping) -> rq_lock of a QP -> lock of a
+ * CQ. All are robust and process-shared; a holder that died is recovered with
+ * pthread_mutex_consistent(). Hot fields are read through atomics without locks.
+ */
+#ifndef SOFTVERBS_FABRIC_H
+#define SOFTVERBS_FABRIC_H
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SV_MAGIC	 0x534f465456524253ull /* "SOFTVRBS" */
+#define SV_VERSION	 4
+#define SV_NAME_LEN	 64
+#define SV_MAX_NODES	 32
+#define SV_MAX_NICS	 128
+#define SV_NICS_PER_NODE 16
+#define SV_MAX_PROCS	 256
+#define SV_MAX_MRS	 16384
+#define SV_MR_SHIFT	 14 /* key = gen << SV_MR_SHIFT | slot */
+#define SV_MAX_QPS	 4096
+#define SV_QP_SHIFT	 12 /* qpn = gen << SV_QP_SHIFT | slot */
+#define SV_RQ_CAP	 512
+#define SV_RQ_SGE	 4
+#define SV_MAX_CQS	 2048
+#define SV_CQ_CAP	 2048
+#define SV_MAX_SCHED	 32
+/* Sizes are fabric-wide; the region is sparse, only what is used takes memory. */
+_Static_assert(SV_MAX_MRS == 1 << SV_MR_SHIFT, "MR keys encode their slot");
+_Static_assert(SV_MAX_QPS == 1 << SV_QP_SHIFT, "QPNs encode their slot");
+
+enum sv_fault {
+	SV_FAULT_UP = 0,
+	SV_FAULT_DOWN = 1,
+	SV_FAULT_BLACKHOLE = 2,
+	SV_FAULT_FLAP = 3,
+	SV_FAULT_SLOW = 4,
+};
+
+/* What the wire does right now (a flapping NIC is DOWN or UP depending on the time). */
+enum sv_link {
+	SV_LINK_UP,
+	SV_LINK_DOWN,
+	SV_LINK_BLACKHOLE,
+};
+
+struct sv_node {
+	_Atomic int used;
+	char name[SV_NAME_LEN];
+	int nnics;
+	int nics[SV_NICS_PER_NODE];
+};
+
+struct sv_nic {
+	_Atomic int used;
+	int node;
+	char name[SV_NAME_LEN];
+	int gbps;
+	uint16_t lid;
+	uint64_t guid;
+	_Atomic int fault;	     /* enum sv_fault */
+	_Atomic int fault_arg;	     /* flap period in ms, or slow rate in Gb/s */
+	_Atomic int64_t fault_ns;    /* when the fault was set (flap phase origin) */
+	_Atomic int64_t shape_ns[2]; /* when the wire is free again: [SV_TX], [SV_RX] */
+	_Atomic uint64_t tx_bytes, rx_bytes, tx_packets, rx_packets;
+};
+
+struct sv_proc {
+	_Atomic int pid; /* 0 = free */
+	int node;
+};
+
+struct sv_mr_slot {
+	_Atomic uint32_t key; /* 0 = free */
+	int pid;
+	uint32_t pd;
+	uint32_t access;
+	uint64_t addr, iova, len;
+};
+
+struct sv_rwqe {
+	uint64_t wr_id;
+	uint32_t num_sge;
+	uint32_t pad;
+	struct ibv_sge sge[SV_RQ_SGE];
+};
+
+struct sv_qp_slot {
+	_Atomic uint32_t qpn; /* 0 = free */
+	int pid;
+	int nic;
+	uint32_t pd;
+	_Atomic int state; /* enum ibv_qp_state */
+	_Atomic uint32_t access;
+	_Atomic uint32_t dest_qpn;
+	_Atomic uint32_t dlid;
+	int rcq;	  /* CQ slot of the receive CQ */
+	uint32_t rcq_id;  /* its id, checked before use */
+	uint32_t rq_size; /* max_recv_wr */
+	pthread_mutex_t rq_lock;
+	uint32_t rq_head, rq_tail; /* under rq_lock */
+	struct sv_rwqe rq[SV_RQ_CAP];
+};
+
+struct sv_cq_slot {
+	_Atomic uint32_t id; /* 0 = free */
+	int pid;
+	pthread_mutex_t lock; /* producers */
+	_Atomic uint64_t head, tail;
+	_Atomic uint64_t overruns;
+	struct ibv_wc ring[SV_CQ_CAP];
+};
+
+struct sv_sched {
+	_Atomic int state; /* 0 free, 1 claimed, 2 pending, 3 applied */
+	char node[SV_NAME_LEN];
+	char nic[SV_NAME_LEN];
+	int kind;
+	int arg;
+	int64_t at_ns;
+};
+
+struct sv_fabric {
+	_Atomic uint64_t magic;
+	uint32_t version;
+	uint64_t size;
+	pthread_mutex_t lock;
+	int64_t start_ns;
+	uint32_t next_lid;
+	_Atomic uint32_t gen;
+	_Atomic int sched_pending;
+	struct sv_sched sched[SV_MAX_SCHED];
+	struct sv_node nodes[SV_MAX_NODES];
+	struct sv_nic nics[SV_MAX_NICS];
+	struct sv_proc procs[SV_MAX_PROCS];
+	struct sv_mr_slot mrs[SV_MAX_MRS];
+	struct sv_qp_slot qps[SV_MAX_QPS];
+	struct sv_cq_slot cqs[SV_MAX_CQS];
+};
+
+/* Settings read once per process. */
+struct sv_config {
+	char fabric[SV_NAME_LEN + 16];
+	char node[SV_NAME_LEN];
+	char nics[1024];
+	double time_scale;
+	bool shaping;
+	const char *faults;
+};
+
+void sv_config_read(struct sv_config *cfg);
+int64_t sv_now_ns(void);
+bool sv_pid_alive(int pid);
+void sv_lock(pthread_mutex_t *m);
+void sv_mutex_init_shared(pthread_mutex_t *m);
+
+/* Maps (creating when absent) the fabric; NULL with errno on failure. */
+struct sv_fabric *sv_fabric_attach(const char *name, bool create);
+void sv_fabric_detach(struct sv_fabric *f);
+int sv_fabric_remove(const char *name);
+
+/*
+ * Attaches this process as a member of node `node`, registering the node with the
+ * NICs of `spec` ("name:gbps,...") when it is new; reaps dead processes first and
+ * restarts a fabric that has no live member. Returns the node index (proc slot in
+ * *proc_p) or -errno.
+ */
+int sv_fabric_join(struct sv_fabric *f, const char *node, const char *spec, int *proc_p);
+int sv_fabric_find_node(struct sv_fabric *f, const char *name);
+int sv_fabric_find_nic(struct sv_fabric *f, const char *node, const char *nic);
+/* Frees the slots of processes that died; returns how many processes were reaped. */
+int sv_fabric_reap(struct sv_fabric *f);
+
+/* Faults. */
+int sv_fault_parse(const char *word, int *kind);
+void sv_fabric_set_fault(struct sv_fabric *f, int nic, int kind, int arg);
+int sv_fabric_schedule(struct sv_fabric *f, const char *spec);
+void sv_fabric_sched_apply(struct sv_fabric *f, int64_t now);
+enum sv_link sv_nic_link(struct sv_fabric *f, int nic, int64_t now);
+/* Rate cap of a NIC in Gb/s for its sender, 0 = unshaped. */
+int sv_nic_rate(struct sv_fabric *f, int nic, bool shaping);
+enum sv_dir {
+	SV_TX = 0,
+	SV_RX = 1,
+};
+/* Reserves one direction of a NIC's link for `bytes`; returns when their last bit passed. */
+int64_t sv_nic_reserve(struct sv_fabric *f, int nic, enum sv_dir dir, int gbps, uint64_t bytes,
+		       int64_t now);
+void sv_nic_account(struct sv_fabric *f, int from, int to, uint64_t bytes);
+const char *sv_fault_name(int kind);
+
+#endif

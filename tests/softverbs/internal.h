@@ -1,0 +1,142 @@
+/*
+ * Process-local objects of the software RDMA device and what device.c (devices,
+ * contexts, async events, PDs, MRs) and queue.c (CQs, QPs, the data path and the
+ * progress thread) share.
+ *
+ * Lock order: sv_process.lock -> sv_qp.lock -> shared-memory locks (fabric.h).
+ * sv_ctx.ev_lock and sv_cq.poll_lock are leaves.
+ */
+#ifndef SOFTVERBS_INTERNAL_H
+#define SOFTVERBS_INTERNAL_H
+
+#include "tests/softverbs/fabric.h"
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stddef.h>
+
+#define SV_EXPORT			 __attribute__((visibility("default")))
+#define SV_MAX_SEND_WR			 32768
+#define SV_MAX_SEND_SGE			 30
+#define SV_MAX_INLINE			 512
+#define SV_EVQ_CAP			 256
+#define sv_container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
+
+struct sv_device {
+	struct ibv_device dev;
+	int nic;
+};
+
+struct sv_ctx {
+	struct verbs_context vctx;
+	int nic;
+	int ev_wfd;
+	pthread_mutex_t ev_lock;
+	struct ibv_async_event evq[SV_EVQ_CAP];
+	unsigned ev_head, ev_tail;
+	unsigned ev_unacked;
+	bool port_active; /* what the last port event told */
+	struct sv_ctx *next;
+};
+
+struct sv_pd {
+	struct ibv_pd pd;
+	uint32_t id;
+	_Atomic int users;
+};
+
+struct sv_mr {
+	struct ibv_mr mr;
+	int slot;
+};
+
+struct sv_channel {
+	struct ibv_comp_channel ch;
+	int wfd;
+};
+
+struct sv_cq {
+	struct ibv_cq cq;
+	int slot;
+	struct sv_cq_slot *s;
+	pthread_mutex_t poll_lock;
+	_Atomic int users;
+	/* Completion events: armed by req_notify_cq, fired by the progress thread. */
+	_Atomic bool armed;
+	_Atomic uint64_t arm_tail;
+	struct sv_cq *next; /* sv_process.cqs, CQs with a channel */
+};
+
+/* A send work request, copied at post time. */
+struct sv_swr {
+	uint64_t wr_id;
+	int opcode;
+	unsigned flags;
+	uint32_t imm;
+	uint64_t raddr;
+	uint32_t rkey;
+	uint32_t nsge;
+	uint64_t len;
+	struct ibv_sge *sge; /* into sv_qp.sge_pool */
+	uint8_t *inl;	     /* into sv_qp.inl_pool when IBV_SEND_INLINE */
+	int64_t first_ns;    /* first attempt (retry timeout origin) */
+	int64_t wire_ns;     /* shaping, local NIC: when the last bit has passed, 0 = none */
+	int64_t far_ns;	     /* shaping, remote NIC: the same, 0 = not reserved yet */
+};
+
+struct sv_qp {
+	struct ibv_qp qp;
+	int slot;
+	struct sv_qp_slot *s;
+	pthread_mutex_t lock;
+	struct ibv_qp_cap cap;
+	bool sig_all;
+	struct ibv_qp_attr attr; /* what modify_qp set */
+	struct sv_swr *sq;
+	struct ibv_sge *sge_pool;
+	uint8_t *inl_pool;
+	uint32_t sq_head, sq_tail; /* free-running, under lock */
+	struct sv_qp *next;
+};
+
+struct sv_process {
+	pthread_once_t once;
+	int init_err;
+	struct sv_config cfg;
+	struct sv_fabric *f;
+	int node;
+	int proc_slot;
+	int ndevs;
+	struct sv_device *devs;
+	pthread_mutex_t lock; /* the lists, thread start */
+	pthread_cond_t cond;  /* wakes the progress thread */
+	bool kicked;
+	bool thread_started;
+	pthread_t thread;
+	struct sv_qp *qps;
+	struct sv_ctx *ctxs;
+	struct sv_cq *cqs;
+	uint32_t pd_base;
+	_Atomic uint32_t next_pd;
+};
+
+extern struct sv_process sv_proc;
+
+int sv_init(void);
+void sv_thread_start(void);
+void sv_kick(void);
+void sv_ctx_push_event(struct sv_ctx *ctx, struct ibv_async_event *ev);
+void sv_ctx_check_ports(int64_t now);
+
+/* queue.c */
+int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+int sv_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+void sv_cq_events(void);
+/* Runs the send queues of this process's QPs once; returns the next time to look. */
+int64_t sv_progress_all(int64_t now);
+bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc);
+struct sv_mr_slot *sv_mr_find(struct sv_fabric *f, uint32_t key);
+
+#endif

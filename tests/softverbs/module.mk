@@ -1,0 +1,54 @@
+# tests/softverbs: the software RDMA device (see tests/softverbs/README.md).
+#   $(BUILD)/softverbs/libibverbs.so.1 (+ libibverbs.so)  the device, soname libibverbs.so.1
+#   $(BUILD)/bin/softverbs-ctl                            fabric listing and fault injection
+#   $(BUILD)/tests/softverbs/{unit,conformance}           its tests
+
+SV_DIR   := tests/softverbs
+SV_OUT   := $(BUILD)/softverbs
+SV_OBJ   := $(SV_OUT)/obj
+SV_LIB   := $(SV_OUT)/libibverbs.so.1
+SV_LINK  := $(SV_OUT)/libibverbs.so
+SV_CTL   := $(BUILD)/bin/softverbs-ctl
+SV_TDIR  := $(BUILD)/tests/softverbs
+SV_UNIT  := $(SV_TDIR)/unit
+SV_CONF  := $(SV_TDIR)/conformance
+
+SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o
+SV_CFLAGS   := $(BIN_CFLAGS) -fvisibility=hidden
+# Test programs link against the device itself and find it next to them at run time.
+SV_TLIBS    := -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../../softverbs' -ldl
+
+$(SV_OBJ)/%.o: $(SV_DIR)/%.c
+	@mkdir -p $(@D)
+	$(CC) $(SV_CFLAGS) -MMD -MP -c -o $@ $<
+
+$(SV_LIB): $(SV_LIB_OBJS) $(SV_DIR)/libibverbs.map
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $(SV_LIB_OBJS) -Wl,-soname,libibverbs.so.1 \
+	  -Wl,--version-script=$(SV_DIR)/libibverbs.map -Wl,-z,defs -pthread
+
+$(SV_LINK): $(SV_LIB)
+	ln -sf libibverbs.so.1 $@
+
+$(SV_CTL): $(SV_OBJ)/ctl.o $(SV_OBJ)/fabric.o
+	@mkdir -p $(@D)
+	$(CC) -o $@ $^ -pthread
+
+$(SV_UNIT): $(SV_OBJ)/test_unit.o $(SV_LINK)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(SV_OBJ)/test_unit.o $(SV_TLIBS) -lcriterion -pthread
+
+$(SV_CONF): $(SV_OBJ)/conformance.o $(SV_LINK) $(SV_CTL)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(SV_OBJ)/conformance.o $(SV_TLIBS) -pthread
+
+-include $(SV_OBJ)/*.d
+
+ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL)
+TEST_DEPS   += $(SV_UNIT) $(SV_CONF)
+CPU_TESTS   += 60@$(SV_UNIT) 150@$(SV_CONF)
+# rdma-core's own test program over the device, where ibverbs-utils is installed.
+ifneq ($(shell command -v ibv_rc_pingpong 2>/dev/null),)
+CPU_TESTS   += 60@$(SV_DIR)/pingpong.sh:$(BUILD)
+endif
+FORMAT_SRCS += $(wildcard $(SV_DIR)/*.c $(SV_DIR)/*.h)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs rdma-core's own ibv_rc_pingpong (ibverbs-utils) over the software RDMA device,
+# two processes on two emulated nodes, with the received data checked (-c): once
+# busy-polling and once with completion channels (-e). Fails on any error.
+#
+#   tests/softverbs/pingpong.sh BUILD_DIR
+set -u
+build=${1:-build}
+export LD_LIBRARY_PATH=$build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export SOFTVERBS_FABRIC=svpp-$$
+port=$((20000 + $$ % 20000))
+rc=0
+run() { # NAME ARGS...
+	local name=$1 out
+	shift
+	out=$(mktemp)
+	SOFTVERBS_NODE=server timeout 30 ibv_rc_pingpong -p $port "$@" >"$out" 2>&1 &
+	local server=$!
+	sleep 0.3
+	if ! SOFTVERBS_NODE=client timeout 30 ibv_rc_pingpong -p $port "$@" localhost; then
+		echo "FAIL pingpong $name (client)"; rc=1
+	fi
+	if ! wait $server; then
+		echo "FAIL pingpong $name (server)"; cat "$out"; rc=1
+	fi
+	rm -f "$out"
+	port=$((port + 1))
+}
+run poll -d mlx5_0 -n 2000 -s 8192 -c
+run events -e -d mlx5_1 -n 300 -s 4096 -c
+"$build/bin/softverbs-ctl" reset >/dev/null
+[ $rc -eq 0 ] && echo "ok pingpong"
+exit $rc

@@ -1,0 +1,38 @@
+/*
+ * Introspection API of the software RDMA device (build/softverbs/libibverbs.so.1),
+ * for tools that want the emulated NICs' state and traffic counters. Find it with
+ * dlsym(RTLD_DEFAULT, "softverbs_nic_stats") in a process that loaded the device.
+ */
+#ifndef SOFTVERBS_H
+#define SOFTVERBS_H
+
+#include <stdint.h>
+
+enum softverbs_nic_state {
+	SOFTVERBS_NIC_UP = 0,
+	SOFTVERBS_NIC_DOWN = 1,
+	SOFTVERBS_NIC_BLACKHOLE = 2,
+	SOFTVERBS_NIC_FLAP = 3,
+	SOFTVERBS_NIC_SLOW = 4,
+};
+
+struct softverbs_nic_stat {
+	char node[64];
+	char name[64];
+	int gbps;
+	int state; /* enum softverbs_nic_state: the fault set on the NIC */
+	uint64_t tx_bytes, rx_bytes, tx_packets, rx_packets;
+};
+
+/*
+ * Fills `out` with up to `max` NICs of node `node` (NULL = all nodes) of the fabric
+ * named by SOFTVERBS_FABRIC; returns the number filled, or -errno.
+ */
+int softverbs_nic_stats(const char *node, struct softverbs_nic_stat *out, int max);
+
+/* Internal: the same over an attached fabric (shared with softverbs-ctl). */
+struct sv_fabric;
+int sv_fabric_nic_stats(struct sv_fabric *f, const char *node, struct softverbs_nic_stat *out,
+			int max);
+
+#endif

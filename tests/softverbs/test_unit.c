@@ -1,0 +1,485 @@
+/*
+ * Single-process unit tests of the software RDMA device (Criterion; each test runs in
+ * its own process on its own fabric): the exported symbols and versions NCCL looks
+ * up, queries, the QP state machine and its attribute checks, posting errors, a
+ * loopback data path, and the introspection API.
+ */
+#include "tests/softverbs/softverbs.h"
+
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static char fabric[64];
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static struct ibv_cq *cq;
+
+static void setup(void)
+{
+	struct ibv_device **devs;
+	int n = 0;
+
+	snprintf(fabric, sizeof(fabric), "svunit-%d", (int)getpid());
+	setenv("SOFTVERBS_FABRIC", fabric, 1);
+	setenv("SOFTVERBS_NODE", "unit", 1);
+	setenv("SOFTVERBS_NICS", "mlx5_0:25,mlx5_2:100,mlx5_3:200", 1);
+	setenv("SOFTVERBS_TIME_SCALE", "0.01", 1);
+	devs = ibv_get_device_list(&n);
+	cr_assert(devs && n == 3);
+	ctx = ibv_open_device(devs[0]);
+	cr_assert(ctx);
+	ibv_free_device_list(devs);
+	pd = ibv_alloc_pd(ctx);
+	cq = ibv_create_cq(ctx, 512, NULL, NULL, 0);
+	cr_assert(pd && cq);
+}
+
+static void teardown(void)
+{
+	char path[80];
+
+	snprintf(path, sizeof(path), "/%s", fabric);
+	shm_unlink(path);
+}
+
+TestSuite(softverbs, .init = setup, .fini = teardown);
+
+static struct ibv_qp *qp_new(void)
+{
+	struct ibv_qp_init_attr init = {
+	    .send_cq = cq,
+	    .recv_cq = cq,
+	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+	    .qp_type = IBV_QPT_RC,
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd, &init);
+
+	cr_assert(qp, "create_qp: errno %d", errno);
+	return qp;
+}
+
+static int to_init(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+				.port_num = 1,
+				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE |
+						   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE};
+
+	return ibv_modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+static int to_rtr(struct ibv_qp *qp, uint32_t dqpn, uint16_t dlid)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+				.path_mtu = IBV_MTU_4096,
+				.dest_qp_num = dqpn,
+				.max_dest_rd_atomic = 1,
+				.min_rnr_timer = 12};
+
+	a.ah_attr.dlid = dlid;
+	a.ah_attr.port_num = 1;
+	return ibv_modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+static int to_rts(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS,
+				.timeout = 14,
+				.retry_cnt = 7,
+				.rnr_retry = 7,
+				.max_rd_atomic = 1};
+
+	return ibv_modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static uint16_t my_lid(void)
+{
+	struct ibv_port_attr pa;
+
+	cr_assert(ibv_query_port(ctx, 1, &pa) == 0);
+	return pa.lid;
+}
+
+static int state_of(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr init;
+
+	cr_assert(ibv_query_qp(qp, &a, IBV_QP_STATE, &init) == 0);
+	return a.qp_state;
+}
+
+Test(softverbs, nccl_symbols)
+{
+	static const char *const v11[] = {
+	    "ibv_get_device_list", "ibv_free_device_list", "ibv_get_device_name",
+	    "ibv_get_device_guid", "ibv_open_device",	   "ibv_close_device",
+	    "ibv_get_async_event", "ibv_ack_async_event",  "ibv_query_device",
+	    "ibv_query_port",	   "ibv_query_gid",	   "ibv_query_qp",
+	    "ibv_alloc_pd",	   "ibv_dealloc_pd",	   "ibv_reg_mr",
+	    "ibv_dereg_mr",	   "ibv_create_cq",	   "ibv_destroy_cq",
+	    "ibv_create_qp",	   "ibv_modify_qp",	   "ibv_destroy_qp",
+	    "ibv_fork_init",	   "ibv_event_type_str",
+	};
+	void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
+
+	cr_assert(h, "the device is not the libibverbs.so.1 loaded");
+	for (size_t i = 0; i < sizeof(v11) / sizeof(v11[0]); i++)
+		cr_expect(dlvsym(h, v11[i], "IBVERBS_1.1"), "%s@IBVERBS_1.1", v11[i]);
+	cr_expect(dlvsym(h, "ibv_reg_mr_iova2", "IBVERBS_1.8"));
+	cr_expect(dlvsym(h, "ibv_query_ece", "IBVERBS_1.10"));
+	cr_expect(dlvsym(h, "ibv_set_ece", "IBVERBS_1.10"));
+	cr_expect(dlvsym(h, "ibv_reg_dmabuf_mr", "IBVERBS_1.12"));
+	cr_expect(dlsym(RTLD_DEFAULT, "softverbs_nic_stats") == (void *)softverbs_nic_stats);
+	cr_expect(dlsym(h, "sv_fabric_attach") == NULL, "internal symbols stay hidden");
+	dlclose(h);
+}
+
+Test(softverbs, dmabuf_probe_says_unsupported)
+{
+	errno = 0;
+	cr_expect(ibv_reg_dmabuf_mr(pd, 0, 0, 0, -1, 0) == NULL);
+	cr_expect(errno == EOPNOTSUPP);
+}
+
+Test(softverbs, ece_unsupported)
+{
+	struct ibv_qp *qp = qp_new();
+	struct ibv_ece ece;
+
+	cr_expect(ibv_query_ece(qp, &ece) == EOPNOTSUPP);
+}
+
+Test(softverbs, query_device_port_gid)
+{
+	struct ibv_device_attr da;
+	struct ibv_port_attr pa, pb;
+	union ibv_gid gid;
+	struct ibv_device **devs = ibv_get_device_list(NULL);
+	struct ibv_context *c2 = ibv_open_device(devs[1]);
+
+	cr_assert(ibv_query_device(ctx, &da) == 0);
+	cr_expect(da.max_qp_wr >= 32768 && da.max_sge >= 30 && da.max_cqe >= 512);
+	cr_expect(da.phys_port_cnt == 1 && da.max_qp > 0 && da.max_mr > 0);
+	cr_expect(strcmp(ibv_get_device_name(devs[0]), "mlx5_0") == 0);
+	cr_expect(strcmp(ibv_get_device_name(devs[2]), "mlx5_3") == 0);
+	/* The inline wrapper goes through verbs_context->query_port, as NCCL >= 2.27.6 does. */
+	cr_assert(ibv_query_port(ctx, 1, &pa) == 0);
+	cr_expect(pa.state == IBV_PORT_ACTIVE && pa.link_layer == IBV_LINK_LAYER_INFINIBAND);
+	cr_expect(pa.active_mtu == IBV_MTU_4096 && pa.lid != 0);
+	/* 25 Gb/s = EDR x1; NCCL decodes speed (bit 5 = 25000) times width (bit 0 = 1x). */
+	cr_expect(pa.active_speed == 32 && pa.active_width == 1, "speed %d width %d",
+		  pa.active_speed, pa.active_width);
+	cr_assert(ibv_query_port(c2, 1, &pb) == 0);
+	cr_expect(pb.active_speed == 32 && pb.active_width == 2); /* EDR x4 = 100 */
+	cr_expect(pb.lid != pa.lid);
+	{
+		/* NCCL >= 2.27.6 calls the op with its own, larger struct (active_speed_ex last).
+		 */
+		struct {
+			struct ibv_port_attr a;
+			uint32_t active_speed_ex;
+		} big;
+		struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
+
+		cr_assert(vctx, "context is a verbs_context with query_port");
+		memset(&big, 0xa5, sizeof(big));
+		cr_assert(vctx->query_port(ctx, 1, &big.a, sizeof(big)) == 0);
+		cr_expect(big.active_speed_ex == 0 && big.a.lid == pa.lid);
+	}
+	memset(&pb, 0, sizeof(pb));
+	cr_assert((ibv_query_port)(ctx, 1, (struct _compat_ibv_port_attr *)&pb) == 0);
+	cr_expect(pb.lid == pa.lid && pb.state == IBV_PORT_ACTIVE);
+	cr_expect(ibv_query_port(ctx, 2, &pa) == EINVAL);
+	cr_assert(ibv_query_gid(ctx, 1, 0, &gid) == 0);
+	cr_expect(gid.global.interface_id == ibv_get_device_guid(devs[0]));
+	cr_expect(ibv_get_device_guid(devs[0]) != ibv_get_device_guid(devs[1]));
+	cr_expect(strcmp(ibv_event_type_str(IBV_EVENT_PORT_ERR), "port error") == 0);
+	ibv_close_device(c2);
+	ibv_free_device_list(devs);
+}
+
+Test(softverbs, qp_state_machine)
+{
+	struct ibv_qp *qp = qp_new();
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR};
+
+	cr_expect(state_of(qp) == IBV_QPS_RESET);
+	cr_expect(qp->qp_num >= 1024 && qp->qp_num < (1 << 24));
+	cr_expect(to_rtr(qp, qp->qp_num, my_lid()) == EINVAL, "RESET -> RTR");
+	cr_expect(to_rts(qp) == EINVAL, "RESET -> RTS");
+	/* RESET -> INIT with an attribute that transition does not allow. */
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.timeout = 3;
+	cr_expect(ibv_modify_qp(qp, &a,
+				IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				    IBV_QP_ACCESS_FLAGS | IBV_QP_TIMEOUT) == EINVAL);
+	/* ... and without one it requires. */
+	cr_expect(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) ==
+		  EINVAL);
+	a.port_num = 2;
+	cr_expect(ibv_modify_qp(qp, &a,
+				IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				    IBV_QP_ACCESS_FLAGS) == EINVAL,
+		  "port 2");
+	cr_expect(state_of(qp) == IBV_QPS_RESET);
+	cr_assert(to_init(qp) == 0);
+	cr_expect(state_of(qp) == IBV_QPS_INIT);
+	/* INIT -> RTR without DEST_QPN. */
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_4096;
+	cr_expect(ibv_modify_qp(qp, &a,
+				IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_RQ_PSN |
+				    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == EINVAL);
+	cr_expect(to_rts(qp) == EINVAL, "INIT -> RTS");
+	cr_assert(to_rtr(qp, qp->qp_num, my_lid()) == 0);
+	cr_expect(state_of(qp) == IBV_QPS_RTR);
+	cr_assert(to_rts(qp) == 0);
+	cr_expect(state_of(qp) == IBV_QPS_RTS && qp->state == IBV_QPS_RTS);
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 40;
+	cr_expect(ibv_modify_qp(qp, &a,
+				IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) ==
+		      EINVAL,
+		  "RTS -> RTS may not set the timeout");
+	a.qp_state = IBV_QPS_ERR;
+	cr_assert(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
+	cr_expect(state_of(qp) == IBV_QPS_ERR);
+	cr_expect(to_rtr(qp, qp->qp_num, my_lid()) == EINVAL, "ERR -> RTR");
+	a.qp_state = IBV_QPS_RESET;
+	cr_assert(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0);
+	cr_expect(to_init(qp) == 0, "RESET again -> INIT");
+	cr_expect(ibv_destroy_cq(cq) == EBUSY);
+	cr_expect(ibv_destroy_qp(qp) == 0);
+	cr_expect(ibv_destroy_cq(cq) == 0);
+}
+
+Test(softverbs, bad_create_and_reg)
+{
+	struct ibv_qp_init_attr init = {
+	    .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .cap = {.max_send_wr = 1 << 20}};
+	char buf[64];
+
+	errno = 0;
+	cr_expect(ibv_create_qp(pd, &init) == NULL && errno == EINVAL);
+	init.cap.max_send_wr = 1;
+	init.qp_type = IBV_QPT_UD;
+	cr_expect(ibv_create_qp(pd, &init) == NULL && errno == EOPNOTSUPP);
+	cr_expect(ibv_create_cq(ctx, 1 << 30, NULL, NULL, 0) == NULL && errno == EINVAL);
+	cr_expect(ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_REMOTE_WRITE) == NULL &&
+		      errno == EINVAL,
+		  "remote write needs local write");
+}
+
+Test(softverbs, post_errors_and_overflow)
+{
+	struct ibv_qp *qp = qp_new();
+	static char buf[4096];
+	struct ibv_mr *mr =
+	    ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
+	struct ibv_send_wr wr[6], *bad = NULL;
+	struct ibv_recv_wr rwr = {.wr_id = 1}, *rbad = NULL;
+	struct ibv_wc wc;
+
+	memset(wr, 0, sizeof(wr));
+	for (int i = 0; i < 6; i++) {
+		wr[i].wr_id = (uint64_t)i;
+		wr[i].next = i < 5 ? &wr[i + 1] : NULL;
+		wr[i].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+		wr[i].wr.rdma.remote_addr = (uintptr_t)buf;
+		wr[i].wr.rdma.rkey = mr->rkey;
+		wr[i].sg_list = &sge;
+		wr[i].num_sge = 1;
+	}
+	cr_expect(ibv_post_recv(qp, &rwr, &rbad) == EINVAL && rbad == &rwr, "recv in RESET");
+	cr_assert(to_init(qp) == 0);
+	cr_expect(ibv_post_send(qp, wr, &bad) == EINVAL && bad == &wr[0], "send in INIT");
+	/* Loopback: the QP sends to itself; no receive posted, so WRITE_WITH_IMM waits (RNR). */
+	cr_assert(to_rtr(qp, qp->qp_num, my_lid()) == 0 && to_rts(qp) == 0);
+	cr_expect(ibv_post_send(qp, wr, &bad) == ENOMEM && bad == &wr[4], "5th of 4 slots");
+	bad = NULL;
+	cr_expect(ibv_post_send(qp, &wr[5], &bad) == ENOMEM && bad == &wr[5]);
+	usleep(20000);
+	cr_expect(ibv_poll_cq(cq, 1, &wc) == 0, "waits for a receive");
+	/* Receives release them, in order; the last WR was never posted. */
+	for (int i = 0; i < 4; i++) {
+		rwr.wr_id = 100 + (uint64_t)i;
+		cr_assert(ibv_post_recv(qp, &rwr, &rbad) == 0);
+	}
+	for (int i = 0, n = 0; n < 4 && i < 2000; i++) {
+		if (ibv_poll_cq(cq, 1, &wc) == 1) {
+			cr_expect(wc.status == IBV_WC_SUCCESS);
+			cr_expect(wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM);
+			cr_expect(wc.wr_id == 100 + (uint64_t)n);
+			n++;
+		}
+		usleep(1000);
+	}
+	cr_expect(ibv_poll_cq(cq, 1, &wc) == 0, "unsignalled: no send completions");
+	/* A bad opcode and too many SGEs are refused at post time. */
+	wr[0].next = NULL;
+	wr[0].opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	cr_expect(ibv_post_send(qp, wr, &bad) == EINVAL && bad == wr);
+	wr[0].opcode = IBV_WR_RDMA_WRITE;
+	wr[0].num_sge = 2;
+	cr_expect(ibv_post_send(qp, wr, &bad) == EINVAL && bad == wr);
+}
+
+Test(softverbs, loopback_small_write_order)
+{
+	struct ibv_qp *qp = qp_new();
+	static uint64_t src[8], dst[8];
+	struct ibv_mr *ms = ibv_reg_mr(pd, src, sizeof(src), IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *md =
+	    ibv_reg_mr(pd, dst, sizeof(dst), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_sge sge = {.addr = (uintptr_t)src, .length = sizeof(src), .lkey = ms->lkey};
+	struct ibv_send_wr wr = {.wr_id = 9,
+				 .sg_list = &sge,
+				 .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_send_wr *bad;
+	struct ibv_wc wc;
+	int n = 0;
+
+	cr_assert(to_init(qp) == 0 && to_rtr(qp, qp->qp_num, my_lid()) == 0 && to_rts(qp) == 0);
+	for (int i = 0; i < 8; i++)
+		src[i] = 0x1111111111111111ull * (uint64_t)(i + 1);
+	wr.wr.rdma.remote_addr = (uintptr_t)dst;
+	wr.wr.rdma.rkey = md->rkey;
+	cr_assert(ibv_post_send(qp, &wr, &bad) == 0);
+	for (int i = 0; i < 1000 && !n; i++, usleep(1000))
+		n = ibv_poll_cq(cq, 1, &wc);
+	cr_assert(n == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 9 &&
+		  wc.qp_num == qp->qp_num);
+	cr_expect(memcmp(src, dst, sizeof(src)) == 0);
+	/* The MR's rkey is refused once deregistered. */
+	cr_assert(ibv_dereg_mr(md) == 0);
+	cr_assert(ibv_post_send(qp, &wr, &bad) == 0);
+	for (n = 0, wc.wr_id = 0; n == 0;)
+		n = ibv_poll_cq(cq, 1, &wc);
+	cr_expect(wc.status == IBV_WC_REM_ACCESS_ERR);
+}
+
+Test(softverbs, nic_stats_api)
+{
+	struct softverbs_nic_stat st[8];
+	int n = softverbs_nic_stats(NULL, st, 8);
+
+	cr_assert(n == 3, "%d", n);
+	cr_expect(strcmp(st[0].node, "unit") == 0 && strcmp(st[0].name, "mlx5_0") == 0);
+	cr_expect(st[0].gbps == 25 && st[2].gbps == 200 && st[1].state == SOFTVERBS_NIC_UP);
+	cr_expect(softverbs_nic_stats("nosuchnode", st, 8) == 0);
+	cr_expect(softverbs_nic_stats(NULL, NULL, 8) == -EINVAL);
+}
+
+/* Two QPs of this process connected to each other; rnr_retry as given. */
+static void loop_pair(struct ibv_qp **a, struct ibv_qp **b, int rnr_retry)
+{
+	struct ibv_qp_attr at = {.qp_state = IBV_QPS_RTS,
+				 .timeout = 14,
+				 .retry_cnt = 7,
+				 .rnr_retry = (uint8_t)rnr_retry,
+				 .max_rd_atomic = 1};
+	int mask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+		   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+
+	*a = qp_new();
+	*b = qp_new();
+	cr_assert(to_init(*a) == 0 && to_init(*b) == 0);
+	cr_assert(to_rtr(*a, (*b)->qp_num, my_lid()) == 0 &&
+		  to_rtr(*b, (*a)->qp_num, my_lid()) == 0);
+	cr_assert(ibv_modify_qp(*a, &at, mask) == 0 && ibv_modify_qp(*b, &at, mask) == 0);
+}
+
+static struct ibv_wc wait_wc(void)
+{
+	struct ibv_wc wc;
+
+	for (int i = 0; i < 2000; i++, usleep(1000))
+		if (ibv_poll_cq(cq, 1, &wc) == 1)
+			return wc;
+	cr_assert_fail("no completion");
+	return wc;
+}
+
+Test(softverbs, error_statuses)
+{
+	static char buf[8192];
+	struct ibv_mr *rw =
+	    ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_mr *ro = ibv_reg_mr(pd, buf + 4096, 4096, 0);
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 64, .lkey = rw->lkey};
+	struct ibv_send_wr wr = {
+	    .wr_id = 1, .sg_list = &sge, .num_sge = 1, .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_recv_wr rwr = {.wr_id = 2, .sg_list = &sge, .num_sge = 1}, *rbad;
+	struct ibv_send_wr *bad;
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc;
+
+	/* rnr_retry 0: a missing receive is an error after the retries. */
+	loop_pair(&a, &b, 0);
+	wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	wr.wr.rdma.remote_addr = (uintptr_t)buf;
+	wr.wr.rdma.rkey = rw->rkey;
+	cr_assert(ibv_post_send(a, &wr, &bad) == 0);
+	wc = wait_wc();
+	cr_expect(wc.status == IBV_WC_RNR_RETRY_EXC_ERR, "status %d", wc.status);
+	/* A bad lkey: local protection error. */
+	loop_pair(&a, &b, 7);
+	sge.lkey = rw->lkey + 1;
+	wr.opcode = IBV_WR_RDMA_WRITE;
+	cr_assert(ibv_post_send(a, &wr, &bad) == 0);
+	wc = wait_wc();
+	cr_expect(wc.status == IBV_WC_LOC_PROT_ERR, "status %d", wc.status);
+	/* READ from an MR without remote read: remote access error. */
+	loop_pair(&a, &b, 7);
+	sge.lkey = rw->lkey;
+	wr.opcode = IBV_WR_RDMA_READ;
+	wr.wr.rdma.remote_addr = (uintptr_t)buf + 4096;
+	wr.wr.rdma.rkey = ro->rkey;
+	cr_assert(ibv_post_send(a, &wr, &bad) == 0);
+	wc = wait_wc();
+	cr_expect(wc.status == IBV_WC_REM_ACCESS_ERR, "status %d", wc.status);
+	/* READ into an MR without local write: local protection error. */
+	loop_pair(&a, &b, 7);
+	sge.addr = (uintptr_t)buf + 4096;
+	sge.lkey = ro->lkey;
+	wr.wr.rdma.remote_addr = (uintptr_t)buf;
+	wr.wr.rdma.rkey = rw->rkey;
+	cr_assert(ibv_post_send(a, &wr, &bad) == 0);
+	wc = wait_wc();
+	cr_expect(wc.status == IBV_WC_LOC_PROT_ERR, "status %d", wc.status);
+	/* A SEND larger than the receive: the requester and the receive both fail. */
+	loop_pair(&a, &b, 7);
+	sge.addr = (uintptr_t)buf;
+	sge.lkey = rw->lkey;
+	sge.length = 16;
+	cr_assert(ibv_post_recv(b, &rwr, &rbad) == 0);
+	sge.length = 64;
+	wr.opcode = IBV_WR_SEND;
+	cr_assert(ibv_post_send(a, &wr, &bad) == 0);
+	for (int i = 0; i < 2; i++) {
+		wc = wait_wc();
+		if (wc.wr_id == 1)
+			cr_expect(wc.status == IBV_WC_REM_INV_REQ_ERR, "status %d", wc.status);
+		else
+			cr_expect(wc.wr_id == 2 && wc.status == IBV_WC_LOC_LEN_ERR, "status %d",
+				  wc.status);
+	}
+}
