@@ -15,6 +15,9 @@ import torch.multiprocessing as mp
 def worker(rank, world, port, result):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    if os.environ.get("R2CC_TEST_HOSTID") == "1":
+        # One emulated node per rank: NCCL then uses its network transport.
+        os.environ["NCCL_HOSTID"] = f"node{rank}"
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("nccl", rank=rank, world_size=world)
     wrong = 0
