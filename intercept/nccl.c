@@ -14,6 +14,7 @@
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/log.h"
+#include "strategies/failview.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -122,10 +123,14 @@ const struct r2cc_nccl_real *r2cc_nccl_real(void)
 {
 	static struct r2cc_nccl_real t;
 	t.AllReduce = (void *)REAL(AllReduce);
+	t.AllGather = (void *)REAL(AllGather);
 	t.Reduce = (void *)REAL(Reduce);
 	t.Broadcast = (void *)REAL(Broadcast);
 	t.CommSplit = (void *)REAL(CommSplit);
 	t.CommDestroy = (void *)REAL(CommDestroy);
+	t.CommAbort = (void *)REAL(CommAbort);
+	t.CommCount = (void *)REAL(CommCount);
+	t.CommUserRank = (void *)REAL(CommUserRank);
 	t.GroupStart = (void *)REAL(GroupStart);
 	t.GroupEnd = (void *)REAL(GroupEnd);
 	return &t;
@@ -180,9 +185,12 @@ static void register_comm(ncclComm_t comm, int rank, int nranks, struct r2cc_com
 
 static bool on_create(void)
 {
+	static int armed;
 	if (!r2cc_active())
 		return false;
 	note_version();
+	if (r2cc_active() && !__atomic_exchange_n(&armed, 1, __ATOMIC_ACQ_REL))
+		r2cc_strategies_init();
 	return r2cc_active();
 }
 
@@ -323,7 +331,7 @@ R2CC_EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, siz
 	r2cc_allreduce_hook_fn hook = __atomic_load_n(&r2cc_allreduce_hook, __ATOMIC_RELAXED);
 	if (r2cc_unlikely(hook != NULL)) {
 		struct r2cc_comm *c = r2cc_comm_find(comm);
-		if (c && c->strategy)
+		if (c)
 			return (ncclResult_t)hook(c, sendbuff, recvbuff, count, (int)datatype,
 						  (int)op, stream);
 	}

@@ -26,7 +26,8 @@ int r2cc_nccl_group_depth(void);
 
 /* The real NCCL functions, as void pointers to be cast by the user. */
 struct r2cc_nccl_real {
-	void *AllReduce, *Reduce, *Broadcast, *CommSplit, *CommDestroy, *GroupStart, *GroupEnd;
+	void *AllReduce, *AllGather, *Reduce, *Broadcast, *CommSplit, *CommDestroy, *CommAbort;
+	void *CommCount, *CommUserRank, *GroupStart, *GroupEnd;
 };
 const struct r2cc_nccl_real *r2cc_nccl_real(void);
 

@@ -5,6 +5,7 @@
  * that names the variable and says what it accepts.
  */
 #include "shim/params.h"
+#include "shim/failspec.h"
 #include "shim/log.h"
 
 #include <ctype.h>
@@ -276,6 +277,11 @@ int r2cc_params_load(void)
 			continue;
 		if (r2cc_param_set(&p, params[i].name, v, errs[nerr], sizeof(errs[nerr])))
 			nerr++;
+	}
+	if (!nerr) {
+		static struct r2cc_failspec spec;
+		if (r2cc_failspec_parse(p.failed_node, p.failed_hca, &spec, errs[0], sizeof(errs[0])))
+			nerr = 1;
 	}
 	if (nerr) {
 		p.valid = false;

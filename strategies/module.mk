@@ -1,9 +1,7 @@
-# strategies/: R2CC-AllReduce, the cost model and r2cc-plan; also builds
-# shim/failspec.c (owned here) into the library unless the shim fragment
-# already lists it. Test programs compile the sources they need directly.
+# strategies/: R2CC-AllReduce, the cost model and r2cc-plan.
 
-STRAT_LIB_SRCS := strategies/allreduce2.c strategies/cost.c
-LIBR2CC_SRCS += $(STRAT_LIB_SRCS) $(filter-out $(LIBR2CC_SRCS),shim/failspec.c)
+STRAT_LIB_SRCS := strategies/allreduce2.c strategies/cost.c strategies/failview.c strategies/cuda.c
+LIBR2CC_SRCS += $(STRAT_LIB_SRCS)
 
 STRAT_HDRS := strategies/allreduce2.h strategies/cost.h shim/failspec.h shim/log.h
 STRAT_TDIR := $(BUILD)/tests/unit

@@ -2,15 +2,15 @@
 UNIT_SHIM := shim/params.c shim/log.c shim/map.c shim/registry.c shim/comm.c shim/core.c
 UNIT_CFLAGS = $(BIN_CFLAGS) -DR2CC_VERSION_STRING='"test"'
 
-$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/log.c
+$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/failspec.c shim/log.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_registry: tests/unit/test_registry.c shim/map.c shim/registry.c shim/log.c shim/params.c
+$(BUILD)/tests/unit/test_registry: tests/unit/test_registry.c shim/map.c shim/registry.c shim/log.c shim/params.c shim/failspec.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c
+$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shim/failspec.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 

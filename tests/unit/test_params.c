@@ -178,3 +178,22 @@ Test(params, load_good_env)
 	cr_expect_eq(r2cc_param.mode, 3);
 	cr_expect_eq(r2cc_param.ar_stage2_chunks, 8);
 }
+
+/* A declared failure that does not parse is a bad setting like any other. */
+Test(params, load_bad_failure_declaration)
+{
+	setenv("R2CC_FAILED_NODE", "0", 1);
+	setenv("R2CC_FAILED_HCA", "", 1);
+	setenv("R2CC_DEBUG", "NONE", 1);
+	cr_expect_eq(r2cc_params_load(), -EINVAL);
+	cr_expect_not(r2cc_param.valid);
+}
+
+Test(params, load_good_failure_declaration)
+{
+	setenv("R2CC_FAILED_NODE", "0", 1);
+	setenv("R2CC_FAILED_HCA", "mlx5_2", 1);
+	setenv("R2CC_DEBUG", "NONE", 1);
+	cr_expect_eq(r2cc_params_load(), 0);
+	cr_expect(r2cc_param.valid);
+}

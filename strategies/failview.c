@@ -1,0 +1,465 @@
+/*
+ * The failure view of each communicator: which node of the communicator is
+ * degraded and how many of its NICs failed. Today the view comes from the
+ * declared failures (R2CC_FAILED_NODE / R2CC_FAILED_HCA, shim/failspec.c);
+ * detected failures will feed the same view once hot repair exists.
+ *
+ * Every rank must hold the same view, so it is agreed on the communicator's
+ * first AllReduce outside a group and outside graph capture (all ranks make
+ * that call at the same point of their collective sequence): two all-gathers
+ * of a few integers on a private stream, the first for the node of every
+ * rank (NCCL_HOSTID, else the host name) and its NIC count, the second for
+ * the NICs each rank found declared failed on its own node. Ranks of one node
+ * that disagree are reported and the lowest rank's count is taken.
+ *
+ * The hook itself is the slow path: the NCCL wrapper calls it only while a
+ * strategy is armed. Its per-call work after the view exists is one call into
+ * the R2CC-AllReduce executor, which falls back to the plain AllReduce for
+ * ineligible calls.
+ */
+#include "strategies/failview.h"
+#include "intercept/nccl_hooks.h"
+#include "shim/comm.h"
+#include "shim/failspec.h"
+#include "shim/log.h"
+#include "shim/params.h"
+#include "shim/registry.h"
+#include "strategies/allreduce2.h"
+#include "strategies/cost.h"
+#include "strategies/cuda.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <nccl.h>
+
+static struct r2cc_failspec spec;
+
+enum view_state { VIEW_UNKNOWN = 0, VIEW_READY, VIEW_NONE };
+
+struct comm_strategy {
+	int state;
+	struct r2cc_ar2_ops ops; /* must outlive ar2 */
+	struct r2cc_ar2_comm *ar2;
+	int nnodes, nics, failed; /* of the degraded node, for the cost model */
+	unsigned long ran, fell_back; /* calls, for the log at destruction */
+};
+
+/* --- the ops table: real NCCL and the CUDA driver --------------------------- */
+
+typedef ncclResult_t (*allreduce_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+				     ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*reduce_fn)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int,
+				  ncclComm_t, cudaStream_t);
+typedef ncclResult_t (*broadcast_fn)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t,
+				     cudaStream_t);
+typedef ncclResult_t (*allgather_fn)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
+				     cudaStream_t);
+typedef ncclResult_t (*split_fn)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+typedef ncclResult_t (*comm_fn)(ncclComm_t);
+typedef ncclResult_t (*comm_int_fn)(const ncclComm_t, int *);
+
+static const struct r2cc_nccl_real *nccl;
+static const struct r2cc_cuda *cu;
+
+static int cu_rc(int rc)
+{
+	return rc ? ncclUnhandledCudaError : 0;
+}
+
+static int op_allreduce(void *ctx, const void *s, void *r, size_t n, int t, int o, void *comm,
+			void *st)
+{
+	return ((allreduce_fn)nccl->AllReduce)(s, r, n, t, o, comm, st);
+}
+
+static int op_reduce(void *ctx, const void *s, void *r, size_t n, int t, int o, int root, void *comm,
+		     void *st)
+{
+	return ((reduce_fn)nccl->Reduce)(s, r, n, t, o, root, comm, st);
+}
+
+static int op_broadcast(void *ctx, const void *s, void *r, size_t n, int t, int root, void *comm,
+			void *st)
+{
+	return ((broadcast_fn)nccl->Broadcast)(s, r, n, t, root, comm, st);
+}
+
+static int op_split(void *ctx, void *comm, int color, int key, void **newcomm)
+{
+	ncclComm_t out = NULL;
+	int rc = ((split_fn)nccl->CommSplit)(comm, color, key, &out, NULL);
+	*newcomm = out;
+	return rc;
+}
+
+static int op_destroy(void *ctx, void *comm)
+{
+	return ((comm_fn)nccl->CommDestroy)(comm);
+}
+
+static int op_abort(void *ctx, void *comm)
+{
+	return ((comm_fn)nccl->CommAbort)(comm);
+}
+
+static int op_count(void *ctx, void *comm, int *n)
+{
+	return ((comm_int_fn)nccl->CommCount)(comm, n);
+}
+
+static int op_rank(void *ctx, void *comm, int *r)
+{
+	return ((comm_int_fn)nccl->CommUserRank)(comm, r);
+}
+
+static int op_stream_create(void *ctx, void **s)
+{
+	return cu_rc(cu->StreamCreate(s, R2CC_CU_STREAM_NON_BLOCKING));
+}
+
+static int op_stream_destroy(void *ctx, void *s)
+{
+	return cu_rc(cu->StreamDestroy(s));
+}
+
+static int op_event_create(void *ctx, void **e)
+{
+	return cu_rc(cu->EventCreate(e, R2CC_CU_EVENT_DISABLE_TIMING));
+}
+
+static int op_event_record(void *ctx, void *e, void *s)
+{
+	return cu_rc(cu->EventRecord(e, s));
+}
+
+static int op_event_destroy(void *ctx, void *e)
+{
+	return cu_rc(cu->EventDestroy(e));
+}
+
+static int op_wait(void *ctx, void *s, void *e)
+{
+	return cu_rc(cu->StreamWaitEvent(s, e, 0));
+}
+
+/*
+ * All-gather of `n` ints per rank on comm, on a private stream, blocking.
+ * Used for the view and for agree(); every rank calls it at the same point.
+ */
+static int gather_ints(void *comm, int nranks, const int *mine, int n, int *all)
+{
+	void *stream = NULL;
+	unsigned long long dbuf = 0;
+	size_t bytes = (size_t)nranks * (size_t)n * sizeof(int);
+	int rc = ncclUnhandledCudaError;
+	if (cu->StreamCreate(&stream, R2CC_CU_STREAM_NON_BLOCKING))
+		return rc;
+	if (cu->MemAlloc(&dbuf, bytes))
+		goto err_stream;
+	if (cu->MemcpyHtoD(dbuf, mine, (size_t)n * sizeof(int)))
+		goto err_mem;
+	rc = ((allgather_fn)nccl->AllGather)((void *)(uintptr_t)dbuf, (void *)(uintptr_t)dbuf, (size_t)n,
+					     ncclInt32, comm, stream);
+	if (rc)
+		goto err_mem;
+	rc = cu_rc(cu->StreamSynchronize(stream));
+	if (!rc)
+		rc = cu_rc(cu->MemcpyDtoH(all, dbuf, bytes));
+err_mem:
+	cu->MemFree(dbuf);
+err_stream:
+	cu->StreamDestroy(stream);
+	return rc;
+}
+
+static int op_agree(void *ctx, void *comm, int ok, int *all_ok)
+{
+	struct r2cc_comm *c = ctx;
+	int *all = calloc((size_t)c->nranks, sizeof(int));
+	if (!all)
+		return ncclSystemError;
+	int rc = gather_ints(comm, c->nranks, &ok, 1, all);
+	*all_ok = 1;
+	for (int i = 0; i < c->nranks && !rc; i++)
+		if (!all[i])
+			*all_ok = 0;
+	free(all);
+	return rc;
+}
+
+/* --- the view ----------------------------------------------------------------- */
+
+static uint32_t hash32(const char *s)
+{
+	uint32_t h = 2166136261u;
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 16777619u;
+	return h & 0x7fffffff;
+}
+
+static const char *node_key(char *buf, size_t len)
+{
+	const char *id = getenv("NCCL_HOSTID");
+	if (id && id[0])
+		return id;
+	if (gethostname(buf, len) != 0)
+		snprintf(buf, len, "?");
+	buf[len - 1] = '\0';
+	return buf;
+}
+
+static bool host_matches(const char *want, const char *host)
+{
+	size_t n = strcspn(want, "."), m = strcspn(host, ".");
+	return !strcmp(want, host) || (n == m && !strncmp(want, host, n));
+}
+
+/* NICs of this process's node declared failed, given the node's index. */
+static int declared_failed_here(int node_index, const char *key)
+{
+	char host[256];
+	if (gethostname(host, sizeof(host)) != 0)
+		host[0] = '\0';
+	host[sizeof(host) - 1] = '\0';
+	int nnics = r2cc_nic_count();
+	uint64_t mask = 0;
+	for (int e = 0; e < spec.nentries; e++) {
+		const struct r2cc_failspec_entry *en = &spec.entries[e];
+		bool mine = en->node.index >= 0 ? en->node.index == node_index
+						: host_matches(en->node.name, host) ||
+							  host_matches(en->node.name, key);
+		if (!mine)
+			continue;
+		for (int j = 0; j < en->nnics; j++) {
+			for (int i = 0; i < nnics && i < 64; i++) {
+				struct r2cc_nic *nic = r2cc_nic_by_index(i);
+				if (en->nics[j].index >= 0 ? en->nics[j].index == i
+							   : !strcmp(en->nics[j].name, nic->name)) {
+					mask |= 1ull << i;
+					__atomic_store_n(&nic->state, R2CC_NIC_DECLARED, __ATOMIC_RELAXED);
+				}
+			}
+		}
+	}
+	return __builtin_popcountll(mask);
+}
+
+static struct r2cc_ar2_ops ops_for(struct r2cc_comm *c)
+{
+	struct r2cc_ar2_ops ops = {
+		.ctx = c,
+		.allreduce = op_allreduce,
+		.reduce = op_reduce,
+		.broadcast = op_broadcast,
+		.comm_split = op_split,
+		.comm_destroy = op_destroy,
+		.comm_abort = op_abort,
+		.comm_count = op_count,
+		.comm_user_rank = op_rank,
+		.stream_create = op_stream_create,
+		.stream_destroy = op_stream_destroy,
+		.event_create = op_event_create,
+		.event_record = op_event_record,
+		.event_destroy = op_event_destroy,
+		.stream_wait_event = op_wait,
+		.agree = op_agree,
+	};
+	return ops;
+}
+
+/* The view of c, agreed by all ranks; builds the strategy state. */
+static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
+{
+	int n = c->nranks;
+	char buf[256];
+	const char *key = node_key(buf, sizeof(buf));
+	int mine[2] = {(int)hash32(key), r2cc_nic_count()};
+	int *all = calloc((size_t)n * 2, sizeof(int));
+	int *rank_node = calloc((size_t)n, sizeof(int));
+	int *node_nics = calloc((size_t)n, sizeof(int));
+	int *node_failed = calloc((size_t)n, sizeof(int));
+	int rc = -ENOMEM;
+	if (!all || !rank_node || !node_nics || !node_failed)
+		goto out;
+	rc = gather_ints(c->comm, n, mine, 2, all);
+	if (rc)
+		goto out;
+	/* Nodes numbered in order of first appearance in rank order. */
+	int nnodes = 0, my_node = -1;
+	for (int r = 0; r < n; r++) {
+		int node = -1;
+		for (int q = 0; q < r && node < 0; q++)
+			if (all[2 * q] == all[2 * r])
+				node = rank_node[q];
+		if (node < 0) {
+			node = nnodes++;
+			node_nics[node] = all[2 * r + 1];
+		}
+		rank_node[r] = node;
+		if (r == c->rank)
+			my_node = node;
+	}
+	int f = declared_failed_here(my_node, key);
+	int *fails = all; /* reuse: n ints */
+	rc = gather_ints(c->comm, n, &f, 1, fails);
+	if (rc)
+		goto out;
+	for (int node = 0; node < nnodes; node++)
+		node_failed[node] = -1;
+	for (int r = 0; r < n; r++) {
+		int node = rank_node[r];
+		if (node_failed[node] < 0)
+			node_failed[node] = fails[r];
+		else if (node_failed[node] != fails[r] && c->rank == 0)
+			R2CC_WARN("ranks of node %d disagree on its failed NICs (%d vs %d); using rank "
+				  "order's first",
+				  node, node_failed[node], fails[r]);
+	}
+	r2cc_comm_set_nodes(c, rank_node, n);
+	struct r2cc_ar2_view view = {.nranks = n, .rank_node = rank_node, .node_nics = node_nics,
+				     .node_failed = node_failed};
+	struct r2cc_ar2_cfg cfg = {.chunks = r2cc_param.ar_stage2_chunks,
+				   .schedule = r2cc_param.ar_schedule,
+				   .min_bytes = r2cc_param.ar_min_bytes};
+	st->ops = ops_for(c);
+	rc = r2cc_ar2_comm_create(&st->ops, c->comm, &cfg, &view, &st->ar2);
+	if (rc)
+		goto out;
+	st->nnodes = nnodes;
+	for (int node = 0; node < nnodes; node++) {
+		if (node_failed[node] > 0) {
+			st->nics = node_nics[node];
+			st->failed = node_failed[node];
+		}
+	}
+	if (c->rank == 0) {
+		int deg = -1;
+		for (int node = 0; node < nnodes; node++)
+			if (node_failed[node] > 0 && deg < 0)
+				deg = node;
+		R2CC_INFO("comm %p: failure view: %d nodes, %s", c->comm, nnodes,
+			  deg < 0 ? "no degraded node" : "degraded node found");
+		if (deg >= 0)
+			R2CC_INFO("comm %p: node %d has %d of %d NICs failed (declared)", c->comm, deg,
+				  node_failed[deg], node_nics[deg]);
+	}
+out:
+	free(all);
+	free(rank_node);
+	free(node_nics);
+	free(node_failed);
+	return rc;
+}
+
+/* --- the hook ------------------------------------------------------------------ */
+
+/* NCCL and the driver are loaded by the time the first AllReduce arrives. */
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+static bool tables_ok;
+
+static void tables_load(void)
+{
+	nccl = r2cc_nccl_real();
+	cu = r2cc_cuda();
+	tables_ok = cu && nccl->AllReduce && nccl->AllGather && nccl->Reduce && nccl->Broadcast &&
+		    nccl->CommSplit && nccl->CommDestroy && nccl->CommAbort && nccl->CommCount &&
+		    nccl->CommUserRank;
+	if (!tables_ok)
+		R2CC_WARN("R2CC-AllReduce unavailable (CUDA driver or NCCL functions missing); "
+			  "AllReduce runs as Balance");
+}
+
+static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+			  int dtype, int op, void *stream)
+{
+	pthread_once(&tables_once, tables_load);
+	if (!tables_ok)
+		return nccl->AllReduce ? op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op,
+						      c->comm, stream)
+				       : ncclInternalError;
+	struct comm_strategy *st = c->strategy;
+	unsigned flags = 0;
+	if (r2cc_nccl_group_depth() > 0)
+		flags |= R2CC_AR2_IN_GROUP;
+	int capturing = 0;
+	if (cu->StreamIsCapturing(stream, &capturing) == 0 && capturing)
+		flags |= R2CC_AR2_CAPTURING;
+	if (!c->blocking)
+		flags |= R2CC_AR2_NONBLOCKING;
+	if (!st) {
+		st = calloc(1, sizeof(*st));
+		if (!st)
+			return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
+		c->strategy = st;
+	}
+	if (st->state == VIEW_UNKNOWN && !flags && c->nranks > 0 && c->rank >= 0) {
+		int rc = build_view(c, st);
+		st->state = rc ? VIEW_NONE : VIEW_READY;
+		if (rc)
+			R2CC_WARN("comm %p: no failure view (%d); AllReduce runs as Balance", c->comm,
+				  rc);
+	}
+	if (st->state != VIEW_READY)
+		return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
+	if (r2cc_param.mode == R2CC_MODE_AUTO && st->failed > 0) {
+		static const size_t esize[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
+		struct r2cc_cost_case cc = {.nodes = st->nnodes,
+					    .nics = st->nics,
+					    .failed = st->failed,
+					    .bytes = (double)count *
+						     (dtype >= 0 && dtype < 12 ? (double)esize[dtype] : 1),
+					    .chunks = r2cc_param.ar_stage2_chunks};
+		char why[256];
+		if (r2cc_cost_choose(&r2cc_cost_default, &cc, why, sizeof(why)) != R2CC_STRAT_AR2) {
+			R2CC_TRACE("auto: %s", why);
+			return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
+		}
+		R2CC_TRACE("auto: %s", why);
+	}
+	enum r2cc_ar2_reason why = R2CC_AR2_RAN;
+	int rc = r2cc_ar2_allreduce(st->ar2, sendbuf, recvbuf, count, dtype, op, stream, flags, &why);
+	if (why == R2CC_AR2_RAN)
+		st->ran++;
+	else
+		st->fell_back++;
+	return rc;
+}
+
+static void release_hook(struct r2cc_comm *c)
+{
+	struct comm_strategy *st = c->strategy;
+	if (!st)
+		return;
+	c->strategy = NULL;
+	if (st->state == VIEW_READY)
+		R2CC_INFO("comm %p rank %d: R2CC-AllReduce ran %lu times, %lu AllReduces ran as Balance",
+			  c->comm, c->rank, st->ran, st->fell_back);
+	r2cc_ar2_comm_destroy(st->ar2, false);
+	free(st);
+}
+
+int r2cc_strategies_init(void)
+{
+	char err[320];
+	/* Validated when the settings were read; cannot fail here. */
+	if (r2cc_failspec_parse(r2cc_param.failed_node, r2cc_param.failed_hca, &spec, err,
+				sizeof(err)))
+		return -EINVAL;
+	if (!spec.nentries)
+		return 0;
+	R2CC_INFO("declared failure: R2CC_FAILED_NODE='%s' R2CC_FAILED_HCA='%s'",
+		  r2cc_param.failed_node, r2cc_param.failed_hca);
+	if (r2cc_param.mode != R2CC_MODE_AR2 && r2cc_param.mode != R2CC_MODE_AUTO)
+		return 0;
+	__atomic_store_n(&r2cc_comm_release_hook, release_hook, __ATOMIC_RELEASE);
+	__atomic_store_n(&r2cc_allreduce_hook, allreduce_hook, __ATOMIC_RELEASE);
+	R2CC_INFO("R2CC-AllReduce armed (mode %s, K=%d, schedule %d, min %llu bytes)",
+		  r2cc_param.mode == R2CC_MODE_AUTO ? "auto" : "3", r2cc_param.ar_stage2_chunks,
+		  r2cc_param.ar_schedule, (unsigned long long)r2cc_param.ar_min_bytes);
+	return 0;
+}
