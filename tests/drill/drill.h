@@ -1,0 +1,156 @@
+/*
+ * r2cc-verbs-drill: a traffic generator that talks verbs the way NCCL 2.28's net_ib
+ * transport does, over the software RDMA device, with and without libr2cc.so, while
+ * NIC faults are injected. The parent (main.c) runs scenarios and spawns one worker
+ * process per emulated node by exec'ing itself; a worker (worker.c) loads libibverbs
+ * through dlopen/dlvsym (verbs.c), exchanges endpoints through files (bootstrap.c) and
+ * moves checked messages (pattern.c). Parent and workers share one small status file.
+ */
+#ifndef R2CC_DRILL_H
+#define R2CC_DRILL_H
+
+#include <infiniband/verbs.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define DRILL_MAX_PROCS	 16
+#define DRILL_MAX_NICS	 4   /* NCCL_IB_MAX_DEVS_PER_NIC: rkeys per FIFO element */
+#define DRILL_SLOTS	 256 /* MAX_REQUESTS: request slots, FIFO slots, wr_id space */
+#define DRILL_MAX_RECVS	 8   /* NCCL_NET_IB_MAX_RECVS: FIFO elements per slot */
+#define DRILL_MAX_WINDOW 64
+#define DRILL_ERR_LEN	 320
+
+enum drill_fault {
+	DRILL_FAULT_NONE,
+	DRILL_FAULT_DOWN,
+	DRILL_FAULT_BLACKHOLE,
+	DRILL_FAULT_FLAP,
+	DRILL_FAULT_SLOW,
+	DRILL_FAULT_KINDS,
+};
+
+/* Settings shared by the parent and the workers (workers get them on the command line). */
+struct drill_opts {
+	int procs;
+	int nics;
+	int fault; /* enum drill_fault, or -1 = all kinds */
+	int seeds;
+	int first_seed;
+	int messages;
+	int window;
+	uint64_t max_size;
+	double timeout_s;
+	double time_scale;
+	int qp_timeout; /* IB timeout exponent (NCCL_IB_TIMEOUT) */
+	int retry_cnt;	/* NCCL_IB_RETRY_CNT */
+	bool preload;
+	bool keep;
+	bool verbose;
+	bool selftest_corrupt;
+	bool nccl_stub;	      /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
+	const char *nccl_lib; /* worker: the NCCL library to form a communicator with */
+	/* worker only */
+	bool worker;
+	int rank;
+	uint64_t seed;
+	const char *dir;
+};
+
+/*
+ * One FIFO element, laid out as NCCL 2.28's struct ncclIbSendFifo: the receiver
+ * writes it into the sender's FIFO; idx (offset 40) is what the sender polls.
+ */
+struct drill_fifo_elem {
+	uint64_t addr;
+	uint64_t size;
+	uint32_t rkeys[DRILL_MAX_NICS];
+	uint32_t nreqs;
+	uint32_t tag;
+	uint64_t idx;
+	char padding[16];
+};
+_Static_assert(sizeof(struct drill_fifo_elem) == 64, "FIFO element is 64 bytes, as NCCL's");
+_Static_assert(__builtin_offsetof(struct drill_fifo_elem, idx) == 40, "idx at offset 40");
+
+enum drill_phase {
+	DRILL_PHASE_START,
+	DRILL_PHASE_CONNECT,
+	DRILL_PHASE_RUN,
+	DRILL_PHASE_DRAIN,
+	DRILL_PHASE_DONE,
+	DRILL_PHASE_FAILED,
+};
+
+/* Per worker, in a file every process maps: what the parent reads, even after a kill. */
+struct drill_status {
+	_Atomic int phase;
+	_Atomic int err_claimed;
+	_Atomic int64_t err_ns;	    /* when the first failure was recorded (CLOCK_MONOTONIC) */
+	_Atomic uint64_t delivered; /* messages received and checked */
+	_Atomic uint64_t sent;	    /* messages whose send completions all arrived */
+	_Atomic uint64_t errors;    /* error completions and other failures */
+	_Atomic uint64_t async_events;
+	_Atomic int interposed;	   /* 0 not known yet, 1 the data path is libr2cc's, 2 it is not */
+	char error[DRILL_ERR_LEN]; /* the first failure, written once */
+};
+
+/* The verbs functions NCCL resolves with dlvsym(handle, "ibv_<name>", "IBVERBS_1.1"). */
+#define DRILL_IBV_FUNCS(X)                                                                         \
+	X(struct ibv_device **, get_device_list, (int *))                                          \
+	X(void, free_device_list, (struct ibv_device **))                                          \
+	X(const char *, get_device_name, (struct ibv_device *))                                    \
+	X(struct ibv_context *, open_device, (struct ibv_device *))                                \
+	X(int, close_device, (struct ibv_context *))                                               \
+	X(int, get_async_event, (struct ibv_context *, struct ibv_async_event *))                  \
+	X(void, ack_async_event, (struct ibv_async_event *))                                       \
+	X(int, query_device, (struct ibv_context *, struct ibv_device_attr *))                     \
+	X(int, query_port, (struct ibv_context *, uint8_t, struct ibv_port_attr *))                \
+	X(int, query_gid, (struct ibv_context *, uint8_t, int, union ibv_gid *))                   \
+	X(int, query_qp, (struct ibv_qp *, struct ibv_qp_attr *, int, struct ibv_qp_init_attr *))  \
+	X(struct ibv_pd *, alloc_pd, (struct ibv_context *))                                       \
+	X(int, dealloc_pd, (struct ibv_pd *))                                                      \
+	X(struct ibv_mr *, reg_mr, (struct ibv_pd *, void *, size_t, int))                         \
+	X(int, dereg_mr, (struct ibv_mr *))                                                        \
+	X(struct ibv_cq *, create_cq,                                                              \
+	  (struct ibv_context *, int, void *, struct ibv_comp_channel *, int))                     \
+	X(int, destroy_cq, (struct ibv_cq *))                                                      \
+	X(struct ibv_qp *, create_qp, (struct ibv_pd *, struct ibv_qp_init_attr *))                \
+	X(int, modify_qp, (struct ibv_qp *, struct ibv_qp_attr *, int))                            \
+	X(int, destroy_qp, (struct ibv_qp *))                                                      \
+	X(int, fork_init, (void))                                                                  \
+	X(const char *, event_type_str, (enum ibv_event_type))
+
+struct drill_ibv {
+#define DRILL_IBV_PTR(ret, name, params) ret(*name) params;
+	DRILL_IBV_FUNCS(DRILL_IBV_PTR)
+#undef DRILL_IBV_PTR
+};
+
+extern struct drill_ibv drill_ibv;
+
+/* verbs.c */
+int drill_ibv_load(char *err, size_t len);
+const char *drill_wc_status_str(int status);
+
+/* pattern.c */
+uint64_t drill_mix(uint64_t x);
+uint64_t drill_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d);
+uint64_t drill_msg_size(uint64_t seed, int src, int dst, uint64_t seq, uint64_t max);
+void drill_pattern_fill(void *buf, uint64_t len, uint64_t key);
+/* Returns the number of bytes that differ; *first and the bytes at it when any do. */
+uint64_t drill_pattern_check(const void *buf, uint64_t len, uint64_t key, uint64_t *first,
+			     uint8_t *got, uint8_t *want);
+uint64_t drill_msg_key(uint64_t seed, int src, int dst, uint64_t seq);
+
+/* bootstrap.c: files in the scenario directory, written whole (write + rename). */
+int drill_file_put(const char *dir, const char *name, int rank, const void *data, size_t len);
+/* Reads `len` bytes of <dir>/<name>.<rank>; -EAGAIN while it is not there yet. */
+int drill_file_get(const char *dir, const char *name, int rank, void *data, size_t len);
+bool drill_file_exists(const char *dir, const char *name, int rank);
+int64_t drill_now_ns(void);
+
+/* worker.c */
+int drill_worker_main(const struct drill_opts *o);
+
+#endif

@@ -1,0 +1,1015 @@
+/*
+ * r2cc-verbs-drill: runs NCCL-shaped verbs traffic between emulated nodes of the
+ * software RDMA device, under LD_PRELOAD=libr2cc.so (or without, --no-preload),
+ * injects a NIC fault at a random moment of each scenario and reports whether every
+ * message arrived exactly once with the right bytes. See tests/drill/README.md.
+ *
+ * This file is the parent: options, one private fabric and directory per scenario,
+ * the worker processes (this program again, exec'ed with --worker so that the
+ * preload applies), the deadline, fault injection through softverbs-ctl, R2CC's
+ * incident reports, and the output. The workers are in worker.c.
+ */
+#include "tests/drill/drill.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DRILL_GRACE_NS	   1000000000 /* after a worker fails, the others may still report */
+#define DRILL_TERM_NS	   500000000  /* from SIGTERM to SIGKILL */
+#define DRILL_CTL_WAIT_NS  5000000000
+#define DRILL_SLOW_GBPS	   1
+#define DRILL_MAX_INCIDENT 4096
+
+extern char **environ;
+
+static const char *const drill_fault_names[] = {"none", "down", "blackhole", "flap", "slow"};
+
+static volatile sig_atomic_t drill_stop;
+
+struct drill_paths {
+	char exe[PATH_MAX];
+	char softverbs[PATH_MAX];
+	char libr2cc[PATH_MAX];
+	char ctl[PATH_MAX];
+	char nccl[PATH_MAX];
+	char tmp[PATH_MAX];
+};
+
+/* Detection and migration times (ms) from R2CC's reports, over the whole run. */
+struct drill_times {
+	double detect[DRILL_MAX_INCIDENT], migrate[DRILL_MAX_INCIDENT];
+	int ndetect, nmigrate;
+};
+
+struct drill_scenario {
+	int kind;
+	int seed;
+	int index;
+	char fabric[80];
+	char dir[PATH_MAX];
+	/* the fault */
+	int node, nic, arg;
+	uint64_t trigger; /* inject when this many messages were delivered */
+	bool injected, inject_failed;
+	uint64_t injected_at;
+	int64_t start_ns, injected_ns;
+	/* outcome */
+	uint64_t delivered, expected, errors;
+	int not_interposed; /* workers whose data path was not libr2cc's */
+	bool timed_out, pass;
+	int ndetect, nmigrate;
+	char why[DRILL_ERR_LEN + 64];
+	char stall[256]; /* each node's phase and progress at the deadline */
+	double secs;
+};
+
+static int drill_fmt(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* snprintf that says whether it all fitted (paths must; messages may be cut). */
+static int drill_fmt(char *buf, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(buf, len, fmt, ap);
+	va_end(ap);
+	return n >= 0 && (size_t)n < len ? 0 : -ENAMETOOLONG;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: r2cc-verbs-drill [--procs N] [--nics K] "
+		"[--fault none|down|blackhole|flap|slow|all]\n"
+		"                        [--seeds S] [--first-seed B] [--messages M] [--window W]\n"
+		"                        [--max-size BYTES] [--timeout SEC] [--time-scale X]\n"
+		"                        [--ib-timeout T] [--retry-cnt R] [--no-preload] [--keep] "
+		"[--verbose]\n"
+		"                        [--nccl-stub]\n"
+		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
+		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
+		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
+		"blackhole, flap, slow), 20 seeds from 1, 128 messages per connection, window 8,\n"
+		"max size 4 MiB, timeout 15 s, time scale 0.01, IB timeout 20, retry count 7.\n"
+		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
+}
+
+static int drill_parse_fault(const char *s)
+{
+	if (strcmp(s, "all") == 0)
+		return -1;
+	for (int k = 0; k < DRILL_FAULT_KINDS; k++)
+		if (strcmp(s, drill_fault_names[k]) == 0)
+			return k;
+	return -2;
+}
+
+static bool drill_num(const char *s, double lo, double hi, double *v)
+{
+	char *end;
+
+	errno = 0;
+	*v = strtod(s, &end);
+	return !errno && end != s && !*end && *v >= lo && *v <= hi;
+}
+
+static int drill_parse(int argc, char **argv, struct drill_opts *o)
+{
+	enum {
+		O_PROCS = 256,
+		O_NICS,
+		O_FAULT,
+		O_SEEDS,
+		O_FIRST,
+		O_MSGS,
+		O_WINDOW,
+		O_MAX,
+		O_TIMEOUT,
+		O_SCALE,
+		O_IBT,
+		O_RETRY,
+		O_NOPRE,
+		O_KEEP,
+		O_VERBOSE,
+		O_CORRUPT,
+		O_WORKER,
+		O_RANK,
+		O_SEED,
+		O_DIR,
+		O_NCCL_LIB,
+		O_NCCL_STUB,
+		O_HELP,
+	};
+	static const struct option opts[] = {
+	    {"procs", required_argument, NULL, O_PROCS},
+	    {"nics", required_argument, NULL, O_NICS},
+	    {"fault", required_argument, NULL, O_FAULT},
+	    {"seeds", required_argument, NULL, O_SEEDS},
+	    {"first-seed", required_argument, NULL, O_FIRST},
+	    {"messages", required_argument, NULL, O_MSGS},
+	    {"window", required_argument, NULL, O_WINDOW},
+	    {"max-size", required_argument, NULL, O_MAX},
+	    {"timeout", required_argument, NULL, O_TIMEOUT},
+	    {"time-scale", required_argument, NULL, O_SCALE},
+	    {"ib-timeout", required_argument, NULL, O_IBT},
+	    {"retry-cnt", required_argument, NULL, O_RETRY},
+	    {"no-preload", no_argument, NULL, O_NOPRE},
+	    {"keep", no_argument, NULL, O_KEEP},
+	    {"verbose", no_argument, NULL, O_VERBOSE},
+	    {"selftest-corrupt", no_argument, NULL, O_CORRUPT},
+	    {"worker", no_argument, NULL, O_WORKER},
+	    {"rank", required_argument, NULL, O_RANK},
+	    {"seed", required_argument, NULL, O_SEED},
+	    {"dir", required_argument, NULL, O_DIR},
+	    {"nccl-lib", required_argument, NULL, O_NCCL_LIB},
+	    {"nccl-stub", no_argument, NULL, O_NCCL_STUB},
+	    {"help", no_argument, NULL, O_HELP},
+	    {NULL, 0, NULL, 0},
+	};
+	int c;
+	double v;
+
+	*o = (struct drill_opts){
+	    .procs = 2,
+	    .nics = 3,
+	    .fault = -1,
+	    .seeds = 20,
+	    .first_seed = 1,
+	    .messages = 128,
+	    .window = 8,
+	    .max_size = 4u << 20,
+	    .timeout_s = 15,
+	    .time_scale = 0.01,
+	    .qp_timeout = 20,
+	    .retry_cnt = 7,
+	    .preload = true,
+	};
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		const char *name = NULL;
+		bool ok = true;
+
+		switch (c) {
+		case O_PROCS:
+			ok = drill_num(optarg, 2, DRILL_MAX_PROCS, &v);
+			o->procs = (int)v;
+			name = "--procs (2..16)";
+			break;
+		case O_NICS:
+			ok = drill_num(optarg, 1, DRILL_MAX_NICS, &v);
+			o->nics = (int)v;
+			name = "--nics (1..4, NCCL's devices per connection)";
+			break;
+		case O_FAULT:
+			o->fault = drill_parse_fault(optarg);
+			ok = o->fault != -2;
+			name = "--fault (none, down, blackhole, flap, slow or all)";
+			break;
+		case O_SEEDS:
+			ok = drill_num(optarg, 1, 100000, &v);
+			o->seeds = (int)v;
+			name = "--seeds (1..100000)";
+			break;
+		case O_FIRST:
+			ok = drill_num(optarg, 0, 1e9, &v);
+			o->first_seed = (int)v;
+			name = "--first-seed (0..1e9)";
+			break;
+		case O_MSGS:
+			ok = drill_num(optarg, 1, 1e7, &v);
+			o->messages = (int)v;
+			name = "--messages (1..1e7)";
+			break;
+		case O_WINDOW:
+			ok = drill_num(optarg, 1, DRILL_MAX_WINDOW, &v);
+			o->window = (int)v;
+			name = "--window (1..64)";
+			break;
+		case O_MAX:
+			ok = drill_num(optarg, 0, 1 << 30, &v);
+			o->max_size = (uint64_t)v;
+			name = "--max-size (0..1 GiB)";
+			break;
+		case O_TIMEOUT:
+			ok = drill_num(optarg, 0.1, 86400, &v);
+			o->timeout_s = v;
+			name = "--timeout (seconds, 0.1..86400)";
+			break;
+		case O_SCALE:
+			ok = drill_num(optarg, 1e-6, 1e3, &v);
+			o->time_scale = v;
+			name = "--time-scale (1e-6..1000)";
+			break;
+		case O_IBT:
+			ok = drill_num(optarg, 1, 31, &v);
+			o->qp_timeout = (int)v;
+			name = "--ib-timeout (1..31)";
+			break;
+		case O_RETRY:
+			ok = drill_num(optarg, 0, 7, &v);
+			o->retry_cnt = (int)v;
+			name = "--retry-cnt (0..7)";
+			break;
+		case O_NOPRE:
+			o->preload = false;
+			break;
+		case O_KEEP:
+			o->keep = true;
+			break;
+		case O_VERBOSE:
+			o->verbose = true;
+			break;
+		case O_CORRUPT:
+			o->selftest_corrupt = true;
+			break;
+		case O_WORKER:
+			o->worker = true;
+			break;
+		case O_RANK:
+			ok = drill_num(optarg, 0, DRILL_MAX_PROCS - 1, &v);
+			o->rank = (int)v;
+			name = "--rank";
+			break;
+		case O_SEED:
+			ok = drill_num(optarg, 0, 1e9, &v);
+			o->seed = (uint64_t)v;
+			name = "--seed";
+			break;
+		case O_DIR:
+			o->dir = optarg;
+			break;
+		case O_NCCL_LIB:
+			o->nccl_lib = optarg;
+			break;
+		case O_NCCL_STUB:
+			o->nccl_stub = true;
+			break;
+		case O_HELP:
+			usage(stdout);
+			exit(0);
+		default:
+			usage(stderr);
+			return -1;
+		}
+		if (!ok) {
+			fprintf(stderr, "r2cc-verbs-drill: bad value '%s' for %s\n", optarg, name);
+			return -1;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, "r2cc-verbs-drill: unexpected argument '%s'\n", argv[optind]);
+		return -1;
+	}
+	if (o->worker && (!o->dir || o->rank >= o->procs)) {
+		fprintf(stderr,
+			"r2cc-verbs-drill: --worker needs --dir and a --rank below --procs\n");
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- paths: everything is found next to this program (build/bin/..) ---- */
+
+static int drill_paths(struct drill_paths *p, const struct drill_opts *o)
+{
+	char bin[PATH_MAX], build[PATH_MAX], *slash;
+	ssize_t n = readlink("/proc/self/exe", p->exe, sizeof(p->exe) - 1);
+	const char *tmp = getenv("TMPDIR");
+
+	if (n <= 0) {
+		fprintf(stderr, "r2cc-verbs-drill: cannot read /proc/self/exe: %s\n",
+			strerror(errno));
+		return -1;
+	}
+	p->exe[n] = '\0';
+	snprintf(bin, sizeof(bin), "%s", p->exe);
+	slash = strrchr(bin, '/');
+	if (slash)
+		*slash = '\0';
+	snprintf(build, sizeof(build), "%s", bin);
+	slash = strrchr(build, '/');
+	if (slash)
+		*slash = '\0';
+	if (drill_fmt(p->softverbs, sizeof(p->softverbs), "%s/softverbs", build) ||
+	    drill_fmt(p->libr2cc, sizeof(p->libr2cc), "%s/lib/libr2cc.so", build) ||
+	    drill_fmt(p->ctl, sizeof(p->ctl), "%s/softverbs-ctl", bin) ||
+	    drill_fmt(p->nccl, sizeof(p->nccl), "%s/tests/ncclstub/libnccl.so.2", build) ||
+	    drill_fmt(p->tmp, sizeof(p->tmp), "%s/r2cc-drill.XXXXXX", tmp && *tmp ? tmp : "/tmp")) {
+		fprintf(stderr, "r2cc-verbs-drill: paths too long\n");
+		return -1;
+	}
+	if (access(p->ctl, X_OK) != 0) {
+		fprintf(stderr, "r2cc-verbs-drill: %s missing (make %s)\n", p->ctl, p->ctl);
+		return -1;
+	}
+	if (drill_fmt(bin, sizeof(bin), "%s/libibverbs.so.1", p->softverbs) ||
+	    access(bin, R_OK) != 0) {
+		fprintf(stderr, "r2cc-verbs-drill: %s missing (make it)\n", bin);
+		return -1;
+	}
+	if (o->nccl_stub && access(p->nccl, R_OK) != 0) {
+		fprintf(stderr, "r2cc-verbs-drill: %s missing (make it, or drop --nccl-stub)\n",
+			p->nccl);
+		return -1;
+	}
+	if (o->preload && access(p->libr2cc, R_OK) != 0) {
+		fprintf(stderr, "r2cc-verbs-drill: %s missing (make it, or use --no-preload)\n",
+			p->libr2cc);
+		return -1;
+	}
+	if (!mkdtemp(p->tmp)) {
+		fprintf(stderr, "r2cc-verbs-drill: cannot make %s: %s\n", p->tmp, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+static int drill_rm_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	remove(path);
+	return 0;
+}
+
+static void drill_rmtree(const char *dir)
+{
+	nftw(dir, drill_rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* ---- processes ---- */
+
+static void drill_on_signal(int sig)
+{
+	drill_stop = sig;
+}
+
+static bool drill_env_ours(const char *kv)
+{
+	static const char *const keys[] = {
+	    "LD_LIBRARY_PATH=", "LD_PRELOAD=",	   "SOFTVERBS_FABRIC=",
+	    "SOFTVERBS_NODE=",	"SOFTVERBS_NICS=", "SOFTVERBS_TIME_SCALE=",
+	    "SOFTVERBS_FAULT=", "R2CC_REPORT=",	   "NCCL_HOSTID=",
+	};
+
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (strncmp(kv, keys[i], strlen(keys[i])) == 0)
+			return true;
+	return false;
+}
+
+/* The worker's environment: ours on top of the caller's. */
+static char **drill_worker_env(const struct drill_opts *o, const struct drill_paths *p,
+			       const struct drill_scenario *s, int rank, char *store, size_t len)
+{
+	size_t n = 0, used = 0;
+	char **env;
+	const char *ld = getenv("LD_LIBRARY_PATH");
+	char nics[256] = "";
+
+	for (char **e = environ; *e; e++)
+		n++;
+	env = calloc(n + 16, sizeof(*env));
+	if (!env)
+		return NULL;
+	n = 0;
+	for (char **e = environ; *e; e++)
+		if (!drill_env_ours(*e))
+			env[n++] = *e;
+	for (int k = 0; k < o->nics; k++)
+		snprintf(nics + strlen(nics), sizeof(nics) - strlen(nics), "%smlx5_%d:100",
+			 k ? "," : "", k);
+#define DRILL_ENV(...)                                                                             \
+	do {                                                                                       \
+		int w_ = snprintf(store + used, len - used, __VA_ARGS__);                          \
+		if (w_ < 0 || (size_t)w_ >= len - used) {                                          \
+			free(env);                                                                 \
+			return NULL;                                                               \
+		}                                                                                  \
+		env[n++] = store + used;                                                           \
+		used += (size_t)w_ + 1;                                                            \
+	} while (0)
+	DRILL_ENV("LD_LIBRARY_PATH=%s%s%s", p->softverbs, ld && *ld ? ":" : "", ld ? ld : "");
+	if (o->preload)
+		DRILL_ENV("LD_PRELOAD=%s", p->libr2cc);
+	DRILL_ENV("SOFTVERBS_FABRIC=%s", s->fabric);
+	DRILL_ENV("SOFTVERBS_NODE=node%d", rank);
+	DRILL_ENV("NCCL_HOSTID=node%d", rank);
+	DRILL_ENV("SOFTVERBS_NICS=%s", nics);
+	DRILL_ENV("SOFTVERBS_TIME_SCALE=%g", o->time_scale);
+	DRILL_ENV("R2CC_REPORT=%s/r2cc-report.%d", s->dir, rank);
+#undef DRILL_ENV
+	env[n] = NULL;
+	return env;
+}
+
+static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_paths *p,
+				const struct drill_scenario *s, int rank)
+{
+	char a[12][40], log[PATH_MAX + 32], store[32768];
+	char *argv[32];
+	char **env;
+	int n = 0, fd;
+	pid_t pid;
+
+	env = drill_worker_env(o, p, s, rank, store, sizeof(store));
+	if (!env)
+		return -1;
+	snprintf(a[0], sizeof(a[0]), "%d", rank);
+	snprintf(a[1], sizeof(a[1]), "%d", o->procs);
+	snprintf(a[2], sizeof(a[2]), "%d", o->nics);
+	snprintf(a[3], sizeof(a[3]), "%d", s->seed);
+	snprintf(a[4], sizeof(a[4]), "%d", o->messages);
+	snprintf(a[5], sizeof(a[5]), "%d", o->window);
+	snprintf(a[6], sizeof(a[6]), "%llu", (unsigned long long)o->max_size);
+	snprintf(a[7], sizeof(a[7]), "%g", o->timeout_s);
+	snprintf(a[8], sizeof(a[8]), "%d", o->qp_timeout);
+	snprintf(a[9], sizeof(a[9]), "%d", o->retry_cnt);
+	argv[n++] = (char *)"r2cc-verbs-drill";
+	argv[n++] = (char *)"--worker";
+	argv[n++] = (char *)"--rank";
+	argv[n++] = a[0];
+	argv[n++] = (char *)"--procs";
+	argv[n++] = a[1];
+	argv[n++] = (char *)"--nics";
+	argv[n++] = a[2];
+	argv[n++] = (char *)"--seed";
+	argv[n++] = a[3];
+	argv[n++] = (char *)"--messages";
+	argv[n++] = a[4];
+	argv[n++] = (char *)"--window";
+	argv[n++] = a[5];
+	argv[n++] = (char *)"--max-size";
+	argv[n++] = a[6];
+	argv[n++] = (char *)"--timeout";
+	argv[n++] = a[7];
+	argv[n++] = (char *)"--ib-timeout";
+	argv[n++] = a[8];
+	argv[n++] = (char *)"--retry-cnt";
+	argv[n++] = a[9];
+	argv[n++] = (char *)"--dir";
+	argv[n++] = (char *)s->dir;
+	if (o->selftest_corrupt)
+		argv[n++] = (char *)"--selftest-corrupt";
+	if (o->nccl_stub) {
+		argv[n++] = (char *)"--nccl-lib";
+		argv[n++] = (char *)p->nccl;
+	}
+	argv[n] = NULL;
+	snprintf(log, sizeof(log), "%s/worker%d.log", s->dir, rank);
+	pid = fork();
+	if (pid == 0) {
+		fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (fd >= 0) {
+			dup2(fd, STDOUT_FILENO);
+			dup2(fd, STDERR_FILENO);
+		}
+		signal(SIGINT, SIG_DFL);
+		signal(SIGTERM, SIG_DFL);
+		execve(p->exe, argv, env);
+		_exit(127);
+	}
+	free(env);
+	return pid;
+}
+
+/* Runs softverbs-ctl with its output in the scenario's ctl.log; 0 if it succeeded. */
+static int drill_ctl(const struct drill_paths *p, const struct drill_scenario *s,
+		     char *const args[])
+{
+	char *argv[16], log[PATH_MAX + 16];
+	posix_spawn_file_actions_t fa;
+	int n = 0, status = 0, rc;
+	int64_t end = drill_now_ns() + DRILL_CTL_WAIT_NS;
+	pid_t pid;
+
+	argv[n++] = (char *)"softverbs-ctl";
+	argv[n++] = (char *)"--fabric";
+	argv[n++] = (char *)s->fabric;
+	for (int i = 0; args[i] && n < 15; i++)
+		argv[n++] = args[i];
+	argv[n] = NULL;
+	snprintf(log, sizeof(log), "%s/ctl.log", s->dir);
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log, O_WRONLY | O_CREAT | O_APPEND,
+					 0600);
+	posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+	rc = posix_spawn(&pid, p->ctl, &fa, NULL, argv, environ);
+	posix_spawn_file_actions_destroy(&fa);
+	if (rc)
+		return -rc;
+	while ((rc = waitpid(pid, &status, WNOHANG)) == 0) {
+		struct timespec ts = {0, 200000};
+
+		if (drill_now_ns() > end) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &status, 0);
+			return -ETIMEDOUT;
+		}
+		nanosleep(&ts, NULL);
+	}
+	return rc > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
+}
+
+static double drill_qp_timeout_ms(const struct drill_opts *o)
+{
+	return 4.096e-3 * (double)(1ull << o->qp_timeout) * (o->retry_cnt + 1) * o->time_scale;
+}
+
+/* Where, what and when, all from the seed. */
+static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
+{
+	uint64_t h = drill_hash((uint64_t)s->seed, (uint64_t)s->kind, 0x4641554c54ull, 0);
+	uint64_t expected = (uint64_t)o->procs * (uint64_t)(o->procs - 1) * (uint64_t)o->messages;
+	double frac = 0.15 + (double)(drill_mix(h) % 1000) / 1000.0 * 0.5;
+
+	s->node = (int)(h % (uint64_t)o->procs);
+	s->nic = (int)((h >> 20) % (uint64_t)o->nics);
+	s->trigger = (uint64_t)(frac * (double)expected);
+	if (s->trigger < 1)
+		s->trigger = 1;
+	if (s->kind == DRILL_FAULT_FLAP) {
+		/* Down phases outlast the QP transport timeout, as a flap that hurts does. */
+		s->arg = (int)ceil(1.5 * drill_qp_timeout_ms(o));
+		if (s->arg < 50)
+			s->arg = 50;
+	} else if (s->kind == DRILL_FAULT_SLOW) {
+		s->arg = DRILL_SLOW_GBPS;
+	}
+}
+
+static void drill_inject(const struct drill_paths *p, struct drill_scenario *s, uint64_t delivered)
+{
+	char node[32], nic[32], arg[32];
+	char *args[] = {(char *)"fault", node, nic, (char *)drill_fault_names[s->kind], arg, NULL};
+
+	snprintf(node, sizeof(node), "node%d", s->node);
+	snprintf(nic, sizeof(nic), "mlx5_%d", s->nic);
+	snprintf(arg, sizeof(arg), "%d", s->arg);
+	if (s->kind != DRILL_FAULT_FLAP && s->kind != DRILL_FAULT_SLOW)
+		args[4] = NULL;
+	s->injected = true;
+	s->injected_at = delivered;
+	s->injected_ns = drill_now_ns();
+	if (drill_ctl(p, s, args))
+		s->inject_failed = true;
+}
+
+/* ---- R2CC's incident reports ---- */
+
+static int drill_scan_key(const char *text, const char *key, double *out, int room)
+{
+	const char *q = text;
+	int n = 0;
+
+	while (n < room && (q = strstr(q, key))) {
+		bool whole =
+		    (q == text || strchr("\" \t\n,{", q[-1])) && strchr("\" \t:=", q[strlen(key)]);
+		char *end;
+		double v;
+
+		q += strlen(key);
+		if (!whole)
+			continue; /* part of another key, e.g. max_detect_ms */
+		while (*q == '"' || *q == ' ' || *q == ':' || *q == '=' || *q == '\t')
+			q++;
+		v = strtod(q, &end);
+		if (end != q && v >= 0)
+			out[n++] = v;
+	}
+	return n;
+}
+
+static void drill_read_reports(const struct drill_opts *o, struct drill_scenario *s,
+			       struct drill_times *t)
+{
+	for (int r = 0; r < o->procs; r++) {
+		static const char *const suffix[] = {".json", ""};
+
+		for (int k = 0; k < 2; k++) {
+			char path[PATH_MAX + 64], *text;
+			FILE *f;
+			long len;
+			int n, found;
+
+			snprintf(path, sizeof(path), "%s/r2cc-report.%d%s", s->dir, r, suffix[k]);
+			f = fopen(path, "r");
+			if (!f)
+				continue;
+			fseek(f, 0, SEEK_END);
+			len = ftell(f);
+			rewind(f);
+			text = len > 0 && len < (1 << 24) ? calloc(1, (size_t)len + 1) : NULL;
+			found = 0;
+			if (text && fread(text, 1, (size_t)len, f) == (size_t)len) {
+				n = drill_scan_key(text, "detect_ms", t->detect + t->ndetect,
+						   DRILL_MAX_INCIDENT - t->ndetect);
+				t->ndetect += n;
+				s->ndetect += n;
+				found += n;
+				n = drill_scan_key(text, "migrate_ms", t->migrate + t->nmigrate,
+						   DRILL_MAX_INCIDENT - t->nmigrate);
+				t->nmigrate += n;
+				s->nmigrate += n;
+				found += n;
+			}
+			free(text);
+			fclose(f);
+			if (found)
+				break; /* the JSON said it; the text copy would count twice */
+		}
+	}
+}
+
+static int drill_cmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void drill_print_times(const char *what, double *v, int n)
+{
+	if (!n) {
+		printf(" %s n/a", what);
+		return;
+	}
+	qsort(v, (size_t)n, sizeof(*v), drill_cmp);
+	printf(" %s median %.1f ms max %.1f ms (%d)", what,
+	       n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v[n - 1], n);
+}
+
+/* ---- one scenario ---- */
+
+static void drill_describe_exit(char *buf, size_t len, int rank, int status)
+{
+	if (WIFEXITED(status))
+		snprintf(buf, len, "node%d exited with status %d", rank, WEXITSTATUS(status));
+	else if (WIFSIGNALED(status))
+		snprintf(buf, len, "node%d died of signal %d (%s)", rank, WTERMSIG(status),
+			 strsignal(WTERMSIG(status)));
+}
+
+static void drill_dump_logs(const struct drill_opts *o, const struct drill_scenario *s)
+{
+	for (int r = 0; r <= o->procs; r++) {
+		char path[PATH_MAX + 32], line[512], label[16];
+		FILE *f;
+
+		if (r < o->procs) {
+			snprintf(path, sizeof(path), "%s/worker%d.log", s->dir, r);
+			snprintf(label, sizeof(label), "node%d", r);
+		} else {
+			snprintf(path, sizeof(path), "%s/ctl.log", s->dir);
+			snprintf(label, sizeof(label), "ctl");
+		}
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		while (fgets(line, sizeof(line), f))
+			printf("    [%s] %s%s", label, line, strchr(line, '\n') ? "" : "\n");
+		fclose(f);
+	}
+}
+
+/* Where each worker was when the deadline struck: phase and messages received. */
+static void drill_snapshot(const struct drill_opts *o, struct drill_scenario *s,
+			   struct drill_status *st)
+{
+	static const char *const phases[] = {"start", "connect", "run", "drain", "done", "failed"};
+
+	s->stall[0] = '\0';
+	for (int r = 0; r < o->procs; r++) {
+		int ph = atomic_load(&st[r].phase);
+
+		drill_fmt(s->stall + strlen(s->stall), sizeof(s->stall) - strlen(s->stall),
+			  "%snode%d %s %llu", r ? ", " : "", r,
+			  ph >= 0 && ph <= DRILL_PHASE_FAILED ? phases[ph] : "?",
+			  (unsigned long long)atomic_load(&st[r].delivered));
+	}
+}
+
+/* Why a scenario failed, the most telling reason first. */
+static void drill_explain(const struct drill_opts *o, struct drill_scenario *s,
+			  struct drill_status *st, int failed_exit, int exit_status,
+			  bool fault_missed)
+{
+	char first[DRILL_ERR_LEN] = "";
+	int64_t first_ns = INT64_MAX;
+
+	/* The earliest failure is the cause; later ones are mostly its consequences. */
+	for (int r = 0; r < o->procs; r++) {
+		int64_t t = atomic_load(&st[r].err_ns);
+
+		if (atomic_load(&st[r].err_claimed) && t && t < first_ns) {
+			first_ns = t;
+			snprintf(first, sizeof(first), "%.*s", DRILL_ERR_LEN - 1, st[r].error);
+		}
+	}
+	if (s->timed_out) {
+		drill_fmt(s->why, sizeof(s->why),
+			  "stalled: timed out after %g s at %llu/%llu messages (%s)%s%s",
+			  o->timeout_s, (unsigned long long)s->delivered,
+			  (unsigned long long)s->expected, s->stall, first[0] ? "; " : "", first);
+	} else if (first[0] && s->injected && first_ns > s->injected_ns) {
+		drill_fmt(s->why, sizeof(s->why), "%s [%.0f ms after the fault]", first,
+			  (double)(first_ns - s->injected_ns) / 1e6);
+	} else if (first[0]) {
+		snprintf(s->why, sizeof(s->why), "%s", first);
+	} else if (drill_stop) {
+		snprintf(s->why, sizeof(s->why), "interrupted (signal %d): workers killed",
+			 (int)drill_stop);
+	} else if (failed_exit >= 0) {
+		drill_describe_exit(s->why, sizeof(s->why), failed_exit, exit_status);
+	} else if (fault_missed) {
+		snprintf(s->why, sizeof(s->why), "%s",
+			 s->inject_failed ? "the fault was not injected (softverbs-ctl failed)"
+			 : s->injected	  ? "the fault came after the traffic had ended"
+					  : "the fault was never injected");
+	} else {
+		snprintf(s->why, sizeof(s->why), "%llu/%llu messages delivered",
+			 (unsigned long long)s->delivered, (unsigned long long)s->expected);
+	}
+}
+
+static void drill_run_scenario(const struct drill_opts *o, const struct drill_paths *p,
+			       struct drill_scenario *s, struct drill_times *t)
+{
+	size_t st_len = sizeof(struct drill_status) * (size_t)o->procs;
+	pid_t pids[DRILL_MAX_PROCS] = {0};
+	int status[DRILL_MAX_PROCS] = {0}, alive = 0, fd, failed_exit = -1;
+	bool fault_missed, termed[DRILL_MAX_PROCS] = {false};
+	int64_t start = drill_now_ns(), deadline, kill_at = INT64_MAX;
+	struct drill_status *st;
+	char *reset[] = {(char *)"reset", NULL};
+
+	s->expected = (uint64_t)o->procs * (uint64_t)(o->procs - 1) * (uint64_t)o->messages;
+	s->start_ns = start;
+	deadline = start + (int64_t)(o->timeout_s * 1e9);
+	snprintf(s->fabric, sizeof(s->fabric), "r2cc-drill-%d-%d", (int)getpid(), s->index);
+	drill_plan(o, s);
+	if (drill_fmt(s->dir, sizeof(s->dir), "%s/s%d-%s-%d", p->tmp, s->index,
+		      drill_fault_names[s->kind], s->seed) ||
+	    mkdir(s->dir, 0700) != 0) {
+		drill_fmt(s->why, sizeof(s->why), "cannot make %s: %s", s->dir, strerror(errno));
+		return;
+	}
+	if (drill_fmt(s->why, sizeof(s->why), "%s/status", s->dir))
+		return;
+	fd = open(s->why, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || ftruncate(fd, (off_t)st_len) != 0) {
+		snprintf(s->why, sizeof(s->why), "cannot make the status file: %s",
+			 strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	st = mmap(NULL, st_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	s->why[0] = '\0';
+	if (st == MAP_FAILED) {
+		snprintf(s->why, sizeof(s->why), "cannot map the status file");
+		return;
+	}
+	for (int r = 0; r < o->procs; r++) {
+		pids[r] = drill_spawn_worker(o, p, s, r);
+		if (pids[r] <= 0) {
+			snprintf(s->why, sizeof(s->why), "cannot start worker %d", r);
+			kill_at = drill_now_ns();
+			break;
+		}
+		alive++;
+	}
+
+	while (alive > 0) {
+		struct timespec ts = {0, 1000000};
+		uint64_t delivered = 0;
+		int64_t now;
+
+		for (int r = 0; r < o->procs; r++) {
+			if (pids[r] <= 0 || waitpid(pids[r], &status[r], WNOHANG) != pids[r])
+				continue;
+			pids[r] = -pids[r];
+			alive--;
+			if (!(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)) {
+				if (failed_exit < 0)
+					failed_exit = r;
+				if (kill_at == INT64_MAX)
+					kill_at = drill_now_ns() + DRILL_GRACE_NS;
+			}
+		}
+		for (int r = 0; r < o->procs; r++)
+			delivered += atomic_load(&st[r].delivered);
+		if (s->kind != DRILL_FAULT_NONE && !s->injected && delivered >= s->trigger &&
+		    alive == o->procs)
+			drill_inject(p, s, delivered);
+		now = drill_now_ns();
+		if (now > deadline && alive > 0 && !s->timed_out) {
+			s->timed_out = true;
+			drill_snapshot(o, s, st);
+			if (kill_at > now)
+				kill_at = now;
+		}
+		if (drill_stop && kill_at == INT64_MAX)
+			kill_at = drill_now_ns();
+		/* SIGTERM first: a worker then exits normally and R2CC writes its report. */
+		if (now >= kill_at) {
+			int sig = now >= kill_at + DRILL_TERM_NS ? SIGKILL : SIGTERM;
+
+			for (int r = 0; r < o->procs; r++)
+				if (pids[r] > 0 && (sig == SIGKILL || !termed[r])) {
+					kill(pids[r], sig);
+					termed[r] = true;
+				}
+		}
+		if (alive > 0)
+			nanosleep(&ts, NULL);
+	}
+	s->secs = (double)(drill_now_ns() - start) / 1e9;
+
+	for (int r = 0; r < o->procs; r++) {
+		s->delivered += atomic_load(&st[r].delivered);
+		s->errors += atomic_load(&st[r].errors);
+		s->not_interposed += atomic_load(&st[r].interposed) == 2;
+	}
+	if (drill_ctl(p, s, reset) != 0 && !s->why[0])
+		snprintf(s->why, sizeof(s->why), "softverbs-ctl reset of %s failed", s->fabric);
+	drill_read_reports(o, s, t);
+
+	s->pass = !s->why[0] && !s->timed_out && failed_exit < 0 && s->errors == 0 &&
+		  s->delivered == s->expected && !drill_stop;
+	/* A fault run tests nothing unless the fault hit while messages were moving. */
+	fault_missed = s->kind != DRILL_FAULT_NONE &&
+		       (!s->injected || s->inject_failed || s->injected_at >= s->expected);
+	if (fault_missed)
+		s->pass = false;
+	if (!s->pass && !s->why[0])
+		drill_explain(o, s, st, failed_exit, failed_exit >= 0 ? status[failed_exit] : 0,
+			      fault_missed);
+	munmap(st, st_len);
+}
+
+static void drill_print_scenario(const struct drill_opts *o, const struct drill_scenario *s)
+{
+	char fault[128] = "-";
+
+	if (s->kind == DRILL_FAULT_FLAP)
+		snprintf(fault, sizeof(fault), "node%d/mlx5_%d flap:%dms", s->node, s->nic, s->arg);
+	else if (s->kind == DRILL_FAULT_SLOW)
+		snprintf(fault, sizeof(fault), "node%d/mlx5_%d slow:%dGbps", s->node, s->nic,
+			 s->arg);
+	else if (s->kind != DRILL_FAULT_NONE)
+		snprintf(fault, sizeof(fault), "node%d/mlx5_%d %s", s->node, s->nic,
+			 drill_fault_names[s->kind]);
+	if (s->kind != DRILL_FAULT_NONE && s->injected)
+		snprintf(fault + strlen(fault), sizeof(fault) - strlen(fault),
+			 " at %llu/%llu +%.2fs", (unsigned long long)s->injected_at,
+			 (unsigned long long)s->expected,
+			 (double)(s->injected_ns - s->start_ns) / 1e9);
+	printf("%-9s seed %-4d fault %-44s messages %llu/%llu errors %llu %s %.1fs",
+	       drill_fault_names[s->kind], s->seed, fault, (unsigned long long)s->delivered,
+	       (unsigned long long)s->expected, (unsigned long long)s->errors,
+	       s->pass ? "PASS" : "FAIL", s->secs);
+	if (s->ndetect || s->nmigrate)
+		printf(" incidents %d", s->ndetect > s->nmigrate ? s->ndetect : s->nmigrate);
+	if (!s->pass)
+		printf(" -- %s", s->why);
+	printf("\n");
+	fflush(stdout);
+}
+
+int main(int argc, char **argv)
+{
+	static struct drill_times times;
+	struct drill_opts o;
+	struct drill_paths p;
+	struct sigaction sa;
+	uint64_t delivered = 0, expected = 0;
+	int kinds[DRILL_FAULT_KINDS], nkinds = 0, passed = 0, total = 0, fault_failed = 0;
+	int not_interposed = 0;
+
+	if (drill_parse(argc, argv, &o))
+		return 2;
+	if (o.worker)
+		return drill_worker_main(&o);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	if (drill_paths(&p, &o))
+		return 2;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = drill_on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+	if (o.fault >= 0)
+		kinds[nkinds++] = o.fault;
+	else
+		for (int k = DRILL_FAULT_DOWN; k < DRILL_FAULT_KINDS; k++)
+			kinds[nkinds++] = k;
+
+	printf("r2cc-verbs-drill: %d processes x %d NICs, %d messages per connection "
+	       "(window %d, 0..%llu B), %s, QP timeout %.0f ms (time scale %g), deadline %g s\n",
+	       o.procs, o.nics, o.messages, o.window, (unsigned long long)o.max_size,
+	       o.preload ? "LD_PRELOAD=libr2cc.so" : "no preload (baseline)",
+	       drill_qp_timeout_ms(&o), o.time_scale, o.timeout_s);
+	for (int k = 0; k < nkinds && !drill_stop; k++) {
+		for (int i = 0; i < o.seeds && !drill_stop; i++) {
+			struct drill_scenario s;
+
+			memset(&s, 0, sizeof(s));
+			s.kind = kinds[k];
+			s.seed = o.first_seed + i;
+			s.index = total;
+			drill_run_scenario(&o, &p, &s, &times);
+			drill_print_scenario(&o, &s);
+			if (o.verbose)
+				drill_dump_logs(&o, &s);
+			total++;
+			passed += s.pass;
+			delivered += s.delivered;
+			expected += s.expected;
+			not_interposed += s.not_interposed;
+			if (!s.pass && s.kind != DRILL_FAULT_NONE && s.kind != DRILL_FAULT_SLOW)
+				fault_failed++;
+			if (!o.keep)
+				drill_rmtree(s.dir);
+		}
+	}
+	if (o.keep)
+		printf("kept: %s\n", p.tmp);
+	else
+		drill_rmtree(p.tmp);
+	if (drill_stop)
+		printf("interrupted by signal %d\n", (int)drill_stop);
+	if (o.preload && not_interposed)
+		printf(
+		    "warning: libr2cc.so was preloaded but the verbs data path was not R2CC's in "
+		    "%d worker run(s): R2CC inactive (R2CC_MODE=0 or a bad setting?)\n",
+		    not_interposed);
+	if (fault_failed && !times.ndetect)
+		printf(
+		    "note: %d NIC-fault scenario(s) failed and no R2CC incident report was found: "
+		    "without hot repair a dead NIC reaches the application (error completions "
+		    "or a stall), as with plain NCCL\n",
+		    fault_failed);
+	printf("%s messages %llu/%llu scenarios %d/%d",
+	       passed == total && total > 0 && !drill_stop ? "PASS" : "FAIL",
+	       (unsigned long long)delivered, (unsigned long long)expected, passed, total);
+	drill_print_times("detection", times.detect, times.ndetect);
+	drill_print_times("migration", times.migrate, times.nmigrate);
+	printf("\n");
+	return passed == total && total > 0 && !drill_stop ? 0 : 1;
+}

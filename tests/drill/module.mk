@@ -1,0 +1,35 @@
+# tests/drill: r2cc-verbs-drill, NCCL-shaped verbs traffic over the software RDMA device
+# with NIC faults (see tests/drill/README.md). It loads libibverbs with dlopen/dlvsym as
+# NCCL does, so it must not link it.
+
+DRILL_DIR  := tests/drill
+DRILL      := $(BUILD)/bin/r2cc-verbs-drill
+DRILL_OBJ  := $(BUILD)/drill/obj
+DRILL_SRCS := $(DRILL_DIR)/main.c $(DRILL_DIR)/worker.c $(DRILL_DIR)/verbs.c \
+	      $(DRILL_DIR)/pattern.c $(DRILL_DIR)/bootstrap.c
+DRILL_OBJS := $(DRILL_SRCS:$(DRILL_DIR)/%.c=$(DRILL_OBJ)/%.o)
+# What a run needs besides the program: the device, its control tool and the library.
+DRILL_RUNTIME := $(BUILD)/softverbs/libibverbs.so.1 $(BUILD)/softverbs/libibverbs.so \
+		 $(BUILD)/bin/softverbs-ctl $(LIBR2CC) $(BUILD)/tests/ncclstub/libnccl.so.2
+
+$(DRILL_OBJ)/%.o: $(DRILL_DIR)/%.c
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -MMD -MP -c -o $@ $<
+
+$(DRILL): $(DRILL_OBJS)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(DRILL_OBJS) -ldl -lm -pthread
+
+-include $(DRILL_OBJS:.o=.d)
+
+ALL_TARGETS += $(DRILL)
+TEST_DEPS   += $(DRILL) $(DRILL_RUNTIME)
+# Faults that need hot repair (down, blackhole, flap) join this list once it exists;
+# see tests/drill/README.md for the commands.
+CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
+	       60@$(DRILL):--fault:none:--seeds:3:--no-preload \
+	       60@$(DRILL):--fault:none:--seeds:3:--procs:4:--nics:2 \
+	       60@$(DRILL):--fault:slow:--seeds:2 \
+	       60@$(DRILL):--fault:none:--seeds:1:--nccl-stub \
+	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--selftest-corrupt
+FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h

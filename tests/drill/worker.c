@@ -1,0 +1,1261 @@
+/*
+ * A drill worker: one emulated node. It opens the node's NICs, builds a connection
+ * to and from every other worker, and moves checked messages over them in the
+ * pattern of NCCL 2.28's net_ib transport (src/transport/net_ib.cc):
+ *
+ *  - a connection is one RC QP per NIC (QP q on NIC q, connected to the peer's QP q),
+ *    max_send_wr 512, max_recv_wr 256, one SGE; one CQ per NIC per process, shared
+ *    by send and receive, busy-polled; an async-event thread per NIC;
+ *  - the receiver (ncclIbIrecv) posts one zero-SGE receive per data QP with wr_id =
+ *    request slot, then (ncclIbPostFifo) RDMA-writes a 64-byte FIFO element (idx at
+ *    offset 40 last) into the sender's registered FIFO, on QP devIndex round-robin,
+ *    signalled only when slot == devIndex;
+ *  - the sender (ncclIbIsend/ncclIbMultiSend) polls its FIFO for idx, then posts on
+ *    every data QP a 128-byte-aligned chunk: one signalled RDMA_WRITE_WITH_IMM
+ *    (imm_data = size) or, with adaptive routing (IB) above 8 KiB, an unsignalled
+ *    RDMA_WRITE followed by a signalled zero-byte RDMA_WRITE_WITH_IMM; it reuses its
+ *    WR and SGE arrays right after post_send returns;
+ *  - the receiver's request is done when every data QP's IMM completion (and its
+ *    own signalled FIFO write, if any) arrived; any error completion ends the job.
+ *
+ * On top of that it checks what NCCL trusts: every byte of every message, sizes,
+ * slots, order and count, and reports into its entry of the shared status file.
+ */
+#include "tests/drill/drill.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DRILL_EP_MAGIC	   0x4452494c4c455031ull /* "DRILLEP1" */
+#define DRILL_QP_MAP	   512
+#define DRILL_POLL_BATCH   16
+#define DRILL_ALIGN	   128 /* NCCL: IB writes are multiples of 128 B across QPs */
+#define DRILL_DRAIN_NS	   300000000
+#define DRILL_LOG_FAILURES 20
+
+struct drill_dev {
+	int index;
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	uint16_t lid;
+	enum ibv_mtu mtu;
+	bool ar;
+	char name[IBV_SYSFS_NAME_MAX];
+	struct drill_worker *w;
+};
+
+struct drill_qp {
+	struct ibv_qp *qp;
+	int dev;       /* local NIC */
+	int rem_dev;   /* the peer's NIC */
+	uint64_t next; /* sequence of the next message this QP owes a completion for */
+	struct drill_conn *conn;
+	int index;
+};
+
+struct drill_msg {
+	uint64_t seq;
+	uint64_t size;
+	uint64_t off; /* in the connection's ring buffer */
+	uint64_t end; /* ring position freed when the message retires */
+	int events;   /* completions still owed */
+	bool cts_pending;
+	bool inflight;
+	bool done;
+};
+
+struct drill_ring {
+	uint64_t size, head, tail; /* head and tail run free */
+};
+
+/* One direction of traffic with one peer: NCCL's send comm or recv comm. */
+struct drill_conn {
+	bool send;
+	int peer;
+	int nqps;
+	struct drill_qp qps[DRILL_MAX_NICS];
+	int qp_index;  /* NCCL base.qpIndex */
+	int dev_index; /* NCCL base.devIndex: the QP of the next clear-to-send */
+	uint8_t *buf;
+	uint64_t buf_len;
+	struct ibv_mr *buf_mr[DRILL_MAX_NICS];
+	struct drill_ring ring;
+	/* send: the FIFO the peer writes; recv: the elements written to the peer's FIFO */
+	struct drill_fifo_elem *fifo;
+	struct ibv_mr *fifo_mr[DRILL_MAX_NICS];
+	uint64_t rem_fifo_addr;
+	uint32_t rem_fifo_rkey[DRILL_MAX_NICS];
+	uint64_t head;	  /* messages posted: NCCL fifoHead (send) / fifoTail (recv) */
+	uint64_t retired; /* messages finished, in order */
+	struct drill_msg msgs[DRILL_SLOTS];
+	/* NCCL's comm->wrs / comm->sges: reused for every post */
+	struct ibv_send_wr wrs[2];
+	struct ibv_sge sges[1];
+};
+
+struct drill_ep_conn {
+	uint32_t qpn[DRILL_MAX_NICS];
+	uint64_t fifo_addr;
+	uint32_t fifo_rkey[DRILL_MAX_NICS];
+};
+
+/* What a worker publishes for the others (NCCL's ncclIbConnectionMetadata). */
+struct drill_ep {
+	uint64_t magic;
+	int32_t rank, nics;
+	uint32_t lid[DRILL_MAX_NICS];
+	uint32_t mtu[DRILL_MAX_NICS];
+	struct drill_ep_conn send[DRILL_MAX_PROCS]; /* my connection to peer p */
+	struct drill_ep_conn recv[DRILL_MAX_PROCS]; /* my connection from peer p */
+};
+
+/* NCCL's ncclUniqueId: 128 opaque bytes, passed by value. */
+struct drill_nccl_uid {
+	char internal[128];
+};
+
+/*
+ * With --nccl-stub the workers form an NCCL communicator (through the NCCL test double)
+ * before they create any QP, as NCCL jobs do, so that libr2cc.so's NCCL wrappers see a
+ * job: rank 0's ncclGetUniqueId, the id handed to every rank, ncclCommInitRank on all.
+ */
+struct drill_nccl {
+	int (*get_unique_id)(struct drill_nccl_uid *);
+	int (*comm_init_rank)(void **, int, struct drill_nccl_uid, int);
+	int (*comm_destroy)(void *);
+	void *comm;
+};
+
+struct drill_worker {
+	const struct drill_opts *o;
+	struct drill_status *st;
+	struct drill_dev devs[DRILL_MAX_NICS];
+	struct drill_conn *send[DRILL_MAX_PROCS];
+	struct drill_conn *recv[DRILL_MAX_PROCS];
+	struct drill_qp *qp_map[DRILL_QP_MAP];
+	uint32_t qpn_map[DRILL_QP_MAP];
+	bool ar;
+	uint64_t ar_threshold;
+	int corrupt_peer;
+	uint64_t corrupt_seq;
+	_Atomic bool failed;
+	_Atomic int logged;
+	struct drill_ep ep;
+	struct drill_ep peers[DRILL_MAX_PROCS];
+	struct drill_nccl nccl;
+};
+
+static volatile sig_atomic_t drill_terminated;
+
+static void drill_on_term(int sig)
+{
+	drill_terminated = sig;
+}
+
+static void drill_fail(struct drill_worker *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Records a failure: the first one goes to the status file, all count. Thread-safe. */
+static void drill_fail(struct drill_worker *w, const char *fmt, ...)
+{
+	char msg[DRILL_ERR_LEN];
+	int k = snprintf(msg, sizeof(msg), "node%d: ", w->o->rank);
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg + k, sizeof(msg) - (size_t)k, fmt, ap);
+	va_end(ap);
+	atomic_fetch_add(&w->st->errors, 1);
+	if (atomic_exchange(&w->st->err_claimed, 1) == 0) {
+		memcpy(w->st->error, msg, sizeof(msg));
+		atomic_store(&w->st->err_ns, drill_now_ns());
+	}
+	if (atomic_fetch_add(&w->logged, 1) < DRILL_LOG_FAILURES)
+		fprintf(stderr, "r2cc-verbs-drill: FAIL %s\n", msg);
+	atomic_store(&w->failed, true);
+}
+
+/* The parent stops a worker with SIGTERM (deadline, or another node failed). */
+static bool drill_stopped(struct drill_worker *w)
+{
+	/* Not a failure of its own: the parent knows why it stopped us. */
+	if (drill_terminated && !atomic_exchange(&w->failed, true))
+		fprintf(stderr,
+			"r2cc-verbs-drill node%d: stopped by the drill (deadline or "
+			"another node's failure)\n",
+			w->o->rank);
+	return atomic_load(&w->failed);
+}
+
+static const char *drill_nic(struct drill_worker *w, int dev)
+{
+	return w->devs[dev].name;
+}
+
+/* ---- completions arrive by QP number: a small open-addressing map ---- */
+
+static int drill_qp_map_add(struct drill_worker *w, struct drill_qp *q)
+{
+	uint32_t qpn = q->qp->qp_num;
+
+	for (uint32_t i = 0; i < DRILL_QP_MAP; i++) {
+		uint32_t k = (qpn * 2654435761u + i) % DRILL_QP_MAP;
+
+		if (!w->qp_map[k]) {
+			w->qp_map[k] = q;
+			w->qpn_map[k] = qpn;
+			return 0;
+		}
+	}
+	return -ENOSPC;
+}
+
+static struct drill_qp *drill_qp_find(struct drill_worker *w, uint32_t qpn)
+{
+	for (uint32_t i = 0; i < DRILL_QP_MAP; i++) {
+		uint32_t k = (qpn * 2654435761u + i) % DRILL_QP_MAP;
+
+		if (!w->qp_map[k])
+			return NULL;
+		if (w->qpn_map[k] == qpn)
+			return w->qp_map[k];
+	}
+	return NULL;
+}
+
+/* ---- ring buffers: messages take contiguous, 128-byte-aligned room, freed in order ---- */
+
+static bool drill_ring_alloc(struct drill_ring *r, uint64_t len, uint64_t *off, uint64_t *end)
+{
+	uint64_t need = (len + DRILL_ALIGN - 1) / DRILL_ALIGN * DRILL_ALIGN;
+	uint64_t start = r->head, pos = r->head % r->size;
+
+	if (pos + need > r->size)
+		start += r->size - pos;
+	if (start + need - r->tail > r->size)
+		return false;
+	*off = start % r->size;
+	r->head = start + need;
+	*end = r->head;
+	return true;
+}
+
+/* ---- set-up, in the order NCCL's ncclIbInitDevices / connect / accept do it ---- */
+
+static void *drill_async_main(void *arg)
+{
+	struct drill_dev *d = arg;
+	struct drill_worker *w = d->w;
+	struct ibv_async_event ev;
+
+	while (drill_ibv.get_async_event(d->ctx, &ev) == 0) {
+		const char *what = drill_ibv.event_type_str(ev.event_type);
+
+		switch (ev.event_type) {
+		case IBV_EVENT_DEVICE_FATAL:
+		case IBV_EVENT_CQ_ERR:
+		case IBV_EVENT_QP_FATAL:
+		case IBV_EVENT_QP_REQ_ERR:
+		case IBV_EVENT_QP_ACCESS_ERR:
+			/* NCCL 2.23+ counts these and fails the communicator. */
+			drill_fail(w, "async fatal event on %s: %s (%d)", d->name, what,
+				   ev.event_type);
+			break;
+		case IBV_EVENT_COMM_EST:
+			break;
+		default:
+			atomic_fetch_add(&w->st->async_events, 1);
+			fprintf(stderr,
+				"r2cc-verbs-drill node%d: %s: non-fatal async event: %s (%d)\n",
+				w->o->rank, d->name, what, ev.event_type);
+			break;
+		}
+		drill_ibv.ack_async_event(&ev);
+	}
+	return NULL;
+}
+
+static int drill_devs_open(struct drill_worker *w)
+{
+	const struct drill_opts *o = w->o;
+	struct ibv_device **list;
+	int n = 0, cqe = 512 * 2 * (o->procs - 1);
+	const char *env;
+
+	drill_ibv.fork_init();
+	list = drill_ibv.get_device_list(&n);
+	if (!list) {
+		drill_fail(w, "ibv_get_device_list: %s", strerror(errno));
+		return -1;
+	}
+	if (n < o->nics) {
+		drill_fail(w, "%d NICs found, %d wanted", n, o->nics);
+		return -1;
+	}
+	w->ar = true;
+	for (int i = 0; i < o->nics; i++) {
+		struct drill_dev *d = &w->devs[i];
+		struct ibv_device_attr da;
+		struct ibv_port_attr pa;
+		union ibv_gid gid;
+		pthread_t t;
+
+		d->index = i;
+		d->w = w;
+		snprintf(d->name, sizeof(d->name), "%s", drill_ibv.get_device_name(list[i]));
+		d->ctx = drill_ibv.open_device(list[i]);
+		if (!d->ctx) {
+			drill_fail(w, "ibv_open_device %s: %s", d->name, strerror(errno));
+			return -1;
+		}
+		memset(&da, 0, sizeof(da));
+		memset(&pa, 0, sizeof(pa));
+		if (drill_ibv.query_device(d->ctx, &da) || drill_ibv.query_port(d->ctx, 1, &pa) ||
+		    drill_ibv.query_gid(d->ctx, 1, 0, &gid)) {
+			drill_fail(w, "query of %s failed", d->name);
+			return -1;
+		}
+		if (pa.state != IBV_PORT_ACTIVE) {
+			drill_fail(w, "%s port 1 is not active (state %d)", d->name, pa.state);
+			return -1;
+		}
+		d->lid = pa.lid;
+		d->mtu = pa.active_mtu;
+		/* NCCL turns adaptive routing on for InfiniBand unless told otherwise. */
+		d->ar = pa.link_layer == IBV_LINK_LAYER_INFINIBAND;
+		w->ar = w->ar && d->ar;
+		if (da.max_cqe > 0 && cqe > da.max_cqe)
+			cqe = da.max_cqe;
+		if (pthread_create(&t, NULL, drill_async_main, d) == 0) {
+			pthread_setname_np(t, "drill-async");
+			pthread_detach(t);
+		}
+		d->pd = drill_ibv.alloc_pd(d->ctx);
+		if (!d->pd) {
+			drill_fail(w, "ibv_alloc_pd %s: %s", d->name, strerror(errno));
+			return -1;
+		}
+		d->cq = drill_ibv.create_cq(d->ctx, cqe, d, NULL, 0);
+		if (!d->cq) {
+			drill_fail(w, "ibv_create_cq %s (%d entries): %s", d->name, cqe,
+				   strerror(errno));
+			return -1;
+		}
+	}
+	drill_ibv.free_device_list(list);
+	env = getenv("NCCL_IB_ADAPTIVE_ROUTING");
+	if (env && *env)
+		w->ar = atoi(env) != 0;
+	env = getenv("NCCL_IB_AR_THRESHOLD");
+	w->ar_threshold = env && *env ? strtoull(env, NULL, 0) : 8192;
+	return 0;
+}
+
+static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, int q)
+{
+	struct drill_dev *d = &w->devs[q % w->o->nics];
+	struct ibv_qp_init_attr ia;
+	struct ibv_qp_attr a;
+	struct drill_qp *qp = &c->qps[q];
+	int rc;
+
+	memset(&ia, 0, sizeof(ia));
+	ia.qp_context = c;
+	ia.send_cq = d->cq;
+	ia.recv_cq = d->cq;
+	ia.qp_type = IBV_QPT_RC;
+	ia.cap.max_send_wr = 2 * DRILL_SLOTS;
+	ia.cap.max_recv_wr = DRILL_SLOTS;
+	ia.cap.max_send_sge = 1;
+	ia.cap.max_recv_sge = 1;
+	ia.cap.max_inline_data = 0;
+	qp->qp = drill_ibv.create_qp(d->pd, &ia);
+	if (!qp->qp) {
+		drill_fail(w, "ibv_create_qp on %s: %s", d->name, strerror(errno));
+		return -1;
+	}
+	qp->dev = d->index;
+	qp->conn = c;
+	qp->index = q;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = 0;
+	a.port_num = 1;
+	a.qp_access_flags =
+	    c->send ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+	rc = drill_ibv.modify_qp(
+	    qp->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	if (rc) {
+		drill_fail(w, "modify_qp INIT on %s: %s", d->name, strerror(rc));
+		return -1;
+	}
+	if (drill_qp_map_add(w, qp)) {
+		drill_fail(w, "too many QPs");
+		return -1;
+	}
+	return 0;
+}
+
+static struct ibv_mr *drill_reg(struct drill_worker *w, int dev, void *p, size_t len)
+{
+	struct ibv_mr *mr = drill_ibv.reg_mr(w->devs[dev].pd, p, len,
+					     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+						 IBV_ACCESS_REMOTE_READ);
+
+	if (!mr)
+		drill_fail(w, "ibv_reg_mr of %zu bytes on %s: %s", len, w->devs[dev].name,
+			   strerror(errno));
+	return mr;
+}
+
+/* Builds one connection; it is in w->send/w->recv from the start so teardown finds it. */
+static int drill_conn_create(struct drill_worker *w, int peer, bool send)
+{
+	const struct drill_opts *o = w->o;
+	uint64_t max = (o->max_size + DRILL_ALIGN - 1) / DRILL_ALIGN * DRILL_ALIGN;
+	size_t fifo_len = sizeof(struct drill_fifo_elem) * DRILL_SLOTS * DRILL_MAX_RECVS;
+	struct drill_conn *c = calloc(1, sizeof(*c));
+	struct drill_ep_conn *e;
+
+	if (!c) {
+		drill_fail(w, "out of memory");
+		return -1;
+	}
+	if (send)
+		w->send[peer] = c;
+	else
+		w->recv[peer] = c;
+	c->send = send;
+	c->peer = peer;
+	c->nqps = o->nics;
+	c->buf_len = 2 * max > (1u << 20) ? 2 * max : (1u << 20);
+	c->ring.size = c->buf_len;
+	c->buf = mmap(NULL, c->buf_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	c->fifo = mmap(NULL, fifo_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c->buf == MAP_FAILED || c->fifo == MAP_FAILED) {
+		drill_fail(w, "cannot map %llu bytes of buffers", (unsigned long long)c->buf_len);
+		return -1;
+	}
+	e = send ? &w->ep.send[peer] : &w->ep.recv[peer];
+	for (int q = 0; q < c->nqps; q++) {
+		if (drill_qp_create(w, c, q))
+			return -1;
+		e->qpn[q] = c->qps[q].qp->qp_num;
+	}
+	for (int d = 0; d < o->nics; d++) {
+		c->buf_mr[d] = drill_reg(w, d, c->buf, c->buf_len);
+		c->fifo_mr[d] = drill_reg(w, d, c->fifo, fifo_len);
+		if (!c->buf_mr[d] || !c->fifo_mr[d])
+			return -1;
+		e->fifo_rkey[d] = c->fifo_mr[d]->rkey;
+	}
+	e->fifo_addr = (uintptr_t)c->fifo;
+	return 0;
+}
+
+/* INIT -> RTR -> RTS with NCCL's attributes (ncclIbRtrQp / ncclIbRtsQp). */
+static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t dqpn,
+			    const struct drill_ep *pe)
+{
+	struct ibv_qp_attr a;
+	int rc;
+
+	q->rem_dev = q->index % pe->nics;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = w->devs[q->dev].mtu < (enum ibv_mtu)pe->mtu[q->rem_dev]
+			 ? w->devs[q->dev].mtu
+			 : (enum ibv_mtu)pe->mtu[q->rem_dev];
+	a.dest_qp_num = dqpn;
+	a.rq_psn = 0;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 0;
+	a.ah_attr.dlid = (uint16_t)pe->lid[q->rem_dev];
+	a.ah_attr.sl = 0;
+	a.ah_attr.src_path_bits = 0;
+	a.ah_attr.port_num = 1;
+	rc = drill_ibv.modify_qp(q->qp, &a,
+				 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				     IBV_QP_MIN_RNR_TIMER);
+	if (rc) {
+		drill_fail(w, "modify_qp RTR (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
+		return -1;
+	}
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = (uint8_t)w->o->qp_timeout;
+	a.retry_cnt = (uint8_t)w->o->retry_cnt;
+	a.rnr_retry = 7;
+	a.sq_psn = 0;
+	a.max_rd_atomic = 1;
+	rc = drill_ibv.modify_qp(q->qp, &a,
+				 IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	if (rc) {
+		drill_fail(w, "modify_qp RTS (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- the idle loop: poll, then give the (shared, small) machine back ---- */
+
+static void drill_backoff(unsigned *idle)
+{
+	struct timespec ts = {0, 20000};
+
+	if (++*idle < 64)
+		return;
+	if (*idle < 4096)
+		sched_yield();
+	else
+		nanosleep(&ts, NULL);
+}
+
+static int drill_poll(struct drill_worker *w, bool *progress);
+
+/* Waits for <name>.<p> of every worker, polling the CQs meanwhile when `poll`. */
+static int drill_barrier(struct drill_worker *w, const char *name, bool poll)
+{
+	int64_t deadline = drill_now_ns() + (int64_t)(w->o->timeout_s * 1e9);
+	unsigned idle = 0;
+	int p;
+
+	for (p = 0; p < w->o->procs;) {
+		bool progress = false;
+
+		if (drill_file_exists(w->o->dir, name, p)) {
+			p++;
+			continue;
+		}
+		if (poll && drill_poll(w, &progress))
+			return -1;
+		if (drill_stopped(w))
+			return -1;
+		if (drill_now_ns() > deadline) {
+			drill_fail(w, "bootstrap: timed out waiting for node%d's '%s'", p, name);
+			return -1;
+		}
+		if (!poll) {
+			struct timespec ts = {0, 1000000};
+
+			nanosleep(&ts, NULL);
+		} else {
+			drill_backoff(&idle);
+		}
+	}
+	return 0;
+}
+
+/* Looked up in the global scope, so that a preloaded wrapper comes first, as for an
+ * application linked with -lnccl. */
+static int drill_nccl_init(struct drill_worker *w)
+{
+	const struct drill_opts *o = w->o;
+	int64_t deadline = drill_now_ns() + (int64_t)(o->timeout_s * 1e9);
+	struct timespec ts = {0, 1000000};
+	struct drill_nccl *n = &w->nccl;
+	struct drill_nccl_uid uid;
+	int rc;
+
+	if (!dlopen(o->nccl_lib, RTLD_NOW | RTLD_GLOBAL)) {
+		drill_fail(w, "cannot dlopen %s: %s", o->nccl_lib, dlerror());
+		return -1;
+	}
+	*(void **)&n->get_unique_id = dlsym(RTLD_DEFAULT, "ncclGetUniqueId");
+	*(void **)&n->comm_init_rank = dlsym(RTLD_DEFAULT, "ncclCommInitRank");
+	*(void **)&n->comm_destroy = dlsym(RTLD_DEFAULT, "ncclCommDestroy");
+	if (!n->get_unique_id || !n->comm_init_rank || !n->comm_destroy) {
+		drill_fail(w, "%s lacks ncclGetUniqueId/ncclCommInitRank/ncclCommDestroy",
+			   o->nccl_lib);
+		return -1;
+	}
+	if (o->rank == 0) {
+		rc = n->get_unique_id(&uid);
+		if (rc) {
+			drill_fail(w, "ncclGetUniqueId: NCCL error %d", rc);
+			return -1;
+		}
+		rc = drill_file_put(o->dir, "uid", 0, &uid, sizeof(uid));
+		if (rc) {
+			drill_fail(w, "bootstrap: cannot write the unique id: %s", strerror(-rc));
+			return -1;
+		}
+	}
+	while ((rc = drill_file_get(o->dir, "uid", 0, &uid, sizeof(uid))) == -EAGAIN) {
+		if (drill_stopped(w))
+			return -1;
+		if (drill_now_ns() > deadline) {
+			drill_fail(w, "bootstrap: timed out waiting for node0's unique id");
+			return -1;
+		}
+		nanosleep(&ts, NULL);
+	}
+	if (rc) {
+		drill_fail(w, "bootstrap: bad unique id file: %s", strerror(-rc));
+		return -1;
+	}
+	rc = n->comm_init_rank(&n->comm, o->procs, uid, o->rank);
+	if (rc) {
+		drill_fail(w, "ncclCommInitRank: NCCL error %d", rc);
+		return -1;
+	}
+	return 0;
+}
+
+static int drill_setup(struct drill_worker *w)
+{
+	const struct drill_opts *o = w->o;
+	int64_t deadline;
+	int rc;
+
+	if (o->nccl_lib && drill_nccl_init(w))
+		return -1;
+	if (drill_devs_open(w))
+		return -1;
+	w->ep.magic = DRILL_EP_MAGIC;
+	w->ep.rank = o->rank;
+	w->ep.nics = o->nics;
+	for (int d = 0; d < o->nics; d++) {
+		w->ep.lid[d] = w->devs[d].lid;
+		w->ep.mtu[d] = w->devs[d].mtu;
+	}
+	for (int p = 0; p < o->procs; p++) {
+		if (p == o->rank)
+			continue;
+		if (drill_conn_create(w, p, true) || drill_conn_create(w, p, false))
+			return -1;
+	}
+	rc = drill_file_put(o->dir, "ep", o->rank, &w->ep, sizeof(w->ep));
+	if (rc) {
+		drill_fail(w, "bootstrap: cannot write my endpoints: %s", strerror(-rc));
+		return -1;
+	}
+	atomic_store(&w->st->phase, DRILL_PHASE_CONNECT);
+	deadline = drill_now_ns() + (int64_t)(o->timeout_s * 1e9);
+	for (int p = 0; p < o->procs; p++) {
+		struct drill_ep *pe = &w->peers[p];
+		struct timespec ts = {0, 1000000};
+
+		if (p == o->rank)
+			continue;
+		while ((rc = drill_file_get(o->dir, "ep", p, pe, sizeof(*pe))) == -EAGAIN) {
+			if (drill_stopped(w))
+				return -1;
+			if (drill_now_ns() > deadline) {
+				drill_fail(w, "bootstrap: timed out waiting for node%d's endpoints",
+					   p);
+				return -1;
+			}
+			nanosleep(&ts, NULL);
+		}
+		if (rc || pe->magic != DRILL_EP_MAGIC || pe->rank != p || pe->nics != o->nics) {
+			drill_fail(w, "bootstrap: bad endpoint file from node%d", p);
+			return -1;
+		}
+	}
+	for (int p = 0; p < o->procs; p++) {
+		struct drill_conn *s = w->send[p], *r = w->recv[p];
+
+		if (p == o->rank)
+			continue;
+		/* My send connection to p meets p's receive connection from me, QP q to QP q. */
+		for (int q = 0; q < o->nics; q++) {
+			if (drill_qp_connect(w, &s->qps[q], w->peers[p].recv[o->rank].qpn[q],
+					     &w->peers[p]) ||
+			    drill_qp_connect(w, &r->qps[q], w->peers[p].send[o->rank].qpn[q],
+					     &w->peers[p]))
+				return -1;
+		}
+		r->rem_fifo_addr = w->peers[p].send[o->rank].fifo_addr;
+		memcpy(r->rem_fifo_rkey, w->peers[p].send[o->rank].fifo_rkey,
+		       sizeof(r->rem_fifo_rkey));
+	}
+	rc = drill_file_put(o->dir, "ready", o->rank, &o->rank, sizeof(o->rank));
+	if (rc) {
+		drill_fail(w, "bootstrap: cannot write my ready mark: %s", strerror(-rc));
+		return -1;
+	}
+	return drill_barrier(w, "ready", false);
+}
+
+/* ---- receiver: ncclIbIrecv + ncclIbPostFifo ---- */
+
+static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
+{
+	const struct drill_opts *o = w->o;
+	struct ibv_recv_wr rwr, *bad_rwr;
+	struct ibv_send_wr swr, *bad_swr;
+	struct drill_fifo_elem *elem;
+	struct drill_qp *cts;
+	struct ibv_sge sge;
+	struct drill_msg *m;
+	uint64_t seq = c->head, size, off, end;
+	uint32_t slot = (uint32_t)(seq % DRILL_SLOTS);
+	int rc;
+
+	if (seq >= (uint64_t)o->messages || seq - c->retired >= (uint64_t)o->window)
+		return false;
+	size = drill_msg_size(o->seed, c->peer, o->rank, seq, o->max_size);
+	if (!drill_ring_alloc(&c->ring, size, &off, &end))
+		return false;
+	m = &c->msgs[slot];
+	memset(m, 0, sizeof(*m));
+	m->seq = seq;
+	m->size = size;
+	m->off = off;
+	m->end = end;
+	m->events = c->nqps;
+	m->inflight = true;
+
+	memset(&rwr, 0, sizeof(rwr));
+	rwr.wr_id = slot;
+	rwr.sg_list = NULL;
+	rwr.num_sge = 0;
+	for (int i = 0; i < c->nqps; i++) {
+		struct drill_qp *q = &c->qps[c->qp_index];
+
+		rc = q->qp->context->ops.post_recv(q->qp, &rwr, &bad_rwr);
+		if (rc) {
+			drill_fail(w, "post_recv on %s (qpn 0x%06x): %s", drill_nic(w, q->dev),
+				   q->qp->qp_num, strerror(rc));
+			return false;
+		}
+		c->qp_index = (c->qp_index + 1) % c->nqps;
+	}
+
+	elem = &c->fifo[slot * DRILL_MAX_RECVS];
+	elem->addr = (uintptr_t)(c->buf + off);
+	elem->size = size;
+	for (int d = 0; d < o->nics; d++)
+		elem->rkeys[d] = c->buf_mr[d]->rkey;
+	elem->nreqs = 1;
+	elem->tag = (uint32_t)c->peer;
+	elem->idx = seq + 1;
+
+	cts = &c->qps[c->dev_index];
+	c->dev_index = (c->dev_index + 1) % o->nics;
+	sge.addr = (uintptr_t)elem;
+	sge.length = sizeof(*elem);
+	sge.lkey = c->fifo_mr[cts->dev]->lkey;
+	memset(&swr, 0, sizeof(swr));
+	swr.wr.rdma.remote_addr =
+	    c->rem_fifo_addr + (uint64_t)slot * DRILL_MAX_RECVS * sizeof(struct drill_fifo_elem);
+	swr.wr.rdma.rkey = c->rem_fifo_rkey[cts->rem_dev];
+	swr.sg_list = &sge;
+	swr.num_sge = 1;
+	swr.opcode = IBV_WR_RDMA_WRITE;
+	swr.send_flags = 0;
+	/* NCCL signals only when slot == devIndex, which drains each FIFO QP now and then. */
+	if (slot == (uint32_t)cts->dev) {
+		swr.send_flags |= IBV_SEND_SIGNALED;
+		swr.wr_id = slot;
+		m->events++;
+		m->cts_pending = true;
+	}
+	rc = cts->qp->context->ops.post_send(cts->qp, &swr, &bad_swr);
+	if (rc) {
+		drill_fail(w, "post_send (clear-to-send) on %s (qpn 0x%06x): %s",
+			   drill_nic(w, cts->dev), cts->qp->qp_num, strerror(rc));
+		return false;
+	}
+	c->head++;
+	return true;
+}
+
+static void drill_recv_check(struct drill_worker *w, struct drill_conn *c, struct drill_msg *m)
+{
+	const struct drill_opts *o = w->o;
+	uint8_t *p = c->buf + m->off, got = 0, want = 0;
+	uint64_t first = 0, bad;
+
+	if (o->selftest_corrupt && c->peer == w->corrupt_peer && m->seq == w->corrupt_seq) {
+		p[m->size / 2] ^= 0x5a;
+		fprintf(stderr,
+			"r2cc-verbs-drill node%d: self-test: flipped byte %llu of message %llu "
+			"from node%d after delivery\n",
+			o->rank, (unsigned long long)(m->size / 2), (unsigned long long)m->seq,
+			c->peer);
+	}
+	bad = drill_pattern_check(p, m->size, drill_msg_key(o->seed, c->peer, o->rank, m->seq),
+				  &first, &got, &want);
+	if (bad) {
+		drill_fail(w,
+			   "message %llu from node%d (%llu bytes) corrupt: %llu byte(s) differ, "
+			   "first at offset %llu (got 0x%02x, want 0x%02x)",
+			   (unsigned long long)m->seq, c->peer, (unsigned long long)m->size,
+			   (unsigned long long)bad, (unsigned long long)first, got, want);
+		return;
+	}
+	atomic_fetch_add(&w->st->delivered, 1);
+	m->done = true;
+}
+
+/* ---- sender: ncclIbIsend + ncclIbMultiSend (one request per FIFO slot) ---- */
+
+static int drill_multi_send(struct drill_worker *w, struct drill_conn *c, uint32_t slot,
+			    const struct drill_fifo_elem *e, const uint8_t *src, uint64_t size)
+{
+	struct ibv_send_wr *wr = &c->wrs[0], *last, *bad;
+	struct ibv_sge *sge = &c->sges[0];
+	uint64_t wr_id = (uint64_t)slot; /* up to 8 request indices, 8 bits each; here one */
+	int chunk, offset = 0;
+
+	memset(wr, 0, sizeof(*wr));
+	sge->addr = (uintptr_t)src;
+	wr->opcode = IBV_WR_RDMA_WRITE;
+	wr->send_flags = 0;
+	wr->wr.rdma.remote_addr = e->addr;
+	wr->next = wr + 1;
+
+	last = wr;
+	if (w->ar && size > w->ar_threshold) {
+		/* Adaptive routing: the data as plain writes, then a zero-byte write with IMM. */
+		last++;
+		memset(last, 0, sizeof(*last));
+	}
+	last->wr_id = wr_id;
+	last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+	last->imm_data = (uint32_t)size;
+	last->next = NULL;
+	last->send_flags = IBV_SEND_SIGNALED;
+
+	chunk =
+	    (int)(((size + c->nqps - 1) / c->nqps + DRILL_ALIGN - 1) / DRILL_ALIGN * DRILL_ALIGN);
+	for (int i = 0; i < c->nqps; i++) {
+		struct drill_qp *q = &c->qps[c->qp_index];
+		int length = (int)size - offset < chunk ? (int)size - offset : chunk, rc;
+
+		wr->wr.rdma.rkey = e->rkeys[q->rem_dev];
+		if (length <= 0) {
+			wr->sg_list = NULL;
+			wr->num_sge = 0;
+		} else {
+			sge->lkey = c->buf_mr[q->dev]->lkey;
+			sge->length = (uint32_t)length;
+			wr->sg_list = sge;
+			wr->num_sge = 1;
+		}
+		rc = q->qp->context->ops.post_send(q->qp, c->wrs, &bad);
+		if (rc) {
+			drill_fail(w, "post_send (data) on %s (qpn 0x%06x): %s",
+				   drill_nic(w, q->dev), q->qp->qp_num, strerror(rc));
+			return -1;
+		}
+		offset += chunk;
+		sge->addr += (uint64_t)chunk;
+		wr->wr.rdma.remote_addr += (uint64_t)chunk;
+		c->qp_index = (c->qp_index + 1) % c->nqps;
+	}
+	return 0;
+}
+
+static bool drill_send_try(struct drill_worker *w, struct drill_conn *c)
+{
+	const struct drill_opts *o = w->o;
+	uint64_t seq = c->head, size, off, end;
+	uint32_t slot = (uint32_t)(seq % DRILL_SLOTS);
+	volatile struct drill_fifo_elem *v = &c->fifo[slot * DRILL_MAX_RECVS];
+	struct drill_fifo_elem e;
+	struct drill_msg *m;
+
+	if (seq >= (uint64_t)o->messages || seq - c->retired >= (uint64_t)o->window)
+		return false;
+	if (v->idx != seq + 1)
+		return false;
+	atomic_thread_fence(memory_order_acquire);
+	memcpy(&e, (const void *)v, sizeof(e));
+	size = drill_msg_size(o->seed, o->rank, c->peer, seq, o->max_size);
+	if (e.nreqs != 1 || e.tag != (uint32_t)o->rank || e.addr == 0 || e.rkeys[0] == 0 ||
+	    e.size != size) {
+		drill_fail(w,
+			   "clear-to-send for message %llu to node%d is wrong: nreqs %u tag %u "
+			   "addr 0x%llx rkey 0x%x size %llu (want %llu)",
+			   (unsigned long long)seq, c->peer, e.nreqs, e.tag,
+			   (unsigned long long)e.addr, e.rkeys[0], (unsigned long long)e.size,
+			   (unsigned long long)size);
+		return false;
+	}
+	if (!drill_ring_alloc(&c->ring, size, &off, &end))
+		return false;
+	drill_pattern_fill(c->buf + off, size, drill_msg_key(o->seed, o->rank, c->peer, seq));
+	m = &c->msgs[slot];
+	memset(m, 0, sizeof(*m));
+	m->seq = seq;
+	m->size = size;
+	m->off = off;
+	m->end = end;
+	m->events = c->nqps;
+	m->inflight = true;
+	if (drill_multi_send(w, c, slot, &e, c->buf + off, size))
+		return false;
+	/* NCCL clears the consumed element (and so must the receiver's next lap set idx). */
+	memset((void *)v, 0, sizeof(*v));
+	c->head++;
+	return true;
+}
+
+/* ---- completions ---- */
+
+static void drill_retire(struct drill_worker *w, struct drill_conn *c)
+{
+	while (c->retired < c->head) {
+		struct drill_msg *m = &c->msgs[c->retired % DRILL_SLOTS];
+
+		if (!m->done)
+			break;
+		c->ring.tail = m->end;
+		m->inflight = false;
+		c->retired++;
+		if (c->send)
+			atomic_fetch_add(&w->st->sent, 1);
+	}
+}
+
+static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
+{
+	struct drill_qp *q = drill_qp_find(w, wc->qp_num);
+	struct drill_conn *c;
+	struct drill_msg *m;
+	uint32_t slot = (uint32_t)(wc->wr_id & 0xff);
+
+	if (!q) {
+		drill_fail(w, "completion for unknown QP 0x%06x (status %d, wr_id 0x%llx)",
+			   wc->qp_num, wc->status, (unsigned long long)wc->wr_id);
+		return;
+	}
+	c = q->conn;
+	if (wc->status != IBV_WC_SUCCESS) {
+		drill_fail(w,
+			   "error completion on %s connection %s node%d, QP %d on %s "
+			   "(qpn 0x%06x): status %d (%s), wr_id 0x%llx",
+			   c->send ? "send" : "receive", c->send ? "to" : "from", c->peer, q->index,
+			   drill_nic(w, q->dev), wc->qp_num, wc->status,
+			   drill_wc_status_str(wc->status), (unsigned long long)wc->wr_id);
+		return;
+	}
+	if (c->send) {
+		m = &c->msgs[slot];
+		if (wc->opcode != IBV_WC_RDMA_WRITE || q->next >= c->head || !m->inflight ||
+		    m->seq != q->next || m->events <= 0) {
+			drill_fail(
+			    w,
+			    "unexpected send completion on QP %d to node%d (opcode %d, wr_id "
+			    "0x%llx; expected message %llu): duplicate or out of order",
+			    q->index, c->peer, wc->opcode, (unsigned long long)wc->wr_id,
+			    (unsigned long long)q->next);
+			return;
+		}
+		q->next++;
+		if (--m->events == 0)
+			m->done = true;
+	} else if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+		m = &c->msgs[q->next % DRILL_SLOTS];
+		if (q->next >= c->head || !m->inflight || m->seq != q->next ||
+		    slot != q->next % DRILL_SLOTS) {
+			drill_fail(w,
+				   "unexpected receive completion on QP %d from node%d (wr_id "
+				   "0x%llx, %llu posted, next %llu): duplicate or out of order",
+				   q->index, c->peer, (unsigned long long)wc->wr_id,
+				   (unsigned long long)c->head, (unsigned long long)q->next);
+			return;
+		}
+		if (wc->imm_data != (uint32_t)m->size) {
+			drill_fail(w, "message %llu from node%d: imm_data %u, size is %llu",
+				   (unsigned long long)m->seq, c->peer, wc->imm_data,
+				   (unsigned long long)m->size);
+			return;
+		}
+		q->next++;
+		if (--m->events == 0)
+			drill_recv_check(w, c, m);
+	} else if (wc->opcode == IBV_WC_RDMA_WRITE) {
+		m = &c->msgs[slot];
+		if (!m->inflight || !m->cts_pending) {
+			drill_fail(w,
+				   "unexpected clear-to-send completion on QP %d to node%d "
+				   "(wr_id 0x%llx)",
+				   q->index, c->peer, (unsigned long long)wc->wr_id);
+			return;
+		}
+		m->cts_pending = false;
+		if (--m->events == 0)
+			drill_recv_check(w, c, m);
+	} else {
+		drill_fail(w, "unexpected completion opcode %d on QP %d from node%d", wc->opcode,
+			   q->index, c->peer);
+		return;
+	}
+	drill_retire(w, c);
+}
+
+static int drill_poll(struct drill_worker *w, bool *progress)
+{
+	struct ibv_wc wcs[DRILL_POLL_BATCH];
+
+	for (int d = 0; d < w->o->nics; d++) {
+		struct ibv_cq *cq = w->devs[d].cq;
+		int n = cq->context->ops.poll_cq(cq, DRILL_POLL_BATCH, wcs);
+
+		if (n < 0) {
+			drill_fail(w, "poll_cq on %s returned %d", w->devs[d].name, n);
+			return -1;
+		}
+		for (int i = 0; i < n; i++)
+			drill_wc(w, &wcs[i]);
+		if (n)
+			*progress = true;
+	}
+	return 0;
+}
+
+static bool drill_all_done(struct drill_worker *w)
+{
+	for (int p = 0; p < w->o->procs; p++) {
+		if (p == w->o->rank)
+			continue;
+		if (w->send[p]->retired < (uint64_t)w->o->messages ||
+		    w->recv[p]->retired < (uint64_t)w->o->messages)
+			return false;
+	}
+	return true;
+}
+
+static int drill_traffic(struct drill_worker *w)
+{
+	unsigned idle = 0;
+
+	while (!drill_all_done(w) && !drill_stopped(w)) {
+		bool progress = false;
+
+		for (int p = 0; p < w->o->procs; p++) {
+			if (p == w->o->rank)
+				continue;
+			while (drill_recv_post(w, w->recv[p]))
+				progress = true;
+			while (drill_send_try(w, w->send[p]))
+				progress = true;
+		}
+		if (drill_poll(w, &progress))
+			break;
+		if (progress)
+			idle = 0;
+		else
+			drill_backoff(&idle);
+	}
+	return atomic_load(&w->failed) ? -1 : 0;
+}
+
+/* After a failure: keep polling a little to count the errors that follow (flushes). */
+static void drill_drain(struct drill_worker *w)
+{
+	int64_t end = drill_now_ns() + DRILL_DRAIN_NS;
+	unsigned idle = 0;
+
+	atomic_store(&w->st->phase, DRILL_PHASE_DRAIN);
+	while (drill_now_ns() < end && !drill_terminated) {
+		bool progress = false;
+
+		for (int d = 0; d < w->o->nics; d++) {
+			struct ibv_wc wcs[DRILL_POLL_BATCH];
+			struct ibv_cq *cq = w->devs[d].cq;
+			int n = cq ? cq->context->ops.poll_cq(cq, DRILL_POLL_BATCH, wcs) : 0;
+
+			for (int i = 0; i < n; i++) {
+				if (wcs[i].status != IBV_WC_SUCCESS)
+					atomic_fetch_add(&w->st->errors, 1);
+				progress = true;
+			}
+		}
+		if (progress)
+			idle = 0;
+		else
+			drill_backoff(&idle);
+	}
+}
+
+/*
+ * Once every worker is done, the messages still intact in the receive rings are checked
+ * again: a write that landed after its message was delivered (a stale or duplicated
+ * WR, say from a careless re-post) shows here.
+ */
+static void drill_recheck(struct drill_worker *w)
+{
+	const struct drill_opts *o = w->o;
+
+	for (int p = 0; p < o->procs; p++) {
+		struct drill_conn *c = w->recv[p];
+		uint64_t first =
+		    (uint64_t)o->messages > DRILL_SLOTS ? o->messages - DRILL_SLOTS : 0;
+
+		if (p == o->rank)
+			continue;
+		for (uint64_t seq = first; seq < (uint64_t)o->messages; seq++) {
+			struct drill_msg *m = &c->msgs[seq % DRILL_SLOTS];
+			uint64_t need = (m->size + DRILL_ALIGN - 1) / DRILL_ALIGN * DRILL_ALIGN;
+			uint64_t bad, off = 0;
+			uint8_t got = 0, want = 0;
+
+			/* Overwritten by a later message since? Then there is nothing to see. */
+			if (m->seq != seq || !m->size ||
+			    m->end - need + c->ring.size < c->ring.head)
+				continue;
+			bad = drill_pattern_check(c->buf + m->off, m->size,
+						  drill_msg_key(o->seed, p, o->rank, seq), &off,
+						  &got, &want);
+			if (bad)
+				drill_fail(
+				    w,
+				    "message %llu from node%d changed after delivery (late or "
+				    "duplicate write): %llu byte(s), first at offset %llu "
+				    "(got 0x%02x, want 0x%02x)",
+				    (unsigned long long)seq, p, (unsigned long long)bad,
+				    (unsigned long long)off, got, want);
+		}
+	}
+}
+
+/* NCCL's connection teardown: QPs, MRs, CQs, PDs (devices stay open). */
+static void drill_teardown(struct drill_worker *w)
+{
+	for (int p = 0; p < w->o->procs; p++) {
+		struct drill_conn *cs[2] = {w->send[p], w->recv[p]};
+
+		for (int k = 0; k < 2; k++) {
+			struct drill_conn *c = cs[k];
+
+			if (!c)
+				continue;
+			for (int q = 0; q < c->nqps; q++)
+				if (c->qps[q].qp)
+					drill_ibv.destroy_qp(c->qps[q].qp);
+			for (int d = 0; d < w->o->nics; d++) {
+				if (c->buf_mr[d])
+					drill_ibv.dereg_mr(c->buf_mr[d]);
+				if (c->fifo_mr[d])
+					drill_ibv.dereg_mr(c->fifo_mr[d]);
+			}
+		}
+	}
+	for (int d = 0; d < w->o->nics; d++) {
+		if (w->devs[d].cq)
+			drill_ibv.destroy_cq(w->devs[d].cq);
+		if (w->devs[d].pd)
+			drill_ibv.dealloc_pd(w->devs[d].pd);
+	}
+	if (w->nccl.comm)
+		w->nccl.comm_destroy(w->nccl.comm);
+}
+
+static struct drill_status *drill_status_map(const struct drill_opts *o)
+{
+	char path[512];
+	size_t len = sizeof(struct drill_status) * (size_t)o->procs;
+	void *p;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/status", o->dir);
+	fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return NULL;
+	p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	return p == MAP_FAILED ? NULL : (struct drill_status *)p + o->rank;
+}
+
+/* The self-test corrupts one message node0 gets from node1: the first non-empty one
+ * from the middle of the run on. */
+static void drill_pick_corrupt(struct drill_worker *w)
+{
+	const struct drill_opts *o = w->o;
+
+	w->corrupt_peer = 1;
+	w->corrupt_seq = UINT64_MAX;
+	if (!o->selftest_corrupt || o->rank != 0)
+		return;
+	for (int k = 0; k < o->messages; k++) {
+		uint64_t seq = ((uint64_t)o->messages / 2 + (uint64_t)k) % (uint64_t)o->messages;
+
+		if (drill_msg_size(o->seed, 1, 0, seq, o->max_size) > 0) {
+			w->corrupt_seq = seq;
+			return;
+		}
+	}
+}
+
+/* Whose post_send the context carries: libr2cc.so patches the ops of every context. */
+static bool drill_ops_owner_is_r2cc(struct ibv_context *ctx)
+{
+	Dl_info info;
+
+	return dladdr((void *)ctx->ops.post_send, &info) && info.dli_fname &&
+	       strstr(info.dli_fname, "libr2cc") != NULL;
+}
+
+int drill_worker_main(const struct drill_opts *o)
+{
+	struct drill_worker *w;
+	char err[256];
+	int rc = 1;
+
+	/* Never outlive the parent that watches the deadline. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	signal(SIGTERM, drill_on_term);
+	if (getppid() == 1)
+		return 1;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return 1;
+	w->o = o;
+	w->st = drill_status_map(o);
+	if (!w->st) {
+		fprintf(stderr, "r2cc-verbs-drill node%d: cannot map %s/status\n", o->rank, o->dir);
+		free(w);
+		return 1;
+	}
+	drill_pick_corrupt(w);
+	if (drill_ibv_load(err, sizeof(err))) {
+		drill_fail(w, "%s", err);
+		goto out;
+	}
+	if (drill_setup(w))
+		goto out;
+	atomic_store(&w->st->interposed, drill_ops_owner_is_r2cc(w->devs[0].ctx) ? 1 : 2);
+	atomic_store(&w->st->phase, DRILL_PHASE_RUN);
+	if (drill_traffic(w))
+		goto out;
+	if (drill_file_put(o->dir, "done", o->rank, &o->rank, sizeof(o->rank))) {
+		drill_fail(w, "bootstrap: cannot write my done mark");
+		goto out;
+	}
+	/* Anything that completes while the others finish is a duplicate. */
+	if (drill_barrier(w, "done", true))
+		goto out;
+	drill_recheck(w);
+	if (atomic_load(&w->failed))
+		goto out;
+	drill_teardown(w);
+	atomic_store(&w->st->phase, DRILL_PHASE_DONE);
+	rc = 0;
+out:
+	if (rc) {
+		drill_drain(w);
+		atomic_store(&w->st->phase, DRILL_PHASE_FAILED);
+	}
+	return rc;
+}
