@@ -25,13 +25,13 @@ run() { # name nodes gpus args...
 	else
 		echo "    FAILED rc=$? ($((SECONDS - t0)) s)"; fail=1
 	fi
-	grep -E "# Avg bus|Out of bounds|^ +(8|16777216|268435456|1073741824|4294967296) " "$LOG/$name.log" | sed 's/^/    /'
-	grep -hoE "R2CC (WARN .*|INFO (R2CC-AllReduce ran.*|comm .*: node .* failed.*|R2CC-AllReduce armed.*))" "$LOG/$name.log" |
+	grep -E "# Avg bus|Out of bounds|^ +(16|16777216|268435456|1073741824|4294967296) " "$LOG/$name.log" | sed 's/^/    /'
+	grep -hoE "R2CC (WARN .*|INFO (comm .*R2CC-AllReduce ran.*|comm .*: node .* failed.*|R2CC-AllReduce armed.*))" "$LOG/$name.log" |
 		sed -E 's/comm 0x[0-9a-f]+ rank [0-9]+/comm/' | sort | uniq -c | sed 's/^/    /'
 	softfabric_reset
 }
-run ar2-float-sum-4x1 4 1 --coll allreduce -b 8 -e 4G -f 4 -n 2 -w 1 -d float -o sum
-run ar2-float-sum-2x2 2 2 --coll allreduce -b 8 -e 4G -f 4 -n 2 -w 1 -d float -o sum
+run ar2-float-sum-4x1 4 1 --coll allreduce -b 16 -e 4G -f 4 -n 2 -w 1 -d float -o sum
+run ar2-float-sum-2x2 2 2 --coll allreduce -b 16 -e 4G -f 4 -n 2 -w 1 -d float -o sum
 run ar2-half-prod-4x1 4 1 --coll allreduce -b 1K -e 256M -f 8 -n 2 -w 1 -d half -o prod
 run ar2-bf16-max-4x1 4 1 --coll allreduce -b 1K -e 256M -f 8 -n 2 -w 1 -d bfloat16 -o max
 run ar2-int32-sum-4x1 4 1 --coll allreduce -b 1K -e 256M -f 8 -n 2 -w 1 -d int32 -o sum

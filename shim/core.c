@@ -12,6 +12,7 @@
 #include "shim/log.h"
 #include "shim/params.h"
 #include "shim/registry.h"
+#include "shim/report.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -77,4 +78,10 @@ R2CC_EXPORT const char *r2cc_version(void)
 __attribute__((constructor)) static void r2cc_constructor(void)
 {
 	r2cc_init();
+}
+
+__attribute__((destructor)) static void r2cc_destructor(void)
+{
+	if (__atomic_load_n(&r2cc_state, __ATOMIC_ACQUIRE) > 0)
+		r2cc_report_at_exit();
 }

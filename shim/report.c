@@ -1,0 +1,83 @@
+/*
+ * Exit report (see report.h). Runs from a destructor, so it only reads
+ * R2CC's own records: NICs with their counters, communicators, settings.
+ */
+#include "shim/report.h"
+#include "include/r2cc.h"
+#include "shim/comm.h"
+#include "shim/common.h"
+#include "shim/log.h"
+#include "shim/params.h"
+#include "shim/registry.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *state_name(int s)
+{
+	return s == R2CC_NIC_DOWN ? "down" : s == R2CC_NIC_DECLARED ? "declared-failed" : "up";
+}
+
+void r2cc_report_write(FILE *text, FILE *json)
+{
+	char host[256];
+	if (gethostname(host, sizeof(host)) != 0)
+		strcpy(host, "?");
+	host[sizeof(host) - 1] = '\0';
+	const char *node = getenv("NCCL_HOSTID");
+	int n = r2cc_nic_count();
+	struct r2cc_nic_stat st[R2CC_MAX_NICS];
+	if (n > R2CC_MAX_NICS)
+		n = R2CC_MAX_NICS;
+	r2cc_nic_stats(st, n);
+	if (text) {
+		fprintf(text, "R2CC %s report: host %s node %s pid %d mode %d\n", r2cc_version(), host,
+			node ? node : host, (int)getpid(), r2cc_param.mode);
+		/* RDMA writes are one-sided: a process sees the bytes it sends, and
+		 * of what it receives only what its receive completions report. */
+		fprintf(text, "%-16s %-16s %16s %12s %16s %12s\n", "nic", "state", "tx_bytes", "tx_wrs",
+			"recv_cqe_bytes", "recv_cqes");
+		for (int i = 0; i < n; i++)
+			fprintf(text, "%-16s %-16s %16llu %12llu %16llu %12llu\n", st[i].name,
+				state_name(st[i].state), (unsigned long long)st[i].tx_bytes,
+				(unsigned long long)st[i].tx_wrs, (unsigned long long)st[i].rx_bytes,
+				(unsigned long long)st[i].rx_wrs);
+		fprintf(text, "communicators alive at exit: %d\nincidents: none\n", r2cc_comm_count());
+	}
+	if (json) {
+		fprintf(json,
+			"{\"version\":\"%s\",\"host\":\"%s\",\"node\":\"%s\",\"pid\":%d,\"mode\":%d,"
+			"\"nics\":[",
+			r2cc_version(), host, node ? node : host, (int)getpid(), r2cc_param.mode);
+		for (int i = 0; i < n; i++)
+			fprintf(json,
+				"%s{\"name\":\"%s\",\"state\":\"%s\",\"tx_bytes\":%llu,\"tx_wrs\":%llu,"
+				"\"recv_cqe_bytes\":%llu,\"recv_cqes\":%llu}",
+				i ? "," : "", st[i].name, state_name(st[i].state),
+				(unsigned long long)st[i].tx_bytes, (unsigned long long)st[i].tx_wrs,
+				(unsigned long long)st[i].rx_bytes, (unsigned long long)st[i].rx_wrs);
+		fprintf(json, "],\"communicators\":%d,\"incidents\":[]}\n", r2cc_comm_count());
+	}
+}
+
+void r2cc_report_at_exit(void)
+{
+	int saved = errno;
+	const char *path = r2cc_param.report;
+	if (!path[0])
+		return;
+	char jpath[300];
+	snprintf(jpath, sizeof(jpath), "%s.json", path);
+	FILE *t = fopen(path, "w");
+	FILE *j = fopen(jpath, "w");
+	if (!t || !j)
+		R2CC_WARN("R2CC_REPORT: cannot write %s: %s", !t ? path : jpath, strerror(errno));
+	r2cc_report_write(t, j);
+	if (t)
+		fclose(t);
+	if (j)
+		fclose(j);
+	errno = saved;
+}
