@@ -1,0 +1,31 @@
+# repair: sources and targets of this folder (see the top Makefile).
+
+# Control plane (repair/ctl*.c): the control thread, rendezvous, directory and
+# authenticated peer messages. Its tests compile these sources directly.
+REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_iface.c \
+		   repair/ctl_dir.c
+REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h
+LIBR2CC_SRCS += $(REPAIR_CTL_SRCS)
+LIBR2CC_LIBS += -lcrypto
+
+CTL_TEST_SRCS := $(REPAIR_CTL_SRCS) shim/log.c shim/params.c shim/failspec.c
+CTL_TEST_LIBS := -lcrypto -ldl
+CTL_UNIT_TESTS := $(BUILD)/tests/unit/test_ctl_msg $(BUILD)/tests/unit/test_ctl_live
+CTL_MULTI := $(BUILD)/tests/ctl/ctl_multi
+
+$(CTL_UNIT_TESTS): $(BUILD)/tests/unit/%: tests/unit/%.c $(CTL_TEST_SRCS) $(REPAIR_CTL_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< $(CTL_TEST_SRCS) -lcriterion $(CTL_TEST_LIBS)
+
+$(CTL_MULTI): tests/ctl/ctl_multi.c $(CTL_TEST_SRCS) $(REPAIR_CTL_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< $(CTL_TEST_SRCS) $(CTL_TEST_LIBS)
+
+# The live test measures latencies and CPU time: one test at a time.
+TEST_DEPS += $(CTL_UNIT_TESTS) $(CTL_MULTI)
+CPU_TESTS += 60@$(BUILD)/tests/unit/test_ctl_msg:--jobs=2 \
+	     60@$(BUILD)/tests/unit/test_ctl_live:--jobs=1 \
+	     60@$(CTL_MULTI):dir:2 60@$(CTL_MULTI):dir:4 60@$(CTL_MULTI):dir:8 \
+	     60@$(CTL_MULTI):badkey 60@$(CTL_MULTI):garbage 60@$(CTL_MULTI):timeout
+FORMAT_SRCS += $(REPAIR_CTL_SRCS) $(REPAIR_CTL_HDRS) $(wildcard tests/unit/test_ctl_*.c) \
+	       $(wildcard tests/ctl/*.c)
