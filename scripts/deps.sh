@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, when missing, what R2CC's build and CPU tests need on Debian/Ubuntu:
-# rdma-core's verbs headers, Criterion, libunwind, libsodium, bc. Also makes sure
+# rdma-core's verbs headers, Criterion, libunwind, OpenSSL's libcrypto, bc,
+# g++ (the benchmark's host emulation test). Also makes sure
 # nccl.h is reachable (from CUDA_HOME, the system, or the nvidia-nccl-cu12 wheel
 # unpacked under build/deps). Quiet when everything is already there.
 set -eu
@@ -10,10 +11,11 @@ have_hdr() { [ -e "$1" ]; }
 have_hdr /usr/include/infiniband/verbs.h || need+=(libibverbs-dev)
 have_hdr /usr/include/criterion/criterion.h || need+=(libcriterion-dev)
 have_hdr /usr/include/libunwind.h || have_hdr /usr/include/x86_64-linux-gnu/libunwind.h || need+=(libunwind-dev)
-have_hdr /usr/include/sodium.h || need+=(libsodium-dev)
+have_hdr /usr/include/openssl/hmac.h || need+=(libssl-dev)
 command -v bc >/dev/null || need+=(bc)
 command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
+command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
 	echo "deps: installing ${need[*]}"
