@@ -10,6 +10,7 @@
  * strategies need to know whether a call is inside a user's group.
  */
 #include "intercept/nccl_hooks.h"
+#include "repair/job.h"
 #include "shim/comm.h"
 #include "shim/common.h"
 #include "shim/core.h"
@@ -20,6 +21,7 @@
 #include <link.h>
 #include <nccl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* nccl.h declares these without a prototype. */
@@ -153,9 +155,25 @@ R2CC_EXPORT ncclResult_t ncclGetVersion(int *version)
 	FORWARD(GetVersion, (version));
 }
 
+/*
+ * R2CC's rendezvous rides in bytes 40-127 of the id, which NCCL does not read.
+ * Not with NCCL_COMM_ID: every rank then makes its own id and relies on them
+ * being identical, which a random job secret would break.
+ */
 R2CC_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
 {
-	FORWARD(GetUniqueId, (id));
+	real_ncclGetUniqueId_fn f = REAL(GetUniqueId);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f(id);
+	if (rc == ncclSuccess && id && r2cc_active()) {
+		if (getenv("NCCL_COMM_ID"))
+			R2CC_WARN_ONCE("NCCL_COMM_ID is set: unique ids carry no R2CC rendezvous; "
+				       "set R2CC_OOB_ROOT for the control plane");
+		else
+			r2cc_job_stamp((unsigned char *)id->internal);
+	}
+	return rc;
 }
 
 /* --- creation ------------------------------------------------------------------- */
@@ -200,9 +218,12 @@ R2CC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniq
 	real_ncclCommInitRank_fn f = REAL(CommInitRank);
 	if (!f)
 		return ncclInvalidUsage;
+	struct r2cc_job_reg *reg =
+		active ? r2cc_job_register_begin((unsigned char *)id.internal, rank, nranks) : NULL;
 	ncclResult_t rc = f(comm, nranks, id, rank);
 	if (active && rc == ncclSuccess)
 		register_comm(*comm, rank, nranks, NULL, NULL);
+	r2cc_job_register_end(reg, rc == ncclSuccess ? *comm : NULL);
 	return rc;
 }
 
@@ -213,9 +234,13 @@ R2CC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, nc
 	real_ncclCommInitRankConfig_fn f = REAL(CommInitRankConfig);
 	if (!f)
 		return ncclInvalidUsage;
+	struct r2cc_job_reg *reg =
+		active ? r2cc_job_register_begin((unsigned char *)id.internal, rank, nranks) : NULL;
 	ncclResult_t rc = f(comm, nranks, id, rank, config);
-	if (active && (rc == ncclSuccess || rc == ncclInProgress))
+	bool ok = rc == ncclSuccess || rc == ncclInProgress;
+	if (active && ok)
 		register_comm(*comm, rank, nranks, NULL, config);
+	r2cc_job_register_end(reg, ok ? *comm : NULL);
 	return rc;
 }
 
@@ -226,9 +251,16 @@ R2CC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, 
 	real_ncclCommInitRankScalable_fn f = REAL(CommInitRankScalable);
 	if (!f)
 		return ncclInvalidUsage;
+	/* The first id's rendezvous serves the whole job. */
+	struct r2cc_job_reg *reg =
+		active && nid > 0 && ids
+			? r2cc_job_register_begin((unsigned char *)ids[0].internal, rank, nranks)
+			: NULL;
 	ncclResult_t rc = f(comm, nranks, rank, nid, ids, config);
-	if (active && (rc == ncclSuccess || rc == ncclInProgress))
+	bool ok = rc == ncclSuccess || rc == ncclInProgress;
+	if (active && ok)
 		register_comm(*comm, rank, nranks, NULL, config);
+	r2cc_job_register_end(reg, ok ? *comm : NULL);
 	return rc;
 }
 
@@ -239,9 +271,16 @@ R2CC_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int 
 	if (!f)
 		return ncclInvalidUsage;
 	ncclResult_t rc = f(comms, ndev, devlist);
-	if (active && rc == ncclSuccess)
-		for (int i = 0; i < ndev; i++)
+	if (active && rc == ncclSuccess && ndev > 0) {
+		/* All ranks in this process: one node. */
+		int *nodes = calloc((size_t)ndev, sizeof(int));
+		for (int i = 0; i < ndev; i++) {
 			register_comm(comms[i], i, ndev, NULL, NULL);
+			if (nodes)
+				r2cc_comm_set_nodes(comms[i], nodes, ndev, 0);
+		}
+		free(nodes);
+	}
 	return rc;
 }
 

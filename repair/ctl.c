@@ -1222,6 +1222,14 @@ static void once_init(void)
 	pthread_condattr_destroy(&ca);
 	ctl.cv_ready = true;
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+	/*
+	 * libcrypto frees its tables in an exit handler; the control thread
+	 * must be stopped before that. Ask OpenSSL not to register its handler
+	 * (works when it is not initialised yet) and register the shutdown
+	 * after any handler it did register, so that ours runs first.
+	 */
+	OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+	atexit(r2cc_ctl_shutdown);
 }
 
 static int listen_on(const struct sockaddr_storage *addr, struct sockaddr_storage *bound)

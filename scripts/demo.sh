@@ -8,6 +8,7 @@
 set -u
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 DRILL=$B/bin/r2cc-verbs-drill
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 

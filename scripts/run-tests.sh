@@ -4,6 +4,9 @@
 # output, and ends with one summary line "N passed, M failed".
 # A test command's name may carry a time limit: "120@build/tests/foo:--x".
 set -u
+# Everything a test starts talks over loopback only (R2CC's control plane
+# follows NCCL_SOCKET_IFNAME).
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 pass=0; fail=0; failed=()
 for spec in "$@"; do
 	limit=600

@@ -12,6 +12,9 @@
 
 struct r2cc_map r2cc_comm_map;
 static int ncomms;
+/* Serialises record removal with node-map updates from other threads (the
+ * control plane's registration threads). Lock order: before the map's lock. */
+static pthread_mutex_t comm_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t comm_once = PTHREAD_ONCE_INIT;
 static int comm_init_rc;
 
@@ -52,12 +55,14 @@ void r2cc_comm_remove(void *comm)
 {
 	if (!__atomic_load_n(&r2cc_comm_map.t, __ATOMIC_ACQUIRE))
 		return;
+	pthread_mutex_lock(&comm_lock);
 	struct r2cc_comm *c = r2cc_map_remove(&r2cc_comm_map, (uint64_t)(uintptr_t)comm);
-	if (!c)
-		return;
-	__atomic_fetch_sub(&ncomms, 1, __ATOMIC_RELAXED);
-	free(c->node_of_rank);
-	free(c);
+	if (c) {
+		__atomic_fetch_sub(&ncomms, 1, __ATOMIC_RELAXED);
+		free(c->node_of_rank);
+		free(c);
+	}
+	pthread_mutex_unlock(&comm_lock);
 }
 
 int r2cc_comm_count(void)
@@ -65,7 +70,7 @@ int r2cc_comm_count(void)
 	return __atomic_load_n(&ncomms, __ATOMIC_RELAXED);
 }
 
-int r2cc_comm_set_nodes(struct r2cc_comm *c, const int *node_of_rank, int nranks)
+int r2cc_comm_set_nodes(void *comm, const int *node_of_rank, int nranks, uint64_t job)
 {
 	int *map = malloc((size_t)nranks * sizeof(*map));
 	if (!map)
@@ -75,8 +80,19 @@ int r2cc_comm_set_nodes(struct r2cc_comm *c, const int *node_of_rank, int nranks
 	for (int i = 0; i < nranks; i++)
 		if (map[i] + 1 > nnodes)
 			nnodes = map[i] + 1;
-	free(c->node_of_rank);
-	c->node_of_rank = map;
-	c->nnodes = nnodes;
-	return 0;
+	int rc = -ENOENT;
+	pthread_mutex_lock(&comm_lock);
+	struct r2cc_comm *c = r2cc_comm_find(comm);
+	if (c && (c->nranks < 0 || c->nranks == nranks)) {
+		int *old = c->node_of_rank;
+		c->node_of_rank = map;
+		c->nnodes = nnodes;
+		if (job)
+			c->job = job;
+		map = old;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&comm_lock);
+	free(map);
+	return rc;
 }

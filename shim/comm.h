@@ -29,8 +29,10 @@ int r2cc_comm_registry_init(void);
 struct r2cc_comm *r2cc_comm_add(void *comm, int rank, int nranks, struct r2cc_comm *parent);
 void r2cc_comm_remove(void *comm);
 int r2cc_comm_count(void);
-/* Set the node map (copied). Returns 0 or -ENOMEM. */
-int r2cc_comm_set_nodes(struct r2cc_comm *c, const int *node_of_rank, int nranks);
+/* Set the node map (copied) of a registered communicator, and its job id
+ * when job is not 0; safe against a concurrent destroy. Returns 0, -ENOENT
+ * (gone, or another size) or -ENOMEM. */
+int r2cc_comm_set_nodes(void *comm, const int *node_of_rank, int nranks, uint64_t job);
 
 extern struct r2cc_map r2cc_comm_map;
 

@@ -320,7 +320,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 				  "order's first",
 				  node, node_failed[node], fails[r]);
 	}
-	r2cc_comm_set_nodes(c, rank_node, n);
+	r2cc_comm_set_nodes(c->comm, rank_node, n, 0);
 	struct r2cc_ar2_view view = {.nranks = n, .rank_node = rank_node, .node_nics = node_nics,
 				     .node_failed = node_failed};
 	struct r2cc_ar2_cfg cfg = {.chunks = r2cc_param.ar_stage2_chunks,

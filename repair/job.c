@@ -1,0 +1,177 @@
+/*
+ * Stamping and registration (see job.h). A registration object is shared by
+ * the init wrapper and its registration thread; whichever finishes second
+ * applies the directory to the communicator record and frees the object.
+ * Lock order: reg_lock before the communicator registry's writer lock.
+ */
+#include "repair/job.h"
+#include "repair/ctl.h"
+#include "shim/comm.h"
+#include "shim/log.h"
+#include "shim/registry.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Long enough for slow starts of large jobs, short enough to end a thread
+ * whose peers never come (the communicator then simply has no directory). */
+#define REGISTER_TIMEOUT_MS 120000
+
+struct r2cc_job_reg {
+	struct r2cc_ctl_job job;
+	struct r2cc_ctl_member self;
+	int rank, nranks;
+	void *comm;    /* set by register_end */
+	bool init_done; /* register_end ran */
+	bool reg_done;  /* the thread finished */
+	struct r2cc_ctl_dir *dir;
+};
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t reg_cond = PTHREAD_COND_INITIALIZER;
+static int in_flight;
+
+void r2cc_job_stamp(unsigned char id[128])
+{
+	int rc = r2cc_ctl_uid_stamp(id);
+	if (rc)
+		R2CC_WARN("cannot start the control plane (%s); communicators from this id run "
+			  "without it",
+			  strerror(-rc));
+}
+
+/* Both sides done: hand the directory to the communicator, free the rest. */
+static void reg_finish(struct r2cc_job_reg *reg)
+{
+	if (reg->dir && reg->comm) {
+		int *nodes = malloc((size_t)reg->nranks * sizeof(int));
+		if (nodes) {
+			for (int r = 0; r < reg->nranks; r++)
+				nodes[r] = r2cc_ctl_dir_node(reg->dir, r);
+			if (r2cc_comm_set_nodes(reg->comm, nodes, reg->nranks, reg->job.id) == 0)
+				R2CC_INFO("comm %p rank %d/%d: directory of %d nodes from the control plane",
+					  reg->comm, reg->rank, reg->nranks, reg->dir->nnodes);
+		}
+		free(nodes);
+	}
+	r2cc_ctl_dir_free(reg->dir);
+	free(reg);
+}
+
+static void *reg_thread(void *arg)
+{
+	struct r2cc_job_reg *reg = arg;
+	struct r2cc_ctl_dir *dir = NULL;
+	int rc = r2cc_ctl_register(&reg->job, &reg->self, reg->rank, reg->nranks,
+				   REGISTER_TIMEOUT_MS, &dir);
+	if (rc)
+		R2CC_WARN("rank %d/%d: control-plane registration failed (%s); this communicator "
+			  "runs without a directory",
+			  reg->rank, reg->nranks, strerror(-rc));
+	pthread_mutex_lock(&reg_lock);
+	reg->dir = rc ? NULL : dir;
+	reg->reg_done = true;
+	bool last = reg->init_done;
+	if (last)
+		reg_finish(reg);
+	in_flight--;
+	pthread_cond_broadcast(&reg_cond);
+	pthread_mutex_unlock(&reg_lock);
+	return NULL;
+}
+
+static void fill_self(struct r2cc_ctl_member *m)
+{
+	memset(m, 0, sizeof(*m));
+	if (gethostname(m->host, sizeof(m->host)) != 0)
+		strcpy(m->host, "?");
+	m->host[sizeof(m->host) - 1] = '\0';
+	const char *key = getenv("NCCL_HOSTID");
+	snprintf(m->node_key, sizeof(m->node_key), "%s", key && key[0] ? key : m->host);
+	m->pid = (int32_t)getpid();
+	int n = r2cc_nic_count();
+	for (int i = 0; i < n && m->nnics < R2CC_CTL_MAX_NICS; i++) {
+		const struct r2cc_nic *nic = r2cc_nic_by_index(i);
+		struct r2cc_ctl_nic *out = &m->nics[m->nnics++];
+		snprintf(out->name, sizeof(out->name), "%s", nic->name);
+		out->lid = nic->lid;
+		out->port = nic->port;
+		out->state = (uint8_t)nic->port_state;
+	}
+}
+
+struct r2cc_job_reg *r2cc_job_register_begin(const unsigned char id[128], int rank, int nranks)
+{
+	struct r2cc_ctl_job job;
+	if (nranks < 1 || rank < 0 || rank >= nranks)
+		return NULL;
+	if (!r2cc_ctl_uid_parse(id, &job)) {
+		R2CC_WARN_ONCE("a communicator's unique id does not come from an R2CC process (no "
+			       "marker); such communicators run without R2CC's control plane");
+		return NULL;
+	}
+	struct r2cc_job_reg *reg = calloc(1, sizeof(*reg));
+	if (!reg)
+		return NULL;
+	reg->job = job;
+	reg->rank = rank;
+	reg->nranks = nranks;
+	fill_self(&reg->self);
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	/* The thread must not take the application's signals. */
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_t t;
+	pthread_mutex_lock(&reg_lock);
+	int rc = pthread_create(&t, &attr, reg_thread, reg);
+	if (rc == 0)
+		in_flight++;
+	pthread_mutex_unlock(&reg_lock);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	if (rc) {
+		R2CC_WARN("cannot start a registration thread (%s)", strerror(rc));
+		free(reg);
+		return NULL;
+	}
+	pthread_setname_np(t, "r2cc-reg");
+	return reg;
+}
+
+void r2cc_job_register_end(struct r2cc_job_reg *reg, void *comm)
+{
+	if (!reg)
+		return;
+	pthread_mutex_lock(&reg_lock);
+	reg->comm = comm;
+	reg->init_done = true;
+	if (reg->reg_done)
+		reg_finish(reg);
+	pthread_mutex_unlock(&reg_lock);
+}
+
+void r2cc_job_quiesce(int ms)
+{
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += ms / 1000;
+	until.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&reg_lock);
+	while (in_flight > 0)
+		if (pthread_cond_timedwait(&reg_cond, &reg_lock, &until) == ETIMEDOUT)
+			break;
+	pthread_mutex_unlock(&reg_lock);
+}
