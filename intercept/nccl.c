@@ -101,8 +101,8 @@ static void *resolve_nccl(const char *name)
 
 #define REAL(name)                                                                                 \
 	(r2cc_likely(real_nccl##name != NULL)                                                      \
-		 ? real_nccl##name                                                                 \
-		 : (real_nccl##name = (real_nccl##name##_fn)resolve_nccl(#name)))
+	     ? real_nccl##name                                                                     \
+	     : (real_nccl##name = (real_nccl##name##_fn)resolve_nccl(#name)))
 
 /* Forward to the real function, or report that this NCCL lacks it. */
 #define FORWARD(name, args)                                                                        \
@@ -219,7 +219,7 @@ R2CC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniq
 	if (!f)
 		return ncclInvalidUsage;
 	struct r2cc_job_reg *reg =
-		active ? r2cc_job_register_begin((unsigned char *)id.internal, rank, nranks) : NULL;
+	    active ? r2cc_job_register_begin((unsigned char *)id.internal, rank, nranks) : NULL;
 	ncclResult_t rc = f(comm, nranks, id, rank);
 	if (active && rc == ncclSuccess)
 		register_comm(*comm, rank, nranks, NULL, NULL);
@@ -235,7 +235,7 @@ R2CC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, nc
 	if (!f)
 		return ncclInvalidUsage;
 	struct r2cc_job_reg *reg =
-		active ? r2cc_job_register_begin((unsigned char *)id.internal, rank, nranks) : NULL;
+	    active ? r2cc_job_register_begin((unsigned char *)id.internal, rank, nranks) : NULL;
 	ncclResult_t rc = f(comm, nranks, id, rank, config);
 	bool ok = rc == ncclSuccess || rc == ncclInProgress;
 	if (active && ok)
@@ -253,9 +253,9 @@ R2CC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, 
 		return ncclInvalidUsage;
 	/* The first id's rendezvous serves the whole job. */
 	struct r2cc_job_reg *reg =
-		active && nid > 0 && ids
-			? r2cc_job_register_begin((unsigned char *)ids[0].internal, rank, nranks)
-			: NULL;
+	    active && nid > 0 && ids
+		? r2cc_job_register_begin((unsigned char *)ids[0].internal, rank, nranks)
+		: NULL;
 	ncclResult_t rc = f(comm, nranks, rank, nid, ids, config);
 	bool ok = rc == ncclSuccess || rc == ncclInProgress;
 	if (active && ok)

@@ -25,20 +25,20 @@
 /* --- real functions ------------------------------------------------------- */
 
 #define R2CC_VERBS_FN(ret, name, params, args) typedef ret(*name##_fn) params;
-#define R2CC_VERBS_OWN R2CC_VERBS_FN
+#define R2CC_VERBS_OWN			       R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN
 
 #define R2CC_VERBS_FN(ret, name, params, args) static name##_fn real_##name;
-#define R2CC_VERBS_OWN R2CC_VERBS_FN
+#define R2CC_VERBS_OWN			       R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN
 
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 static dlvsym_fn real_dlvsym;
-static void *verbs_handle;    /* the libibverbs handle NCCL resolved through */
+static void *verbs_handle;     /* the libibverbs handle NCCL resolved through */
 static char verbs_version[16]; /* the version node it asked for */
 
 /* Calls made while resolving (libunwind, libcrypto, …) go straight through. */
@@ -64,8 +64,7 @@ static void *resolve_real(const char *name)
 	return f(h, name, verbs_version[0] ? verbs_version : "IBVERBS_1.1");
 }
 
-#define REAL(name)                                                                                 \
-	(real_##name ? real_##name : (real_##name = (name##_fn)resolve_real(#name)))
+#define REAL(name) (real_##name ? real_##name : (real_##name = (name##_fn)resolve_real(#name)))
 
 /* --- data path ------------------------------------------------------------- */
 
@@ -280,8 +279,8 @@ static struct ibv_mr *wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len,
 	return note_mr(pd, real_ibv_reg_mr(pd, addr, len, access), (uintptr_t)addr, len, access);
 }
 
-static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
-					    unsigned int access)
+static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len,
+					    uint64_t iova, unsigned int access)
 {
 	return note_mr(pd, real_ibv_reg_mr_iova2(pd, addr, len, iova, access), (uintptr_t)addr, len,
 		       (int)access);
@@ -331,9 +330,9 @@ static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_a
 		int saved = errno;
 		struct r2cc_pd *p = r2cc_pd_find(pd);
 		if (p) {
-			struct r2cc_qp *q = r2cc_qp_add(qp, p->ctx, r2cc_cq_find(attr->send_cq),
-							r2cc_cq_find(attr->recv_cq), qp->qp_num,
-							attr->qp_type);
+			struct r2cc_qp *q =
+			    r2cc_qp_add(qp, p->ctx, r2cc_cq_find(attr->send_cq),
+					r2cc_cq_find(attr->recv_cq), qp->qp_num, attr->qp_type);
 			if (q) {
 				q->max_send_wr = attr->cap.max_send_wr;
 				q->max_recv_wr = attr->cap.max_recv_wr;
@@ -406,7 +405,7 @@ struct verbs_entry {
 
 static const struct verbs_entry verbs_table[] = {
 #define R2CC_VERBS_FN(ret, name, params, args) {#name, (void **)&real_##name, (void *)wrap_##name},
-#define R2CC_VERBS_OWN R2CC_VERBS_FN
+#define R2CC_VERBS_OWN			       R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN

@@ -43,7 +43,8 @@ struct r2cc_comm *r2cc_comm_add(void *comm, int rank, int nranks, struct r2cc_co
 	c->cuda_dev = -1;
 	c->blocking = true;
 	if (r2cc_map_insert(&r2cc_comm_map, (uint64_t)(uintptr_t)comm, c)) {
-		R2CC_WARN_ONCE("communicator registry full; further communicators run as plain NCCL");
+		R2CC_WARN_ONCE(
+		    "communicator registry full; further communicators run as plain NCCL");
 		free(c);
 		return NULL;
 	}

@@ -13,16 +13,16 @@
 #include <stdint.h>
 
 struct r2cc_comm {
-	void *comm;               /* ncclComm_t */
+	void *comm;		  /* ncclComm_t */
 	struct r2cc_comm *parent; /* split/shrink parent, or NULL */
-	int rank, nranks;         /* -1 until known */
+	int rank, nranks;	  /* -1 until known */
 	int cuda_dev;
-	bool blocking;            /* from the config; true by default */
-	bool internal;            /* created by R2CC itself (sub-communicators) */
-	int nnodes;               /* 0 until the node map is known */
-	int *node_of_rank;        /* [nranks], node index in rank order */
-	uint64_t job;             /* control-plane job id, 0 if none */
-	void *strategy;           /* strategies/ per-communicator state */
+	bool blocking;	   /* from the config; true by default */
+	bool internal;	   /* created by R2CC itself (sub-communicators) */
+	int nnodes;	   /* 0 until the node map is known */
+	int *node_of_rank; /* [nranks], node index in rank order */
+	uint64_t job;	   /* control-plane job id, 0 if none */
+	void *strategy;	   /* strategies/ per-communicator state */
 };
 
 int r2cc_comm_registry_init(void);

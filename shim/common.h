@@ -11,7 +11,7 @@
 /* Only interposed entry points and include/r2cc.h carry this. */
 #define R2CC_EXPORT __attribute__((visibility("default")))
 
-#define r2cc_likely(x)   __builtin_expect(!!(x), 1)
+#define r2cc_likely(x)	 __builtin_expect(!!(x), 1)
 #define r2cc_unlikely(x) __builtin_expect(!!(x), 0)
 
 #define R2CC_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))

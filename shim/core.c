@@ -32,7 +32,8 @@ static void init_once_fn(void)
 		R2CC_INFO("R2CC_MODE=0: plain NCCL, every call passed through");
 		state = -1;
 	} else if (r2cc_registry_init()) {
-		r2cc_log_write(R2CC_LOG_WARN, -1, "cannot allocate registries; R2CC runs as plain NCCL");
+		r2cc_log_write(R2CC_LOG_WARN, -1,
+			       "cannot allocate registries; R2CC runs as plain NCCL");
 		state = -1;
 	}
 	if (state > 0) {
@@ -63,9 +64,10 @@ void r2cc_note_nccl_version(int code)
 	int patch = code >= 10000 ? code % 100 : code % 100;
 	R2CC_INFO("NCCL %d.%d.%d", major, minor, patch);
 	if (major < 2 || (major == 2 && minor < 18)) {
-		r2cc_log_write(R2CC_LOG_WARN, -1,
-			       "NCCL %d.%d.%d is older than 2.18, which R2CC needs; running as plain NCCL",
-			       major, minor, patch);
+		r2cc_log_write(
+		    R2CC_LOG_WARN, -1,
+		    "NCCL %d.%d.%d is older than 2.18, which R2CC needs; running as plain NCCL",
+		    major, minor, patch);
 		__atomic_store_n(&r2cc_state, -1, __ATOMIC_RELEASE);
 	}
 }

@@ -57,8 +57,9 @@ static void open_debug_file(const char *pattern)
 		setvbuf(f, NULL, _IOLBF, 0);
 		log_stream = f;
 	} else {
-		r2cc_log_write(R2CC_LOG_WARN, -1, "R2CC_DEBUG_FILE: cannot open '%s' (%s); logging to stderr",
-			       path, strerror(errno));
+		r2cc_log_write(R2CC_LOG_WARN, -1,
+			       "R2CC_DEBUG_FILE: cannot open '%s' (%s); logging to stderr", path,
+			       strerror(errno));
 	}
 }
 

@@ -36,8 +36,8 @@ void r2cc_log_backtrace(const char *why);
 			r2cc_log_write((lvl), (dev), __VA_ARGS__);                                 \
 	} while (0)
 
-#define R2CC_WARN(...)  R2CC_LOG_AT(R2CC_LOG_WARN, -1, __VA_ARGS__)
-#define R2CC_INFO(...)  R2CC_LOG_AT(R2CC_LOG_INFO, -1, __VA_ARGS__)
+#define R2CC_WARN(...)	R2CC_LOG_AT(R2CC_LOG_WARN, -1, __VA_ARGS__)
+#define R2CC_INFO(...)	R2CC_LOG_AT(R2CC_LOG_INFO, -1, __VA_ARGS__)
 #define R2CC_TRACE(...) R2CC_LOG_AT(R2CC_LOG_TRACE, -1, __VA_ARGS__)
 /* With the CUDA device (or NIC index) shown in the prefix. */
 #define R2CC_WARN_DEV(dev, ...) R2CC_LOG_AT(R2CC_LOG_WARN, (dev), __VA_ARGS__)

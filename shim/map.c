@@ -131,7 +131,8 @@ void *r2cc_map_remove(struct r2cc_map *m, uint64_t key)
 	void *out = NULL;
 	pthread_mutex_lock(&m->lock);
 	struct r2cc_map_table *t = m->t;
-	for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask; i = (i + 1) & t->mask, n++) {
+	for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask;
+	     i = (i + 1) & t->mask, n++) {
 		void *v = t->slots[i].val;
 		if (!v)
 			break;

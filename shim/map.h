@@ -26,7 +26,7 @@ struct r2cc_map_slot {
 };
 
 struct r2cc_map_table {
-	size_t mask; /* capacity - 1, capacity a power of two */
+	size_t mask;			/* capacity - 1, capacity a power of two */
 	struct r2cc_map_table *retired; /* older tables, freed at fini */
 	struct r2cc_map_slot slots[];
 };
@@ -66,7 +66,8 @@ static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
 	if (!t)
 		return NULL;
 	const struct r2cc_map_slot *slots = t->slots;
-	for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask; i = (i + 1) & t->mask, n++) {
+	for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask;
+	     i = (i + 1) & t->mask, n++) {
 		void *v = __atomic_load_n((void *const *)&slots[i].val, __ATOMIC_ACQUIRE);
 		if (!v)
 			return NULL;

@@ -21,7 +21,7 @@ typedef int (*param_parse_fn)(struct r2cc_params *p, const char *v);
 
 struct param_def {
 	const char *name;
-	const char *def;    /* default, as the user would write it */
+	const char *def;     /* default, as the user would write it */
 	const char *accepts; /* what the validator accepts, for the error line */
 	const char *help;
 	param_parse_fn parse; /* 0 or -EINVAL */
@@ -55,10 +55,18 @@ static int parse_size(const char *v, uint64_t *out)
 	switch (toupper((unsigned char)*end)) {
 	case '\0':
 		break;
-	case 'K': shift = 10; break;
-	case 'M': shift = 20; break;
-	case 'G': shift = 30; break;
-	case 'T': shift = 40; break;
+	case 'K':
+		shift = 10;
+		break;
+	case 'M':
+		shift = 20;
+		break;
+	case 'G':
+		shift = 30;
+		break;
+	case 'T':
+		shift = 40;
+		break;
 	default:
 		return -EINVAL;
 	}
@@ -187,35 +195,34 @@ static int parse_oob_root(struct r2cc_params *p, const char *v)
 }
 
 static const struct param_def params[] = {
-	{"R2CC_MODE", "2", "0, 1, 2, 3 or auto",
-	 "0 plain NCCL (pure pass-through); 1 live migration to one backup NIC; 2 R2CC-Balance; "
-	 "3 Balance + R2CC-AllReduce; auto: per call from the cost model",
-	 parse_mode},
-	{"R2CC_FAILED_NODE", "", "a node index (0 = node of rank 0) or host name, or a list of them",
-	 "declared failure: the node whose NICs in R2CC_FAILED_HCA are treated as failed",
-	 parse_failed_node},
-	{"R2CC_FAILED_HCA", "", "HCA names or indices (see R2CC_FAILED_NODE)",
-	 "declared failure: the NICs treated as failed from the start", parse_failed_hca},
-	{"R2CC_AR_AFTER_REPAIR", "", "2 (Balance) or 3 (R2CC-AllReduce)",
-	 "strategy after a detected repair; unset: follow R2CC_MODE", parse_after_repair},
-	{"R2CC_AR_STAGE2_CHUNKS", "4", "an integer from 1 to 64",
-	 "R2CC-AllReduce: chunks of the stage-2 Reduce/Broadcast pipeline", parse_chunks},
-	{"R2CC_AR_SCHEDULE", "0", "0, 1, 2 or 3",
-	 "R2CC-AllReduce: 0 all concurrent; 1 stage 2 after the main AllReduce; 2 the partial "
-	 "AllReduce also after it; 3 additionally serialise each Reduce/Broadcast pair",
-	 parse_schedule},
-	{"R2CC_AR_MIN_BYTES", "16M", "a byte count with an optional K, M, G or T suffix",
-	 "R2CC-AllReduce: smaller messages use Balance", parse_min_bytes},
-	{"R2CC_STALL_MS", "auto", "auto or an integer from 1 to 600000 (milliseconds)",
-	 "stall threshold for queue pairs with outstanding work", parse_stall},
-	{"R2CC_DEBUG", "WARN", "NONE, WARN, INFO or TRACE", "log level", parse_debug},
-	{"R2CC_DEBUG_FILE", "", "a file path (%h host, %p pid)", "log destination (default stderr)",
-	 parse_debug_file},
-	{"R2CC_REPORT", "", "a file path", "summary report at exit (text, and JSON in PATH.json)",
-	 parse_report},
-	{"R2CC_OOB_ROOT", "", "host:port",
-	 "control-plane rendezvous address (default: carried in the NCCL unique id)",
-	 parse_oob_root},
+    {"R2CC_MODE", "2", "0, 1, 2, 3 or auto",
+     "0 plain NCCL (pure pass-through); 1 live migration to one backup NIC; 2 R2CC-Balance; "
+     "3 Balance + R2CC-AllReduce; auto: per call from the cost model",
+     parse_mode},
+    {"R2CC_FAILED_NODE", "", "a node index (0 = node of rank 0) or host name, or a list of them",
+     "declared failure: the node whose NICs in R2CC_FAILED_HCA are treated as failed",
+     parse_failed_node},
+    {"R2CC_FAILED_HCA", "", "HCA names or indices (see R2CC_FAILED_NODE)",
+     "declared failure: the NICs treated as failed from the start", parse_failed_hca},
+    {"R2CC_AR_AFTER_REPAIR", "", "2 (Balance) or 3 (R2CC-AllReduce)",
+     "strategy after a detected repair; unset: follow R2CC_MODE", parse_after_repair},
+    {"R2CC_AR_STAGE2_CHUNKS", "4", "an integer from 1 to 64",
+     "R2CC-AllReduce: chunks of the stage-2 Reduce/Broadcast pipeline", parse_chunks},
+    {"R2CC_AR_SCHEDULE", "0", "0, 1, 2 or 3",
+     "R2CC-AllReduce: 0 all concurrent; 1 stage 2 after the main AllReduce; 2 the partial "
+     "AllReduce also after it; 3 additionally serialise each Reduce/Broadcast pair",
+     parse_schedule},
+    {"R2CC_AR_MIN_BYTES", "16M", "a byte count with an optional K, M, G or T suffix",
+     "R2CC-AllReduce: smaller messages use Balance", parse_min_bytes},
+    {"R2CC_STALL_MS", "auto", "auto or an integer from 1 to 600000 (milliseconds)",
+     "stall threshold for queue pairs with outstanding work", parse_stall},
+    {"R2CC_DEBUG", "WARN", "NONE, WARN, INFO or TRACE", "log level", parse_debug},
+    {"R2CC_DEBUG_FILE", "", "a file path (%h host, %p pid)", "log destination (default stderr)",
+     parse_debug_file},
+    {"R2CC_REPORT", "", "a file path", "summary report at exit (text, and JSON in PATH.json)",
+     parse_report},
+    {"R2CC_OOB_ROOT", "", "host:port",
+     "control-plane rendezvous address (default: carried in the NCCL unique id)", parse_oob_root},
 };
 
 #define NPARAMS (sizeof(params) / sizeof(params[0]))
@@ -280,7 +287,8 @@ int r2cc_params_load(void)
 	}
 	if (!nerr) {
 		static struct r2cc_failspec spec;
-		if (r2cc_failspec_parse(p.failed_node, p.failed_hca, &spec, errs[0], sizeof(errs[0])))
+		if (r2cc_failspec_parse(p.failed_node, p.failed_hca, &spec, errs[0],
+					sizeof(errs[0])))
 			nerr = 1;
 	}
 	if (nerr) {

@@ -14,26 +14,26 @@
 
 enum r2cc_mode {
 	R2CC_MODE_PASSTHROUGH = 0, /* plain NCCL, bit-identical behaviour */
-	R2CC_MODE_BACKUP = 1,      /* live migration to a single backup NIC */
-	R2CC_MODE_BALANCE = 2,     /* R2CC-Balance (default) */
-	R2CC_MODE_AR2 = 3,         /* Balance + R2CC-AllReduce */
-	R2CC_MODE_AUTO = 4,        /* per call, from the cost model */
+	R2CC_MODE_BACKUP = 1,	   /* live migration to a single backup NIC */
+	R2CC_MODE_BALANCE = 2,	   /* R2CC-Balance (default) */
+	R2CC_MODE_AR2 = 3,	   /* Balance + R2CC-AllReduce */
+	R2CC_MODE_AUTO = 4,	   /* per call, from the cost model */
 };
 
 struct r2cc_params {
-	int mode;             /* enum r2cc_mode */
+	int mode;	       /* enum r2cc_mode */
 	char failed_node[256]; /* R2CC_FAILED_NODE, raw; parsed by failspec.c */
 	char failed_hca[256];  /* R2CC_FAILED_HCA, raw */
-	int ar_after_repair;  /* 0 = keep mode, 2 or 3 */
-	int ar_stage2_chunks; /* K */
-	int ar_schedule;      /* 0..3 */
+	int ar_after_repair;   /* 0 = keep mode, 2 or 3 */
+	int ar_stage2_chunks;  /* K */
+	int ar_schedule;       /* 0..3 */
 	uint64_t ar_min_bytes;
-	int stall_ms;          /* 0 = adaptive */
-	int debug;             /* enum r2cc_log_level */
+	int stall_ms; /* 0 = adaptive */
+	int debug;    /* enum r2cc_log_level */
 	char debug_file[256];
-	char report[256];      /* R2CC_REPORT path, empty = none */
-	char oob_root[256];    /* R2CC_OOB_ROOT host:port, empty = from the unique id */
-	bool valid;            /* false: a setting was bad, run as pass-through */
+	char report[256];   /* R2CC_REPORT path, empty = none */
+	char oob_root[256]; /* R2CC_OOB_ROOT host:port, empty = from the unique id */
+	bool valid;	    /* false: a setting was bad, run as pass-through */
 };
 
 extern struct r2cc_params r2cc_param;

@@ -39,7 +39,7 @@ int r2cc_registry_init(void)
 			struct r2cc_map *m;
 			size_t cap;
 		} maps[] = {{&r2cc_qp_map, 1 << 16}, {&r2cc_cq_map, 1 << 12}, {&r2cc_ctx_map, 256},
-			    {&pd_map, 1 << 10},      {&mr_map, 1 << 16},      {&qpnum_map, 1 << 16},
+			    {&pd_map, 1 << 10},	     {&mr_map, 1 << 16},      {&qpnum_map, 1 << 16},
 			    {&lkey_map, 1 << 16},    {&rkey_map, 1 << 16}};
 		for (size_t i = 0; i < sizeof(maps) / sizeof(maps[0]) && !rc; i++)
 			rc = r2cc_map_init(maps[i].m, maps[i].cap);
@@ -109,8 +109,9 @@ static void *record_add(struct r2cc_map *m, const void *key, size_t size)
 		return NULL;
 	int rc = r2cc_map_insert(m, (uint64_t)(uintptr_t)key, rec);
 	if (rc) {
-		R2CC_WARN_ONCE("registry full or inconsistent (%s); the object runs as pass-through",
-			       strerror(-rc));
+		R2CC_WARN_ONCE(
+		    "registry full or inconsistent (%s); the object runs as pass-through",
+		    strerror(-rc));
 		free(rec);
 		return NULL;
 	}

@@ -28,18 +28,18 @@ typedef int (*r2cc_post_recv_fn)(struct ibv_qp *, struct ibv_recv_wr *, struct i
 typedef int (*r2cc_poll_cq_fn)(struct ibv_cq *, int, struct ibv_wc *);
 
 struct r2cc_nic_counters {
-	uint64_t tx_bytes, tx_wrs;   /* posted sends */
-	uint64_t rx_bytes, rx_wrs;   /* polled receive completions */
-	uint64_t tx_cqes;            /* polled send completions */
-	uint64_t err_cqes;           /* polled completions with an error status */
-	uint64_t recv_posted;        /* posted receive WRs */
+	uint64_t tx_bytes, tx_wrs; /* posted sends */
+	uint64_t rx_bytes, rx_wrs; /* polled receive completions */
+	uint64_t tx_cqes;	   /* polled send completions */
+	uint64_t err_cqes;	   /* polled completions with an error status */
+	uint64_t recv_posted;	   /* posted receive WRs */
 };
 
 struct r2cc_nic {
 	int index; /* order of first open, stable for the process */
 	char name[R2CC_NIC_NAME_MAX];
 	uint8_t port;
-	int port_state;  /* enum ibv_port_state, last queried */
+	int port_state; /* enum ibv_port_state, last queried */
 	int link_layer;
 	uint16_t lid;
 	int active_mtu;

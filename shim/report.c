@@ -33,31 +33,35 @@ void r2cc_report_write(FILE *text, FILE *json)
 		n = R2CC_MAX_NICS;
 	r2cc_nic_stats(st, n);
 	if (text) {
-		fprintf(text, "R2CC %s report: host %s node %s pid %d mode %d\n", r2cc_version(), host,
-			node ? node : host, (int)getpid(), r2cc_param.mode);
+		fprintf(text, "R2CC %s report: host %s node %s pid %d mode %d\n", r2cc_version(),
+			host, node ? node : host, (int)getpid(), r2cc_param.mode);
 		/* RDMA writes are one-sided: a process sees the bytes it sends, and
 		 * of what it receives only what its receive completions report. */
-		fprintf(text, "%-16s %-16s %16s %12s %16s %12s\n", "nic", "state", "tx_bytes", "tx_wrs",
-			"recv_cqe_bytes", "recv_cqes");
+		fprintf(text, "%-16s %-16s %16s %12s %16s %12s\n", "nic", "state", "tx_bytes",
+			"tx_wrs", "recv_cqe_bytes", "recv_cqes");
 		for (int i = 0; i < n; i++)
 			fprintf(text, "%-16s %-16s %16llu %12llu %16llu %12llu\n", st[i].name,
 				state_name(st[i].state), (unsigned long long)st[i].tx_bytes,
-				(unsigned long long)st[i].tx_wrs, (unsigned long long)st[i].rx_bytes,
+				(unsigned long long)st[i].tx_wrs,
+				(unsigned long long)st[i].rx_bytes,
 				(unsigned long long)st[i].rx_wrs);
-		fprintf(text, "communicators alive at exit: %d\nincidents: none\n", r2cc_comm_count());
+		fprintf(text, "communicators alive at exit: %d\nincidents: none\n",
+			r2cc_comm_count());
 	}
 	if (json) {
-		fprintf(json,
-			"{\"version\":\"%s\",\"host\":\"%s\",\"node\":\"%s\",\"pid\":%d,\"mode\":%d,"
-			"\"nics\":[",
-			r2cc_version(), host, node ? node : host, (int)getpid(), r2cc_param.mode);
+		fprintf(
+		    json,
+		    "{\"version\":\"%s\",\"host\":\"%s\",\"node\":\"%s\",\"pid\":%d,\"mode\":%d,"
+		    "\"nics\":[",
+		    r2cc_version(), host, node ? node : host, (int)getpid(), r2cc_param.mode);
 		for (int i = 0; i < n; i++)
-			fprintf(json,
-				"%s{\"name\":\"%s\",\"state\":\"%s\",\"tx_bytes\":%llu,\"tx_wrs\":%llu,"
-				"\"recv_cqe_bytes\":%llu,\"recv_cqes\":%llu}",
-				i ? "," : "", st[i].name, state_name(st[i].state),
-				(unsigned long long)st[i].tx_bytes, (unsigned long long)st[i].tx_wrs,
-				(unsigned long long)st[i].rx_bytes, (unsigned long long)st[i].rx_wrs);
+			fprintf(
+			    json,
+			    "%s{\"name\":\"%s\",\"state\":\"%s\",\"tx_bytes\":%llu,\"tx_wrs\":%llu,"
+			    "\"recv_cqe_bytes\":%llu,\"recv_cqes\":%llu}",
+			    i ? "," : "", st[i].name, state_name(st[i].state),
+			    (unsigned long long)st[i].tx_bytes, (unsigned long long)st[i].tx_wrs,
+			    (unsigned long long)st[i].rx_bytes, (unsigned long long)st[i].rx_wrs);
 		fprintf(json, "],\"communicators\":%d,\"incidents\":[]}\n", r2cc_comm_count());
 	}
 }

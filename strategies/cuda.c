@@ -44,7 +44,8 @@ static void load(void)
 	void **f = (void **)&cuda;
 	for (size_t i = 0; i < sizeof(cuda) / sizeof(void *); i++) {
 		if (!f[i]) {
-			R2CC_WARN("the CUDA driver lacks a function R2CC needs; strategies stay off");
+			R2CC_WARN(
+			    "the CUDA driver lacks a function R2CC needs; strategies stay off");
 			return;
 		}
 	}

@@ -45,7 +45,7 @@ struct comm_strategy {
 	int state;
 	struct r2cc_ar2_ops ops; /* must outlive ar2 */
 	struct r2cc_ar2_comm *ar2;
-	int nnodes, nics, failed; /* of the degraded node, for the cost model */
+	int nnodes, nics, failed;     /* of the degraded node, for the cost model */
 	unsigned long ran, fell_back; /* calls, for the log at destruction */
 };
 
@@ -77,8 +77,8 @@ static int op_allreduce(void *ctx, const void *s, void *r, size_t n, int t, int 
 	return ((allreduce_fn)nccl->AllReduce)(s, r, n, t, o, comm, st);
 }
 
-static int op_reduce(void *ctx, const void *s, void *r, size_t n, int t, int o, int root, void *comm,
-		     void *st)
+static int op_reduce(void *ctx, const void *s, void *r, size_t n, int t, int o, int root,
+		     void *comm, void *st)
 {
 	return ((reduce_fn)nccl->Reduce)(s, r, n, t, o, root, comm, st);
 }
@@ -163,8 +163,8 @@ static int gather_ints(void *comm, int nranks, const int *mine, int n, int *all)
 		goto err_stream;
 	if (cu->MemcpyHtoD(dbuf, mine, (size_t)n * sizeof(int)))
 		goto err_mem;
-	rc = ((allgather_fn)nccl->AllGather)((void *)(uintptr_t)dbuf, (void *)(uintptr_t)dbuf, (size_t)n,
-					     ncclInt32, comm, stream);
+	rc = ((allgather_fn)nccl->AllGather)((void *)(uintptr_t)dbuf, (void *)(uintptr_t)dbuf,
+					     (size_t)n, ncclInt32, comm, stream);
 	if (rc)
 		goto err_mem;
 	rc = cu_rc(cu->StreamSynchronize(stream));
@@ -232,7 +232,7 @@ static int declared_failed_here(int node_index, const char *key)
 		const struct r2cc_failspec_entry *en = &spec.entries[e];
 		bool mine = en->node.index >= 0 ? en->node.index == node_index
 						: host_matches(en->node.name, host) ||
-							  host_matches(en->node.name, key);
+						      host_matches(en->node.name, key);
 		if (!mine)
 			continue;
 		for (int j = 0; j < en->nnics; j++) {
@@ -241,7 +241,8 @@ static int declared_failed_here(int node_index, const char *key)
 				if (en->nics[j].index >= 0 ? en->nics[j].index == i
 							   : !strcmp(en->nics[j].name, nic->name)) {
 					mask |= 1ull << i;
-					__atomic_store_n(&nic->state, R2CC_NIC_DECLARED, __ATOMIC_RELAXED);
+					__atomic_store_n(&nic->state, R2CC_NIC_DECLARED,
+							 __ATOMIC_RELAXED);
 				}
 			}
 		}
@@ -252,22 +253,22 @@ static int declared_failed_here(int node_index, const char *key)
 static struct r2cc_ar2_ops ops_for(struct r2cc_comm *c)
 {
 	struct r2cc_ar2_ops ops = {
-		.ctx = c,
-		.allreduce = op_allreduce,
-		.reduce = op_reduce,
-		.broadcast = op_broadcast,
-		.comm_split = op_split,
-		.comm_destroy = op_destroy,
-		.comm_abort = op_abort,
-		.comm_count = op_count,
-		.comm_user_rank = op_rank,
-		.stream_create = op_stream_create,
-		.stream_destroy = op_stream_destroy,
-		.event_create = op_event_create,
-		.event_record = op_event_record,
-		.event_destroy = op_event_destroy,
-		.stream_wait_event = op_wait,
-		.agree = op_agree,
+	    .ctx = c,
+	    .allreduce = op_allreduce,
+	    .reduce = op_reduce,
+	    .broadcast = op_broadcast,
+	    .comm_split = op_split,
+	    .comm_destroy = op_destroy,
+	    .comm_abort = op_abort,
+	    .comm_count = op_count,
+	    .comm_user_rank = op_rank,
+	    .stream_create = op_stream_create,
+	    .stream_destroy = op_stream_destroy,
+	    .event_create = op_event_create,
+	    .event_record = op_event_record,
+	    .event_destroy = op_event_destroy,
+	    .stream_wait_event = op_wait,
+	    .agree = op_agree,
 	};
 	return ops;
 }
@@ -316,12 +317,15 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 		if (node_failed[node] < 0)
 			node_failed[node] = fails[r];
 		else if (node_failed[node] != fails[r] && c->rank == 0)
-			R2CC_WARN("ranks of node %d disagree on its failed NICs (%d vs %d); using rank "
-				  "order's first",
-				  node, node_failed[node], fails[r]);
+			R2CC_WARN(
+			    "ranks of node %d disagree on its failed NICs (%d vs %d); using rank "
+			    "order's first",
+			    node, node_failed[node], fails[r]);
 	}
 	r2cc_comm_set_nodes(c->comm, rank_node, n, 0);
-	struct r2cc_ar2_view view = {.nranks = n, .rank_node = rank_node, .node_nics = node_nics,
+	struct r2cc_ar2_view view = {.nranks = n,
+				     .rank_node = rank_node,
+				     .node_nics = node_nics,
 				     .node_failed = node_failed};
 	struct r2cc_ar2_cfg cfg = {.chunks = r2cc_param.ar_stage2_chunks,
 				   .schedule = r2cc_param.ar_schedule,
@@ -345,8 +349,8 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 		R2CC_INFO("comm %p: failure view: %d nodes, %s", c->comm, nnodes,
 			  deg < 0 ? "no degraded node" : "degraded node found");
 		if (deg >= 0)
-			R2CC_INFO("comm %p: node %d has %d of %d NICs failed (declared)", c->comm, deg,
-				  node_failed[deg], node_nics[deg]);
+			R2CC_INFO("comm %p: node %d has %d of %d NICs failed (declared)", c->comm,
+				  deg, node_failed[deg], node_nics[deg]);
 	}
 out:
 	free(all);
@@ -379,9 +383,9 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 {
 	pthread_once(&tables_once, tables_load);
 	if (!tables_ok)
-		return nccl->AllReduce ? op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op,
-						      c->comm, stream)
-				       : ncclInternalError;
+		return nccl->AllReduce
+			   ? op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream)
+			   : ncclInternalError;
 	struct comm_strategy *st = c->strategy;
 	unsigned flags = 0;
 	if (r2cc_nccl_group_depth() > 0)
@@ -394,35 +398,38 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 	if (!st) {
 		st = calloc(1, sizeof(*st));
 		if (!st)
-			return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
+			return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm,
+					    stream);
 		c->strategy = st;
 	}
 	if (st->state == VIEW_UNKNOWN && !flags && c->nranks > 0 && c->rank >= 0) {
 		int rc = build_view(c, st);
 		st->state = rc ? VIEW_NONE : VIEW_READY;
 		if (rc)
-			R2CC_WARN("comm %p: no failure view (%d); AllReduce runs as Balance", c->comm,
-				  rc);
+			R2CC_WARN("comm %p: no failure view (%d); AllReduce runs as Balance",
+				  c->comm, rc);
 	}
 	if (st->state != VIEW_READY)
 		return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
 	if (r2cc_param.mode == R2CC_MODE_AUTO && st->failed > 0) {
 		static const size_t esize[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
-		struct r2cc_cost_case cc = {.nodes = st->nnodes,
-					    .nics = st->nics,
-					    .failed = st->failed,
-					    .bytes = (double)count *
-						     (dtype >= 0 && dtype < 12 ? (double)esize[dtype] : 1),
-					    .chunks = r2cc_param.ar_stage2_chunks};
+		struct r2cc_cost_case cc = {
+		    .nodes = st->nnodes,
+		    .nics = st->nics,
+		    .failed = st->failed,
+		    .bytes = (double)count * (dtype >= 0 && dtype < 12 ? (double)esize[dtype] : 1),
+		    .chunks = r2cc_param.ar_stage2_chunks};
 		char why[256];
 		if (r2cc_cost_choose(&r2cc_cost_default, &cc, why, sizeof(why)) != R2CC_STRAT_AR2) {
 			R2CC_TRACE("auto: %s", why);
-			return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
+			return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm,
+					    stream);
 		}
 		R2CC_TRACE("auto: %s", why);
 	}
 	enum r2cc_ar2_reason why = R2CC_AR2_RAN;
-	int rc = r2cc_ar2_allreduce(st->ar2, sendbuf, recvbuf, count, dtype, op, stream, flags, &why);
+	int rc =
+	    r2cc_ar2_allreduce(st->ar2, sendbuf, recvbuf, count, dtype, op, stream, flags, &why);
 	if (why == R2CC_AR2_RAN)
 		st->ran++;
 	else
@@ -437,8 +444,9 @@ static void release_hook(struct r2cc_comm *c)
 		return;
 	c->strategy = NULL;
 	if (st->state == VIEW_READY)
-		R2CC_INFO("comm %p rank %d: R2CC-AllReduce ran %lu times, %lu AllReduces ran as Balance",
-			  c->comm, c->rank, st->ran, st->fell_back);
+		R2CC_INFO(
+		    "comm %p rank %d: R2CC-AllReduce ran %lu times, %lu AllReduces ran as Balance",
+		    c->comm, c->rank, st->ran, st->fell_back);
 	r2cc_ar2_comm_destroy(st->ar2, false);
 	free(st);
 }

@@ -14,8 +14,8 @@
 
 NULL_COLL(ncclAllReduce, (const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t o,
 			  ncclComm_t c, cudaStream_t st))
-NULL_COLL(ncclSend, (const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c,
-		     cudaStream_t st))
+NULL_COLL(ncclSend,
+	  (const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st))
 
 ncclResult_t pncclGetVersion(int *v);
 ncclResult_t pncclGetVersion(int *v)

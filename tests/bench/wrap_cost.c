@@ -60,8 +60,9 @@ static int bench_nccl(void)
 	       "wrapper cost %.2f ns\n",
 	       strrchr(info.dli_fname, '/') ? strrchr(info.dli_fname, '/') + 1 : info.dli_fname,
 	       wrapped, direct, wrapped - direct);
-	printf("nccl: ncclSend: %.2f ns/call, pncclSend direct: %.2f ns/call, wrapper cost %.2f ns\n",
-	       swrapped, sdirect, swrapped - sdirect);
+	printf(
+	    "nccl: ncclSend: %.2f ns/call, pncclSend direct: %.2f ns/call, wrapper cost %.2f ns\n",
+	    swrapped, sdirect, swrapped - sdirect);
 	return 0;
 }
 
@@ -71,14 +72,14 @@ static int bench_verbs(void)
 	if (!h)
 		return fprintf(stderr, "no libibverbs: %s\n", dlerror()), 1;
 #define R(name, type) __typeof__(type) name##_p = (__typeof__(type))dlvsym(h, #name, "IBVERBS_1.1")
-	R(ibv_get_device_list, struct ibv_device **(*)(int *));
-	R(ibv_open_device, struct ibv_context *(*)(struct ibv_device *));
-	R(ibv_alloc_pd, struct ibv_pd *(*)(struct ibv_context *));
-	R(ibv_create_cq, struct ibv_cq *(*)(struct ibv_context *, int, void *, void *, int));
-	R(ibv_create_qp, struct ibv_qp *(*)(struct ibv_pd *, struct ibv_qp_init_attr *));
+	R(ibv_get_device_list, struct ibv_device * *(*)(int *));
+	R(ibv_open_device, struct ibv_context * (*)(struct ibv_device *));
+	R(ibv_alloc_pd, struct ibv_pd * (*)(struct ibv_context *));
+	R(ibv_create_cq, struct ibv_cq * (*)(struct ibv_context *, int, void *, void *, int));
+	R(ibv_create_qp, struct ibv_qp * (*)(struct ibv_pd *, struct ibv_qp_init_attr *));
 	R(ibv_modify_qp, int (*)(struct ibv_qp *, struct ibv_qp_attr *, int));
 	R(ibv_query_port, int (*)(struct ibv_context *, uint8_t, struct ibv_port_attr *));
-	R(ibv_reg_mr, struct ibv_mr *(*)(struct ibv_pd *, void *, size_t, int));
+	R(ibv_reg_mr, struct ibv_mr * (*)(struct ibv_pd *, void *, size_t, int));
 #undef R
 	int nd;
 	struct ibv_device **devs = ibv_get_device_list_p(&nd);
@@ -91,15 +92,18 @@ static int bench_verbs(void)
 	memset(&pa, 0, sizeof(pa));
 	ibv_query_port_p(ctx, 1, &pa);
 	static char buf[64];
-	struct ibv_mr *mr = ibv_reg_mr_p(pd, buf, sizeof(buf),
-					 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	struct ibv_qp_init_attr qa = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-				      .cap = {.max_send_wr = 512, .max_recv_wr = 16,
-					      .max_send_sge = 1, .max_recv_sge = 1}};
+	struct ibv_mr *mr =
+	    ibv_reg_mr_p(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_qp_init_attr qa = {
+	    .send_cq = cq,
+	    .recv_cq = cq,
+	    .qp_type = IBV_QPT_RC,
+	    .cap = {.max_send_wr = 512, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1}};
 	struct ibv_qp *qp = ibv_create_qp_p(pd, &qa);
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-	ibv_modify_qp_p(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	struct ibv_qp_attr a = {
+	    .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+	ibv_modify_qp_p(qp, &a,
+			IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = IBV_MTU_4096;
@@ -108,18 +112,18 @@ static int bench_verbs(void)
 	a.ah_attr.port_num = 1;
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 12;
-	ibv_modify_qp_p(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-					IBV_QP_MIN_RNR_TIMER);
+	ibv_modify_qp_p(qp, &a,
+			IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = 14;
 	a.retry_cnt = 7;
 	a.rnr_retry = 7;
 	a.max_rd_atomic = 1;
-	if (ibv_modify_qp_p(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					    IBV_QP_MAX_QP_RD_ATOMIC))
+	if (ibv_modify_qp_p(qp, &a,
+			    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
 		return fprintf(stderr, "cannot bring the QP up\n"), 1;
 	struct ibv_wc wc[16];
 	double poll_ns, post_ns;
@@ -147,8 +151,10 @@ static int bench_verbs(void)
 	});
 	Dl_info info;
 	dladdr((void *)ctx->ops.poll_cq, &info);
-	const char *who = strrchr(info.dli_fname, '/') ? strrchr(info.dli_fname, '/') + 1 : info.dli_fname;
-	printf("verbs (ops from %s): poll_cq empty %.1f ns/call, post_send zero-byte write %.1f ns/call%s\n",
+	const char *who =
+	    strrchr(info.dli_fname, '/') ? strrchr(info.dli_fname, '/') + 1 : info.dli_fname;
+	printf("verbs (ops from %s): poll_cq empty %.1f ns/call, post_send zero-byte write %.1f "
+	       "ns/call%s\n",
 	       who, poll_ns, post_ns, failed ? " (some posts failed)" : "");
 	return failed ? 1 : 0;
 }

@@ -87,8 +87,8 @@ static long run_rank(int nranks, ncclUniqueId id, size_t max_bytes, int iters)
 					bad += t ? ((int32_t *)hout)[i] != wanti[i]
 						 : ((float *)hout)[i] != want[i];
 				if (bad)
-					fprintf(stderr, "rank %d: %s count %zu %s: %ld wrong\n", rank,
-						t ? "int32" : "float", count,
+					fprintf(stderr, "rank %d: %s count %zu %s: %ld wrong\n",
+						rank, t ? "int32" : "float", count,
 						inplace ? "in place" : "out of place", bad);
 				wrong += bad;
 			}
@@ -96,7 +96,8 @@ static long run_rank(int nranks, ncclUniqueId id, size_t max_bytes, int iters)
 	}
 	NK(ncclCommDestroy(comm));
 	if (rank == 0)
-		printf("allreduce2: %d ranks, sizes 4 B .. %zu B, float and int32, %d iterations each: %ld wrong\n",
+		printf("allreduce2: %d ranks, sizes 4 B .. %zu B, float and int32, %d iterations "
+		       "each: %ld wrong\n",
 		       nranks, max_bytes, iters, wrong);
 	return wrong;
 }
@@ -115,7 +116,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--hostid"))
 			hostid = 1;
 		else {
-			fprintf(stderr, "usage: %s [--ranks N] [--max-bytes B] [--iters I] [--hostid]\n",
+			fprintf(stderr,
+				"usage: %s [--ranks N] [--max-bytes B] [--iters I] [--hostid]\n",
 				argv[0]);
 			return 2;
 		}
@@ -148,7 +150,8 @@ int main(int argc, char **argv)
 		failed += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	}
 	if (wrong || failed) {
-		printf("allreduce2: FAIL (%ld wrong on rank 0, %d other ranks failed)\n", wrong, failed);
+		printf("allreduce2: FAIL (%ld wrong on rank 0, %d other ranks failed)\n", wrong,
+		       failed);
 		return 1;
 	}
 	printf("allreduce2: PASS\n");

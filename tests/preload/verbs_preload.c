@@ -33,7 +33,8 @@ FN(struct ibv_pd *, ibv_alloc_pd, (struct ibv_context *))
 FN(int, ibv_dealloc_pd, (struct ibv_pd *))
 FN(struct ibv_mr *, ibv_reg_mr, (struct ibv_pd *, void *, size_t, int))
 FN(int, ibv_dereg_mr, (struct ibv_mr *))
-FN(struct ibv_cq *, ibv_create_cq, (struct ibv_context *, int, void *, struct ibv_comp_channel *, int))
+FN(struct ibv_cq *, ibv_create_cq,
+   (struct ibv_context *, int, void *, struct ibv_comp_channel *, int))
 FN(int, ibv_destroy_cq, (struct ibv_cq *))
 FN(struct ibv_qp *, ibv_create_qp, (struct ibv_pd *, struct ibv_qp_init_attr *))
 FN(int, ibv_modify_qp, (struct ibv_qp *, struct ibv_qp_attr *, int))
@@ -107,8 +108,8 @@ static int to_rts(struct ibv_qp *qp, uint16_t lid, uint32_t dqpn)
 	a.qp_state = IBV_QPS_INIT;
 	a.port_num = 1;
 	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-	int rc = p_ibv_modify_qp(qp, &a,
-				 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	int rc = p_ibv_modify_qp(
+	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	note_int("modify_qp INIT", rc);
 	if (rc)
 		return rc;
@@ -123,7 +124,7 @@ static int to_rts(struct ibv_qp *qp, uint16_t lid, uint32_t dqpn)
 	a.ah_attr.port_num = 1;
 	rc = p_ibv_modify_qp(qp, &a,
 			     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+				 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	note_int("modify_qp RTR", rc);
 	if (rc)
 		return rc;
@@ -136,7 +137,7 @@ static int to_rts(struct ibv_qp *qp, uint16_t lid, uint32_t dqpn)
 	a.max_rd_atomic = 1;
 	rc = p_ibv_modify_qp(qp, &a,
 			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+				 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	note_int("modify_qp RTS", rc);
 	return rc;
 }
@@ -189,7 +190,8 @@ int main(int argc, char **argv)
 	if (failures)
 		return 1;
 
-	printf("event_type_str(PORT_ERR)            %s\n", p_ibv_event_type_str(IBV_EVENT_PORT_ERR));
+	printf("event_type_str(PORT_ERR)            %s\n",
+	       p_ibv_event_type_str(IBV_EVENT_PORT_ERR));
 	int ndev = -1;
 	struct ibv_device **list = p_ibv_get_device_list(&ndev);
 	note_ptr("get_device_list", list, errno);
@@ -269,14 +271,17 @@ int main(int argc, char **argv)
 	size_t half = len / 2;
 	struct ibv_sge s1 = {.addr = (uintptr_t)src, .length = (uint32_t)half, .lkey = msrc->lkey};
 	struct ibv_sge s2 = {
-		.addr = (uintptr_t)src + half, .length = (uint32_t)(len - half), .lkey = msrc->lkey};
-	struct ibv_send_wr w2 = {.wr_id = 2, .sg_list = &s2, .num_sge = 1,
-				 .opcode = IBV_WR_RDMA_WRITE_WITH_IMM, .send_flags = IBV_SEND_SIGNALED};
+	    .addr = (uintptr_t)src + half, .length = (uint32_t)(len - half), .lkey = msrc->lkey};
+	struct ibv_send_wr w2 = {.wr_id = 2,
+				 .sg_list = &s2,
+				 .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+				 .send_flags = IBV_SEND_SIGNALED};
 	w2.imm_data = htonl((uint32_t)len);
 	w2.wr.rdma.remote_addr = (uintptr_t)dst + half;
 	w2.wr.rdma.rkey = mdst->rkey;
-	struct ibv_send_wr w1 = {.wr_id = 1, .next = &w2, .sg_list = &s1, .num_sge = 1,
-				 .opcode = IBV_WR_RDMA_WRITE};
+	struct ibv_send_wr w1 = {
+	    .wr_id = 1, .next = &w2, .sg_list = &s1, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE};
 	w1.wr.rdma.remote_addr = (uintptr_t)dst;
 	w1.wr.rdma.rkey = mdst->rkey;
 	struct ibv_send_wr *sbad = NULL;
@@ -301,19 +306,23 @@ int main(int argc, char **argv)
 
 	/* READ it back. */
 	struct ibv_sge s3 = {.addr = (uintptr_t)back, .length = (uint32_t)len, .lkey = mback->lkey};
-	struct ibv_send_wr w3 = {.wr_id = 3, .sg_list = &s3, .num_sge = 1,
-				 .opcode = IBV_WR_RDMA_READ, .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_send_wr w3 = {.wr_id = 3,
+				 .sg_list = &s3,
+				 .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_READ,
+				 .send_flags = IBV_SEND_SIGNALED};
 	w3.wr.rdma.remote_addr = (uintptr_t)dst;
 	w3.wr.rdma.rkey = mdst->rkey;
 	note_int("post_send READ", qp->context->ops.post_send(qp, &w3, &sbad));
 	got = poll_n(cq, 1, wc);
 	CHECK(got == 1 && wc[0].wr_id == 3 && wc[0].status == IBV_WC_SUCCESS, "READ completion");
 	CHECK(memcmp(src, back, len) == 0, "read data differs");
-	printf("read back                            %s\n", memcmp(src, back, len) ? "differs" : "equal");
+	printf("read back                            %s\n",
+	       memcmp(src, back, len) ? "differs" : "equal");
 
 	if (!strcmp(mode, "--expect-wrapped")) {
 		int (*stats)(struct r2cc_nic_stat *, int) =
-			(int (*)(struct r2cc_nic_stat *, int))dlsym(RTLD_DEFAULT, "r2cc_nic_stats");
+		    (int (*)(struct r2cc_nic_stat *, int))dlsym(RTLD_DEFAULT, "r2cc_nic_stats");
 		CHECK(stats != NULL, "r2cc_nic_stats not found");
 		if (stats) {
 			struct r2cc_nic_stat st[8];
@@ -326,7 +335,8 @@ int main(int argc, char **argv)
 			/* WRITE + WRITE_WITH_IMM + READ's scatter list. */
 			CHECK(tx == 2 * len, "R2CC counted %llu bytes posted, expected %zu",
 			      (unsigned long long)tx, 2 * len);
-			CHECK(rxw == 1, "R2CC counted %llu receive completions", (unsigned long long)rxw);
+			CHECK(rxw == 1, "R2CC counted %llu receive completions",
+			      (unsigned long long)rxw);
 		}
 	}
 

@@ -55,7 +55,8 @@ Test(params, mode)
 	cr_expect_eq(set("R2CC_MODE", "auto"), 0);
 	cr_expect_eq(p.mode, R2CC_MODE_AUTO);
 	cr_expect_eq(set("R2CC_MODE", "AUTO"), 0);
-	const char *bad[] = {"4", "-1", "", " 2", "2 ", "2x", "balance", "0x2", "99999999999999999999"};
+	const char *bad[] = {
+	    "4", "-1", "", " 2", "2 ", "2x", "balance", "0x2", "99999999999999999999"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		expect_bad("R2CC_MODE", bad[i], "0, 1, 2, 3 or auto");
 }
@@ -65,8 +66,8 @@ Test(params, sizes)
 	struct {
 		const char *v;
 		unsigned long long want;
-	} good[] = {{"0", 0},           {"1", 1},         {"16M", 16ull << 20}, {"16m", 16ull << 20},
-		    {"4G", 4ull << 30}, {"2K", 2048},     {"1T", 1ull << 40},   {"8MiB", 8ull << 20},
+	} good[] = {{"0", 0},		{"1", 1},     {"16M", 16ull << 20}, {"16m", 16ull << 20},
+		    {"4G", 4ull << 30}, {"2K", 2048}, {"1T", 1ull << 40},   {"8MiB", 8ull << 20},
 		    {"8MB", 8ull << 20}};
 	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
 		cr_expect_eq(set("R2CC_AR_MIN_BYTES", good[i].v), 0, "%s", good[i].v);
@@ -142,10 +143,18 @@ Test(params, unknown_name)
 
 Test(params, table_is_complete)
 {
-	const char *expected[] = {"R2CC_MODE",          "R2CC_FAILED_NODE",     "R2CC_FAILED_HCA",
-				  "R2CC_AR_AFTER_REPAIR", "R2CC_AR_STAGE2_CHUNKS", "R2CC_AR_SCHEDULE",
-				  "R2CC_AR_MIN_BYTES",  "R2CC_STALL_MS",        "R2CC_DEBUG",
-				  "R2CC_DEBUG_FILE",    "R2CC_REPORT",          "R2CC_OOB_ROOT"};
+	const char *expected[] = {"R2CC_MODE",
+				  "R2CC_FAILED_NODE",
+				  "R2CC_FAILED_HCA",
+				  "R2CC_AR_AFTER_REPAIR",
+				  "R2CC_AR_STAGE2_CHUNKS",
+				  "R2CC_AR_SCHEDULE",
+				  "R2CC_AR_MIN_BYTES",
+				  "R2CC_STALL_MS",
+				  "R2CC_DEBUG",
+				  "R2CC_DEBUG_FILE",
+				  "R2CC_REPORT",
+				  "R2CC_OOB_ROOT"};
 	for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++) {
 		int found = 0;
 		for (int j = 0; r2cc_param_name(j); j++)

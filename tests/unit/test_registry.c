@@ -45,8 +45,8 @@ Test(map, growth_and_tombstone_reuse)
 	for (int round = 0; round < 1000; round++) {
 		uint64_t k = (uint64_t)(round % n) + 1;
 		cr_assert_not_null(r2cc_map_remove(&m, k));
-		cr_assert_eq(r2cc_map_insert(&m, 5000 + (uint64_t)round, &v[round % n]), 0, "round %d",
-			     round);
+		cr_assert_eq(r2cc_map_insert(&m, 5000 + (uint64_t)round, &v[round % n]), 0,
+			     "round %d", round);
 		cr_assert_not_null(r2cc_map_remove(&m, 5000 + (uint64_t)round));
 		cr_assert_eq(r2cc_map_insert(&m, k, &v[round % n]), 0);
 	}
@@ -219,7 +219,8 @@ Test(registry, qps_and_cqs)
 	cr_assert_not_null(rcq);
 	cr_expect_eq(r2cc_cq_find(&cq), rcq);
 	for (int i = 0; i < 3; i++)
-		cr_assert_not_null(r2cc_qp_add(&qp[i], c, rcq, rcq, 0x100u + (uint32_t)i, IBV_QPT_RC));
+		cr_assert_not_null(
+		    r2cc_qp_add(&qp[i], c, rcq, rcq, 0x100u + (uint32_t)i, IBV_QPT_RC));
 	cr_expect_eq(r2cc_qp_find(&qp[1])->qpn, 0x101);
 	cr_expect_eq(r2cc_qp_by_num(n, 0x102)->qp, &qp[2]);
 	cr_expect_eq(r2cc_qp_find(&qp[0])->state, IBV_QPS_RESET);
