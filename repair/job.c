@@ -7,6 +7,7 @@
 #include "repair/job.h"
 #include "repair/ctl.h"
 #include "shim/comm.h"
+#include "shim/core.h"
 #include "shim/log.h"
 #include "shim/registry.h"
 
@@ -27,9 +28,9 @@ struct r2cc_job_reg {
 	struct r2cc_ctl_job job;
 	struct r2cc_ctl_member self;
 	int rank, nranks;
-	void *comm;    /* set by register_end */
+	void *comm;	/* set by register_end */
 	bool init_done; /* register_end ran */
-	bool reg_done;  /* the thread finished */
+	bool reg_done;	/* the thread finished */
 	struct r2cc_ctl_dir *dir;
 };
 
@@ -55,7 +56,8 @@ static void reg_finish(struct r2cc_job_reg *reg)
 			for (int r = 0; r < reg->nranks; r++)
 				nodes[r] = r2cc_ctl_dir_node(reg->dir, r);
 			if (r2cc_comm_set_nodes(reg->comm, nodes, reg->nranks, reg->job.id) == 0)
-				R2CC_INFO("comm %p rank %d/%d: directory of %d nodes from the control plane",
+				R2CC_INFO("comm %p rank %d/%d: directory of %d nodes from the "
+					  "control plane",
 					  reg->comm, reg->rank, reg->nranks, reg->dir->nnodes);
 		}
 		free(nodes);
@@ -92,8 +94,7 @@ static void fill_self(struct r2cc_ctl_member *m)
 	if (gethostname(m->host, sizeof(m->host)) != 0)
 		strcpy(m->host, "?");
 	m->host[sizeof(m->host) - 1] = '\0';
-	const char *key = getenv("NCCL_HOSTID");
-	snprintf(m->node_key, sizeof(m->node_key), "%s", key && key[0] ? key : m->host);
+	r2cc_node_key(m->node_key, sizeof(m->node_key));
 	m->pid = (int32_t)getpid();
 	int n = r2cc_nic_count();
 	for (int i = 0; i < n && m->nnics < R2CC_CTL_MAX_NICS; i++) {

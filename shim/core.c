@@ -16,6 +16,8 @@
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 int r2cc_state;
 int r2cc_nccl_version;
@@ -70,6 +72,17 @@ void r2cc_note_nccl_version(int code)
 		    major, minor, patch);
 		__atomic_store_n(&r2cc_state, -1, __ATOMIC_RELEASE);
 	}
+}
+
+const char *r2cc_node_key(char *buf, size_t len)
+{
+	const char *id = getenv("NCCL_HOSTID");
+	if (id && id[0])
+		snprintf(buf, len, "%s", id);
+	else if (gethostname(buf, len) != 0)
+		snprintf(buf, len, "?");
+	buf[len - 1] = '\0';
+	return buf;
 }
 
 R2CC_EXPORT const char *r2cc_version(void)

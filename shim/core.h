@@ -7,6 +7,7 @@
 #define R2CC_SHIM_CORE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 /* 0 until start-up has run, then 1 (active) or -1 (pass-through). */
 extern int r2cc_state;
@@ -24,6 +25,10 @@ static inline bool r2cc_active(void)
  * makes its state untrustworthy; logs once. New objects are then passed
  * through; existing ones keep working as far as they can. */
 void r2cc_disable(const char *why);
+
+/* This process's node as NCCL sees it: NCCL_HOSTID when set, else the host
+ * name. Writes at most len bytes into buf and returns buf. */
+const char *r2cc_node_key(char *buf, size_t len);
 
 /* NCCL version code as ncclGetVersion reports it (0 until known). */
 extern int r2cc_nccl_version;

@@ -6,6 +6,7 @@
 #include "include/r2cc.h"
 #include "shim/comm.h"
 #include "shim/common.h"
+#include "shim/core.h"
 #include "shim/log.h"
 #include "shim/params.h"
 #include "shim/registry.h"
@@ -26,7 +27,8 @@ void r2cc_report_write(FILE *text, FILE *json)
 	if (gethostname(host, sizeof(host)) != 0)
 		strcpy(host, "?");
 	host[sizeof(host) - 1] = '\0';
-	const char *node = getenv("NCCL_HOSTID");
+	char nodebuf[256];
+	const char *node = r2cc_node_key(nodebuf, sizeof(nodebuf));
 	int n = r2cc_nic_count();
 	struct r2cc_nic_stat st[R2CC_MAX_NICS];
 	if (n > R2CC_MAX_NICS)
@@ -34,7 +36,7 @@ void r2cc_report_write(FILE *text, FILE *json)
 	r2cc_nic_stats(st, n);
 	if (text) {
 		fprintf(text, "R2CC %s report: host %s node %s pid %d mode %d\n", r2cc_version(),
-			host, node ? node : host, (int)getpid(), r2cc_param.mode);
+			host, node, (int)getpid(), r2cc_param.mode);
 		/* RDMA writes are one-sided: a process sees the bytes it sends, and
 		 * of what it receives only what its receive completions report. */
 		fprintf(text, "%-16s %-16s %16s %12s %16s %12s\n", "nic", "state", "tx_bytes",
@@ -53,7 +55,7 @@ void r2cc_report_write(FILE *text, FILE *json)
 		    json,
 		    "{\"version\":\"%s\",\"host\":\"%s\",\"node\":\"%s\",\"pid\":%d,\"mode\":%d,"
 		    "\"nics\":[",
-		    r2cc_version(), host, node ? node : host, (int)getpid(), r2cc_param.mode);
+		    r2cc_version(), host, node, (int)getpid(), r2cc_param.mode);
 		for (int i = 0; i < n; i++)
 			fprintf(
 			    json,

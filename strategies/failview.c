@@ -20,6 +20,7 @@
 #include "strategies/failview.h"
 #include "intercept/nccl_hooks.h"
 #include "shim/comm.h"
+#include "shim/core.h"
 #include "shim/failspec.h"
 #include "shim/log.h"
 #include "shim/params.h"
@@ -202,17 +203,6 @@ static uint32_t hash32(const char *s)
 	return h & 0x7fffffff;
 }
 
-static const char *node_key(char *buf, size_t len)
-{
-	const char *id = getenv("NCCL_HOSTID");
-	if (id && id[0])
-		return id;
-	if (gethostname(buf, len) != 0)
-		snprintf(buf, len, "?");
-	buf[len - 1] = '\0';
-	return buf;
-}
-
 static bool host_matches(const char *want, const char *host)
 {
 	size_t n = strcspn(want, "."), m = strcspn(host, ".");
@@ -278,7 +268,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 {
 	int n = c->nranks;
 	char buf[256];
-	const char *key = node_key(buf, sizeof(buf));
+	const char *key = r2cc_node_key(buf, sizeof(buf));
 	int mine[2] = {(int)hash32(key), r2cc_nic_count()};
 	int *all = calloc((size_t)n * 2, sizeof(int));
 	int *rank_node = calloc((size_t)n, sizeof(int));
