@@ -426,6 +426,88 @@ static void order_b(struct peer *p)
 	}
 }
 
+/*
+ * Large requests go to the NIC's engine, small ones may run in the posting thread:
+ * mixed sizes on one QP still complete in the order posted, with their data there.
+ */
+#define MIX_N 600
+
+static uint32_t mix_size(int i)
+{
+	return i % 3 == 0 ? 1u << 20 : i % 3 == 1 ? 8 : 20000;
+}
+
+static void mixed_a(struct peer *p)
+{
+	int posted = 0, done = 0;
+
+	setup(p);
+	fill(p->buf, BUF_LEN, 77);
+	while (done < MIX_N) {
+		struct ibv_wc wc;
+
+		while (posted < MIX_N && posted - done < 64) {
+			uint64_t off = (uint64_t)(posted % 7) << 20;
+
+			post(p, 0, IBV_WR_RDMA_WRITE, (uint64_t)posted, IBV_SEND_SIGNALED, off,
+			     mix_size(posted), off, p->peer.rkey, 0);
+			posted++;
+		}
+		expect_wc(p, (uint64_t)done, IBV_WC_SUCCESS, 5000, &wc);
+		CHECK(p, wc.opcode == IBV_WC_RDMA_WRITE && wc.byte_len == mix_size(done));
+		done++;
+	}
+	post(p, 0, IBV_WR_RDMA_WRITE_WITH_IMM, 9999, 0, 0, 0, 0, p->peer.rkey, 5);
+	sync_wait(p, 1);
+}
+
+static void mixed_b(struct peer *p)
+{
+	struct ibv_wc wc;
+
+	setup(p);
+	post_recv(p, 0, 1);
+	expect_wc(p, 1, IBV_WC_SUCCESS, 10000, &wc);
+	CHECK(p, wc.imm_data == 5);
+	CHECK(p, check_fill(p->buf, 7u << 20, 77), "(data incomplete at IMM)");
+	sync_send(p, 1);
+}
+
+/*
+ * modify_qp(ERR) while the engine is copying: every request completes exactly once,
+ * in order, those done before the error with success and the rest flushed.
+ */
+static void idle_b(struct peer *p);
+
+static void err_busy_a(struct peer *p)
+{
+	int ok = 0;
+	bool flushed = false;
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+
+	setup(p);
+	for (int i = 0; i < 100; i++)
+		post(p, 0, IBV_WR_RDMA_WRITE, (uint64_t)i, IBV_SEND_SIGNALED, 0, 1 << 20,
+		     (uint64_t)(i % 7) << 20, p->peer.rkey, 0);
+	CHECK(p, ibv_modify_qp(p->qp[0], &a, IBV_QP_STATE) == 0);
+	for (int i = 0; i < 100; i++) {
+		struct ibv_wc wc;
+
+		CHECK(p, poll_one(p->cq, &wc, 5000) == 1, "(%d of 100 completions)", i);
+		CHECK(p, wc.wr_id == (uint64_t)i, "(wr_id %llu, want %d)",
+		      (unsigned long long)wc.wr_id, i);
+		CHECK(p,
+		      wc.status == (flushed ? IBV_WC_WR_FLUSH_ERR : wc.status) &&
+			  (wc.status == IBV_WC_SUCCESS || wc.status == IBV_WC_WR_FLUSH_ERR),
+		      "(wr_id %d status %d)", i, wc.status);
+		flushed = wc.status == IBV_WC_WR_FLUSH_ERR;
+		ok += !flushed;
+	}
+	fprintf(stderr, "  error in flight: %d done, %d flushed\n", ok, 100 - ok);
+	expect_no_wc(p, 50);
+	sync_send(p, 1);
+}
+
 /* ---- RDMA READ ---- */
 
 static void read_a(struct peer *p)
@@ -1069,6 +1151,8 @@ struct test {
 static const struct test tests[] = {
     {.name = "write", .a = write_a, .b = write_b},
     {.name = "order", .a = order_a, .b = order_b},
+    {.name = "mixed_order", .a = mixed_a, .b = mixed_b},
+    {.name = "err_in_flight", .a = err_busy_a, .b = idle_b},
     {.name = "read", .a = read_a, .b = read_b},
     {.name = "send", .a = send_a, .b = send_b},
     {.name = "rnr", .a = rnr_a, .b = rnr_b},

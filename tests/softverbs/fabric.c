@@ -98,6 +98,8 @@ void sv_config_read(struct sv_config *cfg)
 		cfg->time_scale = 1.0;
 	v = getenv("SOFTVERBS_SHAPING");
 	cfg->shaping = v && *v && strcmp(v, "0") != 0;
+	v = getenv("SOFTVERBS_ENGINES");
+	cfg->engines = !(v && *v && strcmp(v, "0") == 0);
 	cfg->faults = getenv("SOFTVERBS_FAULT");
 }
 
@@ -514,7 +516,7 @@ int64_t sv_nic_reserve(struct sv_fabric *f, int nic, enum sv_dir dir, int gbps, 
 		       int64_t now)
 {
 	_Atomic int64_t *clock = &f->nics[nic].shape_ns[dir];
-	int64_t dur = (int64_t)(bytes * 8 / (uint64_t)gbps); /* Gb/s = bits per ns */
+	int64_t dur = sv_wire_time(bytes, gbps);
 	int64_t next = atomic_load(clock), start;
 
 	do {

@@ -157,6 +157,7 @@ struct sv_config {
 	char nics[1024];
 	double time_scale;
 	bool shaping;
+	bool engines; /* SOFTVERBS_ENGINES: a thread per NIC executes the send queues */
 	const char *faults;
 };
 
@@ -195,6 +196,12 @@ enum sv_dir {
 	SV_TX = 0,
 	SV_RX = 1,
 };
+/* How long `bytes` take on a link of `gbps` Gb/s (bits per ns), in ns. */
+static inline int64_t sv_wire_time(uint64_t bytes, int gbps)
+{
+	return (int64_t)(bytes * 8 / (uint64_t)gbps);
+}
+
 /* Reserves one direction of a NIC's link for `bytes`; returns when their last bit passed. */
 int64_t sv_nic_reserve(struct sv_fabric *f, int nic, enum sv_dir dir, int gbps, uint64_t bytes,
 		       int64_t now);

@@ -1,10 +1,10 @@
 /*
  * Process-local objects of the software RDMA device and what device.c (devices,
- * contexts, async events, PDs, MRs) and queue.c (CQs, QPs, the data path and the
+ * contexts, async events, PDs, MRs) and queue.c (CQs, QPs, the data path, engines, the
  * progress thread) share.
  *
- * Lock order: sv_process.lock -> sv_qp.lock -> shared-memory locks (fabric.h).
- * sv_ctx.ev_lock and sv_cq.poll_lock are leaves.
+ * Lock order: sv_process.lock -> sv_engine.lock -> sv_qp.lock -> shared-memory locks
+ * (fabric.h). sv_qp.post_lock, sv_ctx.ev_lock and sv_cq.poll_lock are leaves.
  */
 #ifndef SOFTVERBS_INTERNAL_H
 #define SOFTVERBS_INTERNAL_H
@@ -81,21 +81,37 @@ struct sv_swr {
 	uint8_t *inl;	     /* into sv_qp.inl_pool when IBV_SEND_INLINE */
 	int64_t first_ns;    /* first attempt (retry timeout origin) */
 	int64_t wire_ns;     /* shaping, local NIC: when the last bit has passed, 0 = none */
+	int64_t start_ns;    /* shaping, local NIC: when the first bit went out */
 	int64_t far_ns;	     /* shaping, remote NIC: the same, 0 = not reserved yet */
 };
 
+struct sv_engine;
+
+/*
+ * The send queue is a ring with one producer side and one consumer side: posting
+ * threads append under post_lock and publish sq_tail; whoever holds `lock` (the NIC's
+ * engine, or a posting thread running small requests, or the progress thread when
+ * engines are off) executes from sq_head. `lock` also guards the state and attributes,
+ * so modify_qp never races a request being executed.
+ */
 struct sv_qp {
 	struct ibv_qp qp;
 	int slot;
 	struct sv_qp_slot *s;
 	pthread_mutex_t lock;
+	pthread_mutex_t post_lock;
 	struct ibv_qp_cap cap;
 	bool sig_all;
 	struct ibv_qp_attr attr; /* what modify_qp set */
 	struct sv_swr *sq;
 	struct ibv_sge *sge_pool;
 	uint8_t *inl_pool;
-	uint32_t sq_head, sq_tail; /* free-running, under lock */
+	_Atomic uint32_t sq_head; /* free-running; written under lock */
+	_Atomic uint32_t sq_tail; /* free-running; written under post_lock */
+	struct sv_engine *eng;	  /* executes this QP; NULL with SOFTVERBS_ENGINES=0 */
+	_Atomic bool ready;	  /* handed to the engine since it last looked */
+	int64_t eng_wake;	  /* engine only: when to run it again */
+	struct sv_qp *eng_next;	  /* the engine's list, under sv_engine.lock */
 	struct sv_qp *next;
 };
 
@@ -134,7 +150,9 @@ int sv_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
 void sv_cq_events(void);
-/* Runs the send queues of this process's QPs once; returns the next time to look. */
+/* Forgets the engines of the parent in a forked child (its threads do not exist there). */
+void sv_engines_forget(void);
+/* Runs the send queues of QPs without an engine once; returns when to look again. */
 int64_t sv_progress_all(int64_t now);
 bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc);
 struct sv_mr_slot *sv_mr_find(struct sv_fabric *f, uint32_t key);

@@ -2,6 +2,7 @@
 #   $(BUILD)/softverbs/libibverbs.so.1 (+ libibverbs.so)  the device, soname libibverbs.so.1
 #   $(BUILD)/bin/softverbs-ctl                            fabric listing and fault injection
 #   $(BUILD)/tests/softverbs/{unit,conformance}           its tests
+#   $(BUILD)/bin/softverbs-bw                             its bandwidth and latency benchmark
 
 SV_DIR   := tests/softverbs
 SV_OUT   := $(BUILD)/softverbs
@@ -12,6 +13,7 @@ SV_CTL   := $(BUILD)/bin/softverbs-ctl
 SV_TDIR  := $(BUILD)/tests/softverbs
 SV_UNIT  := $(SV_TDIR)/unit
 SV_CONF  := $(SV_TDIR)/conformance
+SV_BW    := $(BUILD)/bin/softverbs-bw
 
 SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o
 SV_CFLAGS   := $(BIN_CFLAGS) -fvisibility=hidden
@@ -42,9 +44,13 @@ $(SV_CONF): $(SV_OBJ)/conformance.o $(SV_LINK) $(SV_CTL)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(SV_OBJ)/conformance.o $(SV_TLIBS) -pthread
 
+$(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(SV_OBJ)/bw.o -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../softverbs' -pthread
+
 -include $(SV_OBJ)/*.d
 
-ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL)
+ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW)
 TEST_DEPS   += $(SV_UNIT) $(SV_CONF)
 CPU_TESTS   += 60@$(SV_UNIT) 150@$(SV_CONF)
 # rdma-core's own test program over the device, where ibverbs-utils is installed.

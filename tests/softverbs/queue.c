@@ -2,12 +2,18 @@
  * Completion queues, RC queue pairs and the data path of the software RDMA device.
  *
  * A send work request is copied into the QP's process-local send queue at post
- * time and executed in order, either at once by the posting thread or, when it has
- * to wait (shaping, a missing receive, a path that does not answer), by this
- * process's progress thread. Executing a write checks the target's rkey in the
- * shared MR table, moves the bytes with process_vm_writev (memcpy within one
- * process), then consumes the target's posted receive and places its completion in
- * the target's CQ ring in shared memory: the target process need not run.
+ * time and executed in order by the engine of the QP's NIC: one thread per NIC of
+ * this process, so that the NICs of a process move data in parallel, as hardware
+ * does, and the posting thread (NCCL's single proxy thread) does not copy. Requests of
+ * up to SV_POST_RUN bytes run at once in the posting thread when the engine is not
+ * busy with that QP, which keeps small-message latency free of a thread hand-over.
+ * With SOFTVERBS_ENGINES=0 everything runs in the posting thread, and what has to
+ * wait (shaping, a missing receive, a path that does not answer) in this process's
+ * progress thread. Executing a write checks the target's rkey in the shared MR table,
+ * moves the bytes with process_vm_writev (memcpy within one process), then consumes
+ * the target's posted receive and places its completion in the target's CQ ring in
+ * shared memory: the target process need not run. No lock shared between processes
+ * or NICs is held while bytes move.
  *
  * A path that does not deliver (local or remote port down or black-holed, remote QP
  * gone or not ready, remote process dead) is retried until the QP's own transport
@@ -22,7 +28,10 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <linux/futex.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -34,6 +43,15 @@
 #define SV_REAP_PERIOD 200000000
 #define SV_WAIT	       (-1)
 #define SV_NEVER       INT64_MAX
+#define SV_POST_RUN    65536	   /* bytes a posting thread executes itself, per call */
+#define SV_ENG_BUDGET  (16u << 20) /* bytes of one QP before its engine looks at the others */
+#define SV_ENG_SPIN    50000	   /* ns an engine that just worked polls before sleeping */
+
+static int64_t sv_qp_run(struct sv_qp *qp, int64_t now, uint64_t max_len, uint64_t budget);
+static struct sv_engine *sv_engine_get(int nic);
+static void sv_engine_add(struct sv_qp *qp);
+static void sv_engine_remove(struct sv_qp *qp);
+static void sv_engine_hand(struct sv_qp *qp);
 
 static struct sv_cq *to_cq(struct ibv_cq *cq)
 {
@@ -313,6 +331,8 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	qp->cap.max_send_sge = nsge;
 	qp->sig_all = init->sq_sig_all;
 	pthread_mutex_init(&qp->lock, NULL);
+	pthread_mutex_init(&qp->post_lock, NULL);
+	qp->eng_wake = SV_NEVER;
 
 	sv_lock(&f->lock);
 	for (i = 0; i < SV_MAX_QPS && atomic_load(&f->qps[i].qpn); i++)
@@ -360,6 +380,11 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	qp->next = sv_proc.qps;
 	sv_proc.qps = qp;
 	pthread_mutex_unlock(&sv_proc.lock);
+	if (sv_proc.cfg.engines) {
+		qp->eng = sv_engine_get(s->nic);
+		if (qp->eng)
+			sv_engine_add(qp);
+	}
 	return &qp->qp;
 
 err_free:
@@ -460,9 +485,12 @@ static void sv_rq_flush(struct sv_qp *qp)
 /* Under qp->lock: completes everything queued with a flush error. */
 static void sv_qp_flush(struct sv_qp *qp)
 {
-	for (; qp->sq_head != qp->sq_tail; qp->sq_head++)
-		sv_send_complete(qp, &qp->sq[qp->sq_head % qp->cap.max_send_wr],
-				 IBV_WC_WR_FLUSH_ERR);
+	uint32_t head = atomic_load_explicit(&qp->sq_head, memory_order_relaxed);
+
+	for (; head != atomic_load_explicit(&qp->sq_tail, memory_order_acquire); head++) {
+		sv_send_complete(qp, &qp->sq[head % qp->cap.max_send_wr], IBV_WC_WR_FLUSH_ERR);
+		atomic_store_explicit(&qp->sq_head, head + 1, memory_order_release);
+	}
 	sv_rq_flush(qp);
 }
 
@@ -533,7 +561,7 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		qp->attr.rnr_retry = attr->rnr_retry;
 	if (mask & IBV_QP_STATE) {
 		if (next == IBV_QPS_RESET) {
-			qp->sq_head = qp->sq_tail;
+			atomic_store(&qp->sq_head, atomic_load(&qp->sq_tail));
 			sv_lock(&qp->s->rq_lock);
 			qp->s->rq_head = qp->s->rq_tail;
 			pthread_mutex_unlock(&qp->s->rq_lock);
@@ -580,6 +608,8 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	if (*pp)
 		*pp = qp->next;
 	pthread_mutex_unlock(&sv_proc.lock);
+	if (qp->eng)
+		sv_engine_remove(qp);
 	pthread_mutex_lock(&qp->lock);
 	atomic_store(&qp->s->state, IBV_QPS_ERR);
 	atomic_store(&qp->s->qpn, 0);
@@ -588,6 +618,7 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	atomic_fetch_sub(&to_cq(ibqp->recv_cq)->users, 1);
 	atomic_fetch_sub(&sv_container_of(ibqp->pd, struct sv_pd, pd)->users, 1);
 	pthread_mutex_destroy(&qp->lock);
+	pthread_mutex_destroy(&qp->post_lock);
 	free(qp->inl_pool);
 	free(qp->sge_pool);
 	free(qp->sq);
@@ -634,19 +665,20 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr
 	return rc;
 }
 
-static int64_t sv_qp_run(struct sv_qp *qp, int64_t now);
-
 int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
 	struct sv_qp *qp = to_qp(ibqp);
+	int st = atomic_load(&qp->s->state);
+	uint32_t tail;
 	int64_t wake;
 	int rc = 0, rate;
 
-	pthread_mutex_lock(&qp->lock);
-	if (qp->attr.qp_state != IBV_QPS_RTS && qp->attr.qp_state != IBV_QPS_ERR) {
-		rc = EINVAL;
-		goto out;
+	if (st != IBV_QPS_RTS && st != IBV_QPS_ERR) {
+		*bad_wr = wr;
+		return EINVAL;
 	}
+	pthread_mutex_lock(&qp->post_lock);
+	tail = atomic_load_explicit(&qp->sq_tail, memory_order_relaxed);
 	rate = sv_nic_rate(sv_proc.f, qp->s->nic, sv_proc.cfg.shaping);
 	for (; wr; wr = wr->next) {
 		struct sv_swr *w;
@@ -670,11 +702,12 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 			rc = EINVAL;
 			break;
 		}
-		if (qp->sq_tail - qp->sq_head >= qp->cap.max_send_wr) {
+		if (tail - atomic_load_explicit(&qp->sq_head, memory_order_acquire) >=
+		    qp->cap.max_send_wr) {
 			rc = ENOMEM;
 			break;
 		}
-		w = &qp->sq[qp->sq_tail % qp->cap.max_send_wr];
+		w = &qp->sq[tail % qp->cap.max_send_wr];
 		w->wr_id = wr->wr_id;
 		w->opcode = wr->opcode;
 		w->flags = wr->send_flags;
@@ -688,11 +721,12 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 		 * A shaped request takes its turn on the wire when posted, as a NIC
 		 * queues it, so the rate does not depend on how soon this process runs.
 		 */
-		w->wire_ns = rate && len && qp->attr.qp_state == IBV_QPS_RTS
+		w->wire_ns = rate && len && st == IBV_QPS_RTS
 				 ? sv_nic_reserve(sv_proc.f, qp->s->nic,
 						  wr->opcode == IBV_WR_RDMA_READ ? SV_RX : SV_TX,
 						  rate, len, sv_now_ns())
 				 : 0;
+		w->start_ns = w->wire_ns ? w->wire_ns - sv_wire_time(len, rate) : 0;
 		w->far_ns = 0;
 		if (wr->send_flags & IBV_SEND_INLINE) {
 			uint8_t *p = w->inl;
@@ -707,12 +741,24 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 				memcpy(w->sge, wr->sg_list,
 				       sizeof(struct ibv_sge) * (size_t)wr->num_sge);
 		}
-		qp->sq_tail++;
+		atomic_store_explicit(&qp->sq_tail, ++tail, memory_order_release);
 	}
-out:
+	pthread_mutex_unlock(&qp->post_lock);
 	if (rc)
 		*bad_wr = wr;
-	wake = sv_qp_run(qp, sv_now_ns());
+	if (qp->eng) {
+		/* Small requests go at once unless the engine is running this QP. */
+		wake = 0;
+		if (pthread_mutex_trylock(&qp->lock) == 0) {
+			wake = sv_qp_run(qp, sv_now_ns(), SV_POST_RUN, SV_POST_RUN);
+			pthread_mutex_unlock(&qp->lock);
+		}
+		if (wake != SV_NEVER)
+			sv_engine_hand(qp);
+		return rc;
+	}
+	pthread_mutex_lock(&qp->lock);
+	wake = sv_qp_run(qp, sv_now_ns(), UINT64_MAX, UINT64_MAX);
 	pthread_mutex_unlock(&qp->lock);
 	if (wake != SV_NEVER)
 		sv_kick();
@@ -941,11 +987,20 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 	 * (unless the NIC turned slow since), the remote one is reserved here, once.
 	 */
 	rate = sv_nic_rate(f, qp->s->nic, sv_proc.cfg.shaping);
-	if (rate && w->len && !w->wire_ns)
+	if (rate && w->len && !w->wire_ns) {
 		w->wire_ns = sv_nic_reserve(f, qp->s->nic, read ? SV_RX : SV_TX, rate, w->len, now);
+		w->start_ns = w->wire_ns - sv_wire_time(w->len, rate);
+	}
+	/*
+	 * The bytes cross the remote link while they cross the local one: when this
+	 * thread gets here late (it was copying the previous request), the turn is taken
+	 * from when they started out, or the copy time would be lost on every request.
+	 * Never from the future: the link's clock is shared and takes turns in order.
+	 */
 	rate = sv_nic_rate(f, t->nic, sv_proc.cfg.shaping);
 	if (rate && w->len && !w->far_ns)
-		w->far_ns = sv_nic_reserve(f, t->nic, read ? SV_TX : SV_RX, rate, w->len, now);
+		w->far_ns = sv_nic_reserve(f, t->nic, read ? SV_TX : SV_RX, rate, w->len,
+					   w->wire_ns && w->start_ns < now ? w->start_ns : now);
 	if (w->wire_ns > now || w->far_ns > now) {
 		*wake = w->wire_ns > w->far_ns ? w->wire_ns : w->far_ns;
 		return SV_WAIT;
@@ -1031,19 +1086,28 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 	return 0;
 }
 
-/* Under qp->lock: runs the send queue as far as it goes; returns when to look again. */
-static int64_t sv_qp_run(struct sv_qp *qp, int64_t now)
+/*
+ * Under qp->lock: runs the send queue as far as it goes, stopping (and returning
+ * `now`) before a request longer than `max_len` or once `budget` bytes went; returns
+ * SV_NEVER when the queue is empty, otherwise when to look again.
+ */
+static int64_t sv_qp_run(struct sv_qp *qp, int64_t now, uint64_t max_len, uint64_t budget)
 {
 	int64_t wake = SV_NEVER;
+	uint64_t done = 0;
+	uint32_t head;
 
-	while (qp->sq_head != qp->sq_tail) {
-		struct sv_swr *w = &qp->sq[qp->sq_head % qp->cap.max_send_wr];
+	while ((head = atomic_load_explicit(&qp->sq_head, memory_order_relaxed)) !=
+	       atomic_load_explicit(&qp->sq_tail, memory_order_acquire)) {
+		struct sv_swr *w = &qp->sq[head % qp->cap.max_send_wr];
 		int rc;
 
 		if (qp->attr.qp_state == IBV_QPS_ERR) {
 			sv_qp_flush(qp);
 			break;
 		}
+		if (w->len > max_len || done >= budget)
+			return now;
 		if (!w->first_ns)
 			w->first_ns = now;
 		rc = sv_exec(qp, w, now, &wake);
@@ -1051,14 +1115,16 @@ static int64_t sv_qp_run(struct sv_qp *qp, int64_t now)
 			return wake;
 		if (rc) {
 			sv_send_complete(qp, w, rc);
-			qp->sq_head++;
+			atomic_store_explicit(&qp->sq_head, head + 1, memory_order_release);
 			sv_qp_set_state(qp, IBV_QPS_ERR);
 			sv_qp_flush(qp);
 			break;
 		}
 		if ((w->flags & IBV_SEND_SIGNALED) || qp->sig_all)
 			sv_send_complete(qp, w, IBV_WC_SUCCESS);
-		qp->sq_head++;
+		done += w->len + 64; /* a request costs something even when empty */
+		/* The slot is free once head passes it: everything read from it is done. */
+		atomic_store_explicit(&qp->sq_head, head + 1, memory_order_release);
 		now = sv_now_ns();
 	}
 	return SV_NEVER;
@@ -1070,11 +1136,13 @@ int64_t sv_progress_all(int64_t now)
 
 	pthread_mutex_lock(&sv_proc.lock);
 	for (struct sv_qp *qp = sv_proc.qps; qp; qp = qp->next) {
+		if (qp->eng)
+			continue; /* its engine runs it */
 		/* A thread posting on it runs it itself. */
 		if (pthread_mutex_trylock(&qp->lock) != 0) {
 			w = now + SV_RNR_POLL;
 		} else {
-			w = sv_qp_run(qp, now);
+			w = sv_qp_run(qp, now, UINT64_MAX, UINT64_MAX);
 			pthread_mutex_unlock(&qp->lock);
 		}
 		if (w < wake)
@@ -1082,6 +1150,148 @@ int64_t sv_progress_all(int64_t now)
 	}
 	pthread_mutex_unlock(&sv_proc.lock);
 	return wake;
+}
+
+/*
+ * ---- engines ----
+ *
+ * One thread per NIC of this process runs the send queues of that NIC's QPs. A
+ * posting thread hands a QP over by setting its `ready` flag and bumping the
+ * engine's futex word; the engine sleeps on that word when it has nothing to do,
+ * with a timeout at the earliest time one of its QPs waits for (shaping, RNR, a
+ * silent path), after polling it briefly when it just worked, so a stream of
+ * requests needs no wake-up system call.
+ */
+struct sv_engine {
+	pthread_mutex_t lock; /* qps; held while running them */
+	struct sv_qp *qps;
+	_Atomic uint32_t seq; /* futex word, bumped by every hand-over */
+	_Atomic bool sleeping;
+	bool started;
+	pthread_t thread;
+};
+
+static struct sv_engine sv_engines[SV_MAX_NICS];
+
+static inline void sv_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+static void sv_engine_hand(struct sv_qp *qp)
+{
+	struct sv_engine *e = qp->eng;
+
+	if (atomic_exchange(&qp->ready, true))
+		return; /* whoever set it wakes the engine */
+	atomic_fetch_add(&e->seq, 1);
+	if (atomic_load(&e->sleeping))
+		syscall(SYS_futex, &e->seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
+static void *sv_engine_main(void *arg)
+{
+	struct sv_engine *e = arg;
+
+	/* Shaped requests complete at their wire time: wake then, not 50 us later. */
+	prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+	for (;;) {
+		uint32_t seq = atomic_load(&e->seq);
+		int64_t now = sv_now_ns(), next = SV_NEVER, spin_end;
+		bool handed = false;
+		struct timespec ts;
+
+		pthread_mutex_lock(&e->lock);
+		for (struct sv_qp *qp = e->qps; qp; qp = qp->eng_next) {
+			bool ready = atomic_exchange(&qp->ready, false);
+
+			if (ready || qp->eng_wake <= now) {
+				pthread_mutex_lock(&qp->lock);
+				qp->eng_wake = sv_qp_run(qp, now, UINT64_MAX, SV_ENG_BUDGET);
+				pthread_mutex_unlock(&qp->lock);
+				now = sv_now_ns();
+				handed |= ready;
+			}
+			if (qp->eng_wake < next)
+				next = qp->eng_wake;
+		}
+		pthread_mutex_unlock(&e->lock);
+		if (next <= now)
+			continue;
+		spin_end = handed ? now + SV_ENG_SPIN : now;
+		while (atomic_load(&e->seq) == seq && now < spin_end && now < next) {
+			sv_cpu_relax();
+			now = sv_now_ns();
+		}
+		if (atomic_load(&e->seq) != seq || next <= now)
+			continue;
+		ts.tv_sec = next / 1000000000;
+		ts.tv_nsec = next % 1000000000;
+		atomic_store(&e->sleeping, true);
+		/* FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC time, as sv_now_ns. */
+		if (atomic_load(&e->seq) == seq)
+			syscall(SYS_futex, &e->seq, FUTEX_WAIT_BITSET_PRIVATE, seq,
+				next == SV_NEVER ? NULL : &ts, NULL, FUTEX_BITSET_MATCH_ANY);
+		atomic_store(&e->sleeping, false);
+	}
+	return NULL;
+}
+
+/* The engine of a NIC of this process, started on first use; NULL if it cannot start. */
+static struct sv_engine *sv_engine_get(int nic)
+{
+	struct sv_engine *e = &sv_engines[nic];
+	sigset_t all, old;
+	char name[16];
+
+	pthread_mutex_lock(&sv_proc.lock);
+	if (!e->started) {
+		pthread_mutex_init(&e->lock, NULL);
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &old);
+		if (pthread_create(&e->thread, NULL, sv_engine_main, e) == 0) {
+			snprintf(name, sizeof(name), "sv-%s", sv_proc.f->nics[nic].name);
+			pthread_setname_np(e->thread, name);
+			e->started = true;
+		} else {
+			fprintf(stderr,
+				"softverbs: cannot start the engine of %s, its QPs run inline\n",
+				sv_proc.f->nics[nic].name);
+		}
+		pthread_sigmask(SIG_SETMASK, &old, NULL);
+	}
+	pthread_mutex_unlock(&sv_proc.lock);
+	return e->started ? e : NULL;
+}
+
+static void sv_engine_add(struct sv_qp *qp)
+{
+	pthread_mutex_lock(&qp->eng->lock);
+	qp->eng_next = qp->eng->qps;
+	qp->eng->qps = qp;
+	pthread_mutex_unlock(&qp->eng->lock);
+}
+
+/* Waits for the engine to leave the QP alone (it holds its lock while running it). */
+static void sv_engine_remove(struct sv_qp *qp)
+{
+	struct sv_qp **pp;
+
+	pthread_mutex_lock(&qp->eng->lock);
+	for (pp = &qp->eng->qps; *pp && *pp != qp; pp = &(*pp)->eng_next)
+		;
+	if (*pp)
+		*pp = qp->eng_next;
+	pthread_mutex_unlock(&qp->eng->lock);
+}
+
+void sv_engines_forget(void)
+{
+	memset(sv_engines, 0, sizeof(sv_engines));
 }
 
 /* ---- the progress thread ---- */

@@ -2,11 +2,13 @@
  * Single-process unit tests of the software RDMA device (Criterion; each test runs in
  * its own process on its own fabric): the exported symbols and versions NCCL looks
  * up, queries, the QP state machine and its attribute checks, posting errors, a
- * loopback data path, and the introspection API.
+ * loopback data path, the introspection API, and the engine threads (one per NIC in
+ * use; none with SOFTVERBS_ENGINES=0).
  */
 #include "tests/softverbs/softverbs.h"
 
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -21,7 +23,7 @@ static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static struct ibv_cq *cq;
 
-static void setup(void)
+static void open_first(void)
 {
 	struct ibv_device **devs;
 	int n = 0;
@@ -39,6 +41,12 @@ static void setup(void)
 	pd = ibv_alloc_pd(ctx);
 	cq = ibv_create_cq(ctx, 512, NULL, NULL, 0);
 	cr_assert(pd && cq);
+}
+
+static void setup(void)
+{
+	unsetenv("SOFTVERBS_ENGINES");
+	open_first();
 }
 
 static void teardown(void)
@@ -482,4 +490,90 @@ Test(softverbs, error_statuses)
 			cr_expect(wc.wr_id == 2 && wc.status == IBV_WC_LOC_LEN_ERR, "status %d",
 				  wc.status);
 	}
+}
+
+/* Threads of this process whose name is `name`. */
+static int threads_named(const char *name)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	cr_assert(d);
+	while ((e = readdir(d))) {
+		char path[300], comm[32] = "";
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fgets(comm, sizeof(comm), f))
+			comm[strcspn(comm, "\n")] = '\0';
+		fclose(f);
+		n += strcmp(comm, name) == 0;
+	}
+	closedir(d);
+	return n;
+}
+
+/* One engine per NIC that has QPs, however many QPs and contexts. */
+Test(softverbs, engines_one_per_nic)
+{
+	struct ibv_device **devs = ibv_get_device_list(NULL);
+	struct ibv_context *c2 = ibv_open_device(devs[1]);
+	struct ibv_pd *pd2 = ibv_alloc_pd(c2);
+	struct ibv_cq *cq2 = ibv_create_cq(c2, 16, NULL, NULL, 0);
+	struct ibv_qp_init_attr init = {
+	    .send_cq = cq2,
+	    .recv_cq = cq2,
+	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+	    .qp_type = IBV_QPT_RC,
+	};
+
+	cr_expect(threads_named("sv-mlx5_0") == 0, "no engine before a QP");
+	qp_new();
+	qp_new();
+	cr_assert(ibv_create_qp(pd2, &init));
+	cr_expect(threads_named("sv-mlx5_0") == 1);
+	cr_expect(threads_named("sv-mlx5_2") == 1);
+	cr_expect(threads_named("sv-mlx5_3") == 0);
+	ibv_free_device_list(devs);
+}
+
+static void setup_inline(void)
+{
+	setenv("SOFTVERBS_ENGINES", "0", 1);
+	open_first();
+}
+
+/* SOFTVERBS_ENGINES=0: no engine; the posting thread runs even a large write. */
+Test(softverbs_inline, no_engines, .init = setup_inline, .fini = teardown)
+{
+	struct ibv_qp *qp = qp_new();
+	size_t len = 8u << 20;
+	uint8_t *src = malloc(len), *dst = calloc(1, len);
+	struct ibv_mr *ms = ibv_reg_mr(pd, src, len, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *md =
+	    ibv_reg_mr(pd, dst, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_sge sge = {.addr = (uintptr_t)src, .length = (uint32_t)len, .lkey = ms->lkey};
+	struct ibv_send_wr wr = {.wr_id = 3,
+				 .sg_list = &sge,
+				 .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	struct ibv_wc wc;
+
+	cr_assert(src && dst && ms && md);
+	memset(src, 0x5a, len);
+	cr_assert(to_init(qp) == 0 && to_rtr(qp, qp->qp_num, my_lid()) == 0 && to_rts(qp) == 0);
+	wr.wr.rdma.remote_addr = (uintptr_t)dst;
+	wr.wr.rdma.rkey = md->rkey;
+	cr_assert(ibv_post_send(qp, &wr, &bad) == 0);
+	cr_expect(dst[len - 1] == 0x5a, "copied before post_send returned");
+	cr_expect(ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == 3 && wc.status == IBV_WC_SUCCESS);
+	cr_expect(threads_named("sv-mlx5_0") == 0);
 }
