@@ -13,6 +13,7 @@
 #include "shim/params.h"
 #include "shim/registry.h"
 #include "shim/report.h"
+#include "shim/stats.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -99,4 +100,5 @@ __attribute__((destructor)) static void r2cc_destructor(void)
 {
 	if (__atomic_load_n(&r2cc_state, __ATOMIC_ACQUIRE) > 0)
 		r2cc_report_at_exit();
+	r2cc_stats_unpublish();
 }

@@ -194,6 +194,15 @@ static int parse_oob_root(struct r2cc_params *p, const char *v)
 	return copy_str(p->oob_root, sizeof(p->oob_root), v);
 }
 
+static int parse_stats(struct r2cc_params *p, const char *v)
+{
+	long x;
+	if (parse_int(v, 0, 1, &x))
+		return -EINVAL;
+	p->stats = x == 1;
+	return 0;
+}
+
 static const struct param_def params[] = {
     {"R2CC_MODE", "2", "0, 1, 2, 3 or auto",
      "0 plain NCCL (pure pass-through); 1 live migration to one backup NIC; 2 R2CC-Balance; "
@@ -223,6 +232,8 @@ static const struct param_def params[] = {
      parse_report},
     {"R2CC_OOB_ROOT", "", "host:port",
      "control-plane rendezvous address (default: carried in the NCCL unique id)", parse_oob_root},
+    {"R2CC_STATS", "1", "0 or 1",
+     "publish live per-NIC statistics in /dev/shm for `r2cc top` (0: off)", parse_stats},
 };
 
 #define NPARAMS (sizeof(params) / sizeof(params[0]))

@@ -8,6 +8,7 @@
 #include "shim/registry.h"
 #include "shim/common.h"
 #include "shim/log.h"
+#include "shim/stats.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -59,13 +60,18 @@ struct r2cc_nic *r2cc_nic_get(const char *name)
 		if (!strcmp(nics[i]->name, name))
 			nic = nics[i];
 	if (!nic && nnics < R2CC_MAX_NICS) {
-		nic = calloc(1, sizeof(*nic));
+		/* In the published page when there is one: the counters the data
+		 * path updates are then the ones `r2cc top` reads. */
+		struct r2cc_stats_page *page = r2cc_stats_page();
+		nic = page ? &page->nics[nnics] : calloc(1, sizeof(*nic));
 		if (nic) {
 			nic->index = nnics;
 			snprintf(nic->name, sizeof(nic->name), "%s", name);
 			nic->port = 1;
 			__atomic_store_n(&nics[nnics], nic, __ATOMIC_RELEASE);
 			__atomic_store_n(&nnics, nnics + 1, __ATOMIC_RELEASE);
+			if (page)
+				__atomic_store_n(&page->nnics, nnics, __ATOMIC_RELEASE);
 		}
 	}
 	pthread_mutex_unlock(&registry_lock);

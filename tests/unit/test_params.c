@@ -154,7 +154,8 @@ Test(params, table_is_complete)
 				  "R2CC_DEBUG",
 				  "R2CC_DEBUG_FILE",
 				  "R2CC_REPORT",
-				  "R2CC_OOB_ROOT"};
+				  "R2CC_OOB_ROOT",
+				  "R2CC_STATS"};
 	for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++) {
 		int found = 0;
 		for (int j = 0; r2cc_param_name(j); j++)

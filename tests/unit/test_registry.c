@@ -1,10 +1,16 @@
 /* Registries: the lock-free map, MR lookups by address range, lkey and rkey,
  * QP lookups by object and number, and NIC records. */
 #include "shim/map.h"
+#include "shim/params.h"
 #include "shim/registry.h"
+#include "shim/stats.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -233,4 +239,50 @@ Test(registry, qps_and_cqs)
 	cr_expect_null(r2cc_cq_find(&cq));
 	r2cc_ctx_remove(&ctx);
 	cr_expect_null(r2cc_ctx_find(&ctx));
+}
+
+/* The NIC records live in the published page: a reader sees the counters the
+ * data path updates, and the page goes away when the process unpublishes. */
+Test(stats, published_page)
+{
+	setenv("R2CC_STATS", "1", 1);
+	setenv("R2CC_DEBUG", "NONE", 1);
+	cr_assert_eq(r2cc_params_load(), 0);
+	cr_assert_eq(r2cc_registry_init(), 0);
+	struct r2cc_nic *nic = r2cc_nic_get("pub0");
+	cr_assert_not_null(nic);
+	r2cc_counter_add(&nic->cnt.tx_bytes, 4096);
+	char path[128];
+	snprintf(path, sizeof(path), "/dev/shm/" R2CC_STATS_PREFIX "%d", (int)getpid());
+	int fd = open(path, O_RDONLY);
+	cr_assert(fd >= 0, "no page at %s", path);
+	struct r2cc_stats_page *pg = mmap(NULL, sizeof(*pg), PROT_READ, MAP_SHARED, fd, 0);
+	close(fd);
+	cr_assert_neq(pg, MAP_FAILED);
+	cr_expect_eq(pg->magic, R2CC_STATS_MAGIC);
+	cr_expect_eq(pg->version, R2CC_STATS_VERSION);
+	cr_expect_eq(pg->pid, getpid());
+	cr_expect_eq(pg->nic_size, sizeof(struct r2cc_nic));
+	cr_expect_eq(pg->nnics, 1);
+	cr_expect_str_eq(pg->nics[0].name, "pub0");
+	cr_expect_eq(pg->nics[0].cnt.tx_bytes, 4096);
+	r2cc_counter_add(&nic->cnt.tx_bytes, 1);
+	cr_expect_eq(pg->nics[0].cnt.tx_bytes, 4097, "the page is the live record");
+	munmap(pg, sizeof(*pg));
+	r2cc_stats_unpublish();
+	cr_expect_neq(access(path, F_OK), 0, "page left behind");
+}
+
+Test(stats, off)
+{
+	/* The settings were read when the library's constructor ran; this is
+	 * what R2CC_STATS=0 sets. */
+	r2cc_params_load();
+	r2cc_param.stats = false;
+	cr_assert_eq(r2cc_registry_init(), 0);
+	cr_assert_not_null(r2cc_nic_get("priv0"));
+	cr_expect_null(r2cc_stats_page());
+	char path[128];
+	snprintf(path, sizeof(path), "/dev/shm/" R2CC_STATS_PREFIX "%d", (int)getpid());
+	cr_expect_neq(access(path, F_OK), 0);
 }
