@@ -17,6 +17,9 @@ command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
 command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3)
+# Debian's matplotlib, for scripts/plot.py (it falls back to /usr/bin/python3).
+python3 -c 'import matplotlib' 2>/dev/null || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ||
+	need+=(python3-matplotlib)
 if [ ${#need[@]} -gt 0 ]; then
 	echo "deps: installing ${need[*]}"
 	SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
