@@ -1,0 +1,37 @@
+# tools/: the r2cc command (build/bin/r2cc, tools/README.md): `doctor`, the
+# pre-flight check, and `top`, the live per-NIC view (built in when tools/top.c
+# is there). doctor compiles the library's own parser (shim/params.c,
+# shim/failspec.c, shim/log.c) and cost model (strategies/cost.c) in, and
+# dlopen()s libibverbs and libnccl at run time: no link-time dependency on
+# either, nor on CUDA.
+
+R2CC_TOOL      := $(BUILD)/bin/r2cc
+R2CC_TOOL_SRCS := tools/r2cc.c tools/doctor.c tools/doctor_nic.c tools/doctor_env.c \
+	$(wildcard tools/top.c)
+R2CC_TOOL_LIBS := shim/params.c shim/failspec.c shim/log.c strategies/cost.c
+R2CC_TOOL_HDRS := tools/doctor.h $(wildcard tools/top.h) shim/params.h shim/failspec.h shim/log.h \
+	strategies/cost.h $(wildcard shim/stats.h shim/registry.h)
+
+$(R2CC_TOOL): $(R2CC_TOOL_SRCS) $(R2CC_TOOL_LIBS) $(R2CC_TOOL_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $(R2CC_TOOL_SRCS) $(R2CC_TOOL_LIBS) -ldl -lm
+
+# Tests: the doctor over the software RDMA device, with a stand-in libnccl.so.2.
+DOCTOR_TDIR := $(BUILD)/tests/doctor
+
+$(DOCTOR_TDIR)/nccl/libnccl.so.2: tests/doctor/nccl_stub.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) -shared -Wl,-soname,libnccl.so.2 -o $@ $<
+
+$(DOCTOR_TDIR)/hold: tests/doctor/hold.c
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< -ldl
+
+ALL_TARGETS += $(R2CC_TOOL)
+TEST_DEPS   += $(R2CC_TOOL) $(DOCTOR_TDIR)/nccl/libnccl.so.2 $(DOCTOR_TDIR)/hold
+CPU_TESTS   += 60@tests/doctor/run.sh:$(BUILD)
+FORMAT_SRCS += $(R2CC_TOOL_SRCS) tools/doctor.h $(wildcard tools/top.h) tests/doctor/nccl_stub.c tests/doctor/hold.c
+
+# r2cc top against live processes (the drill under the preload).
+TEST_DEPS   += $(BUILD)/bin/r2cc-verbs-drill $(BUILD)/tests/preload/verbs_preload
+CPU_TESTS   += 60@tests/top/run.sh:$(BUILD)
