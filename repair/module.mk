@@ -29,3 +29,4 @@ CPU_TESTS += 60@$(BUILD)/tests/unit/test_ctl_msg:--jobs=2 \
 	     60@$(CTL_MULTI):badkey 60@$(CTL_MULTI):garbage 60@$(CTL_MULTI):timeout
 FORMAT_SRCS += $(REPAIR_CTL_SRCS) $(REPAIR_CTL_HDRS) $(wildcard tests/unit/test_ctl_*.c) \
 	       $(wildcard tests/ctl/*.c)
+include repair/shadow.mk
