@@ -67,8 +67,10 @@ PY
 	echo "=== PyTorch's NCCL: $tlib"
 	for shape in "2 1" "2 2"; do
 		set -- $shape
-		LD_LIBRARY_PATH=$tlib perf "torchnccl-allreduce-$1x$2" $1 $2 --coll allreduce -b 8 -e 1G -f 8 -n 2 -w 1 -d float -o sum
-		LD_LIBRARY_PATH=$tlib perf "torchnccl-sendrecv-$1x$2" $1 $2 --coll sendrecv -b 8 -e 1G -f 8 -n 2 -w 1 -d bfloat16
+		LD_LIBRARY_PATH=$tlib perf "torchnccl-allreduce-bf16-sum-$1x$2" $1 $2 --coll allreduce -b 8 -e 1G -f 2 -n 2 -w 1 -d bfloat16 -o sum
+		for c in allreduce allgather reducescatter broadcast sendrecv; do
+			LD_LIBRARY_PATH=$tlib perf "torchnccl-$c-float-$1x$2" $1 $2 --coll $c -b 8 -e 1G -f 2 -n 2 -w 1 -d float -o sum
+		done
 	done
 	softfabric_env mlx5_0:100,mlx5_2:100,mlx5_3:100 sv-torch
 	echo "=== torch.distributed over soft NICs (one emulated node per rank)"
@@ -88,21 +90,28 @@ shaped)
 		--coll allreduce -b 1G -e 1G -n 5 -w 1 -d float -o sum --nic-table
 	;;
 fault)
-	# Plain NCCL, no R2CC: node0's mlx5_2 fails 4 s into a loop of AllReduces.
+	# Plain NCCL, no R2CC: node0's mlx5_2 is cut with softverbs-ctl 4 s into
+	# a loop of AllReduces.
 	for kind in down blackhole; do
 		softfabric_env mlx5_0:100,mlx5_2:100,mlx5_3:100 "sv-fault-$kind"
-		export SOFTVERBS_TIME_SCALE=0.05 SOFTVERBS_FAULT="node0/mlx5_2=$kind@4000"
-		echo "=== fault-$kind: plain NCCL, node0/mlx5_2 $kind at 4 s, IB timeouts scaled x0.05"
+		export SOFTVERBS_TIME_SCALE=0.05
+		echo "=== fault-$kind: plain NCCL, softverbs-ctl fault node0 mlx5_2 $kind 4 s after the start, IB timeouts scaled x0.05"
 		t0=$SECONDS
 		NCCL_DEBUG=WARN timeout 200 "$PERF" --nodes 2 --gpus-per-node 1 --coll allreduce -b 256M -e 256M \
-			-n 400 -w 1 -c 1 -T 120 >"$LOG/fault-$kind.log" 2>&1
+			-n 400 -w 1 -c 1 -T 120 >"$LOG/fault-$kind.log" 2>&1 &
+		job=$!
+		sleep 4
+		"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" fault node0 mlx5_2 "$kind" |
+			sed "s/^/    softverbs-ctl: /"
+		echo "    fault injected at $(date +%T.%N | cut -c1-12)"
+		wait $job
 		rc=$?
 		echo "    r2cc-perf exit $rc after $((SECONDS - t0)) s (non-zero expected: plain NCCL cannot survive)"
 		grep -E "status=|async error|asynchronous error|timed out|watchdog" "$LOG/fault-$kind.log" |
 			grep -v "Could not find real path" | head -4 | sed 's/^/    /'
 		[ $rc -ne 0 ] || { echo "    unexpected success"; fail=1; }
 		"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" list 2>/dev/null | grep -E "^nic .*mlx5_2" | head -2 | sed 's/^/    /'
-		unset SOFTVERBS_TIME_SCALE SOFTVERBS_FAULT
+		unset SOFTVERBS_TIME_SCALE
 		softfabric_reset
 	done
 	;;
