@@ -11,9 +11,11 @@
  * With R2CC inactive (R2CC_MODE=0 or a bad setting) the hook returns the real
  * functions untouched.
  */
+#include "repair/mr_mirror.h"
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/log.h"
+#include "shim/params.h"
 #include "shim/registry.h"
 
 #include <dlfcn.h>
@@ -154,6 +156,21 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 
 /* --- control path ---------------------------------------------------------- */
 
+/* MR mirror hooks (repair/mr_mirror.h), only with R2CC_MR_MIRROR=1: the real
+ * functions the mirror registers its own PDs and MRs with. */
+static void mirror_ctx_opened(struct ibv_context *ctx, struct r2cc_nic *nic)
+{
+	struct r2cc_mr_mirror_verbs v = {
+	    .alloc_pd = REAL(ibv_alloc_pd),
+	    .dealloc_pd = REAL(ibv_dealloc_pd),
+	    .reg_mr = REAL(ibv_reg_mr),
+	    .reg_mr_iova2 = real_ibv_reg_mr_iova2,
+	    .reg_dmabuf_mr = real_ibv_reg_dmabuf_mr,
+	    .dereg_mr = REAL(ibv_dereg_mr),
+	};
+	r2cc_mr_mirror_ctx_opened(ctx, nic, &v);
+}
+
 static void query_port_attrs(struct ibv_context *ctx, struct r2cc_nic *nic)
 {
 	struct ibv_port_attr pa;
@@ -192,6 +209,8 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 	ctx->ops.poll_cq = wrap_poll_cq;
 	R2CC_INFO("%s: opened (NIC %d, lid %u, port %s)", nic->name, nic->index, nic->lid,
 		  nic->port_state == IBV_PORT_ACTIVE ? "active" : "not active");
+	if (r2cc_param.mr_mirror) /* MR mirror hook */
+		mirror_ctx_opened(ctx, nic);
 	errno = saved;
 	return ctx;
 }
@@ -199,6 +218,8 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 static int wrap_ibv_close_device(struct ibv_context *ctx)
 {
 	struct r2cc_ctx *c = r2cc_ctx_find(ctx);
+	if (r2cc_param.mr_mirror) /* MR mirror hook: R2CC's PD and MRs on ctx go first */
+		r2cc_mr_mirror_ctx_closing(ctx);
 	if (c) {
 		ctx->ops.post_send = c->post_send;
 		ctx->ops.post_recv = c->post_recv;
@@ -249,6 +270,8 @@ static struct ibv_pd *wrap_ibv_alloc_pd(struct ibv_context *ctx)
 		if (c)
 			r2cc_pd_add(pd, c);
 		errno = saved;
+		if (r2cc_param.mr_mirror) /* MR mirror hook */
+			r2cc_mr_mirror_pd_allocated(ctx);
 	}
 	return pd;
 }
@@ -274,27 +297,48 @@ static struct ibv_mr *note_mr(struct ibv_pd *pd, struct ibv_mr *mr, uint64_t add
 	return mr;
 }
 
+/* MR mirror hook (R2CC_MR_MIRROR=1): the mirrors are registered inside
+ * NCCL's call, while a dma-buf fd is certainly open. */
+static struct ibv_mr *mirror_mr(struct ibv_pd *pd, struct ibv_mr *mr, struct r2cc_mr_mirror_src src)
+{
+	if (mr && r2cc_param.mr_mirror)
+		r2cc_mr_mirror_reg(pd, mr, &src);
+	return mr;
+}
+
 static struct ibv_mr *wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
 {
-	return note_mr(pd, real_ibv_reg_mr(pd, addr, len, access), (uintptr_t)addr, len, access);
+	struct ibv_mr *mr =
+	    note_mr(pd, real_ibv_reg_mr(pd, addr, len, access), (uintptr_t)addr, len, access);
+	return mirror_mr(pd, mr,
+			 (struct r2cc_mr_mirror_src){R2CC_MR_VA, addr, 0, 0, -1, len, access});
 }
 
 static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len,
 					    uint64_t iova, unsigned int access)
 {
-	return note_mr(pd, real_ibv_reg_mr_iova2(pd, addr, len, iova, access), (uintptr_t)addr, len,
-		       (int)access);
+	struct ibv_mr *mr = note_mr(pd, real_ibv_reg_mr_iova2(pd, addr, len, iova, access),
+				    (uintptr_t)addr, len, (int)access);
+	return mirror_mr(
+	    pd, mr, (struct r2cc_mr_mirror_src){R2CC_MR_IOVA, addr, iova, 0, -1, len, (int)access});
 }
 
 static struct ibv_mr *wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 					     uint64_t iova, int fd, int access)
 {
 	struct ibv_mr *mr = real_ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
-	return note_mr(pd, mr, iova, len, access);
+	mr = note_mr(pd, mr, iova, len, access);
+	return mirror_mr(
+	    pd, mr,
+	    (struct r2cc_mr_mirror_src){R2CC_MR_DMABUF, NULL, iova, offset, fd, len, access});
 }
 
 static int wrap_ibv_dereg_mr(struct ibv_mr *mr)
 {
+	/* MR mirror hook: before the real call, while mr cannot be a new MR's
+	 * address yet (a failed dereg leaves that MR unmirrored). */
+	if (r2cc_param.mr_mirror)
+		r2cc_mr_mirror_dereg(mr);
 	int rc = real_ibv_dereg_mr(mr);
 	if (rc == 0)
 		r2cc_mr_remove(mr);

@@ -30,3 +30,4 @@ CPU_TESTS += 60@$(BUILD)/tests/unit/test_ctl_msg:--jobs=2 \
 FORMAT_SRCS += $(REPAIR_CTL_SRCS) $(REPAIR_CTL_HDRS) $(wildcard tests/unit/test_ctl_*.c) \
 	       $(wildcard tests/ctl/*.c)
 include repair/shadow.mk
+include repair/mirror.mk

@@ -203,6 +203,15 @@ static int parse_stats(struct r2cc_params *p, const char *v)
 	return 0;
 }
 
+static int parse_mr_mirror(struct r2cc_params *p, const char *v)
+{
+	long x;
+	if (parse_int(v, 0, 1, &x))
+		return -EINVAL;
+	p->mr_mirror = x == 1;
+	return 0;
+}
+
 static const struct param_def params[] = {
     {"R2CC_MODE", "2", "0, 1, 2, 3 or auto",
      "0 plain NCCL (pure pass-through); 1 live migration to one backup NIC; 2 R2CC-Balance; "
@@ -234,6 +243,10 @@ static const struct param_def params[] = {
      "control-plane rendezvous address (default: carried in the NCCL unique id)", parse_oob_root},
     {"R2CC_STATS", "1", "0 or 1",
      "publish live per-NIC statistics in /dev/shm for `r2cc top` (0: off)", parse_stats},
+    {"R2CC_MR_MIRROR", "0", "0 or 1",
+     "hot repair: register a mirror of every memory region on every other NIC, so that queue "
+     "pairs can migrate (doubles MR registrations; 0: off)",
+     parse_mr_mirror},
 };
 
 #define NPARAMS (sizeof(params) / sizeof(params[0]))

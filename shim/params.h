@@ -34,6 +34,7 @@ struct r2cc_params {
 	char report[256];   /* R2CC_REPORT path, empty = none */
 	char oob_root[256]; /* R2CC_OOB_ROOT host:port, empty = from the unique id */
 	bool stats;	    /* R2CC_STATS: publish live statistics for r2cc top */
+	bool mr_mirror;	    /* R2CC_MR_MIRROR: mirror every MR on every NIC (hot repair) */
 	bool valid;	    /* false: a setting was bad, run as pass-through */
 };
 

@@ -45,6 +45,19 @@ Test(params, defaults)
 	cr_expect(p.valid);
 }
 
+/* Off by default: mirroring doubles MR registrations. */
+Test(params, mr_mirror)
+{
+	cr_expect_not(p.mr_mirror);
+	cr_expect_eq(set("R2CC_MR_MIRROR", "1"), 0);
+	cr_expect(p.mr_mirror);
+	cr_expect_eq(set("R2CC_MR_MIRROR", "0"), 0);
+	cr_expect_not(p.mr_mirror);
+	const char *bad[] = {"2", "-1", "", "yes", "on", " 1", "1 "};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		expect_bad("R2CC_MR_MIRROR", bad[i], "0 or 1");
+}
+
 Test(params, mode)
 {
 	const char *good[] = {"0", "1", "2", "3"};
@@ -155,7 +168,8 @@ Test(params, table_is_complete)
 				  "R2CC_DEBUG_FILE",
 				  "R2CC_REPORT",
 				  "R2CC_OOB_ROOT",
-				  "R2CC_STATS"};
+				  "R2CC_STATS",
+				  "R2CC_MR_MIRROR"};
 	for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++) {
 		int found = 0;
 		for (int j = 0; r2cc_param_name(j); j++)

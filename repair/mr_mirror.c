@@ -1,0 +1,801 @@
+/*
+ * MR mirrors and rkey maps (see mr_mirror.h). One mutex guards the mirror
+ * state: per NIC the context and R2CC's own PD, the groups (an NCCL
+ * registration and its mirrors) with three indexes — by NCCL's ibv_mr, by
+ * (NIC, lkey) and by (NIC, rkey) — the generation, and the cache of peers'
+ * maps. Registrations of mirrors run outside the lock (pinning a large buffer
+ * takes a while and the control thread's handler takes the same lock); they
+ * only need the PDs, which live until their context closes. The lock is
+ * taken around fork() so that a child never inherits it held.
+ */
+#include "repair/mr_mirror.h"
+#include "shim/log.h"
+#include "shim/map.h"
+#include "shim/params.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FETCH_FIRST_CAP (64u << 10)
+#define REPLY_HDR	24
+
+struct mkey {
+	int nic;
+	uint32_t lkey, rkey;
+	struct ibv_mr *mr; /* R2CC's mirror; NULL for NCCL's original */
+};
+
+struct group {
+	struct group *next, **pprev;
+	struct ibv_mr *orig;
+	uint64_t addr; /* the address peers use (iova) */
+	uint64_t len;
+	int nkeys;
+	struct mkey keys[R2CC_MAX_NICS]; /* keys[0]: the original */
+};
+
+struct mnic {
+	struct ibv_context *ctx;
+	struct r2cc_nic *nic;
+	struct ibv_pd *pd;
+	bool pd_failed;
+	bool warned;
+};
+
+struct cache_ent {
+	struct cache_ent *next;
+	uint64_t job;
+	int peer;
+	char from[64], to[64];
+	struct r2cc_mr_mirror_map map;
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct r2cc_mr_mirror_verbs v;
+	struct mnic nics[R2CC_MAX_NICS];
+	struct group *groups;
+	struct r2cc_map by_mr, by_lkey, by_rkey;
+	bool maps_ready;
+	uint64_t epoch, gen;
+	struct r2cc_mr_mirror_stats st;
+	struct cache_ent *cache;
+	int forced; /* 0: follow the setting; 1 on; -1 off */
+	r2cc_mr_mirror_fetch_fn fetch;
+	bool serving;
+} mm = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* --- byte order ------------------------------------------------------------- */
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+	p[0] = (unsigned char)(v >> 24);
+	p[1] = (unsigned char)(v >> 16);
+	p[2] = (unsigned char)(v >> 8);
+	p[3] = (unsigned char)v;
+}
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+	put_u32(p, (uint32_t)(v >> 32));
+	put_u32(p + 4, (uint32_t)v);
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+	return (uint64_t)get_u32(p) << 32 | get_u32(p + 4);
+}
+
+/* --- state ------------------------------------------------------------------ */
+
+bool r2cc_mr_mirror_enabled(void)
+{
+	int f = __atomic_load_n(&mm.forced, __ATOMIC_RELAXED);
+	return f ? f > 0 : r2cc_param.mr_mirror;
+}
+
+void r2cc_mr_mirror_force(bool on)
+{
+	__atomic_store_n(&mm.forced, on ? 1 : -1, __ATOMIC_RELAXED);
+}
+
+void r2cc_mr_mirror_set_fetch(r2cc_mr_mirror_fetch_fn fn)
+{
+	pthread_mutex_lock(&mm.lock);
+	mm.fetch = fn;
+	pthread_mutex_unlock(&mm.lock);
+}
+
+static uint64_t key_of(int nic, uint32_t k)
+{
+	return (uint64_t)(unsigned)nic << 32 | k;
+}
+
+/* Under the lock. */
+static int ready_locked(void)
+{
+	if (mm.maps_ready)
+		return 0;
+	if (r2cc_map_init(&mm.by_mr, 1024) || r2cc_map_init(&mm.by_lkey, 4096) ||
+	    r2cc_map_init(&mm.by_rkey, 4096))
+		return -ENOMEM;
+	if (getrandom(&mm.epoch, sizeof(mm.epoch), GRND_NONBLOCK) != sizeof(mm.epoch))
+		mm.epoch = (uint64_t)time(NULL) << 20 ^ (uint64_t)getpid();
+	if (!mm.epoch)
+		mm.epoch = 1;
+	mm.gen = 1;
+	mm.maps_ready = true;
+	return 0;
+}
+
+static void ensure_pd_locked(int i)
+{
+	struct mnic *n = &mm.nics[i];
+	if (n->pd || n->pd_failed || !n->ctx || !mm.v.alloc_pd)
+		return;
+	n->pd = mm.v.alloc_pd(n->ctx);
+	if (!n->pd) {
+		n->pd_failed = true;
+		R2CC_WARN("%s: cannot allocate R2CC's protection domain (%s); no memory is "
+			  "mirrored onto this NIC, so queue pairs cannot migrate to it",
+			  n->nic->name, strerror(errno));
+	}
+}
+
+/* A fork while another thread holds the lock must not leave it held in the
+ * child. */
+static void atfork_prepare(void)
+{
+	pthread_mutex_lock(&mm.lock);
+}
+
+static void atfork_release(void)
+{
+	pthread_mutex_unlock(&mm.lock);
+}
+
+static void atfork_once(void)
+{
+	pthread_atfork(atfork_prepare, atfork_release, atfork_release);
+}
+
+void r2cc_mr_mirror_ctx_opened(struct ibv_context *ctx, struct r2cc_nic *nic,
+			       const struct r2cc_mr_mirror_verbs *verbs)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	if (!r2cc_mr_mirror_enabled() || !ctx || !nic || nic->index < 0 ||
+	    nic->index >= R2CC_MAX_NICS)
+		return;
+	int saved = errno;
+	pthread_once(&once, atfork_once);
+	pthread_mutex_lock(&mm.lock);
+	if (verbs)
+		mm.v = *verbs;
+	struct mnic *n = &mm.nics[nic->index];
+	if (!n->ctx) {
+		n->ctx = ctx;
+		n->nic = nic;
+		n->pd_failed = false;
+	}
+	pthread_mutex_unlock(&mm.lock);
+	r2cc_mr_mirror_serve();
+	errno = saved;
+}
+
+void r2cc_mr_mirror_pd_allocated(struct ibv_context *ctx)
+{
+	if (!r2cc_mr_mirror_enabled())
+		return;
+	int saved = errno;
+	pthread_mutex_lock(&mm.lock);
+	for (int i = 0; i < R2CC_MAX_NICS; i++)
+		ensure_pd_locked(i);
+	pthread_mutex_unlock(&mm.lock);
+	errno = saved;
+}
+
+static void index_locked(struct group *g, const struct mkey *k)
+{
+	r2cc_map_insert(&mm.by_lkey, key_of(k->nic, k->lkey), g);
+	r2cc_map_insert(&mm.by_rkey, key_of(k->nic, k->rkey), g);
+}
+
+static void unindex_locked(const struct mkey *k)
+{
+	r2cc_map_remove(&mm.by_lkey, key_of(k->nic, k->lkey));
+	r2cc_map_remove(&mm.by_rkey, key_of(k->nic, k->rkey));
+}
+
+static struct ibv_mr *reg_one(const struct r2cc_mr_mirror_verbs *v, struct ibv_pd *pd,
+			      const struct r2cc_mr_mirror_src *s)
+{
+	switch (s->kind) {
+	case R2CC_MR_VA:
+		return v->reg_mr ? v->reg_mr(pd, s->addr, s->len, s->access) : NULL;
+	case R2CC_MR_IOVA:
+		if (v->reg_mr_iova2)
+			return v->reg_mr_iova2(pd, s->addr, s->len, s->iova, (unsigned)s->access);
+		if (v->reg_mr && s->iova == (uint64_t)(uintptr_t)s->addr)
+			return v->reg_mr(pd, s->addr, s->len, s->access);
+		break;
+	case R2CC_MR_DMABUF:
+		/* The fd is valid now, inside NCCL's call; it may not be later. */
+		if (v->reg_dmabuf_mr)
+			return v->reg_dmabuf_mr(pd, s->offset, s->len, s->iova, s->fd, s->access);
+		break;
+	}
+	errno = EOPNOTSUPP;
+	return NULL;
+}
+
+void r2cc_mr_mirror_reg(struct ibv_pd *pd, struct ibv_mr *mr, const struct r2cc_mr_mirror_src *src)
+{
+	if (!mr || !src || !r2cc_mr_mirror_enabled())
+		return;
+	int saved = errno;
+	struct r2cc_pd *p = r2cc_pd_find(pd);
+	if (!p || !p->ctx || !p->ctx->nic)
+		goto out;
+	int home = p->ctx->nic->index;
+	struct group *g = calloc(1, sizeof(*g));
+	if (!g)
+		goto out;
+	g->orig = mr;
+	g->addr = src->kind == R2CC_MR_VA ? (uint64_t)(uintptr_t)src->addr : src->iova;
+	g->len = src->len;
+	g->keys[g->nkeys++] = (struct mkey){home, mr->lkey, mr->rkey, NULL};
+
+	struct ibv_pd *pds[R2CC_MAX_NICS] = {0};
+	struct r2cc_mr_mirror_verbs v;
+	pthread_mutex_lock(&mm.lock);
+	if (ready_locked()) {
+		pthread_mutex_unlock(&mm.lock);
+		free(g);
+		R2CC_WARN_ONCE("MR mirror: out of memory; registrations are not mirrored");
+		goto out;
+	}
+	for (int i = 0; i < R2CC_MAX_NICS; i++) {
+		if (i == home)
+			continue;
+		ensure_pd_locked(i);
+		pds[i] = mm.nics[i].pd;
+	}
+	v = mm.v;
+	pthread_mutex_unlock(&mm.lock);
+
+	for (int i = 0; i < R2CC_MAX_NICS; i++) {
+		if (!pds[i])
+			continue;
+		struct ibv_mr *m = reg_one(&v, pds[i], src);
+		if (m) {
+			g->keys[g->nkeys++] = (struct mkey){i, m->lkey, m->rkey, m};
+			continue;
+		}
+		int err = errno;
+		pthread_mutex_lock(&mm.lock);
+		mm.st.mirror_fail++;
+		bool warn = !mm.nics[i].warned;
+		mm.nics[i].warned = true;
+		pthread_mutex_unlock(&mm.lock);
+		if (warn)
+			R2CC_WARN("%s: cannot mirror a %zu-byte registration of %s (%s); it stays "
+				  "unmirrored there, and queue pairs using it cannot migrate to "
+				  "this NIC (further failures not logged)",
+				  mm.nics[i].nic ? mm.nics[i].nic->name : "?", src->len,
+				  p->ctx->nic->name, strerror(err));
+	}
+
+	pthread_mutex_lock(&mm.lock);
+	if (r2cc_map_insert(&mm.by_mr, (uint64_t)(uintptr_t)mr, g)) {
+		pthread_mutex_unlock(&mm.lock);
+		for (int k = 1; k < g->nkeys; k++)
+			v.dereg_mr(g->keys[k].mr);
+		free(g);
+		R2CC_WARN_ONCE("MR mirror: index full; a registration stays unmirrored");
+		goto out;
+	}
+	for (int k = 0; k < g->nkeys; k++)
+		index_locked(g, &g->keys[k]);
+	g->next = mm.groups;
+	g->pprev = &mm.groups;
+	if (mm.groups)
+		mm.groups->pprev = &g->next;
+	mm.groups = g;
+	mm.gen++;
+	mm.st.groups++;
+	mm.st.mirrors += (uint64_t)g->nkeys - 1;
+	pthread_mutex_unlock(&mm.lock);
+	R2CC_TRACE("%s: lkey 0x%x mirrored on %d other NIC(s)", p->ctx->nic->name, mr->lkey,
+		   g->nkeys - 1);
+out:
+	errno = saved;
+}
+
+void r2cc_mr_mirror_dereg(struct ibv_mr *mr)
+{
+	if (!mr)
+		return;
+	int saved = errno;
+	pthread_mutex_lock(&mm.lock);
+	struct group *g =
+	    mm.maps_ready ? r2cc_map_remove(&mm.by_mr, (uint64_t)(uintptr_t)mr) : NULL;
+	if (g) {
+		for (int k = 0; k < g->nkeys; k++)
+			unindex_locked(&g->keys[k]);
+		*g->pprev = g->next;
+		if (g->next)
+			g->next->pprev = g->pprev;
+		mm.gen++;
+		mm.st.groups--;
+		mm.st.mirrors -= (uint64_t)g->nkeys - 1;
+	}
+	int (*dereg)(struct ibv_mr *) = mm.v.dereg_mr;
+	pthread_mutex_unlock(&mm.lock);
+	if (g) {
+		for (int k = 1; k < g->nkeys; k++)
+			if (dereg && dereg(g->keys[k].mr))
+				R2CC_WARN_ONCE("MR mirror: deregistering a mirror failed (%s)",
+					       strerror(errno));
+		free(g);
+	}
+	errno = saved;
+}
+
+void r2cc_mr_mirror_ctx_closing(struct ibv_context *ctx)
+{
+	int saved = errno;
+	pthread_mutex_lock(&mm.lock);
+	for (int i = 0; i < R2CC_MAX_NICS; i++) {
+		struct mnic *n = &mm.nics[i];
+		if (n->ctx != ctx)
+			continue;
+		for (struct group *g = mm.groups; g; g = g->next) {
+			for (int k = 1; k < g->nkeys; k++) {
+				if (g->keys[k].nic != i)
+					continue;
+				unindex_locked(&g->keys[k]);
+				if (mm.v.dereg_mr)
+					mm.v.dereg_mr(g->keys[k].mr);
+				g->keys[k] = g->keys[--g->nkeys];
+				mm.st.mirrors--;
+				mm.gen++;
+				break;
+			}
+		}
+		if (n->pd && mm.v.dealloc_pd)
+			mm.v.dealloc_pd(n->pd);
+		*n = (struct mnic){0};
+	}
+	pthread_mutex_unlock(&mm.lock);
+	errno = saved;
+}
+
+/* --- local translation ---------------------------------------------------------- */
+
+static int translate(struct r2cc_map *idx, bool rkey, const struct r2cc_nic *from, uint32_t key,
+		     const struct r2cc_nic *to, uint32_t *out)
+{
+	if (!from || !to || !out)
+		return -EINVAL;
+	if (from == to) {
+		*out = key;
+		return 0;
+	}
+	int rc = -ENOENT;
+	pthread_mutex_lock(&mm.lock);
+	struct group *g = mm.maps_ready ? r2cc_map_get(idx, key_of(from->index, key)) : NULL;
+	for (int k = 0; g && k < g->nkeys; k++) {
+		if (g->keys[k].nic == to->index) {
+			*out = rkey ? g->keys[k].rkey : g->keys[k].lkey;
+			rc = 0;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&mm.lock);
+	return rc;
+}
+
+int r2cc_mr_mirror_lkey(const struct r2cc_nic *from, uint32_t lkey, const struct r2cc_nic *to,
+			uint32_t *out)
+{
+	return translate(&mm.by_lkey, false, from, lkey, to, out);
+}
+
+int r2cc_mr_mirror_rkey(const struct r2cc_nic *from, uint32_t rkey, const struct r2cc_nic *to,
+			uint32_t *out)
+{
+	return translate(&mm.by_rkey, true, from, rkey, to, out);
+}
+
+struct ibv_pd *r2cc_mr_mirror_pd(const struct r2cc_nic *nic)
+{
+	if (!nic || nic->index < 0 || nic->index >= R2CC_MAX_NICS)
+		return NULL;
+	pthread_mutex_lock(&mm.lock);
+	ensure_pd_locked(nic->index);
+	struct ibv_pd *pd = mm.nics[nic->index].pd;
+	pthread_mutex_unlock(&mm.lock);
+	return pd;
+}
+
+void r2cc_mr_mirror_get_stats(struct r2cc_mr_mirror_stats *out)
+{
+	pthread_mutex_lock(&mm.lock);
+	*out = mm.st;
+	out->generation = mm.gen;
+	pthread_mutex_unlock(&mm.lock);
+}
+
+/* --- wire format ------------------------------------------------------------------ */
+
+static bool name_ok(const unsigned char *s, size_t n)
+{
+	if (n < 1 || n > 63)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (s[i] < 0x21 || s[i] > 0x7e)
+			return false;
+	return true;
+}
+
+int r2cc_mr_mirror_req_encode(const struct r2cc_mr_mirror_req *r, unsigned char *out, size_t cap)
+{
+	size_t n = strnlen(r->from, sizeof(r->from)), m = strnlen(r->to, sizeof(r->to));
+	size_t len = 4 + 1 + n + 1 + m + 16;
+	if (!name_ok((const unsigned char *)r->from, n) ||
+	    !name_ok((const unsigned char *)r->to, m) || len > cap)
+		return -EINVAL;
+	unsigned char *p = out;
+	*p++ = R2CC_MR_MIRROR_VERSION;
+	*p++ = R2CC_MR_MIRROR_OP_MAP;
+	*p++ = 0;
+	*p++ = 0;
+	*p++ = (unsigned char)n;
+	memcpy(p, r->from, n);
+	p += n;
+	*p++ = (unsigned char)m;
+	memcpy(p, r->to, m);
+	p += m;
+	put_u64(p, r->epoch);
+	put_u64(p + 8, r->gen);
+	return (int)len;
+}
+
+int r2cc_mr_mirror_req_decode(const void *in, size_t len, struct r2cc_mr_mirror_req *r)
+{
+	if (!in || len < 4 + 2 + 16 || len > R2CC_MR_MIRROR_REQ_MAX)
+		return -EPROTO;
+	const unsigned char *p = in, *end = p + len;
+	if (p[0] != R2CC_MR_MIRROR_VERSION || p[1] != R2CC_MR_MIRROR_OP_MAP || p[2] || p[3])
+		return -EPROTO;
+	p += 4;
+	size_t n = *p++;
+	if ((size_t)(end - p) < n + 1 || !name_ok(p, n))
+		return -EPROTO;
+	memcpy(r->from, p, n);
+	r->from[n] = '\0';
+	p += n;
+	size_t m = *p++;
+	if ((size_t)(end - p) != m + 16 || !name_ok(p, m))
+		return -EPROTO;
+	memcpy(r->to, p, m);
+	r->to[m] = '\0';
+	p += m;
+	r->epoch = get_u64(p);
+	r->gen = get_u64(p + 8);
+	return 0;
+}
+
+static int nic_index_by_name(const char *name)
+{
+	int n = r2cc_nic_count();
+	for (int i = 0; i < n; i++) {
+		const struct r2cc_nic *nic = r2cc_nic_by_index(i);
+		if (nic && !strcmp(nic->name, name))
+			return nic->index;
+	}
+	return -1;
+}
+
+static const struct mkey *key_on(const struct group *g, int nic)
+{
+	for (int k = 0; k < g->nkeys; k++)
+		if (g->keys[k].nic == nic)
+			return &g->keys[k];
+	return NULL;
+}
+
+int r2cc_mr_mirror_answer(const void *req, size_t len, unsigned char **reply_p, size_t *reply_len)
+{
+	struct r2cc_mr_mirror_req r;
+	*reply_p = NULL;
+	*reply_len = 0;
+	if (r2cc_mr_mirror_req_decode(req, len, &r)) {
+		pthread_mutex_lock(&mm.lock);
+		mm.st.bad_requests++;
+		pthread_mutex_unlock(&mm.lock);
+		return -EPROTO;
+	}
+	int from = nic_index_by_name(r.from), to = nic_index_by_name(r.to);
+	if (from < 0 || to < 0)
+		return -ENODEV;
+	pthread_mutex_lock(&mm.lock);
+	int rc = ready_locked();
+	size_t count = 0;
+	bool same = r.epoch == mm.epoch && r.gen == mm.gen;
+	for (const struct group *g = mm.groups; !rc && !same && g; g = g->next)
+		if (key_on(g, from) && key_on(g, to))
+			count++;
+	size_t size = REPLY_HDR + count * R2CC_MR_MIRROR_ENTRY;
+	unsigned char *out = NULL;
+	if (!rc && size > R2CC_CTL_MAX_PAYLOAD)
+		rc = -E2BIG;
+	if (!rc && !(out = malloc(size)))
+		rc = -ENOMEM;
+	if (!rc) {
+		out[0] = R2CC_MR_MIRROR_VERSION;
+		out[1] = same ? R2CC_MR_MIRROR_SAME : R2CC_MR_MIRROR_FULL;
+		out[2] = out[3] = 0;
+		put_u64(out + 4, mm.epoch);
+		put_u64(out + 12, mm.gen);
+		put_u32(out + 20, (uint32_t)count);
+		unsigned char *p = out + REPLY_HDR;
+		for (const struct group *g = mm.groups; !same && g; g = g->next) {
+			const struct mkey *a = key_on(g, from), *b = key_on(g, to);
+			if (!a || !b)
+				continue;
+			put_u32(p, a->rkey);
+			put_u32(p + 4, b->rkey);
+			put_u64(p + 8, g->addr);
+			put_u64(p + 16, g->len);
+			p += R2CC_MR_MIRROR_ENTRY;
+		}
+		mm.st.served++;
+	}
+	pthread_mutex_unlock(&mm.lock);
+	if (!rc) {
+		*reply_p = out;
+		*reply_len = size;
+	}
+	return rc;
+}
+
+static int entry_cmp(const void *a, const void *b)
+{
+	uint32_t x = ((const struct r2cc_mr_mirror_entry *)a)->rkey_from;
+	uint32_t y = ((const struct r2cc_mr_mirror_entry *)b)->rkey_from;
+	return x < y ? -1 : x > y;
+}
+
+int r2cc_mr_mirror_map_decode(const void *in, size_t len, struct r2cc_mr_mirror_map *m)
+{
+	const unsigned char *p = in;
+	memset(m, 0, sizeof(*m));
+	if (!in || len < REPLY_HDR || p[0] != R2CC_MR_MIRROR_VERSION || p[2] || p[3] ||
+	    (p[1] != R2CC_MR_MIRROR_FULL && p[1] != R2CC_MR_MIRROR_SAME))
+		return -EPROTO;
+	uint32_t count = get_u32(p + 20);
+	if (count > (len - REPLY_HDR) / R2CC_MR_MIRROR_ENTRY ||
+	    len != REPLY_HDR + (size_t)count * R2CC_MR_MIRROR_ENTRY ||
+	    (p[1] == R2CC_MR_MIRROR_SAME && count))
+		return -EPROTO;
+	m->kind = p[1];
+	m->epoch = get_u64(p + 4);
+	m->gen = get_u64(p + 12);
+	m->count = count;
+	if (count) {
+		m->e = malloc((size_t)count * sizeof(*m->e));
+		if (!m->e)
+			return -ENOMEM;
+		for (uint32_t i = 0; i < count; i++) {
+			const unsigned char *q = p + REPLY_HDR + (size_t)i * R2CC_MR_MIRROR_ENTRY;
+			m->e[i] = (struct r2cc_mr_mirror_entry){get_u32(q), get_u32(q + 4),
+								get_u64(q + 8), get_u64(q + 16)};
+		}
+		qsort(m->e, count, sizeof(*m->e), entry_cmp);
+	}
+	return 0;
+}
+
+void r2cc_mr_mirror_map_free(struct r2cc_mr_mirror_map *m)
+{
+	free(m->e);
+	m->e = NULL;
+	m->count = 0;
+}
+
+/* --- service ------------------------------------------------------------------------- */
+
+static void serve_handler(void *arg, int from_rank, const void *payload, size_t len,
+			  struct r2cc_ctl_call *call)
+{
+	(void)arg;
+	if (!call->is_request) {
+		pthread_mutex_lock(&mm.lock);
+		mm.st.bad_requests++;
+		pthread_mutex_unlock(&mm.lock);
+		return;
+	}
+	unsigned char *reply;
+	size_t n;
+	int rc = r2cc_mr_mirror_answer(payload, len, &reply, &n);
+	if (rc == -EPROTO)
+		R2CC_WARN_ONCE("MR mirror: malformed rkey-map request from rank %d dropped "
+			       "(further ones only counted)",
+			       from_rank);
+	r2cc_ctl_reply(call, rc, reply, n);
+	free(reply);
+}
+
+int r2cc_mr_mirror_serve(void)
+{
+	pthread_mutex_lock(&mm.lock);
+	bool first = !mm.serving;
+	mm.serving = true;
+	pthread_mutex_unlock(&mm.lock);
+	if (!first)
+		return 0;
+	int rc = r2cc_ctl_set_handler(R2CC_MR_MIRROR_MSG, serve_handler, NULL);
+	if (rc)
+		R2CC_WARN("MR mirror: cannot serve rkey maps (%s)", strerror(-rc));
+	return rc;
+}
+
+/* --- remote translation -------------------------------------------------------------- */
+
+static struct cache_ent *cache_find_locked(uint64_t job, int peer, const char *from, const char *to)
+{
+	for (struct cache_ent *c = mm.cache; c; c = c->next)
+		if (c->job == job && c->peer == peer && !strcmp(c->from, from) &&
+		    !strcmp(c->to, to))
+			return c;
+	return NULL;
+}
+
+static int cache_lookup_locked(const struct cache_ent *c, uint32_t rkey, uint32_t *out)
+{
+	const struct r2cc_mr_mirror_entry key = {.rkey_from = rkey};
+	const struct r2cc_mr_mirror_entry *e =
+	    c && c->map.count ? bsearch(&key, c->map.e, c->map.count, sizeof(key), entry_cmp)
+			      : NULL;
+	if (!e)
+		return -ENOENT;
+	*out = e->rkey_to;
+	return 0;
+}
+
+static int fetch_ctl(const struct r2cc_ctl_dir *dir, int peer, const void *req, size_t len,
+		     void *reply, size_t *reply_len, int timeout_ms)
+{
+	return r2cc_ctl_request(dir, peer, R2CC_MR_MIRROR_MSG, req, len, reply, reply_len,
+				timeout_ms);
+}
+
+/* Ask the peer (outside the lock) and store what it says. */
+static int refresh(const struct r2cc_ctl_dir *dir, int peer, const char *from, const char *to,
+		   int timeout_ms)
+{
+	struct r2cc_mr_mirror_req r = {0};
+	unsigned char req[R2CC_MR_MIRROR_REQ_MAX];
+	if (strlen(from) >= sizeof(r.from) || strlen(to) >= sizeof(r.to))
+		return -EINVAL;
+	strcpy(r.from, from);
+	strcpy(r.to, to);
+	pthread_mutex_lock(&mm.lock);
+	const struct cache_ent *c = cache_find_locked(dir->job.id, peer, from, to);
+	if (c) {
+		r.epoch = c->map.epoch;
+		r.gen = c->map.gen;
+	}
+	r2cc_mr_mirror_fetch_fn fetch = mm.fetch ? mm.fetch : fetch_ctl;
+	mm.st.fetches++;
+	pthread_mutex_unlock(&mm.lock);
+	int len = r2cc_mr_mirror_req_encode(&r, req, sizeof(req));
+	if (len < 0)
+		return len;
+
+	size_t cap = FETCH_FIRST_CAP, got = cap;
+	unsigned char *buf = malloc(cap);
+	if (!buf)
+		return -ENOMEM;
+	int rc = fetch(dir, peer, req, (size_t)len, buf, &got, timeout_ms);
+	if (rc == -EMSGSIZE && got > cap && got <= R2CC_CTL_MAX_PAYLOAD) {
+		unsigned char *bigger = realloc(buf, got);
+		if (!bigger) {
+			free(buf);
+			return -ENOMEM;
+		}
+		buf = bigger;
+		cap = got;
+		rc = fetch(dir, peer, req, (size_t)len, buf, &got, timeout_ms);
+	}
+	struct r2cc_mr_mirror_map m;
+	if (rc == 0)
+		rc = r2cc_mr_mirror_map_decode(buf, got, &m);
+	free(buf);
+	if (rc)
+		return rc;
+	if (m.kind == R2CC_MR_MIRROR_SAME)
+		return 0;
+	pthread_mutex_lock(&mm.lock);
+	struct cache_ent *e = cache_find_locked(dir->job.id, peer, from, to);
+	if (!e && (e = calloc(1, sizeof(*e)))) {
+		e->job = dir->job.id;
+		e->peer = peer;
+		strcpy(e->from, from);
+		strcpy(e->to, to);
+		e->next = mm.cache;
+		mm.cache = e;
+	}
+	if (e) {
+		r2cc_mr_mirror_map_free(&e->map);
+		e->map = m;
+	} else {
+		r2cc_mr_mirror_map_free(&m);
+		rc = -ENOMEM;
+	}
+	pthread_mutex_unlock(&mm.lock);
+	return rc;
+}
+
+int r2cc_mr_mirror_remote_refresh(const struct r2cc_ctl_dir *dir, int peer_rank,
+				  const char *from_nic, const char *to_nic, int timeout_ms)
+{
+	if (!dir || !from_nic || !to_nic || peer_rank < 0 || peer_rank >= dir->nranks)
+		return -EINVAL;
+	return refresh(dir, peer_rank, from_nic, to_nic, timeout_ms);
+}
+
+int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, const char *from_nic,
+			       uint32_t rkey, const char *to_nic, uint32_t *out, int timeout_ms)
+{
+	if (!dir || !from_nic || !to_nic || !out || peer_rank < 0 || peer_rank >= dir->nranks)
+		return -EINVAL;
+	if (!strcmp(from_nic, to_nic)) {
+		*out = rkey;
+		return 0;
+	}
+	pthread_mutex_lock(&mm.lock);
+	int rc = cache_lookup_locked(cache_find_locked(dir->job.id, peer_rank, from_nic, to_nic),
+				     rkey, out);
+	if (rc == 0)
+		mm.st.cache_hits++;
+	pthread_mutex_unlock(&mm.lock);
+	if (rc == 0)
+		return 0;
+	/* Not cached: the peer may have registered it since; ask once. */
+	rc = refresh(dir, peer_rank, from_nic, to_nic, timeout_ms);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&mm.lock);
+	rc = cache_lookup_locked(cache_find_locked(dir->job.id, peer_rank, from_nic, to_nic), rkey,
+				 out);
+	pthread_mutex_unlock(&mm.lock);
+	return rc;
+}
+
+void r2cc_mr_mirror_remote_forget(uint64_t job_id, int peer_rank)
+{
+	pthread_mutex_lock(&mm.lock);
+	for (struct cache_ent **pp = &mm.cache; *pp;) {
+		struct cache_ent *c = *pp;
+		if (c->job == job_id && (peer_rank < 0 || c->peer == peer_rank)) {
+			*pp = c->next;
+			r2cc_mr_mirror_map_free(&c->map);
+			free(c);
+		} else {
+			pp = &c->next;
+		}
+	}
+	pthread_mutex_unlock(&mm.lock);
+}

@@ -1,0 +1,462 @@
+/* MR mirror (repair/mr_mirror.c) without a device: the bookkeeping over test
+ * doubles of the verbs (mirrors on every other NIC, same range and access,
+ * dma-buf mirrored while the fd is open, failures leave the range unmirrored,
+ * deregistration removes the mirrors), the service's answers (full map,
+ * unchanged, unknown NIC, malformed requests of every shape), the reply
+ * decoder, and the peer cache (one fetch, then hits; revalidation by
+ * generation; retry with a larger buffer; a malformed reply). */
+#include "repair/mr_mirror.h"
+#include "shim/registry.h"
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* --- verbs doubles ------------------------------------------------------------ */
+
+#define MAXREC 64
+static struct {
+	struct ibv_pd *pd;
+	void *addr;
+	size_t len;
+	uint64_t iova;
+	int access, fd, fd_was_open;
+	bool dmabuf, live;
+	struct ibv_mr *mr;
+} regs[MAXREC];
+static int nrec, npds, fail_pd_ctx;
+static struct ibv_pd *fail_pd; /* reg on this PD fails */
+static uint32_t next_key = 0x100;
+
+static struct ibv_pd *d_alloc_pd(struct ibv_context *ctx)
+{
+	if (fail_pd_ctx && ctx == (struct ibv_context *)(uintptr_t)fail_pd_ctx) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	struct ibv_pd *pd = calloc(1, sizeof(*pd));
+	pd->context = ctx;
+	npds++;
+	return pd;
+}
+
+static int d_dealloc_pd(struct ibv_pd *pd)
+{
+	npds--;
+	free(pd);
+	return 0;
+}
+
+static struct ibv_mr *record(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access,
+			     int fd)
+{
+	if (pd == fail_pd || nrec == MAXREC) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	struct ibv_mr *mr = calloc(1, sizeof(*mr));
+	mr->pd = pd;
+	mr->lkey = next_key++;
+	mr->rkey = next_key++ | 0x800000;
+	regs[nrec] = (__typeof__(regs[0])){
+	    pd, addr, len, iova, access, fd, fd >= 0 && fcntl(fd, F_GETFD) >= 0, fd >= 0, true, mr};
+	nrec++;
+	return mr;
+}
+
+static struct ibv_mr *d_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+	return record(pd, addr, len, (uintptr_t)addr, access, -1);
+}
+
+static struct ibv_mr *d_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				     unsigned access)
+{
+	return record(pd, addr, len, iova, (int)access, -1);
+}
+
+static struct ibv_mr *d_reg_dmabuf(struct ibv_pd *pd, uint64_t off, size_t len, uint64_t iova,
+				   int fd, int access)
+{
+	return record(pd, (void *)(uintptr_t)off, len, iova, access, fd);
+}
+
+static int d_dereg(struct ibv_mr *mr)
+{
+	for (int i = 0; i < nrec; i++)
+		if (regs[i].mr == mr && regs[i].live) {
+			regs[i].live = false;
+			free(mr);
+			return 0;
+		}
+	cr_expect(false, "dereg of an MR the double never registered");
+	return EINVAL;
+}
+
+static const struct r2cc_mr_mirror_verbs doubles = {d_alloc_pd,	    d_dealloc_pd, d_reg_mr,
+						    d_reg_mr_iova2, d_reg_dmabuf, d_dereg};
+
+static int live_mirrors(void)
+{
+	int n = 0;
+	for (int i = 0; i < nrec; i++)
+		n += regs[i].live;
+	return n;
+}
+
+/* --- a process with three NICs, as the wrappers would record it ------------- */
+
+static struct r2cc_nic *nic[3];
+static struct ibv_pd app_pd[3]; /* "NCCL's" PDs */
+
+static void setup(void)
+{
+	cr_assert_eq(r2cc_registry_init(), 0);
+	r2cc_mr_mirror_force(true);
+	static const char *names[] = {"mlx5_0", "mlx5_1", "mlx5_2"};
+	for (int i = 0; i < 3; i++) {
+		nic[i] = r2cc_nic_get(names[i]);
+		struct ibv_context *ctx = (struct ibv_context *)(uintptr_t)(0x1000 * (i + 1));
+		struct r2cc_ctx *c = r2cc_ctx_add(ctx, nic[i]);
+		cr_assert(c);
+		r2cc_pd_add(&app_pd[i], c);
+		r2cc_mr_mirror_ctx_opened(ctx, nic[i], &doubles);
+	}
+}
+
+TestSuite(mirror, .init = setup);
+
+static struct ibv_mr nccl_mr(uint32_t lkey)
+{
+	return (struct ibv_mr){.lkey = lkey, .rkey = lkey | 0x400000};
+}
+
+static void reg(struct ibv_mr *mr, int on, void *addr, size_t len, int access)
+{
+	r2cc_mr_mirror_reg(&app_pd[on], mr,
+			   &(struct r2cc_mr_mirror_src){
+			       .kind = R2CC_MR_VA, .addr = addr, .len = len, .access = access});
+}
+
+Test(mirror, mirrors_on_every_other_nic_and_translates)
+{
+	static char buf[8192];
+	struct ibv_mr mr = nccl_mr(0x11);
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	reg(&mr, 0, buf, sizeof(buf), acc);
+	cr_assert_eq(nrec, 2, "expected mirrors on 2 other NICs, got %d", nrec);
+	cr_expect_eq(npds, 2, "one PD of R2CC's per other NIC");
+	for (int i = 0; i < 2; i++) {
+		cr_expect_eq(regs[i].addr, buf);
+		cr_expect_eq(regs[i].len, sizeof(buf));
+		cr_expect_eq(regs[i].access, acc);
+		cr_expect_neq(regs[i].pd, &app_pd[0]);
+	}
+	uint32_t k = 0, back = 0;
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0x11, nic[1], &k), 0);
+	cr_expect(k == regs[0].mr->lkey || k == regs[1].mr->lkey);
+	cr_expect_eq(regs[0].mr->lkey == k ? regs[0].pd : regs[1].pd, r2cc_mr_mirror_pd(nic[1]),
+		     "the mirror on mlx5_1 must live in R2CC's PD there");
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[1], k, nic[0], &back), 0);
+	cr_expect_eq(back, 0x11u);
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[1], k, nic[2], &back), 0, "mirror to mirror");
+	cr_expect_eq(r2cc_mr_mirror_rkey(nic[0], mr.rkey, nic[2], &back), 0);
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0x12, nic[1], &k), -ENOENT);
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0x11, NULL, &k), -EINVAL);
+
+	struct r2cc_mr_mirror_stats st;
+	r2cc_mr_mirror_get_stats(&st);
+	uint64_t gen = st.generation;
+	r2cc_mr_mirror_dereg(&mr);
+	cr_expect_eq(live_mirrors(), 0, "dereg left %d mirrors", live_mirrors());
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0x11, nic[1], &k), -ENOENT);
+	r2cc_mr_mirror_get_stats(&st);
+	cr_expect_eq(st.groups, 0);
+	cr_expect_eq(st.mirrors, 0);
+	cr_expect_gt(st.generation, gen);
+}
+
+Test(mirror, dmabuf_mirrored_while_fd_open)
+{
+	int p[2];
+	cr_assert_eq(pipe(p), 0);
+	struct ibv_mr mr = nccl_mr(0x21);
+	r2cc_mr_mirror_reg(&app_pd[1], &mr,
+			   &(struct r2cc_mr_mirror_src){.kind = R2CC_MR_DMABUF,
+							.offset = 4096,
+							.iova = 0x7f0000000000,
+							.fd = p[0],
+							.len = 1 << 20,
+							.access = IBV_ACCESS_REMOTE_READ});
+	close(p[0]);
+	close(p[1]);
+	cr_assert_eq(nrec, 2);
+	for (int i = 0; i < 2; i++) {
+		cr_expect(regs[i].dmabuf);
+		cr_expect(regs[i].fd_was_open, "mirror registered after the fd was gone");
+		cr_expect_eq(regs[i].iova, 0x7f0000000000u);
+		cr_expect_eq((uintptr_t)regs[i].addr, 4096u);
+	}
+}
+
+Test(mirror, iova_kept)
+{
+	static char buf[64];
+	struct ibv_mr mr = nccl_mr(0x31);
+	r2cc_mr_mirror_reg(&app_pd[2], &mr,
+			   &(struct r2cc_mr_mirror_src){
+			       .kind = R2CC_MR_IOVA, .addr = buf, .iova = 0xabc000, .len = 64});
+	cr_assert_eq(nrec, 2);
+	cr_expect_eq(regs[0].iova, 0xabc000u);
+	cr_expect_eq(regs[1].iova, 0xabc000u);
+}
+
+Test(mirror, failure_leaves_range_unmirrored)
+{
+	static char buf[64];
+	fail_pd = r2cc_mr_mirror_pd(nic[2]);
+	cr_assert(fail_pd);
+	struct ibv_mr mr = nccl_mr(0x41);
+	reg(&mr, 0, buf, 64, 0);
+	uint32_t k;
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0x41, nic[1], &k), 0);
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0x41, nic[2], &k), -ENOENT);
+	struct r2cc_mr_mirror_stats st;
+	r2cc_mr_mirror_get_stats(&st);
+	cr_expect_eq(st.mirror_fail, 1);
+	cr_expect_eq(st.mirrors, 1);
+	r2cc_mr_mirror_dereg(&mr);
+	cr_expect_eq(live_mirrors(), 0);
+}
+
+Test(mirror, off_registers_nothing)
+{
+	static char buf[64];
+	r2cc_mr_mirror_force(false);
+	struct ibv_mr mr = nccl_mr(0x51);
+	reg(&mr, 0, buf, 64, 0);
+	cr_expect_eq(nrec, 0);
+	cr_expect_eq(npds, 0);
+}
+
+Test(mirror, close_releases_pd_and_mirrors)
+{
+	static char buf[64];
+	struct ibv_mr mr = nccl_mr(0x61);
+	reg(&mr, 0, buf, 64, 0);
+	cr_assert_eq(live_mirrors(), 2);
+	r2cc_mr_mirror_ctx_closing((struct ibv_context *)(uintptr_t)0x2000); /* mlx5_1 */
+	cr_expect_eq(live_mirrors(), 1);
+	cr_expect_eq(npds, 1);
+	uint32_t k;
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0x61, nic[1], &k), -ENOENT);
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0x61, nic[2], &k), 0);
+}
+
+/* --- the service --------------------------------------------------------------- */
+
+static int encode(const char *from, const char *to, uint64_t epoch, uint64_t gen,
+		  unsigned char *out)
+{
+	struct r2cc_mr_mirror_req r = {.epoch = epoch, .gen = gen};
+	strcpy(r.from, from);
+	strcpy(r.to, to);
+	return r2cc_mr_mirror_req_encode(&r, out, R2CC_MR_MIRROR_REQ_MAX);
+}
+
+Test(mirror, answers_full_then_unchanged)
+{
+	static char b1[64], b2[128];
+	struct ibv_mr m1 = nccl_mr(0x71), m2 = nccl_mr(0x73);
+	reg(&m1, 0, b1, 64, 0);
+	reg(&m2, 0, b2, 128, 0);
+	unsigned char req[R2CC_MR_MIRROR_REQ_MAX], *rep;
+	size_t n;
+	int len = encode("mlx5_0", "mlx5_2", 0, 0, req);
+	cr_assert_gt(len, 0);
+	cr_assert_eq(r2cc_mr_mirror_answer(req, (size_t)len, &rep, &n), 0);
+	struct r2cc_mr_mirror_map m;
+	cr_assert_eq(r2cc_mr_mirror_map_decode(rep, n, &m), 0);
+	free(rep);
+	cr_expect_eq(m.kind, R2CC_MR_MIRROR_FULL);
+	cr_assert_eq(m.count, 2);
+	for (uint32_t i = 0; i < 2; i++) {
+		uint32_t want;
+		cr_expect_eq(r2cc_mr_mirror_rkey(nic[0], m.e[i].rkey_from, nic[2], &want), 0);
+		cr_expect_eq(m.e[i].rkey_to, want);
+	}
+	cr_expect(m.e[0].rkey_from < m.e[1].rkey_from, "map not sorted");
+	len = encode("mlx5_0", "mlx5_2", m.epoch, m.gen, req);
+	cr_assert_eq(r2cc_mr_mirror_answer(req, (size_t)len, &rep, &n), 0);
+	struct r2cc_mr_mirror_map same;
+	cr_assert_eq(r2cc_mr_mirror_map_decode(rep, n, &same), 0);
+	cr_expect_eq(same.kind, R2CC_MR_MIRROR_SAME);
+	cr_expect_eq(n, 24u);
+	free(rep);
+	len = encode("mlx5_0", "mlx9_9", 0, 0, req);
+	cr_expect_eq(r2cc_mr_mirror_answer(req, (size_t)len, &rep, &n), -ENODEV);
+	cr_expect_null(rep);
+	r2cc_mr_mirror_map_free(&m);
+}
+
+Test(mirror, malformed_requests_refused)
+{
+	unsigned char good[R2CC_MR_MIRROR_REQ_MAX], bad[R2CC_MR_MIRROR_REQ_MAX + 8], *rep;
+	size_t n;
+	int len = encode("mlx5_0", "mlx5_1", 0, 0, good);
+	cr_assert_gt(len, 0);
+	struct r2cc_mr_mirror_stats st0, st;
+	r2cc_mr_mirror_get_stats(&st0);
+	uint64_t refused = 0;
+	/* Every truncation and every extension. */
+	for (int l = 0; l < len; l++, refused++)
+		cr_expect_eq(r2cc_mr_mirror_answer(good, (size_t)l, &rep, &n), -EPROTO, "len %d",
+			     l);
+	memcpy(bad, good, (size_t)len);
+	bad[len] = 0;
+	cr_expect_eq(r2cc_mr_mirror_answer(bad, (size_t)len + 1, &rep, &n), -EPROTO);
+	refused++;
+	/* Header bytes, name lengths and name bytes. */
+	const int at[] = {0, 1, 2, 3, 4, 5, 11, 12};
+	const unsigned char val[] = {2, 2, 1, 1, 0, 0, 64, '\n'};
+	for (size_t i = 0; i < sizeof(at) / sizeof(at[0]); i++, refused++) {
+		memcpy(bad, good, (size_t)len);
+		bad[at[i]] = val[i];
+		cr_expect_eq(r2cc_mr_mirror_answer(bad, (size_t)len, &rep, &n), -EPROTO,
+			     "byte %d = %d accepted", at[i], val[i]);
+		cr_expect_null(rep);
+	}
+	/* Random garbage never crashes and is never taken for a request. */
+	srand(7);
+	for (int t = 0; t < 2000; t++) {
+		size_t l = (size_t)(rand() % (int)sizeof(bad));
+		for (size_t i = 0; i < l; i++)
+			bad[i] = (unsigned char)rand();
+		if (r2cc_mr_mirror_answer(bad, l, &rep, &n) == -EPROTO)
+			refused++;
+		free(rep);
+	}
+	r2cc_mr_mirror_get_stats(&st);
+	cr_expect_eq(st.bad_requests - st0.bad_requests, refused);
+	cr_expect_eq(st.served, st0.served);
+}
+
+Test(mirror, malformed_replies_refused)
+{
+	unsigned char r[24 + 24] = {1, 0, 0, 0};
+	struct r2cc_mr_mirror_map m;
+	r[23] = 1; /* count 1 */
+	cr_expect_eq(r2cc_mr_mirror_map_decode(r, sizeof(r), &m), 0);
+	r2cc_mr_mirror_map_free(&m);
+	cr_expect_eq(r2cc_mr_mirror_map_decode(r, sizeof(r) - 1, &m), -EPROTO);
+	r[20] = 0xff; /* count far beyond the length */
+	cr_expect_eq(r2cc_mr_mirror_map_decode(r, sizeof(r), &m), -EPROTO);
+	r[20] = 0;
+	r[1] = R2CC_MR_MIRROR_SAME; /* unchanged with entries */
+	cr_expect_eq(r2cc_mr_mirror_map_decode(r, sizeof(r), &m), -EPROTO);
+	r[1] = 7;
+	cr_expect_eq(r2cc_mr_mirror_map_decode(r, sizeof(r), &m), -EPROTO);
+	cr_expect_eq(r2cc_mr_mirror_map_decode(r, 3, &m), -EPROTO);
+}
+
+/* --- the cache, with this process as its own peer ------------------------------- */
+
+static int fetches, fetch_mode; /* 1: say EMSGSIZE once; 2: garbage */
+
+static int fake_fetch(const struct r2cc_ctl_dir *dir, int peer, const void *req, size_t len,
+		      void *reply, size_t *reply_len, int timeout_ms)
+{
+	fetches++;
+	unsigned char *rep;
+	size_t n;
+	if (fetch_mode == 2) {
+		memset(reply, 0xab, 30);
+		*reply_len = 30;
+		return 0;
+	}
+	int rc = r2cc_mr_mirror_answer(req, len, &rep, &n);
+	if (rc)
+		return rc;
+	if (fetch_mode == 1 || n > *reply_len) {
+		fetch_mode = 0;
+		*reply_len = n + 100000;
+		free(rep);
+		return -EMSGSIZE;
+	}
+	memcpy(reply, rep, n);
+	*reply_len = n;
+	free(rep);
+	return 0;
+}
+
+static struct r2cc_ctl_dir fake_dir = {.job = {.id = 42}, .nranks = 2, .self_rank = 1};
+
+Test(mirror, cache_fetches_once_and_revalidates)
+{
+	static char b1[64], b2[64];
+	r2cc_mr_mirror_set_fetch(fake_fetch);
+	struct ibv_mr m1 = nccl_mr(0x81), m2 = nccl_mr(0x83);
+	reg(&m1, 0, b1, 64, 0);
+	uint32_t want, got = 0;
+	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m1.rkey, nic[1], &want), 0);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(got, want);
+	cr_expect_eq(fetches, 1);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(fetches, 1, "a cached translation went to the peer");
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_0", &got, 100), 0);
+	cr_expect_eq(got, m1.rkey);
+	cr_expect_eq(fetches, 1);
+
+	/* A key registered after the fetch: the miss revalidates. */
+	reg(&m2, 0, b2, 64, 0);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m2.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(fetches, 2);
+	/* Unknown: asked once, unchanged answer, -ENOENT. */
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", 0x123456, "mlx5_1", &got, 100),
+	    -ENOENT);
+	cr_expect_eq(fetches, 3);
+	/* The peer deregisters: a refresh drops the stale entry. */
+	r2cc_mr_mirror_dereg(&m1);
+	cr_expect_eq(r2cc_mr_mirror_remote_refresh(&fake_dir, 0, "mlx5_0", "mlx5_1", 100), 0);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100),
+	    -ENOENT);
+	/* Other peers and jobs have caches of their own; forget empties one. */
+	int before = fetches;
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m2.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(fetches, before + 1);
+	r2cc_mr_mirror_remote_forget(42, -1);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m2.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(fetches, before + 2);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 2, "mlx5_0", m2.rkey, "mlx5_1", &got, 100),
+	    -EINVAL, "rank out of range");
+}
+
+Test(mirror, cache_retries_larger_and_refuses_garbage)
+{
+	static char b1[64];
+	r2cc_mr_mirror_set_fetch(fake_fetch);
+	struct ibv_mr m1 = nccl_mr(0x91);
+	reg(&m1, 0, b1, 64, 0);
+	uint32_t got;
+	fetch_mode = 1;
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_2", &got, 100), 0);
+	cr_expect_eq(fetches, 2, "no retry with the size the peer said");
+	fetch_mode = 2;
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100),
+	    -EPROTO);
+}
