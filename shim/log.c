@@ -35,23 +35,36 @@ void r2cc_log_set_stream(void *file)
 	log_stream = file;
 }
 
-static void open_debug_file(const char *pattern)
+const char *r2cc_path_expand(const char *pattern, char *path, size_t len)
 {
 	/* %h and %p as in NCCL_DEBUG_FILE. */
-	char path[512];
+	char host[64];
+	if (gethostname(host, sizeof(host)) != 0)
+		strcpy(host, "?");
+	host[sizeof(host) - 1] = '\0';
+	char *dot = strchr(host, '.');
+	if (dot)
+		*dot = '\0';
 	size_t o = 0;
-	for (const char *s = pattern; *s && o + 32 < sizeof(path); s++) {
+	for (const char *s = pattern; *s && o + 32 < len; s++) {
 		if (s[0] == '%' && s[1] == 'h') {
-			o += (size_t)snprintf(path + o, sizeof(path) - o, "%s", log_host);
+			o += (size_t)snprintf(path + o, len - o, "%s", host);
 			s++;
 		} else if (s[0] == '%' && s[1] == 'p') {
-			o += (size_t)snprintf(path + o, sizeof(path) - o, "%d", (int)getpid());
+			o += (size_t)snprintf(path + o, len - o, "%d", (int)getpid());
 			s++;
 		} else {
 			path[o++] = *s;
 		}
 	}
-	path[o] = '\0';
+	path[o < len ? o : len - 1] = '\0';
+	return path;
+}
+
+static void open_debug_file(const char *pattern)
+{
+	char path[512];
+	r2cc_path_expand(pattern, path, sizeof(path));
 	FILE *f = fopen(path, "a");
 	if (f) {
 		setvbuf(f, NULL, _IOLBF, 0);

@@ -11,6 +11,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 enum r2cc_log_level {
 	R2CC_LOG_NONE = 0,
@@ -27,6 +28,9 @@ void r2cc_log_set_level(int level);
 /* Redirect output (tests); NULL restores stderr. */
 void r2cc_log_set_stream(void *file);
 void r2cc_log_write(int level, int dev, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A file name with %h (short host name) and %p (pid) expanded, as in
+ * NCCL_DEBUG_FILE; writes at most len bytes into path and returns it. */
+const char *r2cc_path_expand(const char *pattern, char *path, size_t len);
 /* Fatal internal problem: log with a backtrace (libunwind), never abort. */
 void r2cc_log_backtrace(const char *why);
 

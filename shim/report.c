@@ -71,10 +71,10 @@ void r2cc_report_write(FILE *text, FILE *json)
 void r2cc_report_at_exit(void)
 {
 	int saved = errno;
-	const char *path = r2cc_param.report;
-	if (!path[0])
+	if (!r2cc_param.report[0])
 		return;
-	char jpath[300];
+	char path[512], jpath[530];
+	r2cc_path_expand(r2cc_param.report, path, sizeof(path));
 	snprintf(jpath, sizeof(jpath), "%s.json", path);
 	FILE *t = fopen(path, "w");
 	FILE *j = fopen(jpath, "w");

@@ -97,3 +97,19 @@ Test(log, warn_once)
 	cr_expect_not_null(strstr(buf, "once-only 0"));
 	cr_expect_null(strstr(buf, "once-only 1"));
 }
+
+Test(log, path_expand)
+{
+	char out[256], want[256], host[64];
+	gethostname(host, sizeof(host));
+	host[sizeof(host) - 1] = '\0';
+	char *dot = strchr(host, '.');
+	if (dot)
+		*dot = '\0';
+	snprintf(want, sizeof(want), "/tmp/r2cc.%s.%d.txt%%", host, (int)getpid());
+	cr_expect_str_eq(r2cc_path_expand("/tmp/r2cc.%h.%p.txt%", out, sizeof(out)), want);
+	cr_expect_str_eq(r2cc_path_expand("plain", out, sizeof(out)), "plain");
+	char tiny[40];
+	r2cc_path_expand("%p%p%p%p%p%p%p%p%p%p%p%p%p%p", tiny, sizeof(tiny));
+	cr_expect_lt(strlen(tiny), sizeof(tiny), "expansion overflowed");
+}
