@@ -402,13 +402,12 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 	if (st->state != VIEW_READY)
 		return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
 	if (r2cc_param.mode == R2CC_MODE_AUTO && st->failed > 0) {
-		static const size_t esize[] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1};
-		struct r2cc_cost_case cc = {
-		    .nodes = st->nnodes,
-		    .nics = st->nics,
-		    .failed = st->failed,
-		    .bytes = (double)count * (dtype >= 0 && dtype < 12 ? (double)esize[dtype] : 1),
-		    .chunks = r2cc_param.ar_stage2_chunks};
+		struct r2cc_cost_case cc = {.nodes = st->nnodes,
+					    .nics = st->nics,
+					    .failed = st->failed,
+					    .bytes =
+						(double)count * (double)r2cc_nccl_type_size(dtype),
+					    .chunks = r2cc_param.ar_stage2_chunks};
 		char why[256];
 		if (r2cc_cost_choose(&r2cc_cost_default, &cc, why, sizeof(why)) != R2CC_STRAT_AR2) {
 			R2CC_TRACE("auto: %s", why);
