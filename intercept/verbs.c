@@ -80,6 +80,7 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 	struct r2cc_qp *q = r2cc_qp_find(qp);
 	struct r2cc_ctx *c = q ? q->ctx : ctx_of(qp->context);
 	if (r2cc_unlikely(!c)) {
+		r2cc_disable("post_send on a context R2CC has no record of");
 		*bad = wr;
 		return EINVAL;
 	}
@@ -104,6 +105,7 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 	struct r2cc_qp *q = r2cc_qp_find(qp);
 	struct r2cc_ctx *c = q ? q->ctx : ctx_of(qp->context);
 	if (r2cc_unlikely(!c)) {
+		r2cc_disable("post_recv on a context R2CC has no record of");
 		*bad = wr;
 		return EINVAL;
 	}
@@ -119,12 +121,30 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 	return rc;
 }
 
+static int err_status(const struct ibv_wc *wc, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (wc[i].status != IBV_WC_SUCCESS)
+			return wc[i].status;
+	return 0;
+}
+
+static unsigned err_qpn(const struct ibv_wc *wc, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (wc[i].status != IBV_WC_SUCCESS)
+			return wc[i].qp_num;
+	return 0;
+}
+
 static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 {
 	struct r2cc_cq *rc = r2cc_cq_find(cq);
 	struct r2cc_ctx *c = rc ? rc->ctx : ctx_of(cq->context);
-	if (r2cc_unlikely(!c))
+	if (r2cc_unlikely(!c)) {
+		r2cc_disable("poll_cq on a context R2CC has no record of");
 		return -EINVAL;
+	}
 	int got = c->poll_cq(cq, num, wc);
 	if (got > 0) {
 		uint64_t rx_bytes = 0, rx = 0, tx = 0, err = 0;
@@ -146,9 +166,17 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 		if (tx)
 			r2cc_counter_add(&nic->cnt.tx_cqes, tx);
 		if (r2cc_unlikely(err)) {
+			/* The first few, then one in a thousand: a dying path can
+			 * flush hundreds of work requests. */
+			static unsigned long reports;
+			unsigned long n = __atomic_fetch_add(&reports, 1, __ATOMIC_RELAXED);
 			r2cc_counter_add(&nic->cnt.err_cqes, err);
-			R2CC_WARN("%s: %llu completion(s) with an error status", nic->name,
-				  (unsigned long long)err);
+			if (n < 8 || n % 1000 == 0)
+				R2CC_WARN(
+				    "%s: %llu completion(s) with an error status, first status "
+				    "%d on qp 0x%x",
+				    nic->name, (unsigned long long)err, err_status(wc, got),
+				    err_qpn(wc, got));
 		}
 	}
 	return got;

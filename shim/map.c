@@ -146,17 +146,3 @@ void *r2cc_map_remove(struct r2cc_map *m, uint64_t key)
 	pthread_mutex_unlock(&m->lock);
 	return out;
 }
-
-int r2cc_map_for_each(struct r2cc_map *m, int (*fn)(void *val, void *arg), void *arg)
-{
-	int rc = 0;
-	pthread_mutex_lock(&m->lock);
-	struct r2cc_map_table *t = m->t;
-	for (size_t i = 0; i <= t->mask && !rc; i++) {
-		void *v = t->slots[i].val;
-		if (v && v != R2CC_MAP_TOMBSTONE)
-			rc = fn(v, arg);
-	}
-	pthread_mutex_unlock(&m->lock);
-	return rc;
-}

@@ -46,8 +46,6 @@ void r2cc_map_fini(struct r2cc_map *m);
 int r2cc_map_insert(struct r2cc_map *m, uint64_t key, void *val);
 /* The removed value, or NULL. */
 void *r2cc_map_remove(struct r2cc_map *m, uint64_t key);
-/* Iterate over live values under the writer lock; stop when fn returns non-zero. */
-int r2cc_map_for_each(struct r2cc_map *m, int (*fn)(void *val, void *arg), void *arg);
 
 static inline uint64_t r2cc_map_hash(uint64_t k)
 {
