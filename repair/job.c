@@ -91,9 +91,7 @@ static void *reg_thread(void *arg)
 static void fill_self(struct r2cc_ctl_member *m)
 {
 	memset(m, 0, sizeof(*m));
-	if (gethostname(m->host, sizeof(m->host)) != 0)
-		strcpy(m->host, "?");
-	m->host[sizeof(m->host) - 1] = '\0';
+	r2cc_host_name(m->host, sizeof(m->host));
 	r2cc_node_key(m->node_key, sizeof(m->node_key));
 	m->pid = (int32_t)getpid();
 	int n = r2cc_nic_count();

@@ -75,15 +75,22 @@ void r2cc_note_nccl_version(int code)
 	}
 }
 
-const char *r2cc_node_key(char *buf, size_t len)
+const char *r2cc_host_name(char *buf, size_t len)
 {
-	const char *id = getenv("NCCL_HOSTID");
-	if (id && id[0])
-		snprintf(buf, len, "%s", id);
-	else if (gethostname(buf, len) != 0)
+	if (gethostname(buf, len) != 0)
 		snprintf(buf, len, "?");
 	buf[len - 1] = '\0';
 	return buf;
+}
+
+const char *r2cc_node_key(char *buf, size_t len)
+{
+	const char *id = getenv("NCCL_HOSTID");
+	if (id && id[0]) {
+		snprintf(buf, len, "%s", id);
+		return buf;
+	}
+	return r2cc_host_name(buf, len);
 }
 
 R2CC_EXPORT const char *r2cc_version(void)

@@ -26,6 +26,9 @@ static inline bool r2cc_active(void)
  * through; existing ones keep working as far as they can. */
 void r2cc_disable(const char *why);
 
+/* The host name ("?" when it cannot be read), NUL-terminated within len. */
+const char *r2cc_host_name(char *buf, size_t len);
+
 /* This process's node as NCCL sees it: NCCL_HOSTID when set, else the host
  * name. Writes at most len bytes into buf and returns buf. */
 const char *r2cc_node_key(char *buf, size_t len);

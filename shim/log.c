@@ -35,16 +35,23 @@ void r2cc_log_set_stream(void *file)
 	log_stream = file;
 }
 
+/* The host name up to its first dot, as NCCL prints it. (log.c stands alone:
+ * the tests link it without the rest of the shim.) */
+static void short_host(char *host, size_t len)
+{
+	if (gethostname(host, len) != 0)
+		snprintf(host, len, "?");
+	host[len - 1] = '\0';
+	char *dot = strchr(host, '.');
+	if (dot)
+		*dot = '\0';
+}
+
 const char *r2cc_path_expand(const char *pattern, char *path, size_t len)
 {
 	/* %h and %p as in NCCL_DEBUG_FILE. */
 	char host[64];
-	if (gethostname(host, sizeof(host)) != 0)
-		strcpy(host, "?");
-	host[sizeof(host) - 1] = '\0';
-	char *dot = strchr(host, '.');
-	if (dot)
-		*dot = '\0';
+	short_host(host, sizeof(host));
 	size_t o = 0;
 	for (const char *s = pattern; *s && o + 32 < len; s++) {
 		if (s[0] == '%' && s[1] == 'h') {
@@ -79,12 +86,7 @@ static void open_debug_file(const char *pattern)
 void r2cc_log_init(void)
 {
 	int saved = errno;
-	if (gethostname(log_host, sizeof(log_host)) != 0)
-		strcpy(log_host, "?");
-	log_host[sizeof(log_host) - 1] = '\0';
-	char *dot = strchr(log_host, '.');
-	if (dot)
-		*dot = '\0';
+	short_host(log_host, sizeof(log_host));
 	r2cc_log_level = r2cc_param.debug;
 	if (r2cc_param.debug_file[0])
 		open_debug_file(r2cc_param.debug_file);

@@ -24,9 +24,7 @@ static const char *state_name(int s)
 void r2cc_report_write(FILE *text, FILE *json)
 {
 	char host[256];
-	if (gethostname(host, sizeof(host)) != 0)
-		strcpy(host, "?");
-	host[sizeof(host) - 1] = '\0';
+	r2cc_host_name(host, sizeof(host));
 	char nodebuf[256];
 	const char *node = r2cc_node_key(nodebuf, sizeof(nodebuf));
 	int n = r2cc_nic_count();

@@ -45,9 +45,7 @@ static void page_create(void)
 	struct r2cc_stats_page *s = p;
 	s->version = R2CC_STATS_VERSION;
 	s->pid = (int32_t)getpid();
-	if (gethostname(s->host, sizeof(s->host)) != 0)
-		strcpy(s->host, "?");
-	s->host[sizeof(s->host) - 1] = '\0';
+	r2cc_host_name(s->host, sizeof(s->host));
 	r2cc_node_key(s->node, sizeof(s->node));
 	s->mode = r2cc_param.mode;
 	s->nic_size = sizeof(struct r2cc_nic);

@@ -213,9 +213,7 @@ static bool host_matches(const char *want, const char *host)
 static int declared_failed_here(int node_index, const char *key)
 {
 	char host[256];
-	if (gethostname(host, sizeof(host)) != 0)
-		host[0] = '\0';
-	host[sizeof(host) - 1] = '\0';
+	r2cc_host_name(host, sizeof(host));
 	int nnics = r2cc_nic_count();
 	uint64_t mask = 0;
 	for (int e = 0; e < spec.nentries; e++) {
