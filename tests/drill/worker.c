@@ -696,6 +696,21 @@ static int drill_setup(struct drill_worker *w)
 
 /* ---- receiver: ncclIbIrecv + ncclIbPostFifo ---- */
 
+/* A message slot taken for message seq, owing one completion per QP. */
+static struct drill_msg *drill_msg_start(struct drill_conn *c, uint32_t slot, uint64_t seq,
+					 uint64_t size, uint64_t off, uint64_t end)
+{
+	struct drill_msg *m = &c->msgs[slot];
+	memset(m, 0, sizeof(*m));
+	m->seq = seq;
+	m->size = size;
+	m->off = off;
+	m->end = end;
+	m->events = c->nqps;
+	m->inflight = true;
+	return m;
+}
+
 static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 {
 	const struct drill_opts *o = w->o;
@@ -714,14 +729,7 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 	size = drill_msg_size(o->seed, c->peer, o->rank, seq, o->max_size);
 	if (!drill_ring_alloc(&c->ring, size, &off, &end))
 		return false;
-	m = &c->msgs[slot];
-	memset(m, 0, sizeof(*m));
-	m->seq = seq;
-	m->size = size;
-	m->off = off;
-	m->end = end;
-	m->events = c->nqps;
-	m->inflight = true;
+	m = drill_msg_start(c, slot, seq, size, off, end);
 
 	memset(&rwr, 0, sizeof(rwr));
 	rwr.wr_id = slot;
@@ -872,7 +880,6 @@ static bool drill_send_try(struct drill_worker *w, struct drill_conn *c)
 	uint32_t slot = (uint32_t)(seq % DRILL_SLOTS);
 	volatile struct drill_fifo_elem *v = &c->fifo[slot * DRILL_MAX_RECVS];
 	struct drill_fifo_elem e;
-	struct drill_msg *m;
 
 	if (seq >= (uint64_t)o->messages || seq - c->retired >= (uint64_t)o->window)
 		return false;
@@ -894,14 +901,7 @@ static bool drill_send_try(struct drill_worker *w, struct drill_conn *c)
 	if (!drill_ring_alloc(&c->ring, size, &off, &end))
 		return false;
 	drill_pattern_fill(c->buf + off, size, drill_msg_key(o->seed, o->rank, c->peer, seq));
-	m = &c->msgs[slot];
-	memset(m, 0, sizeof(*m));
-	m->seq = seq;
-	m->size = size;
-	m->off = off;
-	m->end = end;
-	m->events = c->nqps;
-	m->inflight = true;
+	drill_msg_start(c, slot, seq, size, off, end);
 	if (drill_multi_send(w, c, slot, &e, c->buf + off, size))
 		return false;
 	/* NCCL clears the consumed element (and so must the receiver's next lap set idx). */
