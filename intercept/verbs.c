@@ -11,7 +11,9 @@
  * With R2CC inactive (R2CC_MODE=0 or a bad setting) the hook returns the real
  * functions untouched.
  */
+#include "repair/engine.h"
 #include "repair/mr_mirror.h"
+#include "repair/qp_shadow.h"
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/log.h"
@@ -78,46 +80,68 @@ static struct r2cc_ctx *ctx_of(const struct ibv_context *ctx)
 static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct r2cc_qp *q = r2cc_qp_find(qp);
-	struct r2cc_ctx *c = q ? q->ctx : ctx_of(qp->context);
-	if (r2cc_unlikely(!c)) {
-		r2cc_disable("post_send on a context R2CC has no record of");
-		*bad = wr;
-		return EINVAL;
+	if (r2cc_unlikely(!q)) {
+		struct r2cc_ctx *c = ctx_of(qp->context);
+		if (r2cc_unlikely(!c)) {
+			r2cc_disable("post_send on a context R2CC has no record of");
+			*bad = wr;
+			return EINVAL;
+		}
+		return c->post_send(qp, wr, bad);
 	}
+	if (r2cc_unlikely(!r2cc_gate_enter(&q->gate)))
+		return r2cc_repair_post_send(q, wr, bad);
+	struct r2cc_ctx *c = q->ctx;
+	struct r2cc_qp_shadow *sh = q->shadow;
+	/* Recorded before the real post: its completion can never be polled first. A
+	 * refused record breaks the shadow (that QP then cannot be repaired). */
+	if (sh)
+		r2cc_qp_shadow_post_send(sh, wr, NULL);
 	int rc = c->post_send(qp, wr, bad);
-	if (r2cc_likely(q != NULL)) {
-		uint64_t bytes = 0, n = 0;
-		const struct ibv_send_wr *stop = rc ? *bad : NULL;
-		for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next, n++)
-			for (int i = 0; i < w->num_sge; i++)
-				bytes += w->sg_list[i].length;
-		struct r2cc_nic *nic = c->nic;
-		r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
-		r2cc_counter_add(&nic->cnt.tx_wrs, n);
-		r2cc_counter_add(&q->tx_bytes, bytes);
-		r2cc_counter_add(&q->tx_wrs, n);
-	}
+	if (r2cc_unlikely(rc != 0) && sh)
+		r2cc_qp_shadow_unpost_send(sh, wr, *bad);
+	uint64_t bytes = 0, n = 0;
+	const struct ibv_send_wr *stop = rc ? *bad : NULL;
+	for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next, n++)
+		for (int i = 0; i < w->num_sge; i++)
+			bytes += w->sg_list[i].length;
+	struct r2cc_nic *nic = c->nic;
+	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
+	r2cc_counter_add(&nic->cnt.tx_wrs, n);
+	r2cc_counter_add(&q->tx_bytes, bytes);
+	r2cc_counter_add(&q->tx_wrs, n);
+	r2cc_gate_exit(&q->gate);
 	return rc;
 }
 
 static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct r2cc_qp *q = r2cc_qp_find(qp);
-	struct r2cc_ctx *c = q ? q->ctx : ctx_of(qp->context);
-	if (r2cc_unlikely(!c)) {
-		r2cc_disable("post_recv on a context R2CC has no record of");
-		*bad = wr;
-		return EINVAL;
+	if (r2cc_unlikely(!q)) {
+		struct r2cc_ctx *c = ctx_of(qp->context);
+		if (r2cc_unlikely(!c)) {
+			r2cc_disable("post_recv on a context R2CC has no record of");
+			*bad = wr;
+			return EINVAL;
+		}
+		return c->post_recv(qp, wr, bad);
 	}
+	if (r2cc_unlikely(!r2cc_gate_enter(&q->gate)))
+		return r2cc_repair_post_recv(q, wr, bad);
+	struct r2cc_ctx *c = q->ctx;
+	struct r2cc_qp_shadow *sh = q->shadow;
+	if (sh)
+		r2cc_qp_shadow_post_recv(sh, wr, NULL);
 	int rc = c->post_recv(qp, wr, bad);
-	if (r2cc_likely(q != NULL)) {
-		uint64_t n = 0;
-		const struct ibv_recv_wr *stop = rc ? *bad : NULL;
-		for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next)
-			n++;
-		r2cc_counter_add(&c->nic->cnt.recv_posted, n);
-		r2cc_counter_add(&q->rx_wrs, n);
-	}
+	if (r2cc_unlikely(rc != 0) && sh)
+		r2cc_qp_shadow_unpost_recv(sh, wr, *bad);
+	uint64_t n = 0;
+	const struct ibv_recv_wr *stop = rc ? *bad : NULL;
+	for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next)
+		n++;
+	r2cc_counter_add(&c->nic->cnt.recv_posted, n);
+	r2cc_counter_add(&q->rx_wrs, n);
+	r2cc_gate_exit(&q->gate);
 	return rc;
 }
 
@@ -140,15 +164,28 @@ static unsigned err_qpn(const struct ibv_wc *wc, int n)
 static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 {
 	struct r2cc_cq *rc = r2cc_cq_find(cq);
-	struct r2cc_ctx *c = rc ? rc->ctx : ctx_of(cq->context);
-	if (r2cc_unlikely(!c)) {
-		r2cc_disable("poll_cq on a context R2CC has no record of");
-		return -EINVAL;
+	if (r2cc_unlikely(!rc)) {
+		struct r2cc_ctx *c = ctx_of(cq->context);
+		if (r2cc_unlikely(!c)) {
+			r2cc_disable("poll_cq on a context R2CC has no record of");
+			return -EINVAL;
+		}
+		return c->poll_cq(cq, num, wc);
 	}
+	if (r2cc_unlikely(!r2cc_gate_enter(&rc->gate)))
+		return r2cc_repair_poll(rc, num, wc);
+	struct r2cc_ctx *c = rc->ctx;
 	int got = c->poll_cq(cq, num, wc);
 	if (got > 0) {
+		struct r2cc_nic *nic = c->nic;
 		uint64_t rx_bytes = 0, rx = 0, tx = 0, err = 0;
+		bool shadows = rc->v != NULL;
 		for (int i = 0; i < got; i++) {
+			if (shadows) {
+				struct r2cc_qp *q = r2cc_qp_by_num(nic, wc[i].qp_num);
+				if (q && q->shadow)
+					r2cc_qp_shadow_wc(q->shadow, &wc[i]);
+			}
 			if (r2cc_unlikely(wc[i].status != IBV_WC_SUCCESS))
 				err++;
 			else if (wc[i].opcode & IBV_WC_RECV) {
@@ -158,7 +195,6 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 				tx++;
 			}
 		}
-		struct r2cc_nic *nic = c->nic;
 		if (rx) {
 			r2cc_counter_add(&nic->cnt.rx_wrs, rx);
 			r2cc_counter_add(&nic->cnt.rx_bytes, rx_bytes);
@@ -166,19 +202,23 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 		if (tx)
 			r2cc_counter_add(&nic->cnt.tx_cqes, tx);
 		if (r2cc_unlikely(err)) {
+			r2cc_counter_add(&nic->cnt.err_cqes, err);
+			int kept = shadows ? r2cc_repair_poll_errors(rc, wc, got) : got;
 			/* The first few, then one in a thousand: a dying path can
 			 * flush hundreds of work requests. */
 			static unsigned long reports;
-			unsigned long n = __atomic_fetch_add(&reports, 1, __ATOMIC_RELAXED);
-			r2cc_counter_add(&nic->cnt.err_cqes, err);
-			if (n < 8 || n % 1000 == 0)
-				R2CC_WARN(
-				    "%s: %llu completion(s) with an error status, first status "
-				    "%d on qp 0x%x",
-				    nic->name, (unsigned long long)err, err_status(wc, got),
-				    err_qpn(wc, got));
+			if ((uint64_t)(got - kept) < err) {
+				unsigned long n = __atomic_fetch_add(&reports, 1, __ATOMIC_RELAXED);
+				if (n < 8 || n % 1000 == 0)
+					R2CC_WARN("%s: %llu completion(s) with an error status "
+						  "reach NCCL, first status %d on qp 0x%x",
+						  nic->name, (unsigned long long)(err - (got - kept)),
+						  err_status(wc, kept), err_qpn(wc, kept));
+			}
+			got = kept;
 		}
 	}
+	r2cc_gate_exit(&rc->gate);
 	return got;
 }
 
@@ -230,6 +270,18 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 	c->post_recv = ctx->ops.post_recv;
 	c->poll_cq = ctx->ops.poll_cq;
 	query_port_attrs(ctx, nic);
+	if (r2cc_repair_enabled()) {
+		struct r2cc_repair_verbs rv = {
+		    .create_cq = REAL(ibv_create_cq),
+		    .destroy_cq = REAL(ibv_destroy_cq),
+		    .create_qp = REAL(ibv_create_qp),
+		    .modify_qp = REAL(ibv_modify_qp),
+		    .destroy_qp = REAL(ibv_destroy_qp),
+		    .query_port = REAL(ibv_query_port),
+		    .ack_async_event = REAL(ibv_ack_async_event),
+		};
+		r2cc_repair_set_verbs(&rv);
+	}
 	/* Publish the originals before the wrappers can run. */
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	ctx->ops.post_send = wrap_post_send;
@@ -380,8 +432,9 @@ static struct ibv_cq *wrap_ibv_create_cq(struct ibv_context *ctx, int cqe, void 
 	if (cq) {
 		int saved = errno;
 		struct r2cc_ctx *c = r2cc_ctx_find(ctx);
-		if (c)
-			r2cc_cq_add(cq, c, cq->cqe);
+		struct r2cc_cq *rc = c ? r2cc_cq_add(cq, c, cq->cqe) : NULL;
+		if (rc)
+			r2cc_repair_cq_created(rc);
 		errno = saved;
 	}
 	return cq;
@@ -389,6 +442,9 @@ static struct ibv_cq *wrap_ibv_create_cq(struct ibv_context *ctx, int cqe, void 
 
 static int wrap_ibv_destroy_cq(struct ibv_cq *cq)
 {
+	struct r2cc_cq *c = r2cc_cq_find(cq);
+	if (c)
+		r2cc_repair_cq_destroyed(c);
 	int rc = real_ibv_destroy_cq(cq);
 	if (rc == 0)
 		r2cc_cq_remove(cq);
@@ -408,6 +464,9 @@ static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_a
 			if (q) {
 				q->max_send_wr = attr->cap.max_send_wr;
 				q->max_recv_wr = attr->cap.max_recv_wr;
+				q->cap = attr->cap;
+				q->sq_sig_all = attr->sq_sig_all != 0;
+				r2cc_repair_qp_created(q, attr);
 				R2CC_TRACE("%s: qp 0x%x created (send_wr %u recv_wr %u)",
 					   p->ctx->nic->name, qp->qp_num, q->max_send_wr,
 					   q->max_recv_wr);
@@ -436,6 +495,10 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 		}
 		if (mask & IBV_QP_TIMEOUT)
 			q->timeout = attr->timeout;
+		if (mask & IBV_QP_PATH_MTU)
+			q->path_mtu = (uint8_t)attr->path_mtu;
+		if (mask & IBV_QP_PORT)
+			q->port_num = attr->port_num;
 		if (mask & IBV_QP_RETRY_CNT)
 			q->retry_cnt = attr->retry_cnt;
 		if (mask & IBV_QP_RNR_RETRY)
@@ -449,10 +512,24 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 
 static int wrap_ibv_destroy_qp(struct ibv_qp *qp)
 {
+	struct r2cc_qp *q = r2cc_qp_find(qp);
+	if (q)
+		r2cc_repair_qp_destroying(q);
 	int rc = real_ibv_destroy_qp(qp);
 	if (rc == 0)
 		r2cc_qp_remove(qp);
 	return rc;
+}
+
+/* Async events: those of NICs and QPs hot repair handles are acked and kept from
+ * NCCL (a port error would otherwise end its communicators). */
+static int wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
+{
+	for (;;) {
+		int rc = real_ibv_get_async_event(ctx, ev);
+		if (rc || !r2cc_repair_async_event(ctx, ev))
+			return rc;
+	}
 }
 
 /* --- generated forwarding wrappers ---------------------------------------- */

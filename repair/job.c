@@ -6,6 +6,7 @@
  */
 #include "repair/job.h"
 #include "repair/ctl.h"
+#include "repair/engine.h"
 #include "shim/comm.h"
 #include "shim/core.h"
 #include "shim/log.h"
@@ -62,7 +63,11 @@ static void reg_finish(struct r2cc_job_reg *reg)
 		}
 		free(nodes);
 	}
-	r2cc_ctl_dir_free(reg->dir);
+	/* Hot repair finds and reaches peers through the directories. */
+	if (reg->dir && r2cc_repair_enabled())
+		r2cc_repair_add_dir(reg->dir);
+	else
+		r2cc_ctl_dir_free(reg->dir);
 	free(reg);
 }
 

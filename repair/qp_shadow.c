@@ -33,10 +33,12 @@ struct r2cc_qp_shadow {
 	void *tag_ctx;
 	/* poster */
 	uint64_t msgs_posted;
+	uint64_t sig_posted; /* signalled send requests recorded (atomic: the stall scan reads it) */
 	uint64_t send_posted, recv_posted, send_bytes_posted;
 	/* poller */
 	uint64_t msgs_retired;
 	uint64_t send_retired, recv_imm;
+	uint64_t sig_retired; /* signalled send requests retired */
 	int error; /* sticky, written by either side */
 };
 
@@ -210,6 +212,8 @@ int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr
 		}
 		e->tag = sh->tag_fn ? sh->tag_fn(sh->tag_ctx, w) : 0;
 		bytes_all += bytes;
+		if (e->send_flags & IBV_SEND_SIGNALED)
+			store_rel(&sh->sig_posted, sh->sig_posted + 1);
 	}
 	sh->send_posted += n;
 	sh->send_bytes_posted += bytes_all;
@@ -292,6 +296,8 @@ int r2cc_qp_shadow_unpost_send(struct r2cc_qp_shadow *sh, const struct ibv_send_
 		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
 		sh->send_bytes_posted -= e->byte_len;
 		sh->msgs_posted -= is_consumer(e->opcode);
+		if (e->send_flags & IBV_SEND_SIGNALED)
+			store_rel(&sh->sig_posted, sh->sig_posted - 1);
 	}
 	head -= (uint64_t)m;
 	sh->send_posted -= (uint64_t)m;
@@ -328,6 +334,7 @@ int r2cc_qp_shadow_send_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 			return set_broken(sh, -EPROTO);
 		sh->msgs_retired = e->msgs;
 		sh->send_retired += seq - sh->sq.tail;
+		store_rel(&sh->sig_retired, sh->sig_retired + 1);
 		store_rel(&sh->sq.tail, seq);
 		return 0;
 	}
@@ -375,6 +382,13 @@ int r2cc_qp_shadow_error(const struct r2cc_qp_shadow *sh)
 uint32_t r2cc_qp_shadow_send_outstanding(const struct r2cc_qp_shadow *sh)
 {
 	return (uint32_t)(load_acq(&sh->sq.head) - load_acq(&sh->sq.tail));
+}
+
+void r2cc_qp_shadow_signalled(const struct r2cc_qp_shadow *sh, uint64_t *posted,
+			      uint64_t *retired)
+{
+	*retired = load_acq(&sh->sig_retired);
+	*posted = load_acq(&sh->sig_posted);
 }
 
 uint32_t r2cc_qp_shadow_recv_outstanding(const struct r2cc_qp_shadow *sh)

@@ -1,9 +1,6 @@
 # repair/qp_shadow: the per-QP shadow of posted work and the exactly-once
-# re-post plan (pure code; not linked into libr2cc.so until the data path is
-# wired). Include this fragment from repair/module.mk to build and run its
-# tests with `make test`; until then:
-#   make -f Makefile -f repair/shadow.mk shadow-test
-# Adding repair/qp_shadow.c to LIBR2CC_SRCS is part of wiring it.
+# re-post plan (pure code, linked into libr2cc.so through repair/module.mk; its
+# unit tests build it on its own). `make shadow-test` runs just those tests.
 
 SHADOW_SRCS := repair/qp_shadow.c
 SHADOW_HDRS := repair/qp_shadow.h

@@ -203,9 +203,14 @@ static int parse_stats(struct r2cc_params *p, const char *v)
 	return 0;
 }
 
+/* After R2CC_MODE in the table: "auto" follows it (hot repair needs mirrors). */
 static int parse_mr_mirror(struct r2cc_params *p, const char *v)
 {
 	long x;
+	if (!strcmp(v, "auto")) {
+		p->mr_mirror = p->mode != 0;
+		return 0;
+	}
 	if (parse_int(v, 0, 1, &x))
 		return -EINVAL;
 	p->mr_mirror = x == 1;
@@ -243,9 +248,10 @@ static const struct param_def params[] = {
      "control-plane rendezvous address (default: carried in the NCCL unique id)", parse_oob_root},
     {"R2CC_STATS", "1", "0 or 1",
      "publish live per-NIC statistics in /dev/shm for `r2cc top` (0: off)", parse_stats},
-    {"R2CC_MR_MIRROR", "0", "0 or 1",
+    {"R2CC_MR_MIRROR", "auto", "auto, 0 or 1",
      "hot repair: register a mirror of every memory region on every other NIC, so that queue "
-     "pairs can migrate (doubles MR registrations; 0: off)",
+     "pairs can migrate (more MR registrations; auto: on unless R2CC_MODE=0; 0: off, and "
+     "queue pairs then cannot migrate)",
      parse_mr_mirror},
 };
 

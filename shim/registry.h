@@ -71,11 +71,22 @@ struct r2cc_mr {
 	int access;
 };
 
+/* Data-path gate of a QP or CQ (repair/engine.h): users in the low bits, and
+ * R2CC_GATE_SLOW once hot repair owns the object's data path. */
+#define R2CC_GATE_SLOW 0x80000000u
+
+struct r2cc_vcq; /* repair/engine.c: the CQ's virtual side after a failure */
+
 struct r2cc_cq {
 	struct ibv_cq *cq;
 	struct r2cc_ctx *ctx;
 	int depth;
+	uint32_t gate;
+	struct r2cc_vcq *v; /* made with the CQ when hot repair is on */
 };
+
+struct r2cc_qp_shadow;
+struct r2cc_rqp;
 
 struct r2cc_qp_peer {
 	uint32_t qpn;
@@ -95,7 +106,13 @@ struct r2cc_qp {
 	uint32_t max_send_wr, max_recv_wr;
 	struct r2cc_qp_peer peer; /* valid from RTR on */
 	uint8_t timeout, retry_cnt, rnr_retry;
+	uint8_t path_mtu, port_num;
+	struct ibv_qp_cap cap; /* as the provider returned it */
+	bool sq_sig_all;
 	uint64_t tx_bytes, tx_wrs, rx_wrs;
+	uint32_t gate;
+	struct r2cc_qp_shadow *shadow; /* hot repair on: what is posted and not retired */
+	struct r2cc_rqp *rep;	       /* hot repair's record of this QP */
 };
 
 /* Initialise once (idempotent); -ENOMEM when the tables cannot be made. */
@@ -149,6 +166,21 @@ static inline struct r2cc_qp *r2cc_qp_find(const struct ibv_qp *qp)
 static inline struct r2cc_cq *r2cc_cq_find(const struct ibv_cq *cq)
 {
 	return (struct r2cc_cq *)r2cc_map_get(&r2cc_cq_map, (uint64_t)(uintptr_t)cq);
+}
+
+/* Enter an object's fast data path: false once hot repair owns it (then take
+ * the slow path, without exiting). Never blocks. */
+static inline bool r2cc_gate_enter(uint32_t *g)
+{
+	if (!(__atomic_add_fetch(g, 1, __ATOMIC_SEQ_CST) & R2CC_GATE_SLOW))
+		return true;
+	__atomic_sub_fetch(g, 1, __ATOMIC_RELEASE);
+	return false;
+}
+
+static inline void r2cc_gate_exit(uint32_t *g)
+{
+	__atomic_sub_fetch(g, 1, __ATOMIC_RELEASE);
 }
 
 static inline void r2cc_counter_add(uint64_t *c, uint64_t v)

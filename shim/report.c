@@ -3,6 +3,7 @@
  * R2CC's own records: NICs with their counters, communicators, settings.
  */
 #include "shim/report.h"
+#include "repair/engine.h"
 #include "include/r2cc.h"
 #include "shim/comm.h"
 #include "shim/common.h"
@@ -45,8 +46,8 @@ void r2cc_report_write(FILE *text, FILE *json)
 				(unsigned long long)st[i].tx_wrs,
 				(unsigned long long)st[i].rx_bytes,
 				(unsigned long long)st[i].rx_wrs);
-		fprintf(text, "communicators alive at exit: %d\nincidents: none\n",
-			r2cc_comm_count());
+		fprintf(text, "communicators alive at exit: %d\n", r2cc_comm_count());
+		r2cc_repair_report(text, NULL);
 	}
 	if (json) {
 		fprintf(
@@ -62,7 +63,9 @@ void r2cc_report_write(FILE *text, FILE *json)
 			    i ? "," : "", st[i].name, state_name(st[i].state),
 			    (unsigned long long)st[i].tx_bytes, (unsigned long long)st[i].tx_wrs,
 			    (unsigned long long)st[i].rx_bytes, (unsigned long long)st[i].rx_wrs);
-		fprintf(json, "],\"communicators\":%d,\"incidents\":[]}\n", r2cc_comm_count());
+		fprintf(json, "],\"communicators\":%d,\"incidents\":[", r2cc_comm_count());
+		r2cc_repair_report(NULL, json);
+		fprintf(json, "]}\n");
 	}
 }
 

@@ -1,0 +1,2006 @@
+/*
+ * Hot repair: health monitor and migration engine (see engine.h for the
+ * exchange, qp_shadow.h for the exactly-once rules, mr_mirror.h for keys).
+ *
+ * Objects. Every QP NCCL creates while hot repair is on gets a record (struct
+ * r2cc_rqp) and a shadow; every CQ a virtual side (struct r2cc_vcq). While
+ * nothing failed they cost the shadow's recording and the gates in the
+ * wrappers. A QP's "current path" starts as NCCL's own QP and becomes a QP of
+ * R2CC's own (in the mirror PD of a healthy NIC, with a private CQ) once it has
+ * migrated; NCCL keeps using its QP and CQ objects, whose data path is then
+ * served here.
+ *
+ * Locks, in this order: rqp->mu (state, held posts, current path), vcq->mu
+ * (stash of completions for NCCL, attached private CQs), eng.mu (queues,
+ * directories, incidents). The repair thread never holds eng.mu while it takes
+ * another lock. rqp->state is also read without rqp->mu (atomic) by the poll
+ * side, which only needs to know whether errors are to be hidden.
+ */
+#include "repair/engine.h"
+#include "repair/mr_mirror.h"
+#include "repair/qp_shadow.h"
+#include "shim/common.h"
+#include "shim/core.h"
+#include "shim/log.h"
+#include "shim/params.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* wr_ids of the drain markers posted behind NCCL's requests on a fenced QP. */
+#define MARK_S 0x5232434346454e53ull /* "R2CCFENS" */
+#define MARK_R 0x5232434346454e52ull /* "R2CCFENR" */
+
+#define SCAN_NS		 5000000ll   /* stall scan period */
+#define STALL_FLOOR_NS	 100000000ll /* adaptive threshold never below this */
+#define DRAIN_NS	 1000000000ll
+#define RESEND_NS	 250000000ll /* REQ re-sent while unanswered */
+#define INCIDENT_JOIN_NS 2000000000ll
+#define MAX_INCIDENTS	 64
+#define MAX_EVENTS	 48
+#define MAX_CANDIDATES	 256
+
+enum rq_state {
+	RQ_HEALTHY,
+	RQ_DETECTED, /* queued for the repair thread; posts still go to the current path */
+	RQ_FENCING,  /* gate closed, current path in ERR: posts are held */
+	RQ_EXCHANGE, /* new path being connected; recv_live / send_live open it per queue */
+	RQ_MIGRATED,
+	RQ_FAILED, /* repair impossible: NCCL gets the error */
+};
+
+enum { OP_REQ = 1, OP_REP, OP_GO, OP_NACK };
+
+struct held_send {
+	struct held_send *next;
+	struct ibv_send_wr wr;
+	struct ibv_sge sge[];
+};
+
+struct held_recv {
+	struct held_recv *next;
+	struct ibv_recv_wr wr;
+	struct ibv_sge sge[];
+};
+
+struct r2cc_vcq {
+	pthread_mutex_t mu;
+	struct ibv_wc *stash;
+	size_t cap, head, count;
+	struct r2cc_rqp **att; /* QPs of this CQ whose current path is R2CC's */
+	size_t natt, attcap;
+};
+
+/* The peer's end of a migrating pair, as its messages describe it. */
+struct peer_path {
+	uint32_t qpn;
+	uint16_t lid;
+	uint8_t port, mtu;
+	uint8_t gid[16];
+	char nic[R2CC_NIC_NAME_MAX];
+};
+
+struct r2cc_rqp {
+	pthread_mutex_t mu;
+	int state; /* enum rq_state, atomic */
+	bool dead; /* NCCL destroyed the QP */
+	bool queued, busy;
+	struct r2cc_qp *q;
+	struct r2cc_cq *vcq;
+	uint32_t qpn;
+	struct r2cc_nic *orig_nic;
+	struct r2cc_ctx *orig_ctx;
+	struct ibv_qp_cap cap;
+	bool sq_sig_all;
+	/* current path */
+	struct ibv_qp *cur_qp;
+	struct ibv_cq *cur_cq; /* NULL while the current path is NCCL's QP */
+	struct r2cc_ctx *cur_ctx;
+	struct r2cc_nic *cur_nic;
+	struct r2cc_qp_shadow *cur_sh;
+	bool recv_live, send_live;
+	/* path being built */
+	struct ibv_qp *new_qp;
+	struct ibv_cq *new_cq;
+	struct r2cc_ctx *new_ctx;
+	struct r2cc_qp_shadow *new_sh;
+	/* drain */
+	bool mark_s, mark_r, marks_posted;
+	/* peer */
+	const struct r2cc_ctl_dir *dir;
+	int peer_rank;
+	char peer_orig_nic[R2CC_NIC_NAME_MAX];
+	char peer_cur_nic[R2CC_NIC_NAME_MAX];
+	struct peer_path peer_new;
+	uint64_t k_local, k_peer;
+	uint64_t pair_id;
+	bool initiator;
+	int64_t t_detect, t_deadline, t_sent;
+	int status_seen;
+	char cause[96];
+	int incident;
+	struct r2cc_qp_shadow_plan plan;
+	bool have_plan;
+	struct held_send *hs_head, **hs_tail;
+	struct held_recv *hr_head, **hr_tail;
+	/* stall scan */
+	uint64_t scan_retired;
+	int64_t scan_progress, max_gap;
+	struct r2cc_rqp *next_all, *next_work;
+	int migrations;
+};
+
+struct incident {
+	char nic[R2CC_NIC_NAME_MAX];
+	char evidence[96];
+	int64_t t_detect, t_done;
+	int qps, migrated, failed;
+	uint64_t bytes_reposted, bytes_saved, synth, held;
+	int nevents;
+	struct {
+		int64_t t;
+		char text[112];
+	} ev[MAX_EVENTS];
+};
+
+/* One message of the exchange (little-endian on the wire). */
+struct rep_wire {
+	uint8_t version, op;
+	uint16_t flags;
+	int32_t status;
+	uint64_t pair_id;
+	uint32_t src_qpn, dst_qpn; /* NCCL's QPs: the sender's, the addressee's */
+	uint16_t src_lid, dst_lid;
+	uint64_t count; /* the sender's successful receive completions on the old path */
+	uint32_t new_qpn;
+	uint16_t new_lid;
+	uint8_t new_port, new_mtu;
+	uint8_t new_gid[16];
+	char new_nic[64];
+	char orig_nic[64];
+} __attribute__((packed));
+
+struct inbox {
+	struct inbox *next;
+	uint64_t job_id;
+	int from_rank;
+	struct rep_wire m;
+};
+
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cond;
+	bool started, stop;
+	pthread_t thread;
+	struct r2cc_repair_verbs v;
+	bool have_verbs;
+	struct r2cc_rqp *all;
+	struct r2cc_rqp *work_head;
+	struct inbox *in_head, **in_tail;
+	struct r2cc_ctl_dir **dirs;
+	int ndirs, dircap;
+	struct incident inc[MAX_INCIDENTS];
+	int ninc;
+	void **own; /* R2CC's own QPs and CQs */
+	int nown, owncap;
+	int64_t last_progress; /* latest retirement seen by the stall scan */
+	uint64_t next_pair;
+} eng = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .cond = PTHREAD_COND_INITIALIZER,
+};
+
+static int load_state(const struct r2cc_rqp *r)
+{
+	return __atomic_load_n(&r->state, __ATOMIC_ACQUIRE);
+}
+
+static void set_state(struct r2cc_rqp *r, int s)
+{
+	__atomic_store_n(&r->state, s, __ATOMIC_RELEASE);
+}
+
+static int64_t now_ns(void)
+{
+	return (int64_t)r2cc_now_ns();
+}
+
+bool r2cc_repair_enabled(void)
+{
+	return r2cc_active() && r2cc_param.mode != 0;
+}
+
+void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v)
+{
+	pthread_mutex_lock(&eng.mu);
+	eng.v = *v;
+	eng.have_verbs = v->create_cq && v->destroy_cq && v->create_qp && v->modify_qp &&
+			 v->destroy_qp && v->query_port;
+	pthread_mutex_unlock(&eng.mu);
+}
+
+/* --- incidents --------------------------------------------------------------- */
+
+/* Under eng.mu. */
+static int incident_get(const char *nic, const char *evidence, int64_t t)
+{
+	for (int i = eng.ninc - 1; i >= 0; i--)
+		if (!strcmp(eng.inc[i].nic, nic) && t - eng.inc[i].t_detect < INCIDENT_JOIN_NS)
+			return i;
+	if (eng.ninc == MAX_INCIDENTS)
+		return MAX_INCIDENTS - 1;
+	struct incident *in = &eng.inc[eng.ninc];
+	memset(in, 0, sizeof(*in));
+	snprintf(in->nic, sizeof(in->nic), "%s", nic);
+	snprintf(in->evidence, sizeof(in->evidence), "%s", evidence);
+	in->t_detect = t;
+	return eng.ninc++;
+}
+
+static void incident_event(int idx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void incident_event(int idx, const char *fmt, ...)
+{
+	if (idx < 0)
+		return;
+	pthread_mutex_lock(&eng.mu);
+	struct incident *in = &eng.inc[idx];
+	if (in->nevents < MAX_EVENTS) {
+		va_list ap;
+		va_start(ap, fmt);
+		in->ev[in->nevents].t = now_ns();
+		vsnprintf(in->ev[in->nevents].text, sizeof(in->ev[0].text), fmt, ap);
+		va_end(ap);
+		in->nevents++;
+	}
+	pthread_mutex_unlock(&eng.mu);
+}
+
+/* --- own objects --------------------------------------------------------------- */
+
+static void own_add(void *obj)
+{
+	pthread_mutex_lock(&eng.mu);
+	if (eng.nown == eng.owncap) {
+		int cap = eng.owncap ? 2 * eng.owncap : 32;
+		void **n = realloc(eng.own, (size_t)cap * sizeof(*n));
+		if (n) {
+			eng.own = n;
+			eng.owncap = cap;
+		}
+	}
+	if (eng.nown < eng.owncap)
+		eng.own[eng.nown++] = obj;
+	pthread_mutex_unlock(&eng.mu);
+}
+
+static void own_remove(void *obj)
+{
+	pthread_mutex_lock(&eng.mu);
+	for (int i = 0; i < eng.nown; i++)
+		if (eng.own[i] == obj) {
+			eng.own[i] = eng.own[--eng.nown];
+			break;
+		}
+	pthread_mutex_unlock(&eng.mu);
+}
+
+static bool own_has(const void *obj)
+{
+	bool found = false;
+	pthread_mutex_lock(&eng.mu);
+	for (int i = 0; i < eng.nown && !found; i++)
+		found = eng.own[i] == obj;
+	pthread_mutex_unlock(&eng.mu);
+	return found;
+}
+
+bool r2cc_repair_owns_qp(const struct ibv_qp *qp)
+{
+	return own_has(qp);
+}
+
+bool r2cc_repair_owns_cq(const struct ibv_cq *cq)
+{
+	return own_has(cq);
+}
+
+/* --- directories and peers ------------------------------------------------------ */
+
+void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir)
+{
+	if (!dir)
+		return;
+	pthread_mutex_lock(&eng.mu);
+	if (eng.ndirs == eng.dircap) {
+		int cap = eng.dircap ? 2 * eng.dircap : 8;
+		struct r2cc_ctl_dir **n = realloc(eng.dirs, (size_t)cap * sizeof(*n));
+		if (!n) {
+			pthread_mutex_unlock(&eng.mu);
+			r2cc_ctl_dir_free(dir);
+			return;
+		}
+		eng.dirs = n;
+		eng.dircap = cap;
+	}
+	eng.dirs[eng.ndirs++] = dir;
+	pthread_mutex_unlock(&eng.mu);
+}
+
+static const struct r2cc_ctl_dir *dir_of_job(uint64_t job_id, int rank)
+{
+	const struct r2cc_ctl_dir *d = NULL;
+	pthread_mutex_lock(&eng.mu);
+	for (int i = eng.ndirs - 1; i >= 0 && !d; i--)
+		if (eng.dirs[i]->job.id == job_id && rank >= 0 && rank < eng.dirs[i]->nranks)
+			d = eng.dirs[i];
+	pthread_mutex_unlock(&eng.mu);
+	return d;
+}
+
+struct cand {
+	const struct r2cc_ctl_dir *dir;
+	int rank;
+};
+
+static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	return !memcmp(a, b, sizeof(*a));
+}
+
+/*
+ * The processes that may own the peer QP: members whose registered NICs include
+ * the peer's LID, else every process of every known job (a process registers the
+ * NICs it had opened at the time, which for a first communicator may be none).
+ */
+static int peer_candidates(uint16_t lid, struct cand *out, int max)
+{
+	int n = 0;
+	pthread_mutex_lock(&eng.mu);
+	for (int pass = 0; pass < 2 && n == 0; pass++)
+		for (int d = 0; d < eng.ndirs; d++) {
+			const struct r2cc_ctl_dir *dir = eng.dirs[d];
+			for (int r = 0; r < dir->nranks && n < max; r++) {
+				const struct r2cc_ctl_member *m = &dir->members[r];
+				bool match = pass == 1;
+				for (int i = 0; i < m->nnics && !match; i++)
+					match = lid && m->nics[i].lid == lid;
+				if (!match)
+					continue;
+				bool dup = false;
+				for (int j = 0; j < n && !dup; j++)
+					dup = same_addr(&out[j].dir->members[out[j].rank].ctl_addr,
+							&m->ctl_addr);
+				if (!dup)
+					out[n++] = (struct cand){dir, r};
+			}
+		}
+	pthread_mutex_unlock(&eng.mu);
+	return n;
+}
+
+/* --- messages --------------------------------------------------------------------- */
+
+static void wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
+{
+	memset(m, 0, sizeof(*m));
+	m->version = 1;
+	m->op = (uint8_t)op;
+	m->pair_id = htole64(r->pair_id);
+	m->src_qpn = htole32(r->qpn);
+	m->src_lid = htole16(r->orig_nic->lid);
+	m->dst_qpn = htole32(r->q ? r->q->peer.qpn : 0);
+	m->dst_lid = htole16(r->q ? r->q->peer.lid : 0);
+	snprintf(m->orig_nic, sizeof(m->orig_nic), "%s", r->orig_nic->name);
+}
+
+static void wire_path(struct rep_wire *m, const struct r2cc_rqp *r)
+{
+	struct r2cc_nic *nic = r->new_ctx->nic;
+	m->new_qpn = htole32(r->new_qp->qp_num);
+	m->new_lid = htole16(nic->lid);
+	m->new_port = nic->port ? nic->port : 1;
+	m->new_mtu = (uint8_t)(nic->active_mtu ? nic->active_mtu : IBV_MTU_1024);
+	memcpy(m->new_gid, nic->gid.raw, 16);
+	snprintf(m->new_nic, sizeof(m->new_nic), "%s", nic->name);
+}
+
+static int send_to(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *m)
+{
+	int rc = r2cc_ctl_send(dir, rank, R2CC_REPAIR_MSG, m, sizeof(*m));
+	if (rc)
+		R2CC_WARN("repair: cannot queue a message to rank %d (%s)", rank, strerror(-rc));
+	return rc;
+}
+
+/* Control thread: validate, copy, hand to the repair thread. Never blocks. */
+static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
+		   struct r2cc_ctl_call *call)
+{
+	(void)arg;
+	if (len != sizeof(struct rep_wire))
+		return;
+	struct inbox *in = malloc(sizeof(*in));
+	if (!in)
+		return;
+	memcpy(&in->m, payload, sizeof(in->m));
+	if (in->m.version != 1 || in->m.op < OP_REQ || in->m.op > OP_NACK) {
+		free(in);
+		return;
+	}
+	in->m.new_nic[sizeof(in->m.new_nic) - 1] = 0;
+	in->m.orig_nic[sizeof(in->m.orig_nic) - 1] = 0;
+	in->job_id = call->job_id;
+	in->from_rank = from_rank;
+	in->next = NULL;
+	pthread_mutex_lock(&eng.mu);
+	*eng.in_tail = in;
+	eng.in_tail = &in->next;
+	pthread_cond_signal(&eng.cond);
+	pthread_mutex_unlock(&eng.mu);
+}
+
+/* --- the repair thread ------------------------------------------------------------ */
+
+static void *repair_main(void *arg);
+
+/* Under eng.mu. */
+static void start_locked(void)
+{
+	if (eng.started)
+		return;
+	eng.started = true;
+	eng.in_tail = &eng.in_head;
+	if (r2cc_ctl_set_handler(R2CC_REPAIR_MSG, on_msg, NULL) ||
+	    r2cc_mr_mirror_serve())
+		R2CC_WARN("repair: cannot register the control-plane handlers; repairs that need "
+			  "the peer will fail");
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	if (pthread_create(&eng.thread, NULL, repair_main, NULL)) {
+		R2CC_WARN("repair: cannot start the repair thread; hot repair is off");
+		eng.started = false;
+	} else {
+		pthread_setname_np(eng.thread, "r2cc-repair");
+		pthread_detach(eng.thread);
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* A failure is suspected on r's current path: queue it (any thread). */
+static void detect(struct r2cc_rqp *r, const char *cause, int status)
+{
+	int s = load_state(r);
+	if (s != RQ_HEALTHY && s != RQ_MIGRATED)
+		return;
+	if (!__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED))
+		return;
+	int64_t t = now_ns();
+	pthread_mutex_lock(&eng.mu);
+	r->t_detect = t;
+	r->status_seen = status;
+	snprintf(r->cause, sizeof(r->cause), "%s", cause);
+	r->incident = incident_get(r->cur_nic->name, cause, t);
+	eng.inc[r->incident].qps++;
+	if (!r->queued) {
+		r->queued = true;
+		r->next_work = eng.work_head;
+		eng.work_head = r;
+	}
+	start_locked();
+	pthread_cond_signal(&eng.cond);
+	pthread_mutex_unlock(&eng.mu);
+}
+
+/* --- gates ------------------------------------------------------------------------ */
+
+static void gate_close(uint32_t *g)
+{
+	__atomic_or_fetch(g, R2CC_GATE_SLOW, __ATOMIC_SEQ_CST);
+	while (__atomic_load_n(g, __ATOMIC_ACQUIRE) & ~R2CC_GATE_SLOW)
+		sched_yield();
+}
+
+/* --- the virtual CQ ------------------------------------------------------------------ */
+
+/* Under vcq->mu. */
+static void stash_push(struct r2cc_vcq *v, const struct ibv_wc *wc)
+{
+	if (v->count == v->cap) {
+		size_t cap = v->cap ? 2 * v->cap : 256;
+		struct ibv_wc *n = malloc(cap * sizeof(*n));
+		if (!n) {
+			R2CC_WARN("repair: out of memory holding a completion; it is lost");
+			return;
+		}
+		for (size_t i = 0; i < v->count; i++)
+			n[i] = v->stash[(v->head + i) % v->cap];
+		free(v->stash);
+		v->stash = n;
+		v->cap = cap;
+		v->head = 0;
+	}
+	v->stash[(v->head + v->count) % v->cap] = *wc;
+	v->count++;
+}
+
+static void count_wc(struct r2cc_nic *nic, const struct ibv_wc *wc)
+{
+	if (wc->status != IBV_WC_SUCCESS)
+		r2cc_counter_add(&nic->cnt.err_cqes, 1);
+	else if (wc->opcode & IBV_WC_RECV) {
+		r2cc_counter_add(&nic->cnt.rx_wrs, 1);
+		r2cc_counter_add(&nic->cnt.rx_bytes, wc->byte_len);
+	} else
+		r2cc_counter_add(&nic->cnt.tx_cqes, 1);
+}
+
+/* A completion of r's current path (NCCL's QP or R2CC's), under vcq->mu. */
+static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
+{
+	if (wc->wr_id == MARK_S || wc->wr_id == MARK_R) {
+		if (wc->status != IBV_WC_SUCCESS) { /* only a flush can complete a marker */
+			if (wc->wr_id == MARK_S)
+				r->mark_s = true;
+			else
+				r->mark_r = true;
+			return;
+		}
+	}
+	count_wc(r->cur_nic, wc);
+	r2cc_qp_shadow_wc(r->cur_sh, wc);
+	int s = load_state(r);
+	wc->qp_num = r->qpn;
+	if (wc->status == IBV_WC_SUCCESS || s == RQ_FAILED) {
+		stash_push(v, wc);
+		return;
+	}
+	if (s == RQ_HEALTHY || s == RQ_MIGRATED) {
+		char why[128];
+		snprintf(why, sizeof(why), "error completion (status %d) on %.64s", wc->status,
+			 r->cur_nic->name);
+		detect(r, why, wc->status);
+	}
+	/* hidden: the repair re-posts what it failed */
+}
+
+/* Pull everything from NCCL's CQ and the private CQs of migrated QPs into the
+ * stash. Under vcq->mu. */
+static void vcq_pump(struct r2cc_cq *c)
+{
+	struct r2cc_vcq *v = c->v;
+	struct ibv_wc buf[32];
+	for (;;) {
+		int n = c->ctx->poll_cq(c->cq, 32, buf);
+		for (int i = 0; i < n; i++) {
+			struct r2cc_qp *q = r2cc_qp_by_num(c->ctx->nic, buf[i].qp_num);
+			struct r2cc_rqp *r = q ? q->rep : NULL;
+			if (!r) {
+				count_wc(c->ctx->nic, &buf[i]);
+				stash_push(v, &buf[i]);
+			} else if (r->cur_cq) {
+				/* NCCL's QP left behind: only flushes arrive there */
+			} else {
+				route(v, r, &buf[i]);
+			}
+		}
+		if (n < 32)
+			break;
+	}
+	for (size_t a = 0; a < v->natt; a++) {
+		struct r2cc_rqp *r = v->att[a];
+		if (!r->cur_cq)
+			continue;
+		for (;;) {
+			int n = r->cur_ctx->poll_cq(r->cur_cq, 32, buf);
+			for (int i = 0; i < n; i++)
+				route(v, r, &buf[i]);
+			if (n < 32)
+				break;
+		}
+	}
+}
+
+int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc)
+{
+	struct r2cc_vcq *v = c->v;
+	if (!v)
+		return c->ctx->poll_cq(c->cq, num, wc);
+	pthread_mutex_lock(&v->mu);
+	if (v->count < (size_t)num)
+		vcq_pump(c);
+	int n = 0;
+	while (n < num && v->count) {
+		wc[n++] = v->stash[v->head];
+		v->head = (v->head + 1) % v->cap;
+		v->count--;
+	}
+	pthread_mutex_unlock(&v->mu);
+	return n;
+}
+
+int r2cc_repair_poll_errors(struct r2cc_cq *c, struct ibv_wc *wc, int got)
+{
+	int out = 0;
+	for (int i = 0; i < got; i++) {
+		struct r2cc_rqp *r = NULL;
+		if (wc[i].status != IBV_WC_SUCCESS) {
+			struct r2cc_qp *q = r2cc_qp_by_num(c->ctx->nic, wc[i].qp_num);
+			r = q ? q->rep : NULL;
+		}
+		if (r && load_state(r) != RQ_FAILED) {
+			char why[128];
+			snprintf(why, sizeof(why), "error completion (status %d) on %.64s",
+				 wc[i].status, c->ctx->nic->name);
+			detect(r, why, wc[i].status);
+			continue; /* hidden */
+		}
+		wc[out++] = wc[i];
+	}
+	return out;
+}
+
+/* --- posting on the current path -------------------------------------------------- */
+
+static int xlate_lkey(struct r2cc_rqp *r, uint32_t lkey, uint32_t len, uint32_t *out)
+{
+	if (r->cur_nic == r->orig_nic) {
+		*out = lkey;
+		return 0;
+	}
+	int rc = r2cc_mr_mirror_lkey(r->orig_nic, lkey, r->cur_nic, out);
+	if (rc && len == 0) { /* a zero-length SGE's key is never checked */
+		*out = lkey;
+		rc = 0;
+	}
+	return rc;
+}
+
+static int xlate_rkey(struct r2cc_rqp *r, uint32_t rkey, uint32_t *out)
+{
+	if (!strcmp(r->peer_cur_nic, r->peer_orig_nic)) {
+		*out = rkey;
+		return 0;
+	}
+	return r2cc_mr_mirror_remote_rkey(r->dir, r->peer_rank, r->peer_orig_nic, rkey,
+					  r->peer_cur_nic, out, 2000);
+}
+
+/* One NCCL send request (original keys) onto the current path: recorded in its
+ * shadow, keys translated, posted. Under r->mu. */
+static int post_one_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
+{
+	struct ibv_send_wr one = *w;
+	one.next = NULL;
+	int rc = r2cc_qp_shadow_post_send(r->cur_sh, &one, NULL);
+	if (rc)
+		return rc;
+	struct ibv_sge sge[16];
+	if (one.num_sge > 16) {
+		r2cc_qp_shadow_unpost_send(r->cur_sh, &one, &one);
+		return -E2BIG;
+	}
+	struct ibv_send_wr t = one;
+	t.sg_list = sge;
+	for (int i = 0; i < one.num_sge && !rc; i++) {
+		sge[i] = one.sg_list[i];
+		if (!(one.send_flags & IBV_SEND_INLINE))
+			rc = xlate_lkey(r, sge[i].lkey, sge[i].length, &sge[i].lkey);
+	}
+	uint64_t bytes = 0;
+	for (int i = 0; i < one.num_sge; i++)
+		bytes += one.sg_list[i].length;
+	if (!rc && (one.opcode == IBV_WR_RDMA_WRITE || one.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+		    one.opcode == IBV_WR_RDMA_READ) &&
+	    (bytes || one.opcode == IBV_WR_RDMA_READ))
+		rc = xlate_rkey(r, one.wr.rdma.rkey, &t.wr.rdma.rkey);
+	if (!rc) {
+		struct ibv_send_wr *bad = NULL;
+		rc = -r->cur_ctx->post_send(r->cur_qp, &t, &bad);
+	}
+	if (rc) {
+		r2cc_qp_shadow_unpost_send(r->cur_sh, &one, &one);
+		return rc;
+	}
+	r2cc_counter_add(&r->cur_nic->cnt.tx_bytes, bytes);
+	r2cc_counter_add(&r->cur_nic->cnt.tx_wrs, 1);
+	return 0;
+}
+
+static int post_one_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
+{
+	struct ibv_recv_wr one = *w;
+	one.next = NULL;
+	int rc = r2cc_qp_shadow_post_recv(r->cur_sh, &one, NULL);
+	if (rc)
+		return rc;
+	struct ibv_sge sge[16];
+	if (one.num_sge > 16) {
+		r2cc_qp_shadow_unpost_recv(r->cur_sh, &one, &one);
+		return -E2BIG;
+	}
+	struct ibv_recv_wr t = one;
+	t.sg_list = sge;
+	for (int i = 0; i < one.num_sge && !rc; i++) {
+		sge[i] = one.sg_list[i];
+		rc = xlate_lkey(r, sge[i].lkey, sge[i].length, &sge[i].lkey);
+	}
+	if (!rc) {
+		struct ibv_recv_wr *bad = NULL;
+		rc = -r->cur_ctx->post_recv(r->cur_qp, &t, &bad);
+	}
+	if (rc) {
+		r2cc_qp_shadow_unpost_recv(r->cur_sh, &one, &one);
+		return rc;
+	}
+	r2cc_counter_add(&r->cur_nic->cnt.recv_posted, 1);
+	return 0;
+}
+
+static int hold_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
+{
+	size_t inl = 0;
+	if (w->send_flags & IBV_SEND_INLINE)
+		for (int i = 0; i < w->num_sge; i++)
+			inl += w->sg_list[i].length;
+	if (w->num_sge < 0 || w->num_sge > 16)
+		return -EINVAL;
+	struct held_send *h =
+	    malloc(sizeof(*h) + (size_t)w->num_sge * sizeof(struct ibv_sge) + inl);
+	if (!h)
+		return -ENOMEM;
+	h->wr = *w;
+	h->wr.next = NULL;
+	h->wr.sg_list = h->sge;
+	uint8_t *p = (uint8_t *)&h->sge[w->num_sge];
+	for (int i = 0; i < w->num_sge; i++) {
+		h->sge[i] = w->sg_list[i];
+		if (inl) { /* the source may change after the call: keep the bytes */
+			memcpy(p, (const void *)(uintptr_t)w->sg_list[i].addr, w->sg_list[i].length);
+			h->sge[i].addr = (uintptr_t)p;
+			p += w->sg_list[i].length;
+		}
+	}
+	h->next = NULL;
+	*r->hs_tail = h;
+	r->hs_tail = &h->next;
+	return 0;
+}
+
+static int hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
+{
+	if (w->num_sge < 0 || w->num_sge > 16)
+		return -EINVAL;
+	struct held_recv *h = malloc(sizeof(*h) + (size_t)w->num_sge * sizeof(struct ibv_sge));
+	if (!h)
+		return -ENOMEM;
+	h->wr = *w;
+	h->wr.next = NULL;
+	h->wr.sg_list = h->sge;
+	memcpy(h->sge, w->sg_list, (size_t)w->num_sge * sizeof(struct ibv_sge));
+	h->next = NULL;
+	*r->hr_tail = h;
+	r->hr_tail = &h->next;
+	return 0;
+}
+
+int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct r2cc_rqp *r = q->rep;
+	if (!r)
+		return q->ctx->post_send(q->qp, wr, bad);
+	pthread_mutex_lock(&r->mu);
+	int s = load_state(r), rc = 0;
+	struct ibv_send_wr *w = wr;
+	for (; w && !rc; w = w->next) {
+		if (s == RQ_FAILED) {
+			struct ibv_send_wr one = *w, *b = NULL;
+			one.next = NULL;
+			rc = -r->orig_ctx->post_send(q->qp, &one, &b);
+		} else if (s == RQ_FENCING || (s == RQ_EXCHANGE && !r->send_live) ||
+			   (r->hs_head && s != RQ_MIGRATED)) {
+			rc = hold_send(r, w);
+		} else {
+			rc = post_one_send(r, w);
+		}
+		if (rc)
+			break;
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (rc) {
+		*bad = w;
+		return rc < 0 ? -rc : rc;
+	}
+	return 0;
+}
+
+int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct r2cc_rqp *r = q->rep;
+	if (!r)
+		return q->ctx->post_recv(q->qp, wr, bad);
+	pthread_mutex_lock(&r->mu);
+	int s = load_state(r), rc = 0;
+	struct ibv_recv_wr *w = wr;
+	for (; w && !rc; w = w->next) {
+		if (s == RQ_FAILED) {
+			struct ibv_recv_wr one = *w, *b = NULL;
+			one.next = NULL;
+			rc = -r->orig_ctx->post_recv(q->qp, &one, &b);
+		} else if (s == RQ_FENCING || (s == RQ_EXCHANGE && !r->recv_live) ||
+			   (r->hr_head && s != RQ_MIGRATED)) {
+			rc = hold_recv(r, w);
+		} else {
+			rc = post_one_recv(r, w);
+		}
+		if (rc)
+			break;
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (rc) {
+		*bad = w;
+		return rc < 0 ? -rc : rc;
+	}
+	return 0;
+}
+
+/* Under r->mu. */
+static int flush_held_recvs(struct r2cc_rqp *r)
+{
+	int rc = 0;
+	while (r->hr_head && !rc) {
+		struct held_recv *h = r->hr_head;
+		rc = post_one_recv(r, &h->wr);
+		if (rc)
+			break;
+		r->hr_head = h->next;
+		free(h);
+	}
+	if (!r->hr_head)
+		r->hr_tail = &r->hr_head;
+	return rc;
+}
+
+static int flush_held_sends(struct r2cc_rqp *r, uint64_t *n)
+{
+	int rc = 0;
+	while (r->hs_head && !rc) {
+		struct held_send *h = r->hs_head;
+		rc = post_one_send(r, &h->wr);
+		if (rc)
+			break;
+		r->hs_head = h->next;
+		free(h);
+		(*n)++;
+	}
+	if (!r->hs_head)
+		r->hs_tail = &r->hs_head;
+	return rc;
+}
+
+/* --- records ----------------------------------------------------------------------- */
+
+void r2cc_repair_cq_created(struct r2cc_cq *c)
+{
+	if (!r2cc_repair_enabled())
+		return;
+	struct r2cc_vcq *v = calloc(1, sizeof(*v));
+	if (!v)
+		return;
+	pthread_mutex_init(&v->mu, NULL);
+	c->v = v;
+}
+
+void r2cc_repair_cq_destroyed(struct r2cc_cq *c)
+{
+	struct r2cc_vcq *v = c->v;
+	if (!v)
+		return;
+	/* Kept: a late pump may still look at it; only the stash goes. */
+	pthread_mutex_lock(&v->mu);
+	free(v->stash);
+	v->stash = NULL;
+	v->cap = v->count = v->head = 0;
+	pthread_mutex_unlock(&v->mu);
+}
+
+void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *attr)
+{
+	if (!r2cc_repair_enabled() || attr->qp_type != IBV_QPT_RC)
+		return;
+	if (!q->send_cq || q->send_cq != q->recv_cq || !q->send_cq->v) {
+		R2CC_WARN_ONCE("repair: a QP with separate send and receive CQs runs without hot "
+			       "repair");
+		return;
+	}
+	struct r2cc_qp_shadow_attr sa = {
+	    .max_send_wr = attr->cap.max_send_wr,
+	    .max_recv_wr = attr->cap.max_recv_wr,
+	    .max_send_sge = attr->cap.max_send_sge,
+	    .max_recv_sge = attr->cap.max_recv_sge,
+	    .max_inline_data = attr->cap.max_inline_data,
+	    .sq_sig_all = attr->sq_sig_all,
+	};
+	struct r2cc_rqp *r = calloc(1, sizeof(*r));
+	if (!r || r2cc_qp_shadow_create(&sa, &q->shadow)) {
+		free(r);
+		R2CC_WARN("repair: out of memory for qp 0x%x's shadow; it runs without hot repair",
+			  q->qpn);
+		return;
+	}
+	pthread_mutex_init(&r->mu, NULL);
+	r->q = q;
+	r->vcq = q->send_cq;
+	r->qpn = q->qpn;
+	r->orig_ctx = q->ctx;
+	r->orig_nic = q->ctx->nic;
+	r->cap = attr->cap;
+	r->sq_sig_all = attr->sq_sig_all;
+	r->cur_qp = q->qp;
+	r->cur_ctx = q->ctx;
+	r->cur_nic = q->ctx->nic;
+	r->cur_sh = q->shadow;
+	r->hs_tail = &r->hs_head;
+	r->hr_tail = &r->hr_head;
+	r->incident = -1;
+	pthread_mutex_lock(&eng.mu);
+	r->next_all = eng.all;
+	eng.all = r;
+	start_locked();
+	pthread_mutex_unlock(&eng.mu);
+	__atomic_store_n(&q->rep, r, __ATOMIC_RELEASE);
+}
+
+static void vcq_detach(struct r2cc_vcq *v, struct r2cc_rqp *r)
+{
+	for (size_t i = 0; i < v->natt; i++)
+		if (v->att[i] == r) {
+			v->att[i] = v->att[--v->natt];
+			return;
+		}
+}
+
+static void destroy_private(struct ibv_qp *qp, struct ibv_cq *cq)
+{
+	if (qp) {
+		eng.v.destroy_qp(qp);
+		own_remove(qp);
+	}
+	if (cq) {
+		eng.v.destroy_cq(cq);
+		own_remove(cq);
+	}
+}
+
+void r2cc_repair_qp_destroying(struct r2cc_qp *q)
+{
+	struct r2cc_rqp *r = q->rep;
+	if (!r)
+		return;
+	/* Wait for the repair thread to leave this QP (bounded: it never waits on NCCL). */
+	pthread_mutex_lock(&eng.mu);
+	while (r->busy)
+		pthread_cond_wait(&eng.cond, &eng.mu);
+	r->dead = true;
+	pthread_mutex_unlock(&eng.mu);
+	pthread_mutex_lock(&r->mu);
+	pthread_mutex_lock(&r->vcq->v->mu);
+	vcq_detach(r->vcq->v, r);
+	pthread_mutex_unlock(&r->vcq->v->mu);
+	if (r->cur_cq)
+		destroy_private(r->cur_qp, r->cur_cq);
+	if (r->new_qp)
+		destroy_private(r->new_qp, r->new_cq);
+	r->cur_qp = r->new_qp = NULL;
+	r->cur_cq = r->new_cq = NULL;
+	if (r->cur_sh != q->shadow)
+		r2cc_qp_shadow_destroy(r->cur_sh);
+	if (r->new_sh)
+		r2cc_qp_shadow_destroy(r->new_sh);
+	r->cur_sh = r->new_sh = NULL;
+	r2cc_qp_shadow_destroy(q->shadow);
+	q->shadow = NULL;
+	r->q = NULL;
+	while (r->hs_head) {
+		struct held_send *h = r->hs_head;
+		r->hs_head = h->next;
+		free(h);
+	}
+	while (r->hr_head) {
+		struct held_recv *h = r->hr_head;
+		r->hr_head = h->next;
+		free(h);
+	}
+	if (r->have_plan)
+		r2cc_qp_shadow_plan_free(&r->plan);
+	r->have_plan = false;
+	set_state(r, RQ_FAILED);
+	pthread_mutex_unlock(&r->mu);
+	/* The record stays on eng.all (marked dead): the stall scan may hold it. */
+}
+
+/* --- fencing ---------------------------------------------------------------------- */
+
+/* Close the gates, move the current path to ERR, post the markers. */
+static void fence_start(struct r2cc_rqp *r)
+{
+	gate_close(&r->q->gate);
+	gate_close(&r->vcq->gate);
+	pthread_mutex_lock(&r->mu);
+	set_state(r, RQ_FENCING);
+	r->mark_s = r->mark_r = false;
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	int rc = eng.v.modify_qp(r->cur_qp, &a, IBV_QP_STATE);
+	if (rc)
+		R2CC_WARN("repair: qp 0x%x: cannot move to ERR (%s)", r->qpn, strerror(rc));
+	struct ibv_send_wr sw = {.wr_id = MARK_S,
+				 .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED},
+			   *sbad;
+	struct ibv_recv_wr rw = {.wr_id = MARK_R}, *rbad;
+	if (r->cur_ctx->post_send(r->cur_qp, &sw, &sbad))
+		r->mark_s = true; /* a full queue: the count below decides */
+	if (r->cur_ctx->post_recv(r->cur_qp, &rw, &rbad))
+		r->mark_r = true;
+	pthread_mutex_unlock(&r->mu);
+}
+
+/* Pump until both markers came back (or a second of silence). */
+static int fence_drain(struct r2cc_rqp *r)
+{
+	int64_t until = now_ns() + DRAIN_NS;
+	for (;;) {
+		pthread_mutex_lock(&r->vcq->v->mu);
+		vcq_pump(r->vcq);
+		bool done = r->mark_s && r->mark_r;
+		pthread_mutex_unlock(&r->vcq->v->mu);
+		if (done)
+			break;
+		if (now_ns() > until)
+			return -ETIMEDOUT;
+		usleep(50);
+	}
+	r->k_local = r2cc_qp_shadow_recv_consumed(r->cur_sh);
+	return r2cc_qp_shadow_error(r->cur_sh);
+}
+
+/* --- placement ---------------------------------------------------------------------- */
+
+static int nic_load(const struct r2cc_nic *nic)
+{
+	int n = 0;
+	pthread_mutex_lock(&eng.mu);
+	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all)
+		if (!r->dead && r->cur_nic == nic)
+			n++;
+	pthread_mutex_unlock(&eng.mu);
+	return n;
+}
+
+static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic)
+{
+	return nic && nic != r->orig_nic && nic != r->cur_nic && nic->state == R2CC_NIC_UP &&
+	       r2cc_mr_mirror_pd(nic) != NULL;
+}
+
+/* A context NCCL opened on nic (R2CC's QPs live there). */
+static struct r2cc_ctx *ctx_of_nic(struct r2cc_nic *nic);
+
+/* Mode 1: the first usable NIC; mode 2 and up: the least loaded, preferring the
+ * peer's rail (same name) when it asked for one. */
+static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
+{
+	int n = r2cc_nic_count();
+	if (rail && rail[0])
+		for (int i = 0; i < n; i++) {
+			struct r2cc_nic *nic = r2cc_nic_by_index(i);
+			if (nic_usable(r, nic) && !strcmp(nic->name, rail) && ctx_of_nic(nic))
+				return nic;
+		}
+	struct r2cc_nic *best = NULL;
+	int best_load = 0;
+	for (int i = 0; i < n; i++) {
+		struct r2cc_nic *nic = r2cc_nic_by_index(i);
+		if (!nic_usable(r, nic) || !ctx_of_nic(nic))
+			continue;
+		if (r2cc_param.mode == 1)
+			return nic;
+		int load = nic_load(nic);
+		if (!best || load < best_load) {
+			best = nic;
+			best_load = load;
+		}
+	}
+	return best;
+}
+
+/* The registry has no NIC -> context index: find one of NCCL's contexts through
+ * the mirror's PD, which was allocated on it. */
+static struct r2cc_ctx *ctx_of_nic(struct r2cc_nic *nic)
+{
+	struct ibv_pd *pd = r2cc_mr_mirror_pd(nic);
+	return pd ? r2cc_ctx_find(pd->context) : NULL;
+}
+
+/* A QP (and its CQ) of R2CC's own on nic, in INIT. */
+static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
+{
+	struct r2cc_ctx *c = ctx_of_nic(nic);
+	struct ibv_pd *pd = r2cc_mr_mirror_pd(nic);
+	if (!c || !pd)
+		return -ENODEV;
+	int depth = (int)(r->cap.max_send_wr + r->cap.max_recv_wr) + 64;
+	struct ibv_cq *cq = eng.v.create_cq(c->ctx, depth, NULL, NULL, 0);
+	if (!cq)
+		return -errno ? -errno : -ENOMEM;
+	own_add(cq);
+	struct ibv_qp_init_attr ia = {
+	    .send_cq = cq,
+	    .recv_cq = cq,
+	    .cap = r->cap,
+	    .qp_type = IBV_QPT_RC,
+	    .sq_sig_all = r->sq_sig_all,
+	};
+	ia.cap.max_send_wr += 8; /* room for the markers of a later fence */
+	ia.cap.max_recv_wr += 8;
+	struct ibv_qp *qp = eng.v.create_qp(pd, &ia);
+	if (!qp) {
+		int e = errno ? errno : ENOMEM;
+		destroy_private(NULL, cq);
+		return -e;
+	}
+	own_add(qp);
+	struct ibv_qp_attr a = {
+	    .qp_state = IBV_QPS_INIT,
+	    .pkey_index = 0,
+	    .port_num = nic->port ? nic->port : 1,
+	    .qp_access_flags =
+		IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+	};
+	int rc = eng.v.modify_qp(qp, &a,
+				 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	struct r2cc_qp_shadow_attr sa = {
+	    .max_send_wr = ia.cap.max_send_wr,
+	    .max_recv_wr = ia.cap.max_recv_wr,
+	    .max_send_sge = r->cap.max_send_sge,
+	    .max_recv_sge = r->cap.max_recv_sge,
+	    .max_inline_data = r->cap.max_inline_data,
+	    .sq_sig_all = r->sq_sig_all,
+	};
+	struct r2cc_qp_shadow *sh = NULL;
+	if (!rc)
+		rc = -r2cc_qp_shadow_create(&sa, &sh);
+	if (rc) {
+		destroy_private(qp, cq);
+		return -rc;
+	}
+	r->new_qp = qp;
+	r->new_cq = cq;
+	r->new_ctx = c;
+	r->new_sh = sh;
+	return 0;
+}
+
+static int connect_path(struct r2cc_rqp *r, const struct peer_path *p)
+{
+	struct r2cc_qp *q = r->q;
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = (enum ibv_mtu)(p->mtu && p->mtu < r->new_ctx->nic->active_mtu
+					? p->mtu
+					: (r->new_ctx->nic->active_mtu ? r->new_ctx->nic->active_mtu
+								       : IBV_MTU_1024));
+	a.dest_qp_num = p->qpn;
+	a.rq_psn = 0;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.dlid = p->lid;
+	a.ah_attr.port_num = r->new_ctx->nic->port ? r->new_ctx->nic->port : 1;
+	if (q->peer.has_grh) {
+		a.ah_attr.is_global = 1;
+		memcpy(a.ah_attr.grh.dgid.raw, p->gid, 16);
+		a.ah_attr.grh.hop_limit = 255;
+	}
+	int rc = eng.v.modify_qp(r->new_qp, &a,
+				 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				     IBV_QP_MIN_RNR_TIMER);
+	if (rc)
+		return -rc;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = q->timeout ? q->timeout : 20;
+	a.retry_cnt = q->retry_cnt ? q->retry_cnt : 7;
+	a.rnr_retry = q->rnr_retry ? q->rnr_retry : 7;
+	a.sq_psn = 0;
+	a.max_rd_atomic = 1;
+	rc = eng.v.modify_qp(r->new_qp, &a,
+			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	return -rc;
+}
+
+/* --- commit ------------------------------------------------------------------------ */
+
+/* The plan from the drained current path and the peer's count; its synthesised
+ * completions go to NCCL first. Under r->mu. */
+static int make_plan(struct r2cc_rqp *r)
+{
+	struct r2cc_qp_shadow_plan_in in = {.peer_recv_consumed = r->k_peer};
+	int rc = r2cc_qp_shadow_plan_build(r->cur_sh, &in, &r->plan);
+	if (rc)
+		return rc;
+	r->have_plan = true;
+	struct r2cc_vcq *v = r->vcq->v;
+	pthread_mutex_lock(&v->mu);
+	for (size_t i = 0; i < r->plan.n_synth; i++) {
+		struct ibv_wc wc;
+		r2cc_qp_shadow_plan_wc(&r->plan, i, r->qpn, &wc);
+		stash_push(v, &wc);
+	}
+	pthread_mutex_unlock(&v->mu);
+	return 0;
+}
+
+/* The new path becomes the current one. Under r->mu. */
+static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ibv_qp **old_qp,
+			struct ibv_cq **old_cq, struct r2cc_qp_shadow **old_sh)
+{
+	struct r2cc_vcq *v = r->vcq->v;
+	*old_qp = r->cur_cq ? r->cur_qp : NULL;
+	*old_cq = r->cur_cq;
+	*old_sh = r->cur_sh != (r->q ? r->q->shadow : NULL) ? r->cur_sh : NULL;
+	pthread_mutex_lock(&v->mu);
+	if (!r->cur_cq) {
+		if (v->natt == v->attcap) {
+			size_t cap = v->attcap ? 2 * v->attcap : 8;
+			struct r2cc_rqp **n = realloc(v->att, cap * sizeof(*n));
+			if (n) {
+				v->att = n;
+				v->attcap = cap;
+			}
+		}
+		if (v->natt < v->attcap)
+			v->att[v->natt++] = r;
+	}
+	r->cur_qp = r->new_qp;
+	r->cur_cq = r->new_cq;
+	r->cur_ctx = r->new_ctx;
+	r->cur_nic = r->new_ctx->nic;
+	r->cur_sh = r->new_sh;
+	pthread_mutex_unlock(&v->mu);
+	r->new_qp = NULL;
+	r->new_cq = NULL;
+	r->new_sh = NULL;
+	snprintf(r->peer_cur_nic, sizeof(r->peer_cur_nic), "%s", p->nic);
+	r->recv_live = r->send_live = false;
+}
+
+static int post_plan_recvs(struct r2cc_rqp *r)
+{
+	for (size_t i = 0; i < r->plan.n_recv; i++) {
+		struct ibv_sge sge[16];
+		struct ibv_recv_wr w;
+		if (r->plan.recv[i].num_sge > 16)
+			return -E2BIG;
+		r2cc_qp_shadow_plan_recv_wr(&r->plan, i, &w, sge);
+		int rc = post_one_recv(r, &w);
+		if (rc)
+			return rc;
+	}
+	int rc = flush_held_recvs(r);
+	if (!rc)
+		r->recv_live = true;
+	return rc;
+}
+
+static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
+{
+	for (size_t i = 0; i < r->plan.n_send; i++) {
+		struct ibv_sge sge[17];
+		struct ibv_send_wr w;
+		if (r->plan.send[i].num_sge > 16)
+			return -E2BIG;
+		r2cc_qp_shadow_plan_send_wr(&r->plan, i, &w, sge);
+		int rc = post_one_send(r, &w);
+		if (rc)
+			return rc;
+	}
+	int rc = flush_held_sends(r, held);
+	if (!rc)
+		r->send_live = true;
+	return rc;
+}
+
+/* --- failure ------------------------------------------------------------------------- */
+
+/* Repair is impossible: NCCL gets one error completion for the QP and the held
+ * posts flush on its (ERR) QP. */
+static void fail(struct r2cc_rqp *r, const char *why)
+{
+	pthread_mutex_lock(&r->mu);
+	if (load_state(r) == RQ_FAILED || r->dead) {
+		pthread_mutex_unlock(&r->mu);
+		return;
+	}
+	R2CC_WARN("repair: qp 0x%x on %s cannot be repaired (%s); NCCL gets the error", r->qpn,
+		  r->orig_nic->name, why);
+	if (r->new_qp)
+		destroy_private(r->new_qp, r->new_cq);
+	r->new_qp = NULL;
+	r->new_cq = NULL;
+	if (r->new_sh)
+		r2cc_qp_shadow_destroy(r->new_sh);
+	r->new_sh = NULL;
+	set_state(r, RQ_FAILED);
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	eng.v.modify_qp(r->q->qp, &a, IBV_QP_STATE);
+	struct ibv_wc wc;
+	memset(&wc, 0, sizeof(wc));
+	wc.status = r->status_seen ? (enum ibv_wc_status)r->status_seen : IBV_WC_RETRY_EXC_ERR;
+	wc.qp_num = r->qpn;
+	wc.opcode = IBV_WC_RDMA_WRITE;
+	pthread_mutex_lock(&r->vcq->v->mu);
+	stash_push(r->vcq->v, &wc);
+	pthread_mutex_unlock(&r->vcq->v->mu);
+	uint64_t dummy = 0;
+	while (r->hr_head) {
+		struct held_recv *h = r->hr_head;
+		struct ibv_recv_wr *b;
+		r->hr_head = h->next;
+		r->orig_ctx->post_recv(r->q->qp, &h->wr, &b);
+		free(h);
+	}
+	r->hr_tail = &r->hr_head;
+	while (r->hs_head) {
+		struct held_send *h = r->hs_head;
+		struct ibv_send_wr *b;
+		r->hs_head = h->next;
+		r->orig_ctx->post_send(r->q->qp, &h->wr, &b);
+		free(h);
+		dummy++;
+	}
+	r->hs_tail = &r->hs_head;
+	pthread_mutex_unlock(&r->mu);
+	pthread_mutex_lock(&eng.mu);
+	if (r->incident >= 0)
+		eng.inc[r->incident].failed++;
+	pthread_mutex_unlock(&eng.mu);
+	incident_event(r->incident, "qp 0x%x: repair impossible: %s", r->qpn, why);
+}
+
+static void done(struct r2cc_rqp *r, uint64_t held)
+{
+	int64_t t = now_ns();
+	r->migrations++;
+	pthread_mutex_lock(&eng.mu);
+	if (r->incident >= 0) {
+		struct incident *in = &eng.inc[r->incident];
+		in->migrated++;
+		in->bytes_reposted += r->plan.bytes_reposted;
+		in->bytes_saved += r->plan.bytes_saved;
+		in->synth += r->plan.completions_synth;
+		in->held += held;
+		if (t > in->t_done)
+			in->t_done = t;
+	}
+	pthread_mutex_unlock(&eng.mu);
+	incident_event(r->incident,
+		       "qp 0x%x: %s -> %s (peer %s -> %s), re-posted %zu sends %zu receives "
+		       "%llu held, %zu completions synthesised",
+		       r->qpn, r->orig_nic->name, r->cur_nic->name, r->peer_orig_nic,
+		       r->peer_cur_nic, r->plan.n_send, r->plan.n_recv, (unsigned long long)held,
+		       r->plan.n_synth);
+	R2CC_INFO("repair: qp 0x%x migrated to %s in %.1f ms (%s)", r->qpn, r->cur_nic->name,
+		  (t - r->t_detect) / 1e6, r->cause);
+	r2cc_qp_shadow_plan_free(&r->plan);
+	r->have_plan = false;
+}
+
+/* --- the exchange ---------------------------------------------------------------------- */
+
+static void path_from_wire(struct peer_path *p, const struct rep_wire *m)
+{
+	p->qpn = le32toh(m->new_qpn);
+	p->lid = le16toh(m->new_lid);
+	p->port = m->new_port;
+	p->mtu = m->new_mtu >= IBV_MTU_256 && m->new_mtu <= IBV_MTU_4096 ? m->new_mtu : 0;
+	memcpy(p->gid, m->new_gid, 16);
+	snprintf(p->nic, sizeof(p->nic), "%s", m->new_nic);
+}
+
+/* Our NCCL QP addressed by a message: the NIC with dst_lid, QP dst_qpn, whose peer
+ * is the sender's QP. */
+static struct r2cc_rqp *rqp_of_msg(const struct rep_wire *m)
+{
+	uint16_t lid = le16toh(m->dst_lid);
+	uint32_t qpn = le32toh(m->dst_qpn);
+	int n = r2cc_nic_count();
+	for (int i = 0; i < n; i++) {
+		struct r2cc_nic *nic = r2cc_nic_by_index(i);
+		if (!nic || nic->lid != lid)
+			continue;
+		struct r2cc_qp *q = r2cc_qp_by_num(nic, qpn);
+		struct r2cc_rqp *r = q ? q->rep : NULL;
+		if (r && !r->dead && q->peer.qpn == le32toh(m->src_qpn) &&
+		    q->peer.lid == le16toh(m->src_lid))
+			return r;
+	}
+	return NULL;
+}
+
+static bool lower_id(const struct r2cc_rqp *r)
+{
+	uint64_t mine = ((uint64_t)r->orig_nic->lid << 32) | r->qpn;
+	uint64_t theirs = ((uint64_t)r->q->peer.lid << 32) | r->q->peer.qpn;
+	return mine < theirs;
+}
+
+static void nack(const struct r2cc_ctl_dir *dir, int rank, struct r2cc_rqp *r,
+		 const struct rep_wire *m, int status)
+{
+	struct rep_wire out;
+	memset(&out, 0, sizeof(out));
+	out.version = 1;
+	out.op = OP_NACK;
+	out.status = (int32_t)htole32((uint32_t)status);
+	out.pair_id = m->pair_id;
+	out.src_qpn = m->dst_qpn;
+	out.src_lid = m->dst_lid;
+	out.dst_qpn = m->src_qpn;
+	out.dst_lid = m->src_lid;
+	(void)r;
+	send_to(dir, rank, &out);
+}
+
+/* Initiator: fence, a new path, REQ to the processes that may own the peer. */
+static void initiate(struct r2cc_rqp *r)
+{
+	struct cand c[MAX_CANDIDATES];
+	int nc = peer_candidates(r->q->peer.lid, c, MAX_CANDIDATES);
+	if (nc == 0) {
+		fail(r, "no control-plane peer for this QP (communicator without a directory)");
+		return;
+	}
+	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
+	fence_start(r);
+	int rc = fence_drain(r);
+	if (rc) {
+		fail(r, rc == -ETIMEDOUT ? "the old path did not drain" : "shadow inconsistent");
+		return;
+	}
+	struct r2cc_nic *nic = place(r, NULL);
+	if (!nic) {
+		fail(r, "no healthy NIC left");
+		return;
+	}
+	rc = new_path(r, nic);
+	if (rc) {
+		fail(r, "cannot create a QP on the new NIC");
+		return;
+	}
+	pthread_mutex_lock(&r->mu);
+	set_state(r, RQ_EXCHANGE);
+	r->recv_live = r->send_live = false;
+	r->initiator = true;
+	pthread_mutex_lock(&eng.mu);
+	r->pair_id = ((uint64_t)getpid() << 32) | ++eng.next_pair;
+	pthread_mutex_unlock(&eng.mu);
+	struct rep_wire m;
+	wire_fill(&m, OP_REQ, r);
+	m.count = htole64(r->k_local);
+	wire_path(&m, r);
+	r->t_sent = now_ns();
+	r->t_deadline = r->t_sent + (int64_t)R2CC_REPAIR_TIMEOUT_MS * 1000000;
+	pthread_mutex_unlock(&r->mu);
+	incident_event(r->incident, "qp 0x%x: fenced (k=%llu), new path on %s, asking %d process(es)",
+		       r->qpn, (unsigned long long)r->k_local, nic->name, nc);
+	for (int i = 0; i < nc; i++)
+		send_to(c[i].dir, c[i].rank, &m);
+}
+
+static void resend_req(struct r2cc_rqp *r)
+{
+	struct cand c[MAX_CANDIDATES];
+	int nc = peer_candidates(r->q->peer.lid, c, MAX_CANDIDATES);
+	struct rep_wire m;
+	pthread_mutex_lock(&r->mu);
+	wire_fill(&m, OP_REQ, r);
+	m.count = htole64(r->k_local);
+	wire_path(&m, r);
+	r->t_sent = now_ns();
+	pthread_mutex_unlock(&r->mu);
+	for (int i = 0; i < nc; i++)
+		send_to(c[i].dir, c[i].rank, &m);
+}
+
+/* Responder: the peer asks; fence, a path on its rail, connect, receives, REP. */
+static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_ctl_dir *dir)
+{
+	const struct rep_wire *m = &in->m;
+	int s = load_state(r);
+	if (s == RQ_FAILED || r->dead) {
+		nack(dir, in->from_rank, r, m, -EHOSTDOWN);
+		return;
+	}
+	if (s == RQ_EXCHANGE) {
+		if (r->initiator && r->pair_id == le64toh(m->pair_id))
+			return;
+		if (r->initiator && lower_id(r))
+			return; /* ours wins; the peer serves our REQ */
+		if (!r->initiator && r->pair_id == le64toh(m->pair_id))
+			return; /* a re-sent REQ we already answered */
+		/* theirs wins: drop our new path, serve theirs (already fenced) */
+		pthread_mutex_lock(&r->mu);
+		if (r->new_qp)
+			destroy_private(r->new_qp, r->new_cq);
+		r->new_qp = NULL;
+		r->new_cq = NULL;
+		if (r->new_sh)
+			r2cc_qp_shadow_destroy(r->new_sh);
+		r->new_sh = NULL;
+		pthread_mutex_unlock(&r->mu);
+	} else {
+		if (s == RQ_HEALTHY || s == RQ_MIGRATED) {
+			int64_t t = now_ns();
+			pthread_mutex_lock(&eng.mu);
+			r->t_detect = t;
+			snprintf(r->cause, sizeof(r->cause), "peer notice from rank %d",
+				 in->from_rank);
+			r->incident = incident_get(r->cur_nic->name, r->cause, t);
+			eng.inc[r->incident].qps++;
+			pthread_mutex_unlock(&eng.mu);
+			set_state(r, RQ_DETECTED);
+		}
+		incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate", r->qpn,
+			       in->from_rank);
+		fence_start(r);
+		int rc = fence_drain(r);
+		if (rc) {
+			nack(dir, in->from_rank, r, m, rc);
+			fail(r, "the old path did not drain");
+			return;
+		}
+	}
+	struct peer_path p;
+	path_from_wire(&p, m);
+	struct r2cc_nic *nic = place(r, p.nic);
+	int rc = nic ? new_path(r, nic) : -ENODEV;
+	if (rc) {
+		nack(dir, in->from_rank, r, m, rc);
+		fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
+		return;
+	}
+	rc = connect_path(r, &p);
+	pthread_mutex_lock(&r->mu);
+	set_state(r, RQ_EXCHANGE);
+	r->initiator = false;
+	r->dir = dir;
+	r->peer_rank = in->from_rank;
+	r->pair_id = le64toh(m->pair_id);
+	r->k_peer = le64toh(m->count);
+	r->peer_new = p;
+	if (!r->peer_orig_nic[0] || !r->migrations)
+		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
+	struct ibv_qp *oq = NULL;
+	struct ibv_cq *oc = NULL;
+	struct r2cc_qp_shadow *osh = NULL;
+	if (!rc)
+		rc = make_plan(r);
+	struct rep_wire out;
+	if (!rc) {
+		wire_fill(&out, OP_REP, r);
+		out.pair_id = m->pair_id;
+		out.count = htole64(r->k_local);
+		wire_path(&out, r);
+		switch_path(r, &p, &oq, &oc, &osh);
+		rc = post_plan_recvs(r);
+	}
+	r->t_deadline = now_ns() + (int64_t)R2CC_REPAIR_TIMEOUT_MS * 1000000;
+	pthread_mutex_unlock(&r->mu);
+	if (oq || oc)
+		destroy_private(oq, oc);
+	if (osh)
+		r2cc_qp_shadow_destroy(osh);
+	if (rc) {
+		nack(dir, in->from_rank, r, m, rc);
+		fail(r, "cannot connect or re-post on the new path");
+		return;
+	}
+	send_to(dir, in->from_rank, &out);
+	/* The initiator's rkeys on its new NIC, before its GO needs them. */
+	if (strcmp(r->peer_orig_nic, r->peer_cur_nic))
+		r2cc_mr_mirror_remote_refresh(dir, in->from_rank, r->peer_orig_nic,
+					      r->peer_cur_nic, 2000);
+	incident_event(r->incident, "qp 0x%x: path %s <-> %s connected, %zu receives re-posted",
+		       r->qpn, r->cur_nic->name, r->peer_cur_nic, r->plan.n_recv);
+}
+
+/* Initiator: the peer's path is ready; connect, re-post everything, GO. */
+static void on_rep(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_ctl_dir *dir)
+{
+	const struct rep_wire *m = &in->m;
+	if (load_state(r) != RQ_EXCHANGE || !r->initiator ||
+	    r->pair_id != le64toh(m->pair_id) || !r->new_qp)
+		return;
+	struct peer_path p;
+	path_from_wire(&p, m);
+	int rc = connect_path(r, &p);
+	pthread_mutex_lock(&r->mu);
+	r->dir = dir;
+	r->peer_rank = in->from_rank;
+	r->k_peer = le64toh(m->count);
+	r->peer_new = p;
+	if (!r->migrations)
+		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
+	pthread_mutex_unlock(&r->mu);
+	if (!rc && strcmp(r->peer_orig_nic, p.nic))
+		rc = r2cc_mr_mirror_remote_refresh(dir, in->from_rank, r->peer_orig_nic, p.nic,
+						   2000);
+	struct ibv_qp *oq = NULL;
+	struct ibv_cq *oc = NULL;
+	struct r2cc_qp_shadow *osh = NULL;
+	uint64_t held = 0;
+	pthread_mutex_lock(&r->mu);
+	if (!rc)
+		rc = make_plan(r);
+	if (!rc) {
+		switch_path(r, &p, &oq, &oc, &osh);
+		rc = post_plan_recvs(r);
+	}
+	if (!rc)
+		rc = post_plan_sends(r, &held);
+	if (!rc)
+		set_state(r, RQ_MIGRATED);
+	pthread_mutex_unlock(&r->mu);
+	if (oq || oc)
+		destroy_private(oq, oc);
+	if (osh)
+		r2cc_qp_shadow_destroy(osh);
+	if (rc) {
+		fail(r, "cannot connect or re-post on the new path");
+		return;
+	}
+	struct rep_wire out;
+	wire_fill(&out, OP_GO, r);
+	send_to(dir, in->from_rank, &out);
+	done(r, held);
+}
+
+/* Responder: the initiator is connected; re-post the sends. */
+static void on_go(struct r2cc_rqp *r, const struct inbox *in)
+{
+	const struct rep_wire *m = &in->m;
+	if (load_state(r) != RQ_EXCHANGE || r->initiator || r->pair_id != le64toh(m->pair_id))
+		return;
+	uint64_t held = 0;
+	pthread_mutex_lock(&r->mu);
+	int rc = post_plan_sends(r, &held);
+	if (!rc)
+		set_state(r, RQ_MIGRATED);
+	pthread_mutex_unlock(&r->mu);
+	if (rc) {
+		fail(r, "cannot re-post on the new path");
+		return;
+	}
+	done(r, held);
+}
+
+static void handle_msg(struct inbox *in)
+{
+	const struct rep_wire *m = &in->m;
+	const struct r2cc_ctl_dir *dir = dir_of_job(in->job_id, in->from_rank);
+	if (!dir)
+		return;
+	pthread_mutex_lock(&eng.mu);
+	struct r2cc_rqp *r = rqp_of_msg(m);
+	if (r)
+		r->busy = true;
+	pthread_mutex_unlock(&eng.mu);
+	if (!r) {
+		if (m->op == OP_REQ) {
+			/* Not ours unless the NIC is ours: then say so. */
+			int n = r2cc_nic_count();
+			for (int i = 0; i < n; i++) {
+				struct r2cc_nic *nic = r2cc_nic_by_index(i);
+				if (nic && nic->lid == le16toh(m->dst_lid) &&
+				    r2cc_qp_by_num(nic, le32toh(m->dst_qpn)))
+					nack(dir, in->from_rank, NULL, m, -ENOENT);
+			}
+		}
+		return;
+	}
+	switch (m->op) {
+	case OP_REQ:
+		serve(r, in, dir);
+		break;
+	case OP_REP:
+		on_rep(r, in, dir);
+		break;
+	case OP_GO:
+		on_go(r, in);
+		break;
+	case OP_NACK:
+		if (load_state(r) == RQ_EXCHANGE && r->initiator &&
+		    r->pair_id == le64toh(m->pair_id)) {
+			char why[128];
+			snprintf(why, sizeof(why), "the peer cannot repair its side (%s)",
+				 strerror(-(int32_t)le32toh((uint32_t)m->status)));
+			fail(r, why);
+		}
+		break;
+	}
+	pthread_mutex_lock(&eng.mu);
+	r->busy = false;
+	pthread_cond_broadcast(&eng.cond);
+	pthread_mutex_unlock(&eng.mu);
+}
+
+/* --- stall scan ------------------------------------------------------------------------ */
+
+static int64_t stall_threshold(const struct r2cc_rqp *r)
+{
+	if (r2cc_param.stall_ms > 0)
+		return (int64_t)r2cc_param.stall_ms * 1000000;
+	int64_t t = 4 * r->max_gap;
+	return t > STALL_FLOOR_NS ? t : STALL_FLOOR_NS;
+}
+
+/* A QP whose oldest signalled request has not completed for the threshold while
+ * other paths of this process progressed after it last did. Under eng.mu. */
+static void scan(int64_t t)
+{
+	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
+		int s = load_state(r);
+		if (r->dead || (s != RQ_HEALTHY && s != RQ_MIGRATED) || !r->cur_sh)
+			continue;
+		uint64_t posted, retired;
+		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
+		if (posted == retired || retired != r->scan_retired || !r->scan_progress) {
+			if (posted != retired && retired != r->scan_retired && r->scan_progress) {
+				int64_t gap = t - r->scan_progress;
+				if (gap > r->max_gap && gap < 2 * STALL_FLOOR_NS)
+					r->max_gap = gap;
+				eng.last_progress = t;
+			}
+			r->scan_retired = retired;
+			r->scan_progress = t;
+			continue;
+		}
+		if (t - r->scan_progress > stall_threshold(r) &&
+		    eng.last_progress > r->scan_progress) {
+			char why[128];
+			snprintf(why, sizeof(why), "stall of %lld ms on %.64s",
+				 (long long)((t - r->scan_progress) / 1000000), r->cur_nic->name);
+			r->scan_progress = t; /* once */
+			pthread_mutex_unlock(&eng.mu);
+			detect(r, why, IBV_WC_RETRY_EXC_ERR);
+			pthread_mutex_lock(&eng.mu);
+		}
+	}
+}
+
+static void *repair_main(void *arg)
+{
+	(void)arg;
+	int64_t next_scan = now_ns() + SCAN_NS;
+	pthread_mutex_lock(&eng.mu);
+	while (!eng.stop) {
+		if (!eng.work_head && !eng.in_head) {
+			int64_t t = now_ns();
+			if (t >= next_scan) {
+				scan(t);
+				next_scan = t + SCAN_NS;
+			}
+			/* deadlines of exchanges in flight */
+			struct r2cc_rqp *late = NULL;
+			bool resend = false;
+			for (struct r2cc_rqp *r = eng.all; r && !late; r = r->next_all) {
+				if (r->dead || load_state(r) != RQ_EXCHANGE)
+					continue;
+				if (t > r->t_deadline)
+					late = r;
+				else if (r->initiator && !r->recv_live &&
+					 t - r->t_sent > RESEND_NS) {
+					late = r;
+					resend = true;
+				}
+			}
+			if (late) {
+				late->busy = true;
+				pthread_mutex_unlock(&eng.mu);
+				if (resend)
+					resend_req(late);
+				else
+					fail(late, "the peer did not finish the exchange in time");
+				pthread_mutex_lock(&eng.mu);
+				late->busy = false;
+				pthread_cond_broadcast(&eng.cond);
+				continue;
+			}
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += SCAN_NS;
+			if (ts.tv_nsec >= 1000000000L) {
+				ts.tv_sec++;
+				ts.tv_nsec -= 1000000000L;
+			}
+			pthread_cond_timedwait(&eng.cond, &eng.mu, &ts);
+			continue;
+		}
+		if (eng.in_head) {
+			struct inbox *in = eng.in_head;
+			eng.in_head = in->next;
+			if (!eng.in_head)
+				eng.in_tail = &eng.in_head;
+			pthread_mutex_unlock(&eng.mu);
+			handle_msg(in);
+			free(in);
+			pthread_mutex_lock(&eng.mu);
+			continue;
+		}
+		struct r2cc_rqp *r = eng.work_head;
+		eng.work_head = r->next_work;
+		r->queued = false;
+		if (r->dead || load_state(r) != RQ_DETECTED)
+			continue;
+		r->busy = true;
+		pthread_mutex_unlock(&eng.mu);
+		if (!eng.have_verbs)
+			fail(r, "verbs functions unavailable");
+		else
+			initiate(r);
+		pthread_mutex_lock(&eng.mu);
+		r->busy = false;
+		pthread_cond_broadcast(&eng.cond);
+	}
+	pthread_mutex_unlock(&eng.mu);
+	return NULL;
+}
+
+/* --- async events ------------------------------------------------------------------- */
+
+static void nic_failed(struct r2cc_nic *nic, const char *why)
+{
+	if (nic->state == R2CC_NIC_UP)
+		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
+	nic->state = R2CC_NIC_DOWN;
+	struct r2cc_rqp *list[1024];
+	int n = 0;
+	pthread_mutex_lock(&eng.mu);
+	for (struct r2cc_rqp *r = eng.all; r && n < 1024; r = r->next_all)
+		if (!r->dead && r->cur_nic == nic)
+			list[n++] = r;
+	pthread_mutex_unlock(&eng.mu);
+	for (int i = 0; i < n; i++)
+		detect(list[i], why, IBV_WC_RETRY_EXC_ERR);
+}
+
+bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
+{
+	if (!r2cc_repair_enabled())
+		return false;
+	struct r2cc_ctx *c = r2cc_ctx_find(ctx);
+	switch (ev->event_type) {
+	case IBV_EVENT_PORT_ERR:
+	case IBV_EVENT_DEVICE_FATAL:
+		if (!c)
+			return false;
+		nic_failed(c->nic, ev->event_type == IBV_EVENT_PORT_ERR ? "port error event"
+									 : "device fatal event");
+		break;
+	case IBV_EVENT_PORT_ACTIVE:
+		if (c && c->nic->state == R2CC_NIC_DOWN) {
+			R2CC_INFO("repair: %s: port active again; usable for new placements",
+				  c->nic->name);
+			c->nic->state = R2CC_NIC_UP;
+		}
+		return false;
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED: {
+		struct ibv_qp *qp = ev->element.qp;
+		if (own_has(qp))
+			break; /* ours: the failure shows in its completions */
+		struct r2cc_qp *q = r2cc_qp_find(qp);
+		if (!q || !q->rep || load_state(q->rep) == RQ_FAILED)
+			return false;
+		if (ev->event_type == IBV_EVENT_QP_FATAL || ev->event_type == IBV_EVENT_QP_REQ_ERR ||
+		    ev->event_type == IBV_EVENT_QP_ACCESS_ERR)
+			detect(q->rep, "QP error event", IBV_WC_RETRY_EXC_ERR);
+		break;
+	}
+	case IBV_EVENT_CQ_ERR:
+		if (!own_has(ev->element.cq))
+			return false;
+		break;
+	default:
+		return false;
+	}
+	if (eng.v.ack_async_event)
+		eng.v.ack_async_event(ev);
+	return true;
+}
+
+/* --- report --------------------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fputc('\\', f);
+		if ((unsigned char)*s >= 0x20)
+			fputc(*s, f);
+	}
+	fputc('"', f);
+}
+
+void r2cc_repair_report(FILE *text, FILE *json)
+{
+	pthread_mutex_lock(&eng.mu);
+	int n = eng.ninc;
+	if (text) {
+		if (!n)
+			fprintf(text, "incidents: none\n");
+		for (int i = 0; i < n; i++) {
+			const struct incident *in = &eng.inc[i];
+			double mig = in->t_done ? (in->t_done - in->t_detect) / 1e6 : -1;
+			fprintf(text,
+				"incident %d: %s, %s: detected_ns=%lld qps=%d migrated=%d failed=%d "
+				"migrate_ms=%.3f bytes_reposted=%llu bytes_saved=%llu "
+				"completions_synthesised=%llu posts_held=%llu\n",
+				i + 1, in->nic, in->evidence, (long long)in->t_detect, in->qps,
+				in->migrated, in->failed, mig,
+				(unsigned long long)in->bytes_reposted,
+				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
+				(unsigned long long)in->held);
+			for (int e = 0; e < in->nevents; e++)
+				fprintf(text, "  +%.3f ms %s\n", (in->ev[e].t - in->t_detect) / 1e6,
+					in->ev[e].text);
+		}
+	}
+	if (json) {
+		for (int i = 0; i < n; i++) {
+			const struct incident *in = &eng.inc[i];
+			fprintf(json, "%s{\"nic\":", i ? "," : "");
+			json_str(json, in->nic);
+			fprintf(json, ",\"evidence\":");
+			json_str(json, in->evidence);
+			fprintf(json, ",\"detected_ns\":%lld,\"qps\":%d,\"migrated\":%d,\"failed\":%d",
+				(long long)in->t_detect, in->qps, in->migrated, in->failed);
+			if (in->t_done)
+				fprintf(json, ",\"migrate_ms\":%.3f",
+					(in->t_done - in->t_detect) / 1e6);
+			fprintf(json,
+				",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
+				"\"completions_synthesised\":%llu,\"posts_held\":%llu,\"timeline\":[",
+				(unsigned long long)in->bytes_reposted,
+				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
+				(unsigned long long)in->held);
+			for (int e = 0; e < in->nevents; e++) {
+				fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
+					(in->ev[e].t - in->t_detect) / 1e6);
+				json_str(json, in->ev[e].text);
+				fputc('}', json);
+			}
+			fprintf(json, "]}");
+		}
+	}
+	pthread_mutex_unlock(&eng.mu);
+}

@@ -1,0 +1,96 @@
+/*
+ * Hot repair (DESIGN.md §4): the health monitor and the migration engine.
+ *
+ * The verbs wrappers (intercept/verbs.c) call in here at four places:
+ *  - QP/CQ creation and destruction (control path): the QP's shadow and the
+ *    engine's record of it, the CQ's virtual side;
+ *  - the data path, only when an object's gate says hot repair owns it
+ *    (R2CC_GATE_SLOW) or a completion carries an error status: while nothing has
+ *    failed the wrappers never get here;
+ *  - async events, which are hidden from NCCL when they concern a NIC or QP that
+ *    hot repair handles.
+ *
+ * One thread per process ("r2cc-repair") runs everything that may wait: fencing
+ * a QP (its gate closed, moved to ERR, drained up to a marker posted behind NCCL's
+ * requests), the exchange with the peer's engine over the control plane (message
+ * type R2CC_REPAIR_MSG), the new QP on a healthy NIC, the exactly-once re-post
+ * (repair/qp_shadow.h) with translated keys (repair/mr_mirror.h), and the stall
+ * scan. NCCL's threads only see their posts held while a QP migrates and the
+ * completions of the new QP under the old QP's number.
+ *
+ * Exchange, per QP pair, initiated by whichever side found the failure (both may;
+ * the pair with the lower (lid, qpn) identity wins, the other serves it):
+ *   A: fence + drain old QP, count k_A, new QP on NIC B (INIT)
+ *   A -> P  REQ  {ids, k_A, A's new QP, A's NIC names}
+ *   P: fence + drain, k_P, new QP on B' (B's rail if healthy), RTR/RTS to A's,
+ *      re-post its receives
+ *   P -> A  REP  {k_P, P's new QP}
+ *   A: RTR/RTS, re-post receives, then sends (plan with k_P), then held posts
+ *   A -> P  GO
+ *   P: re-post sends (plan with k_A), then held posts
+ * A side that cannot repair answers NACK; an exchange that does not finish within
+ * R2CC_REPAIR_TIMEOUT_MS ends with an error completion handed to NCCL for that QP
+ * (the log says why): never a hang.
+ */
+#ifndef R2CC_REPAIR_ENGINE_H
+#define R2CC_REPAIR_ENGINE_H
+
+#include "repair/ctl.h"
+#include "shim/registry.h"
+
+#include <infiniband/verbs.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define R2CC_REPAIR_MSG	       40
+#define R2CC_REPAIR_TIMEOUT_MS 5000
+
+/* The real verbs functions the engine calls (intercept/verbs.c fills them). */
+struct r2cc_repair_verbs {
+	struct ibv_cq *(*create_cq)(struct ibv_context *, int, void *, struct ibv_comp_channel *,
+				    int);
+	int (*destroy_cq)(struct ibv_cq *);
+	struct ibv_qp *(*create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
+	int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
+	int (*destroy_qp)(struct ibv_qp *);
+	int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *);
+	void (*ack_async_event)(struct ibv_async_event *);
+};
+
+/* Hot repair is on: R2CC active and R2CC_MODE is not 0. */
+bool r2cc_repair_enabled(void);
+void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v);
+
+/* A communicator's directory, kept for finding and reaching peers (the engine
+ * takes ownership). */
+void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir);
+
+/* Control path. */
+void r2cc_repair_cq_created(struct r2cc_cq *c);
+void r2cc_repair_cq_destroyed(struct r2cc_cq *c);
+void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *attr);
+/* Before the real destroy; the private QP and CQ of a migrated QP go too. */
+void r2cc_repair_qp_destroying(struct r2cc_qp *q);
+
+/* Data path, slow side (gate closed). */
+int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc);
+/* The fast poll found error completions among wc[0..got): those of QPs hot repair
+ * takes over are removed (and repair starts); returns how many are left. Called
+ * inside the CQ's gate. */
+int r2cc_repair_poll_errors(struct r2cc_cq *c, struct ibv_wc *wc, int got);
+
+/* An async event NCCL is about to receive: true when hot repair handled (and
+ * acked) it and NCCL must not see it. */
+bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev);
+
+/* Is this QP / CQ one of hot repair's own (never NCCL's)? */
+bool r2cc_repair_owns_qp(const struct ibv_qp *qp);
+bool r2cc_repair_owns_cq(const struct ibv_cq *cq);
+
+/* Report: writes the incidents array (JSON) and the text lines. */
+void r2cc_repair_report(FILE *text, FILE *json);
+
+#endif
