@@ -180,7 +180,16 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 		struct r2cc_nic *nic = c->nic;
 		uint64_t rx_bytes = 0, rx = 0, tx = 0, err = 0;
 		bool shadows = rc->v != NULL;
+		int kept = 0;
 		for (int i = 0; i < got; i++) {
+			if (r2cc_unlikely(wc[i].wr_id == R2CC_PROBE_WRID) &&
+			    wc[i].status == IBV_WC_SUCCESS && shadows) {
+				r2cc_repair_probe_done(rc, &wc[i]);
+				continue;
+			}
+			if (r2cc_unlikely(kept != i))
+				wc[kept] = wc[i];
+			kept++;
 			if (shadows) {
 				struct r2cc_qp *q = r2cc_qp_by_num(nic, wc[i].qp_num);
 				if (q && q->shadow)
@@ -195,6 +204,7 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 				tx++;
 			}
 		}
+		got = kept;
 		if (rx) {
 			r2cc_counter_add(&nic->cnt.rx_wrs, rx);
 			r2cc_counter_add(&nic->cnt.rx_bytes, rx_bytes);
@@ -203,19 +213,19 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 			r2cc_counter_add(&nic->cnt.tx_cqes, tx);
 		if (r2cc_unlikely(err)) {
 			r2cc_counter_add(&nic->cnt.err_cqes, err);
-			int kept = shadows ? r2cc_repair_poll_errors(rc, wc, got) : got;
+			int left = shadows ? r2cc_repair_poll_errors(rc, wc, got) : got;
 			/* The first few, then one in a thousand: a dying path can
 			 * flush hundreds of work requests. */
 			static unsigned long reports;
-			if ((uint64_t)(got - kept) < err) {
+			if ((uint64_t)(got - left) < err) {
 				unsigned long n = __atomic_fetch_add(&reports, 1, __ATOMIC_RELAXED);
 				if (n < 8 || n % 1000 == 0)
 					R2CC_WARN("%s: %llu completion(s) with an error status "
 						  "reach NCCL, first status %d on qp 0x%x",
-						  nic->name, (unsigned long long)(err - (got - kept)),
-						  err_status(wc, kept), err_qpn(wc, kept));
+						  nic->name, (unsigned long long)(err - (got - left)),
+						  err_status(wc, left), err_qpn(wc, left));
 			}
-			got = kept;
+			got = left;
 		}
 	}
 	r2cc_gate_exit(&rc->gate);

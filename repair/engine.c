@@ -41,6 +41,7 @@
 
 #define SCAN_NS		 5000000ll   /* stall scan period */
 #define STALL_FLOOR_NS	 100000000ll /* adaptive threshold never below this */
+#define PROBE_IDLE_NS	 20000000ll  /* trailing unsignalled requests probed after this */
 #define DRAIN_NS	 1000000000ll
 #define RESEND_NS	 250000000ll /* REQ re-sent while unanswered */
 #define INCIDENT_JOIN_NS 2000000000ll
@@ -132,8 +133,11 @@ struct r2cc_rqp {
 	struct held_send *hs_head, **hs_tail;
 	struct held_recv *hr_head, **hr_tail;
 	/* stall scan */
-	uint64_t scan_retired;
-	int64_t scan_progress, max_gap;
+	uint64_t scan_retired, scan_posted;
+	int64_t scan_progress, max_gap, scan_idle;
+	int64_t probe_at;  /* a probe is out since then (0: none) */
+	int probe_done;	   /* atomic: its completion came */
+	uint64_t probed;   /* send_posted when the last probe was posted */
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
 };
@@ -556,8 +560,17 @@ static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 			return;
 		}
 	}
+	if (wc->wr_id == R2CC_PROBE_WRID) {
+		if (wc->status == IBV_WC_SUCCESS) {
+			__atomic_store_n(&r->probe_done, 1, __ATOMIC_RELEASE);
+			return;
+		}
+		if (load_state(r) == RQ_FAILED)
+			return;
+	}
 	count_wc(r->cur_nic, wc);
-	r2cc_qp_shadow_wc(r->cur_sh, wc);
+	if (wc->wr_id != R2CC_PROBE_WRID)
+		r2cc_qp_shadow_wc(r->cur_sh, wc);
 	int s = load_state(r);
 	wc->qp_num = r->qpn;
 	if (wc->status == IBV_WC_SUCCESS || s == RQ_FAILED) {
@@ -626,6 +639,13 @@ int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc)
 	}
 	pthread_mutex_unlock(&v->mu);
 	return n;
+}
+
+void r2cc_repair_probe_done(struct r2cc_cq *c, const struct ibv_wc *wc)
+{
+	struct r2cc_qp *q = r2cc_qp_by_num(c->ctx->nic, wc->qp_num);
+	if (q && q->rep)
+		__atomic_store_n(&q->rep->probe_done, 1, __ATOMIC_RELEASE);
 }
 
 int r2cc_repair_poll_errors(struct r2cc_cq *c, struct ibv_wc *wc, int got)
@@ -1463,6 +1483,42 @@ static void nack(const struct r2cc_ctl_dir *dir, int rank, struct r2cc_rqp *r,
 	send_to(dir, rank, &out);
 }
 
+/*
+ * Localise a failure seen on one QP: with the local port down it is the NIC, and
+ * every QP on it moves; with the port up it is the path to the peer's NIC (or the
+ * peer's NIC), and every QP of this NIC to that peer NIC moves, since the ones
+ * that have nothing outstanding would only find out later. Repair thread.
+ */
+static void localise(struct r2cc_rqp *r)
+{
+	struct ibv_port_attr pa;
+	memset(&pa, 0, sizeof(pa));
+	struct r2cc_nic *nic = r->cur_nic;
+	bool port_down = eng.v.query_port(r->cur_ctx->ctx, nic->port ? nic->port : 1, &pa) == 0 &&
+			 pa.state != IBV_PORT_ACTIVE;
+	if (port_down && nic->state == R2CC_NIC_UP) {
+		nic->state = R2CC_NIC_DOWN;
+		R2CC_WARN("repair: %s: port not active; migrating its queue pairs", nic->name);
+	}
+	uint16_t lid = r->q->peer.lid;
+	struct r2cc_rqp *list[1024];
+	int n = 0;
+	pthread_mutex_lock(&eng.mu);
+	for (struct r2cc_rqp *o = eng.all; o && n < 1024; o = o->next_all)
+		if (o != r && !o->dead && o->q && o->cur_nic == nic &&
+		    (port_down || o->q->peer.lid == lid))
+			list[n++] = o;
+	pthread_mutex_unlock(&eng.mu);
+	char why[128];
+	snprintf(why, sizeof(why), "%s as qp 0x%x (%s)", port_down ? "same NIC" : "same path",
+		 r->qpn, r->cause);
+	for (int i = 0; i < n; i++)
+		detect(list[i], why, r->status_seen);
+	incident_event(r->incident, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move", r->qpn,
+		       port_down ? "NIC" : "path from", nic->name, port_down ? "" : " to its peer",
+		       n);
+}
+
 /* Initiator: fence, a new path, REQ to the processes that may own the peer. */
 static void initiate(struct r2cc_rqp *r)
 {
@@ -1473,6 +1529,8 @@ static void initiate(struct r2cc_rqp *r)
 		return;
 	}
 	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
+	if (strncmp(r->cause, "same ", 5))
+		localise(r);
 	fence_start(r);
 	int rc = fence_drain(r);
 	if (rc) {
@@ -1758,6 +1816,30 @@ static int64_t stall_threshold(const struct r2cc_rqp *r)
 
 /* A QP whose oldest signalled request has not completed for the threshold while
  * other paths of this process progressed after it last did. Under eng.mu. */
+/* A signalled zero-byte write behind trailing unsignalled ones: their fate shows
+ * in its completion. Repair thread; the provider serialises it with NCCL's posts. */
+static void probe(struct r2cc_rqp *r, int64_t t, uint64_t posted_now)
+{
+	struct ibv_send_wr w = {.wr_id = R2CC_PROBE_WRID,
+				.opcode = IBV_WR_RDMA_WRITE,
+				.send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	pthread_mutex_lock(&r->mu);
+	int s = load_state(r);
+	if ((s == RQ_HEALTHY || s == RQ_MIGRATED) && !r->dead) {
+		__atomic_store_n(&r->probe_done, 0, __ATOMIC_RELEASE);
+		if (r->cur_ctx->post_send(r->cur_qp, &w, &bad) == 0)
+			r->probe_at = t;
+		r->probed = posted_now;
+	}
+	pthread_mutex_unlock(&r->mu);
+}
+
+/*
+ * Stall scan, every SCAN_NS. A QP is stalled when its oldest signalled request
+ * (NCCL's, or R2CC's probe) has waited longer than the threshold while other
+ * paths of this process completed work after it last did. Under eng.mu.
+ */
 static void scan(int64_t t)
 {
 	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
@@ -1766,8 +1848,16 @@ static void scan(int64_t t)
 			continue;
 		uint64_t posted, retired;
 		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
-		if (posted == retired || retired != r->scan_retired || !r->scan_progress) {
-			if (posted != retired && retired != r->scan_retired && r->scan_progress) {
+		struct r2cc_qp_shadow_stats st;
+		r2cc_qp_shadow_get_stats(r->cur_sh, &st);
+		if (r->probe_at && __atomic_load_n(&r->probe_done, __ATOMIC_ACQUIRE)) {
+			r->probe_at = 0;
+			eng.last_progress = t;
+		}
+		bool waiting = posted != retired || r->probe_at;
+		if (!waiting || retired != r->scan_retired || !r->scan_progress) {
+			if (retired != r->scan_retired && r->scan_progress) {
+				/* the longest wait for a completion that did come */
 				int64_t gap = t - r->scan_progress;
 				if (gap > r->max_gap && gap < 2 * STALL_FLOOR_NS)
 					r->max_gap = gap;
@@ -1775,14 +1865,28 @@ static void scan(int64_t t)
 			}
 			r->scan_retired = retired;
 			r->scan_progress = t;
+			/* Trailing unsignalled requests, nothing posted for a while, not
+			 * probed since: probe them. */
+			if (st.send_posted != r->scan_posted) {
+				r->scan_posted = st.send_posted;
+				r->scan_idle = t;
+			} else if (!waiting && r2cc_qp_shadow_send_outstanding(r->cur_sh) &&
+				   r->probed != st.send_posted && t - r->scan_idle > PROBE_IDLE_NS) {
+				pthread_mutex_unlock(&eng.mu);
+				probe(r, t, st.send_posted);
+				pthread_mutex_lock(&eng.mu);
+				r->scan_progress = t;
+			}
 			continue;
 		}
 		if (t - r->scan_progress > stall_threshold(r) &&
 		    eng.last_progress > r->scan_progress) {
 			char why[128];
-			snprintf(why, sizeof(why), "stall of %lld ms on %.64s",
-				 (long long)((t - r->scan_progress) / 1000000), r->cur_nic->name);
+			snprintf(why, sizeof(why), "stall of %lld ms on %.64s%s",
+				 (long long)((t - r->scan_progress) / 1000000), r->cur_nic->name,
+				 r->probe_at ? " (probe)" : "");
 			r->scan_progress = t; /* once */
+			r->probe_at = 0;
 			pthread_mutex_unlock(&eng.mu);
 			detect(r, why, IBV_WC_RETRY_EXC_ERR);
 			pthread_mutex_lock(&eng.mu);

@@ -82,6 +82,12 @@ int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc);
  * inside the CQ's gate. */
 int r2cc_repair_poll_errors(struct r2cc_cq *c, struct ibv_wc *wc, int got);
 
+/* wr_id of the probe: a signalled zero-byte RDMA WRITE the stall scan posts
+ * behind a QP's trailing unsignalled requests, whose completion NCCL never sees. */
+#define R2CC_PROBE_WRID 0x5232434350524f42ull /* "R2CCPROB" */
+/* The fast poll met the probe's completion (success): note it; never NCCL's. */
+void r2cc_repair_probe_done(struct r2cc_cq *c, const struct ibv_wc *wc);
+
 /* An async event NCCL is about to receive: true when hot repair handled (and
  * acked) it and NCCL must not see it. */
 bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev);

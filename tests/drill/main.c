@@ -656,6 +656,18 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 			text = len > 0 && len < (1 << 24) ? calloc(1, (size_t)len + 1) : NULL;
 			found = 0;
 			if (text && fread(text, 1, (size_t)len, f) == (size_t)len) {
+				/* detected_ns is R2CC's CLOCK_MONOTONIC time of the
+				 * detection, the clock the injection time is read on. */
+				double ns[DRILL_MAX_INCIDENT];
+				n = drill_scan_key(text, "detected_ns", ns,
+						   DRILL_MAX_INCIDENT - t->ndetect);
+				for (int i = 0; i < n; i++)
+					if (s->injected && ns[i] >= (double)s->injected_ns) {
+						t->detect[t->ndetect++] =
+						    (ns[i] - (double)s->injected_ns) / 1e6;
+						s->ndetect++;
+					}
+				found += n;
 				n = drill_scan_key(text, "detect_ms", t->detect + t->ndetect,
 						   DRILL_MAX_INCIDENT - t->ndetect);
 				t->ndetect += n;
