@@ -2057,6 +2057,11 @@ static void json_str(FILE *f, const char *s)
 
 void r2cc_repair_report(FILE *text, FILE *json)
 {
+	/* Wall-clock times too, for tools that injected the fault and only know
+	 * the wall clock (scripts/drill). */
+	struct timespec rt;
+	clock_gettime(CLOCK_REALTIME, &rt);
+	double mono_to_unix = (double)rt.tv_sec + rt.tv_nsec / 1e9 - now_ns() / 1e9;
 	pthread_mutex_lock(&eng.mu);
 	int n = eng.ninc;
 	if (text) {
@@ -2086,11 +2091,15 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			json_str(json, in->nic);
 			fprintf(json, ",\"evidence\":");
 			json_str(json, in->evidence);
-			fprintf(json, ",\"detected_ns\":%lld,\"qps\":%d,\"migrated\":%d,\"failed\":%d",
-				(long long)in->t_detect, in->qps, in->migrated, in->failed);
+			fprintf(json,
+				",\"detected_ns\":%lld,\"detected_unix\":%.6f,\"qps\":%d,"
+				"\"migrated\":%d,\"failed\":%d",
+				(long long)in->t_detect, in->t_detect / 1e9 + mono_to_unix, in->qps,
+				in->migrated, in->failed);
 			if (in->t_done)
-				fprintf(json, ",\"migrate_ms\":%.3f",
-					(in->t_done - in->t_detect) / 1e6);
+				fprintf(json, ",\"migrate_ms\":%.3f,\"done_unix\":%.6f",
+					(in->t_done - in->t_detect) / 1e6,
+					in->t_done / 1e9 + mono_to_unix);
 			fprintf(json,
 				",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
 				"\"completions_synthesised\":%llu,\"posts_held\":%llu,\"timeline\":[",

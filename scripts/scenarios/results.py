@@ -476,18 +476,29 @@ def cmd_drill_report(a):
         if s[3] == "up":
             continue
         inc = None
-        for n, x in enumerate(incidents):
-            if n in used:
-                continue
-            nic = x.get("nic") or x.get("hca")
-            if nic and nic != s[2]:
-                continue
-            inc = x
-            used.add(n)
-            break
+        # Every process that moved QPs off this NIC name reports an incident (the
+        # failed node's processes, and their peers told over the control plane).
+        # Detection: the first of them after the injection; migration: until the
+        # last of them finished.
+        mine = [(n, x) for n, x in enumerate(incidents) if n not in used and
+                (x.get("nic") or x.get("hca") or s[2]) == s[2] and
+                (x.get("detected_unix") is None or x.get("detected_unix") >= t_ev - 0.05)]
+        if mine:
+            stamped = [x for _, x in mine if x.get("detected_unix") is not None]
+            if stamped:
+                first = min(x["detected_unix"] for x in stamped)
+                last = max([x.get("done_unix") or 0 for x in stamped])
+                inc = {"detect_ms": max(0.0, (first - t_ev) * 1000.0),
+                       "migrate_ms": (last - first) * 1000.0 if last else None,
+                       "processes": len(stamped)}
+            else:
+                inc = mine[0][1]
+            used.update(n for n, _ in mine)
         p("           detection %s, repair (migration) %s%s" % (
             fmt_ms(inc.get("detect_ms") if inc else None),
             fmt_ms(inc.get("migrate_ms") if inc else None),
+            (" (from the fault's injection to the first detection; %d process(es) "
+             "reported it)" % inc["processes"]) if inc and "processes" in inc else
             "" if inc else " -- R2CC recorded no incident for it"))
     p("R2CC reports: %s" % (("%d file(s), %d incident(s)" % (len(files), len(incidents)))
                             if files else "none written (R2CC not loaded, or the processes were killed)"))
