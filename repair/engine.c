@@ -316,6 +316,8 @@ bool r2cc_repair_owns_cq(const struct ibv_cq *cq)
 	return own_has(cq);
 }
 
+static void start_locked(void);
+
 /* --- directories and peers ------------------------------------------------------ */
 
 void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir)
@@ -335,6 +337,8 @@ void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir)
 		eng.dircap = cap;
 	}
 	eng.dirs[eng.ndirs++] = dir;
+	/* Peers may ask before this process has a QP of its own. */
+	start_locked();
 	pthread_mutex_unlock(&eng.mu);
 }
 
@@ -1058,6 +1062,7 @@ static void fence_start(struct r2cc_rqp *r)
 	pthread_mutex_lock(&r->mu);
 	set_state(r, RQ_FENCING);
 	r->mark_s = r->mark_r = false;
+	r->probe_at = 0; /* a probe out on this path flushes with it */
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 	int rc = eng.v.modify_qp(r->cur_qp, &a, IBV_QP_STATE);
 	if (rc)
@@ -1100,8 +1105,8 @@ static int nic_load(const struct r2cc_nic *nic)
 	int n = 0;
 	pthread_mutex_lock(&eng.mu);
 	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all)
-		if (!r->dead && r->cur_nic == nic)
-			n++;
+		if (!r->dead && (r->new_ctx && r->new_qp ? r->new_ctx->nic : r->cur_nic) == nic)
+			n++; /* a path being built counts where it goes */
 	pthread_mutex_unlock(&eng.mu);
 	return n;
 }
@@ -1871,7 +1876,11 @@ static void scan(int64_t t)
 				r->scan_posted = st.send_posted;
 				r->scan_idle = t;
 			} else if (!waiting && r2cc_qp_shadow_send_outstanding(r->cur_sh) &&
+				   r2cc_qp_shadow_recv_outstanding(r->cur_sh) &&
 				   r->probed != st.send_posted && t - r->scan_idle > PROBE_IDLE_NS) {
+				/* Only where the application waits for this peer (a
+				 * receive outstanding here: it polls this CQ, so the
+				 * probe's completion will be seen). */
 				pthread_mutex_unlock(&eng.mu);
 				probe(r, t, st.send_posted);
 				pthread_mutex_lock(&eng.mu);

@@ -4,6 +4,8 @@
 # nothing failed), alternated ROUNDS times in one run; prints the busbw ratio
 # (with / without) per message size, from the median of the rounds.
 #   scripts/gpu-overhead.sh [LOGDIR] [ROUNDS] [NODESxGPUS]
+# GBPS=25 shapes every soft NIC to that rate (SOFTVERBS_SHAPING=1): the network is then
+# the bottleneck, as on real clusters, and the rounds vary much less.
 set -u
 cd "$(dirname "$0")/.."
 export R2CC_ROOT=$PWD
@@ -16,7 +18,9 @@ mkdir -p "$LOG"
 args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b 1M -e 1G -f 4 -n 5 -w 2 -c 1 -d float -o sum)
 for r in $(seq "$ROUNDS"); do
 	for v in plain r2cc; do
-		softfabric_env mlx5_0:100,mlx5_2:100,mlx5_3:100 "ov-$v-$r"
+		g=${GBPS:-100}
+		softfabric_env mlx5_0:$g,mlx5_2:$g,mlx5_3:$g "ov-$v-$r"
+		[ -n "${GBPS:-}" ] && export SOFTVERBS_SHAPING=1
 		pre=
 		[ $v = r2cc ] && pre=$PWD/$B/lib/libr2cc.so
 		LD_PRELOAD=$pre R2CC_MODE=2 timeout 300 "$B"/bin/r2cc-perf "${args[@]}" >"$LOG/overhead-$v-$r.log" 2>&1 ||
@@ -24,7 +28,7 @@ for r in $(seq "$ROUNDS"); do
 		softfabric_reset
 	done
 done
-echo "healthy-path cost, ${SHAPE} over 3 soft NICs per node, AllReduce float sum, $ROUNDS rounds alternated"
+echo "healthy-path cost, ${SHAPE} over 3 soft NICs per node${GBPS:+ shaped to $GBPS Gb/s each}, AllReduce float sum, $ROUNDS rounds alternated"
 echo "(busbw GB/s out-of-place, median of rounds; ratio = with R2CC / without)"
 python3 - "$LOG" "$ROUNDS" <<'PY'
 import sys, statistics, re

@@ -19,7 +19,9 @@ scn() { # label script [env...]
 	shift 2
 	mkdir -p "$LOG/$label"
 	echo "=== $label: $* $script"
-	env SAVE_LOG=1 LOG_DIR="$LOG/$label" "$@" "scripts/scenarios/$script" >"$LOG/$label/console.txt" 2>&1 || fail=1
+	mkdir -p "$LOG/$label/reports"
+	env SAVE_LOG=1 LOG_DIR="$LOG/$label" REPORT_DIR="$LOG/$label/reports" "$@" \
+		"scripts/scenarios/$script" >"$LOG/$label/console.txt" 2>&1 || fail=1
 	grep -E "^ +step|detection|busbw (before|during|after)|verification|^ (PASS|FAIL)|^VERDICT" "$LOG/$label/console.txt" | sed 's/^/    /'
 }
 torch_run() { # label preload(0|1)
@@ -27,18 +29,22 @@ torch_run() { # label preload(0|1)
 	. scripts/softfabric.sh
 	softfabric_env mlx5_0:25,mlx5_2:25,mlx5_3:25 "tr-$label"
 	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=${SOFTVERBS_TIME_SCALE:-0.05}
-	echo "=== $label: torch.distributed all_reduce loop, node0/mlx5_2 blackhole at 3 s (R2CC preload: $pre)"
+	echo "=== $label: torch.distributed all_reduce loop, node0/mlx5_2 blackhole ${TORCH_FAULT_AT:-6} s after the launch (R2CC preload: $pre)"
 	local envs=()
+	: >"$LOG/$label.log"
 	[ "$pre" = 1 ] && envs=(LD_PRELOAD=$PWD/$B/lib/libr2cc.so R2CC_REPORT=$LOG/$label-report.%p R2CC_DEBUG=WARN)
-	env "${envs[@]}" timeout 300 python3 tests/gpu/torch_repair.py 2 40 $((64 << 20)) >"$LOG/$label.log" 2>&1 &
+	env "${envs[@]}" timeout 300 python3 tests/gpu/torch_repair.py 2 ${TORCH_ITERS:-300} $((64 << 20)) >>"$LOG/$label.log" 2>&1 &
 	local pid=$!
-	sleep "${TORCH_FAULT_AT:-3}"
-	"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" fault node0 mlx5_2 blackhole >>"$LOG/$label.log" 2>&1
-	echo "fault injected at $(date +%s.%N)" >>"$LOG/$label.log"
+	sleep "${TORCH_FAULT_AT:-6}"
+	if "$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" fault node0 mlx5_2 blackhole >>"$LOG/$label.log" 2>&1; then
+		echo "fault injected at $(date +%s.%N): node0/mlx5_2 blackhole" >>"$LOG/$label.log"
+	else
+		echo "fault NOT injected (softverbs-ctl failed)" >>"$LOG/$label.log"; fail=1
+	fi
 	wait $pid
 	local rc=$?
 	echo "exit status $rc" >>"$LOG/$label.log"
-	grep -E "torch_repair:|wrong|WRONG|NCCL WARN|Error" "$LOG/$label.log" | head -5 | sed 's/^/    /'
+	grep -E "fault|torch_repair:|wrong|WRONG|NCCL WARN|Error" "$LOG/$label.log" | head -6 | sed 's/^/    /'
 	[ "$pre" = 1 ] && [ $rc != 0 ] && fail=1
 	softfabric_reset
 }
