@@ -1100,12 +1100,21 @@ static int fence_drain(struct r2cc_rqp *r)
 
 /* --- placement ---------------------------------------------------------------------- */
 
-static int nic_load(const struct r2cc_nic *nic)
+/* Which way a QP's data goes: NCCL's send-side QPs post the data, its receive-side
+ * QPs post receives (and small clear-to-send writes). Balancing each kind on its
+ * own keeps both directions of every NIC even. */
+static bool receiving(const struct r2cc_rqp *r)
+{
+	return r->q && r->q->rx_wrs > 0;
+}
+
+static int nic_load(const struct r2cc_nic *nic, bool rx)
 {
 	int n = 0;
 	pthread_mutex_lock(&eng.mu);
 	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all)
-		if (!r->dead && (r->new_ctx && r->new_qp ? r->new_ctx->nic : r->cur_nic) == nic)
+		if (!r->dead && receiving(r) == rx &&
+		    (r->new_ctx && r->new_qp ? r->new_ctx->nic : r->cur_nic) == nic)
 			n++; /* a path being built counts where it goes */
 	pthread_mutex_unlock(&eng.mu);
 	return n;
@@ -1133,13 +1142,17 @@ static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 		}
 	struct r2cc_nic *best = NULL;
 	int best_load = 0;
-	for (int i = 0; i < n; i++) {
-		struct r2cc_nic *nic = r2cc_nic_by_index(i);
+	/* Ties go round from a per-process start, so that the processes of a node
+	 * (which share its NICs) do not all pick the same one. */
+	int start = n > 0 ? (int)(getpid() % n) : 0;
+	bool rx = receiving(r);
+	for (int k = 0; k < n; k++) {
+		struct r2cc_nic *nic = r2cc_nic_by_index(r2cc_param.mode == 1 ? k : (start + k) % n);
 		if (!nic_usable(r, nic) || !ctx_of_nic(nic))
 			continue;
 		if (r2cc_param.mode == 1)
 			return nic;
-		int load = nic_load(nic);
+		int load = nic_load(nic, rx);
 		if (!best || load < best_load) {
 			best = nic;
 			best_load = load;

@@ -29,13 +29,18 @@ torch_run() { # label preload(0|1)
 	. scripts/softfabric.sh
 	softfabric_env mlx5_0:25,mlx5_2:25,mlx5_3:25 "tr-$label"
 	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=${SOFTVERBS_TIME_SCALE:-0.05}
-	echo "=== $label: torch.distributed all_reduce loop, node0/mlx5_2 blackhole ${TORCH_FAULT_AT:-6} s after the launch (R2CC preload: $pre)"
+	echo "=== $label: torch.distributed all_reduce loop, node0/mlx5_2 blackhole after iteration 30 (R2CC preload: $pre)"
 	local envs=()
 	: >"$LOG/$label.log"
 	[ "$pre" = 1 ] && envs=(LD_PRELOAD=$PWD/$B/lib/libr2cc.so R2CC_REPORT=$LOG/$label-report.%p R2CC_DEBUG=WARN)
 	env "${envs[@]}" timeout 300 python3 tests/gpu/torch_repair.py 2 ${TORCH_ITERS:-300} $((64 << 20)) >>"$LOG/$label.log" 2>&1 &
 	local pid=$!
-	sleep "${TORCH_FAULT_AT:-6}"
+	# torch starts NCCL lazily: the fault goes in once the loop runs (iteration 30)
+	for _ in $(seq 600); do
+		grep -q "^iter  30 " "$LOG/$label.log" 2>/dev/null && break
+		kill -0 $pid 2>/dev/null || break
+		sleep 0.2
+	done
 	if "$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" fault node0 mlx5_2 blackhole >>"$LOG/$label.log" 2>&1; then
 		echo "fault injected at $(date +%s.%N): node0/mlx5_2 blackhole" >>"$LOG/$label.log"
 	else
