@@ -1120,45 +1120,61 @@ static int nic_load(const struct r2cc_nic *nic, bool rx)
 	return n;
 }
 
-static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic)
+/* The context and PD a new path on nic lives in: NCCL's own on the QP's original
+ * NIC (NCCL's keys then hold as they are), R2CC's mirror PD elsewhere. */
+static struct r2cc_ctx *ctx_of_nic(struct r2cc_nic *nic);
+static struct ibv_pd *pd_on(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {
-	return nic && nic != r->orig_nic && nic != r->cur_nic && nic->state == R2CC_NIC_UP &&
-	       r2cc_mr_mirror_pd(nic) != NULL;
+	return nic == r->orig_nic ? r->q->qp->pd : r2cc_mr_mirror_pd(nic);
 }
 
-/* A context NCCL opened on nic (R2CC's QPs live there). */
-static struct r2cc_ctx *ctx_of_nic(struct r2cc_nic *nic);
+/* Normally another NIC than the QP's own and its current one; as a last resort
+ * (nothing else is up) those too, if their port is up: a stall can be a false
+ * alarm, and a fresh QP pair on the same NICs then just works. */
+static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resort)
+{
+	if (!nic || nic->state != R2CC_NIC_UP || !pd_on(r, nic) ||
+	    !(nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic)))
+		return false;
+	return last_resort || (nic != r->orig_nic && nic != r->cur_nic);
+}
 
 /* Mode 1: the first usable NIC; mode 2 and up: the least loaded, preferring the
  * peer's rail (same name) when it asked for one. */
 static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 {
 	int n = r2cc_nic_count();
-	if (rail && rail[0])
-		for (int i = 0; i < n; i++) {
-			struct r2cc_nic *nic = r2cc_nic_by_index(i);
-			if (nic_usable(r, nic) && !strcmp(nic->name, rail) && ctx_of_nic(nic))
+	for (int pass = 0; pass < 2; pass++) {
+		bool last = pass == 1;
+		if (rail && rail[0])
+			for (int i = 0; i < n; i++) {
+				struct r2cc_nic *nic = r2cc_nic_by_index(i);
+				if (nic_usable(r, nic, last) && !strcmp(nic->name, rail))
+					return nic;
+			}
+		struct r2cc_nic *best = NULL;
+		int best_load = 0;
+		/* Ties go round from a per-process start, so that the processes of a
+		 * node (which share its NICs) do not all pick the same one. */
+		int start = n > 0 ? (int)(getpid() % n) : 0;
+		bool rx = receiving(r);
+		for (int k = 0; k < n; k++) {
+			struct r2cc_nic *nic =
+			    r2cc_nic_by_index(r2cc_param.mode == 1 ? k : (start + k) % n);
+			if (!nic_usable(r, nic, last))
+				continue;
+			if (r2cc_param.mode == 1)
 				return nic;
+			int load = nic_load(nic, rx);
+			if (!best || load < best_load) {
+				best = nic;
+				best_load = load;
+			}
 		}
-	struct r2cc_nic *best = NULL;
-	int best_load = 0;
-	/* Ties go round from a per-process start, so that the processes of a node
-	 * (which share its NICs) do not all pick the same one. */
-	int start = n > 0 ? (int)(getpid() % n) : 0;
-	bool rx = receiving(r);
-	for (int k = 0; k < n; k++) {
-		struct r2cc_nic *nic = r2cc_nic_by_index(r2cc_param.mode == 1 ? k : (start + k) % n);
-		if (!nic_usable(r, nic) || !ctx_of_nic(nic))
-			continue;
-		if (r2cc_param.mode == 1)
-			return nic;
-		int load = nic_load(nic, rx);
-		if (!best || load < best_load) {
-			best = nic;
-			best_load = load;
-		}
+		if (best)
+			return best;
 	}
-	return best;
+	return NULL;
 }
 
 /* The registry has no NIC -> context index: find one of NCCL's contexts through
@@ -1172,8 +1188,8 @@ static struct r2cc_ctx *ctx_of_nic(struct r2cc_nic *nic)
 /* A QP (and its CQ) of R2CC's own on nic, in INIT. */
 static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {
-	struct r2cc_ctx *c = ctx_of_nic(nic);
-	struct ibv_pd *pd = r2cc_mr_mirror_pd(nic);
+	struct r2cc_ctx *c = nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic);
+	struct ibv_pd *pd = pd_on(r, nic);
 	if (!c || !pd)
 		return -ENODEV;
 	int depth = (int)(r->cap.max_send_wr + r->cap.max_recv_wr) + 64;
@@ -1557,7 +1573,8 @@ static void initiate(struct r2cc_rqp *r)
 	}
 	struct r2cc_nic *nic = place(r, NULL);
 	if (!nic) {
-		fail(r, "no healthy NIC left");
+		fail(r, r2cc_param.mr_mirror ? "no healthy NIC left"
+					     : "R2CC_MR_MIRROR=0: queue pairs cannot migrate");
 		return;
 	}
 	rc = new_path(r, nic);
