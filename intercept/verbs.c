@@ -509,6 +509,8 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 			q->path_mtu = (uint8_t)attr->path_mtu;
 		if (mask & IBV_QP_PORT)
 			q->port_num = attr->port_num;
+		if (mask & IBV_QP_ACCESS_FLAGS)
+			q->access = attr->qp_access_flags;
 		if (mask & IBV_QP_RETRY_CNT)
 			q->retry_cnt = attr->retry_cnt;
 		if (mask & IBV_QP_RNR_RETRY)
@@ -516,6 +518,8 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 		if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTR)
 			R2CC_TRACE("%s: qp 0x%x -> RTR, peer lid %u qpn 0x%x", q->ctx->nic->name,
 				   q->qpn, q->peer.lid, q->peer.qpn);
+		if ((mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RTS && q->rep)
+			r2cc_repair_qp_ready(q);
 	}
 	return rc;
 }

@@ -21,6 +21,7 @@
 #include "repair/qp_shadow.h"
 #include "shim/common.h"
 #include "shim/core.h"
+#include "shim/failspec.h"
 #include "shim/log.h"
 #include "shim/params.h"
 
@@ -43,7 +44,7 @@
 #define STALL_FLOOR_NS	 100000000ll /* adaptive threshold never below this */
 #define PROBE_IDLE_NS	 20000000ll  /* trailing unsignalled requests probed after this */
 #define DRAIN_NS	 1000000000ll
-#define RESEND_NS	 250000000ll /* REQ re-sent while unanswered */
+#define RESEND_NS	 100000000ll /* REQ re-sent while unanswered */
 #define INCIDENT_JOIN_NS 2000000000ll
 #define MAX_INCIDENTS	 64
 #define MAX_EVENTS	 48
@@ -196,10 +197,13 @@ static struct {
 	void **own; /* R2CC's own QPs and CQs */
 	int nown, owncap;
 	int64_t last_progress; /* latest retirement seen by the stall scan */
+	struct r2cc_failspec declared; /* R2CC_FAILED_NODE / R2CC_FAILED_HCA */
+	int node_index;		      /* this process's node in the job, -1 unknown */
 	uint64_t next_pair;
 } eng = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cond = PTHREAD_COND_INITIALIZER,
+    .node_index = -1,
 };
 
 static int load_state(const struct r2cc_rqp *r)
@@ -317,6 +321,7 @@ bool r2cc_repair_owns_cq(const struct ibv_cq *cq)
 }
 
 static void start_locked(void);
+static void declared_apply(void);
 
 /* --- directories and peers ------------------------------------------------------ */
 
@@ -339,7 +344,17 @@ void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir)
 	eng.dirs[eng.ndirs++] = dir;
 	/* Peers may ask before this process has a QP of its own. */
 	start_locked();
+	bool first = eng.node_index < 0;
+	if (first) {
+		eng.node_index = r2cc_ctl_dir_node(dir, dir->self_rank);
+		char err[320];
+		if (r2cc_failspec_parse(r2cc_param.failed_node, r2cc_param.failed_hca,
+					&eng.declared, err, sizeof(err)))
+			eng.declared.nentries = 0; /* validated at start-up already */
+	}
 	pthread_mutex_unlock(&eng.mu);
+	if (first)
+		declared_apply();
 }
 
 static const struct r2cc_ctl_dir *dir_of_job(uint64_t job_id, int rank)
@@ -1102,10 +1117,12 @@ static int fence_drain(struct r2cc_rqp *r)
 
 /* Which way a QP's data goes: NCCL's send-side QPs post the data, its receive-side
  * QPs post receives (and small clear-to-send writes). Balancing each kind on its
- * own keeps both directions of every NIC even. */
+ * own keeps both directions of every NIC even. NCCL gives receive-side QPs remote
+ * atomic access at INIT (send-side ones only remote write), which tells them apart
+ * before the first post; receives posted tell it too. */
 static bool receiving(const struct r2cc_rqp *r)
 {
-	return r->q && r->q->rx_wrs > 0;
+	return r->q && ((r->q->access & IBV_ACCESS_REMOTE_ATOMIC) || r->q->rx_wrs > 0);
 }
 
 static int nic_load(const struct r2cc_nic *nic, bool rx)
@@ -1563,7 +1580,8 @@ static void initiate(struct r2cc_rqp *r)
 		return;
 	}
 	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
-	if (strncmp(r->cause, "same ", 5))
+	if (strncmp(r->cause, "same ", 5) && strncmp(r->cause, "declared", 8) &&
+	    strncmp(r->cause, "created on", 10))
 		localise(r);
 	fence_start(r);
 	int rc = fence_drain(r);
@@ -1800,19 +1818,8 @@ static void handle_msg(struct inbox *in)
 	if (r)
 		r->busy = true;
 	pthread_mutex_unlock(&eng.mu);
-	if (!r) {
-		if (m->op == OP_REQ) {
-			/* Not ours unless the NIC is ours: then say so. */
-			int n = r2cc_nic_count();
-			for (int i = 0; i < n; i++) {
-				struct r2cc_nic *nic = r2cc_nic_by_index(i);
-				if (nic && nic->lid == le16toh(m->dst_lid) &&
-				    r2cc_qp_by_num(nic, le32toh(m->dst_qpn)))
-					nack(dir, in->from_rank, NULL, m, -ENOENT);
-			}
-		}
+	if (!r) /* not ours, or not connected yet (the initiator asks again) */
 		return;
-	}
 	switch (m->op) {
 	case OP_REQ:
 		serve(r, in, dir);
@@ -2009,6 +2016,49 @@ static void *repair_main(void *arg)
 	}
 	pthread_mutex_unlock(&eng.mu);
 	return NULL;
+}
+
+/* --- declared failures ---------------------------------------------------------------- */
+
+/*
+ * R2CC_FAILED_NODE / R2CC_FAILED_HCA name NICs of this node: mark them and move
+ * every QP on them as a failure would (R2CC-Balance placement from the start).
+ * Runs when the node index is first known and when a QP becomes ready (NCCL may
+ * open NICs later).
+ */
+static void declared_apply(void)
+{
+	pthread_mutex_lock(&eng.mu);
+	int node = eng.node_index;
+	bool any = eng.declared.nentries > 0;
+	pthread_mutex_unlock(&eng.mu);
+	if (!any || node < 0)
+		return;
+	char key[R2CC_CTL_NODE_KEY_MAX];
+	r2cc_node_key(key, sizeof(key));
+	if (!r2cc_nic_mark_declared(&eng.declared, node, key))
+		return;
+	struct r2cc_rqp *list[1024];
+	int n = 0;
+	pthread_mutex_lock(&eng.mu);
+	for (struct r2cc_rqp *r = eng.all; r && n < 1024; r = r->next_all)
+		if (!r->dead && r->q && r->q->state == IBV_QPS_RTS &&
+		    r->cur_nic->state == R2CC_NIC_DECLARED)
+			list[n++] = r;
+	pthread_mutex_unlock(&eng.mu);
+	for (int i = 0; i < n; i++)
+		detect(list[i], "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
+}
+
+void r2cc_repair_qp_ready(struct r2cc_qp *q)
+{
+	if (!q->rep)
+		return;
+	declared_apply();
+	if (q->ctx->nic->state == R2CC_NIC_DECLARED)
+		detect(q->rep, "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
+	else if (q->ctx->nic->state == R2CC_NIC_DOWN)
+		detect(q->rep, "created on a NIC that has failed", 0);
 }
 
 /* --- async events ------------------------------------------------------------------- */

@@ -70,6 +70,8 @@ void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir);
 void r2cc_repair_cq_created(struct r2cc_cq *c);
 void r2cc_repair_cq_destroyed(struct r2cc_cq *c);
 void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *attr);
+/* NCCL moved the QP to RTS: a QP on a declared-failed or failed NIC moves now. */
+void r2cc_repair_qp_ready(struct r2cc_qp *q);
 /* Before the real destroy; the private QP and CQ of a migrated QP go too. */
 void r2cc_repair_qp_destroying(struct r2cc_qp *q);
 

@@ -6,6 +6,8 @@
  * repair-time work, not data-path work).
  */
 #include "shim/registry.h"
+#include "shim/core.h"
+#include "shim/failspec.h"
 #include "shim/common.h"
 #include "shim/log.h"
 #include "shim/stats.h"
@@ -346,4 +348,39 @@ size_t r2cc_mr_count(void)
 	size_t n = nmrs;
 	pthread_rwlock_unlock(&mr_lock);
 	return n;
+}
+
+/* --- declared failures ------------------------------------------------------------ */
+
+static bool host_matches(const char *want, const char *host)
+{
+	size_t n = strcspn(want, "."), m = strcspn(host, ".");
+	return !strcmp(want, host) || (n == m && !strncmp(want, host, n));
+}
+
+int r2cc_nic_mark_declared(const struct r2cc_failspec *spec, int node_index, const char *key)
+{
+	char host[256];
+	r2cc_host_name(host, sizeof(host));
+	int n = r2cc_nic_count();
+	uint64_t mask = 0;
+	for (int e = 0; e < spec->nentries; e++) {
+		const struct r2cc_failspec_entry *en = &spec->entries[e];
+		bool mine = en->node.index >= 0 ? en->node.index == node_index
+						: host_matches(en->node.name, host) ||
+						      host_matches(en->node.name, key);
+		if (!mine)
+			continue;
+		for (int j = 0; j < en->nnics; j++)
+			for (int i = 0; i < n && i < 64; i++) {
+				struct r2cc_nic *nic = r2cc_nic_by_index(i);
+				if (en->nics[j].index >= 0 ? en->nics[j].index == i
+							   : !strcmp(en->nics[j].name, nic->name)) {
+					mask |= 1ull << i;
+					__atomic_store_n(&nic->state, R2CC_NIC_DECLARED,
+							 __ATOMIC_RELAXED);
+				}
+			}
+	}
+	return __builtin_popcountll(mask);
 }

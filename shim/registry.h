@@ -107,6 +107,7 @@ struct r2cc_qp {
 	struct r2cc_qp_peer peer; /* valid from RTR on */
 	uint8_t timeout, retry_cnt, rnr_retry;
 	uint8_t path_mtu, port_num;
+	int access; /* qp_access_flags as set at INIT */
 	struct ibv_qp_cap cap; /* as the provider returned it */
 	bool sq_sig_all;
 	uint64_t tx_bytes, tx_wrs, rx_wrs;
@@ -154,6 +155,14 @@ struct r2cc_qp *r2cc_qp_add(struct ibv_qp *qp, struct r2cc_ctx *ctx, struct r2cc
 struct r2cc_qp *r2cc_qp_by_num(const struct r2cc_nic *nic, uint32_t qpn);
 void r2cc_qp_remove(struct ibv_qp *qp);
 size_t r2cc_qp_count(void);
+
+/*
+ * Declared failures (shim/failspec.h): the NICs of this process's own node
+ * (node index node_index, node key key: NCCL_HOSTID or the host name) that spec
+ * names get the R2CC_NIC_DECLARED state. Returns how many.
+ */
+struct r2cc_failspec;
+int r2cc_nic_mark_declared(const struct r2cc_failspec *spec, int node_index, const char *key);
 
 /* Hot-path lookups (lock-free). */
 extern struct r2cc_map r2cc_qp_map, r2cc_cq_map, r2cc_ctx_map;

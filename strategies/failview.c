@@ -203,41 +203,6 @@ static uint32_t hash32(const char *s)
 	return h & 0x7fffffff;
 }
 
-static bool host_matches(const char *want, const char *host)
-{
-	size_t n = strcspn(want, "."), m = strcspn(host, ".");
-	return !strcmp(want, host) || (n == m && !strncmp(want, host, n));
-}
-
-/* NICs of this process's node declared failed, given the node's index. */
-static int declared_failed_here(int node_index, const char *key)
-{
-	char host[256];
-	r2cc_host_name(host, sizeof(host));
-	int nnics = r2cc_nic_count();
-	uint64_t mask = 0;
-	for (int e = 0; e < spec.nentries; e++) {
-		const struct r2cc_failspec_entry *en = &spec.entries[e];
-		bool mine = en->node.index >= 0 ? en->node.index == node_index
-						: host_matches(en->node.name, host) ||
-						      host_matches(en->node.name, key);
-		if (!mine)
-			continue;
-		for (int j = 0; j < en->nnics; j++) {
-			for (int i = 0; i < nnics && i < 64; i++) {
-				struct r2cc_nic *nic = r2cc_nic_by_index(i);
-				if (en->nics[j].index >= 0 ? en->nics[j].index == i
-							   : !strcmp(en->nics[j].name, nic->name)) {
-					mask |= 1ull << i;
-					__atomic_store_n(&nic->state, R2CC_NIC_DECLARED,
-							 __ATOMIC_RELAXED);
-				}
-			}
-		}
-	}
-	return __builtin_popcountll(mask);
-}
-
 static struct r2cc_ar2_ops ops_for(struct r2cc_comm *c)
 {
 	struct r2cc_ar2_ops ops = {
@@ -293,7 +258,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 		if (r == c->rank)
 			my_node = node;
 	}
-	int f = declared_failed_here(my_node, key);
+	int f = r2cc_nic_mark_declared(&spec, my_node, key);
 	int *fails = all; /* reuse: n ints */
 	rc = gather_ints(c->comm, n, &f, 1, fails);
 	if (rc)
