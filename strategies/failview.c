@@ -48,7 +48,18 @@ struct comm_strategy {
 	struct r2cc_ar2_comm *ar2;
 	int nnodes, nics, failed;     /* of the degraded node, for the cost model */
 	unsigned long ran, fell_back; /* calls, for the log at destruction */
+	unsigned long watched;	      /* eligible calls seen while watching for a repair */
+	bool switched;		      /* R2CC_AR_AFTER_REPAIR applies from now on */
 };
+
+/* Local NICs hot repair found failed (not declared ones). */
+static int nics_down_here(void)
+{
+	int n = 0, k = r2cc_nic_count();
+	for (int i = 0; i < k; i++)
+		n += __atomic_load_n(&r2cc_nic_by_index(i)->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN;
+	return n;
+}
 
 /* --- the ops table: real NCCL and the CUDA driver --------------------------- */
 
@@ -258,7 +269,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 		if (r == c->rank)
 			my_node = node;
 	}
-	int f = r2cc_nic_mark_declared(&spec, my_node, key);
+	int f = r2cc_nic_mark_declared(&spec, my_node, key) + nics_down_here();
 	int *fails = all; /* reuse: n ints */
 	rc = gather_ints(c->comm, n, &f, 1, fails);
 	if (rc)
@@ -302,8 +313,9 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 		R2CC_INFO("comm %p: failure view: %d nodes, %s", c->comm, nnodes,
 			  deg < 0 ? "no degraded node" : "degraded node found");
 		if (deg >= 0)
-			R2CC_INFO("comm %p: node %d has %d of %d NICs failed (declared)", c->comm,
-				  deg, node_failed[deg], node_nics[deg]);
+			R2CC_INFO("comm %p: node %d has %d of %d NICs failed (declared or "
+				  "repaired)",
+				  c->comm, deg, node_failed[deg], node_nics[deg]);
 	}
 out:
 	free(all);
@@ -311,6 +323,46 @@ out:
 	free(node_nics);
 	free(node_failed);
 	return rc;
+}
+
+/*
+ * R2CC_AR_AFTER_REPAIR: have the ranks seen a repair? Asked at AllReduce calls
+ * every rank makes in the same order and decides on identically (size over
+ * R2CC_AR_MIN_BYTES, outside groups and capture): every such call of 256 MiB or
+ * more, every 16th otherwise, one all-gather of each rank's count of repaired
+ * NICs. All ranks therefore switch at the same call. The all-gather waits for the
+ * communicator's earlier work, so the check costs a host synchronisation: small
+ * next to the AllReduces it is made on.
+ */
+/* What runs after a repair: R2CC_AR_AFTER_REPAIR, else what R2CC_MODE says
+ * (3 and auto: R2CC-AllReduce on the repaired topology; 1 and 2: Balance, which
+ * needs no watching). */
+static int after_repair(void)
+{
+	if (r2cc_param.mode == R2CC_MODE_PASSTHROUGH)
+		return 0;
+	if (r2cc_param.ar_after_repair)
+		return r2cc_param.ar_after_repair;
+	return r2cc_param.mode == R2CC_MODE_AR2 || r2cc_param.mode == R2CC_MODE_AUTO ? 3 : 0;
+}
+
+#define WATCH_EVERY	 16
+#define WATCH_ALWAYS_AT	 (256ull << 20)
+
+static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t bytes)
+{
+	if (bytes < WATCH_ALWAYS_AT && st->watched++ % WATCH_EVERY)
+		return false;
+	int mine = nics_down_here();
+	int *all = calloc((size_t)c->nranks, sizeof(int));
+	if (!all)
+		return false;
+	bool seen = false;
+	if (gather_ints(c->comm, c->nranks, &mine, 1, all) == 0)
+		for (int r = 0; r < c->nranks; r++)
+			seen = seen || all[r] > 0;
+	free(all);
+	return seen;
 }
 
 /* --- the hook ------------------------------------------------------------------ */
@@ -355,6 +407,23 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 					    stream);
 		c->strategy = st;
 	}
+	bool base_ar2 = r2cc_param.mode == R2CC_MODE_AR2 || r2cc_param.mode == R2CC_MODE_AUTO;
+	int after = after_repair();
+	if (after && !st->switched && !flags && c->nranks > 0 && c->rank >= 0 &&
+	    (double)count * (double)r2cc_nccl_type_size(dtype) >= (double)r2cc_param.ar_min_bytes &&
+	    watch_repair(c, st, count * (size_t)r2cc_nccl_type_size(dtype))) {
+		st->switched = true;
+		st->state = VIEW_UNKNOWN; /* rebuilt with the repaired NICs */
+		r2cc_ar2_comm_destroy(st->ar2, false);
+		st->ar2 = NULL;
+		if (c->rank == 0)
+			R2CC_INFO("comm %p: a NIC was repaired; AllReduce runs as %s from now on "
+				  "(R2CC_AR_AFTER_REPAIR=%d)",
+				  c->comm, after == 3 ? "R2CC-AllReduce" : "Balance", after);
+	}
+	bool ar2_now = st->switched ? after == 3 : base_ar2;
+	if (!ar2_now)
+		return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
 	if (st->state == VIEW_UNKNOWN && !flags && c->nranks > 0 && c->rank >= 0) {
 		int rc = build_view(c, st);
 		st->state = rc ? VIEW_NONE : VIEW_READY;
@@ -410,16 +479,21 @@ int r2cc_strategies_init(void)
 	if (r2cc_failspec_parse(r2cc_param.failed_node, r2cc_param.failed_hca, &spec, err,
 				sizeof(err)))
 		return -EINVAL;
-	if (!spec.nentries)
-		return 0;
-	R2CC_INFO("declared failure: R2CC_FAILED_NODE='%s' R2CC_FAILED_HCA='%s'",
-		  r2cc_param.failed_node, r2cc_param.failed_hca);
-	if (r2cc_param.mode != R2CC_MODE_AR2 && r2cc_param.mode != R2CC_MODE_AUTO)
+	bool base_ar2 = r2cc_param.mode == R2CC_MODE_AR2 || r2cc_param.mode == R2CC_MODE_AUTO;
+	int after = after_repair();
+	if (spec.nentries)
+		R2CC_INFO("declared failure: R2CC_FAILED_NODE='%s' R2CC_FAILED_HCA='%s'",
+			  r2cc_param.failed_node, r2cc_param.failed_hca);
+	bool now = base_ar2 && spec.nentries;
+	if (!now && after != 3 && !(base_ar2 && after == 2))
 		return 0;
 	__atomic_store_n(&r2cc_comm_release_hook, release_hook, __ATOMIC_RELEASE);
 	__atomic_store_n(&r2cc_allreduce_hook, allreduce_hook, __ATOMIC_RELEASE);
-	R2CC_INFO("R2CC-AllReduce armed (mode %s, K=%d, schedule %d, min %llu bytes)",
-		  r2cc_param.mode == R2CC_MODE_AUTO ? "auto" : "3", r2cc_param.ar_stage2_chunks,
+	R2CC_INFO("R2CC-AllReduce armed (mode %s, %s, after a repair: %s; K=%d, schedule %d, min "
+		  "%llu bytes)",
+		  r2cc_param.mode == R2CC_MODE_AUTO ? "auto" : r2cc_param.mode == 3 ? "3" : "2",
+		  now ? "declared failure" : "no failure declared",
+		  after == 3 ? "R2CC-AllReduce" : "Balance", r2cc_param.ar_stage2_chunks,
 		  r2cc_param.ar_schedule, (unsigned long long)r2cc_param.ar_min_bytes);
 	return 0;
 }
