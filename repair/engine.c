@@ -1534,6 +1534,8 @@ static void nack(const struct r2cc_ctl_dir *dir, int rank, struct r2cc_rqp *r,
 	send_to(dir, rank, &out);
 }
 
+static void selftest_start(struct r2cc_nic *a);
+
 /*
  * Localise a failure seen on one QP: with the local port down it is the NIC, and
  * every QP on it moves; with the port up it is the path to the peer's NIC (or the
@@ -1568,6 +1570,156 @@ static void localise(struct r2cc_rqp *r)
 	incident_event(r->incident, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move", r->qpn,
 		       port_down ? "NIC" : "path from", nic->name, port_down ? "" : " to its peer",
 		       n);
+	if (!port_down)
+		selftest_start(nic);
+}
+
+/*
+ * NIC self-test. A failure with the port up is a dead path (or a dead NIC on the
+ * other side), or a dead NIC here whose port still says active (a black hole).
+ * The test tells them apart: a signalled zero-byte write from the suspect NIC to
+ * a sibling NIC of this process, through the fabric, on a QP pair of R2CC's own.
+ * No completion within SELFTEST_NS: the NIC itself is dead, and every QP on it
+ * moves. Runs on a short-lived thread, at most one per NIC at a time.
+ */
+#define SELFTEST_NS 60000000ll
+
+struct selftest {
+	struct r2cc_nic *a, *b;
+	struct r2cc_ctx *ca, *cb;
+};
+
+static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2cc_nic *peer,
+			    uint32_t peer_qpn)
+{
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = self->port ? self->port : 1;
+	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+	int rc = eng.v.modify_qp(qp, &a,
+				 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	if (rc)
+		return rc;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = peer_qpn;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.dlid = peer->lid;
+	a.ah_attr.port_num = self->port ? self->port : 1;
+	rc = eng.v.modify_qp(qp, &a,
+			     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (rc)
+		return rc;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 12;
+	a.retry_cnt = 2;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 1;
+	return eng.v.modify_qp(qp, &a,
+			       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+				   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static void nic_failed(struct r2cc_nic *nic, const char *why);
+
+static void *selftest_main(void *arg)
+{
+	struct selftest *t = arg;
+	struct ibv_cq *cqa = eng.v.create_cq(t->ca->ctx, 8, NULL, NULL, 0);
+	struct ibv_cq *cqb = eng.v.create_cq(t->cb->ctx, 8, NULL, NULL, 0);
+	struct ibv_qp *qa = NULL, *qb = NULL;
+	int verdict = -1; /* -1 inconclusive, 0 alive, 1 dead */
+	if (cqa)
+		own_add(cqa);
+	if (cqb)
+		own_add(cqb);
+	if (cqa && cqb) {
+		struct ibv_qp_init_attr ia = {.qp_type = IBV_QPT_RC,
+					      .cap = {.max_send_wr = 4,
+						      .max_recv_wr = 4,
+						      .max_send_sge = 1,
+						      .max_recv_sge = 1}};
+		ia.send_cq = ia.recv_cq = cqa;
+		qa = eng.v.create_qp(r2cc_mr_mirror_pd(t->a), &ia);
+		ia.send_cq = ia.recv_cq = cqb;
+		qb = eng.v.create_qp(r2cc_mr_mirror_pd(t->b), &ia);
+	}
+	if (qa)
+		own_add(qa);
+	if (qb)
+		own_add(qb);
+	if (qa && qb && !selftest_connect(qa, t->a, t->b, qb->qp_num) &&
+	    !selftest_connect(qb, t->b, t->a, qa->qp_num)) {
+		struct ibv_send_wr w = {.wr_id = 1,
+					.opcode = IBV_WR_RDMA_WRITE,
+					.send_flags = IBV_SEND_SIGNALED},
+				   *bad;
+		if (t->ca->post_send(qa, &w, &bad) == 0) {
+			int64_t until = now_ns() + SELFTEST_NS;
+			struct ibv_wc wc;
+			verdict = 1;
+			while (now_ns() < until) {
+				int n = t->ca->poll_cq(cqa, 1, &wc);
+				if (n > 0) {
+					verdict = wc.status == IBV_WC_SUCCESS ? 0 : 1;
+					break;
+				}
+				usleep(200);
+			}
+		}
+	}
+	if (verdict == 1) {
+		char why[128];
+		snprintf(why, sizeof(why), "self-test through %.40s got no answer", t->b->name);
+		nic_failed(t->a, why);
+	} else {
+		R2CC_INFO("repair: %s: self-test through %s %s", t->a->name, t->b->name,
+			  verdict == 0 ? "passed: the failure is the path or the other side"
+				       : "inconclusive");
+	}
+	destroy_private(qa, cqa);
+	destroy_private(qb, cqb);
+	__atomic_store_n(&t->a->selftest, 0, __ATOMIC_RELEASE);
+	free(t);
+	return NULL;
+}
+
+static void selftest_start(struct r2cc_nic *a)
+{
+	if (a->link_layer == IBV_LINK_LAYER_ETHERNET || a->state != R2CC_NIC_UP)
+		return; /* RoCE needs a GID index NCCL chose: not tested */
+	int zero = 0;
+	if (!__atomic_compare_exchange_n(&a->selftest, &zero, 1, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED))
+		return;
+	struct selftest *t = calloc(1, sizeof(*t));
+	int n = r2cc_nic_count();
+	for (int i = 0; t && i < n && !t->b; i++) {
+		struct r2cc_nic *b = r2cc_nic_by_index(i);
+		if (b != a && b->state == R2CC_NIC_UP && r2cc_mr_mirror_pd(b) && ctx_of_nic(b))
+			t->b = b;
+	}
+	pthread_t th;
+	if (t && t->b && r2cc_mr_mirror_pd(a) && (t->ca = ctx_of_nic(a)) &&
+	    (t->cb = ctx_of_nic(t->b))) {
+		t->a = a;
+		pthread_attr_t at;
+		pthread_attr_init(&at);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		int rc = pthread_create(&th, &at, selftest_main, t);
+		pthread_attr_destroy(&at);
+		if (rc == 0) {
+			pthread_setname_np(th, "r2cc-selftest");
+			return;
+		}
+	}
+	free(t);
+	__atomic_store_n(&a->selftest, 0, __ATOMIC_RELEASE);
 }
 
 /* Initiator: fence, a new path, REQ to the processes that may own the peer. */
@@ -1675,6 +1827,9 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 		}
 		incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate", r->qpn,
 			       in->from_rank);
+		/* The peer saw the failure; whether it is this side's NIC only a
+		 * self-test can say (a port that is down says so itself). */
+		selftest_start(r->cur_nic);
 		fence_start(r);
 		int rc = fence_drain(r);
 		if (rc) {

@@ -47,6 +47,7 @@ struct r2cc_nic {
 	union ibv_gid gid;
 	bool gid_known;
 	int state; /* enum r2cc_nic_state */
+	int selftest; /* hot repair: a self-test of this NIC is running */
 	struct r2cc_nic_counters cnt;
 };
 
