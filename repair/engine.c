@@ -109,6 +109,8 @@ struct r2cc_rqp {
 	struct r2cc_nic *cur_nic;
 	struct r2cc_qp_shadow *cur_sh;
 	bool recv_live, send_live;
+	bool declared_pending; /* on a declared-failed NIC, waiting for NCCL's first post */
+	bool hold_all;	       /* every post is held until the new path is live */
 	/* path being built */
 	struct ibv_qp *new_qp;
 	struct ibv_cq *new_cq;
@@ -832,12 +834,26 @@ static int hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
 	return 0;
 }
 
+/* NCCL's first post on a QP of a declared-failed NIC: its direction is known now
+ * (receivers post a receive first); hold everything and move it. Under r->mu. */
+static void declared_first_post(struct r2cc_rqp *r, bool recv)
+{
+	if (!r->declared_pending)
+		return;
+	r->declared_pending = false;
+	r->hold_all = true;
+	if (recv)
+		r2cc_counter_add(&r->q->rx_wrs, 1);
+	detect(r, "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
+}
+
 int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct r2cc_rqp *r = q->rep;
 	if (!r)
 		return q->ctx->post_send(q->qp, wr, bad);
 	pthread_mutex_lock(&r->mu);
+	declared_first_post(r, false);
 	int s = load_state(r), rc = 0;
 	struct ibv_send_wr *w = wr;
 	for (; w && !rc; w = w->next) {
@@ -846,7 +862,7 @@ int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_
 			one.next = NULL;
 			rc = -r->orig_ctx->post_send(q->qp, &one, &b);
 		} else if (s == RQ_FENCING || (s == RQ_EXCHANGE && !r->send_live) ||
-			   (r->hs_head && s != RQ_MIGRATED)) {
+			   (s != RQ_EXCHANGE && s != RQ_MIGRATED && (r->hs_head || r->hold_all))) {
 			rc = hold_send(r, w);
 		} else {
 			rc = post_one_send(r, w);
@@ -868,6 +884,7 @@ int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_
 	if (!r)
 		return q->ctx->post_recv(q->qp, wr, bad);
 	pthread_mutex_lock(&r->mu);
+	declared_first_post(r, true);
 	int s = load_state(r), rc = 0;
 	struct ibv_recv_wr *w = wr;
 	for (; w && !rc; w = w->next) {
@@ -876,7 +893,7 @@ int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_
 			one.next = NULL;
 			rc = -r->orig_ctx->post_recv(q->qp, &one, &b);
 		} else if (s == RQ_FENCING || (s == RQ_EXCHANGE && !r->recv_live) ||
-			   (r->hr_head && s != RQ_MIGRATED)) {
+			   (s != RQ_EXCHANGE && s != RQ_MIGRATED && (r->hr_head || r->hold_all))) {
 			rc = hold_recv(r, w);
 		} else {
 			rc = post_one_recv(r, w);
@@ -1355,6 +1372,7 @@ static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ib
 	r->new_sh = NULL;
 	snprintf(r->peer_cur_nic, sizeof(r->peer_cur_nic), "%s", p->nic);
 	r->recv_live = r->send_live = false;
+	r->hold_all = false;
 }
 
 static int post_plan_recvs(struct r2cc_rqp *r)
@@ -2181,6 +2199,8 @@ static void *repair_main(void *arg)
  * Runs when the node index is first known and when a QP becomes ready (NCCL may
  * open NICs later).
  */
+static void declared_move(struct r2cc_rqp *r);
+
 static void declared_apply(void)
 {
 	pthread_mutex_lock(&eng.mu);
@@ -2197,12 +2217,31 @@ static void declared_apply(void)
 	int n = 0;
 	pthread_mutex_lock(&eng.mu);
 	for (struct r2cc_rqp *r = eng.all; r && n < 1024; r = r->next_all)
-		if (!r->dead && r->q && r->q->state == IBV_QPS_RTS &&
-		    r->cur_nic->state == R2CC_NIC_DECLARED)
+		if (!r->dead && r->q && r->q->state == IBV_QPS_RTS && !r->declared_pending &&
+		    load_state(r) == RQ_HEALTHY && r->cur_nic->state == R2CC_NIC_DECLARED)
 			list[n++] = r;
 	pthread_mutex_unlock(&eng.mu);
 	for (int i = 0; i < n; i++)
-		detect(list[i], "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
+		declared_move(list[i]);
+}
+
+/*
+ * A QP on a declared-failed NIC moves before it carries anything. Its direction
+ * (what Balance evens out per NIC) shows in NCCL's first post, so until then the
+ * QP's posts take the slow path, which moves it at that first post. A QP that
+ * already carried work moves at once.
+ */
+static void declared_move(struct r2cc_rqp *r)
+{
+	pthread_mutex_lock(&r->mu);
+	bool fresh = r->q && !r->q->tx_wrs && !r->q->rx_wrs && load_state(r) == RQ_HEALTHY;
+	if (fresh) {
+		r->declared_pending = true;
+		gate_close(&r->q->gate);
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (!fresh)
+		detect(r, "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
 }
 
 void r2cc_repair_qp_ready(struct r2cc_qp *q)
@@ -2210,8 +2249,8 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 	if (!q->rep)
 		return;
 	declared_apply();
-	if (q->ctx->nic->state == R2CC_NIC_DECLARED)
-		detect(q->rep, "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
+	if (q->ctx->nic->state == R2CC_NIC_DECLARED && !q->rep->declared_pending)
+		declared_move(q->rep);
 	else if (q->ctx->nic->state == R2CC_NIC_DOWN)
 		detect(q->rep, "created on a NIC that has failed", 0);
 }
