@@ -27,7 +27,27 @@ enum drill_fault {
 	DRILL_FAULT_BLACKHOLE,
 	DRILL_FAULT_FLAP,
 	DRILL_FAULT_SLOW,
+	DRILL_FAULT_KILL, /* not a NIC fault: SIGKILL the node's worker (--kill-peer) */
 	DRILL_FAULT_KINDS,
+};
+
+/* When the fault comes (--fault-phase). */
+enum drill_fault_phase {
+	DRILL_AT_TRAFFIC, /* when a seed-drawn fraction of the messages was delivered */
+	DRILL_AT_CONNECT, /* once every endpoint file is there, before any traffic */
+};
+
+/* Where the workers hold, with --fault-phase connect, until the fault is in. */
+enum drill_hold {
+	DRILL_HOLD_NONE,
+	DRILL_HOLD_INIT, /* endpoints exchanged, QPs in INIT: before RTR */
+	DRILL_HOLD_RTS,	 /* QPs brought to RTS meanwhile: before the ready mark */
+};
+
+/* What a scenario must end with (--expect). */
+enum drill_expect {
+	DRILL_EXPECT_PASS,  /* every message exactly once, no error */
+	DRILL_EXPECT_CLEAN, /* an error reaches the application in bounded time, no hang */
 };
 
 /* Settings shared by the parent and the workers (workers get them on the command line). */
@@ -50,6 +70,12 @@ struct drill_opts {
 	bool selftest_corrupt;
 	bool nccl_stub;	      /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
 	const char *nccl_lib; /* worker: the NCCL library to form a communicator with */
+	int fault_phase;      /* enum drill_fault_phase */
+	bool fault_all_nics;  /* --fault-nics all: the fault on every NIC of the node */
+	double second_ms;     /* --second-fault: ms after the first, on another NIC; < 0 none */
+	int expect;	      /* enum drill_expect */
+	double bound_s;	      /* --bound: the first application error within this of the fault */
+	int hold;	      /* worker: enum drill_hold */
 	/* worker only */
 	bool worker;
 	int rank;
@@ -77,6 +103,7 @@ enum drill_phase {
 	DRILL_PHASE_START,
 	DRILL_PHASE_CONNECT,
 	DRILL_PHASE_RUN,
+	DRILL_PHASE_WAIT, /* own traffic over: waiting for the others' done marks */
 	DRILL_PHASE_DRAIN,
 	DRILL_PHASE_DONE,
 	DRILL_PHASE_FAILED,
@@ -93,6 +120,19 @@ struct drill_status {
 	_Atomic uint64_t async_events;
 	_Atomic int interposed;	   /* 0 not known yet, 1 the data path is libr2cc's, 2 it is not */
 	char error[DRILL_ERR_LEN]; /* the first failure, written once */
+	/*
+	 * Failures by kind. Application errors are what NCCL would see: an error
+	 * completion, a fatal async event, a failed post or poll. Check failures are what
+	 * NCCL trusts and the drill verifies: bytes, sizes, order, count, late writes.
+	 */
+	_Atomic int app_claimed;
+	_Atomic int64_t app_err_ns; /* the first application error (CLOCK_MONOTONIC) */
+	_Atomic uint64_t app_errors;
+	_Atomic int check_claimed;
+	_Atomic int64_t check_ns;
+	_Atomic uint64_t check_failures;
+	char app_error[DRILL_ERR_LEN];	 /* the first application error */
+	char check_error[DRILL_ERR_LEN]; /* the first check failure */
 };
 
 /* The verbs functions NCCL resolves with dlvsym(handle, "ibv_<name>", "IBVERBS_1.1"). */

@@ -37,7 +37,8 @@
 
 extern char **environ;
 
-static const char *const drill_fault_names[] = {"none", "down", "blackhole", "flap", "slow"};
+static const char *const drill_fault_names[] = {"none", "down", "blackhole",
+						"flap", "slow", "kill"};
 
 static volatile sig_atomic_t drill_stop;
 
@@ -50,10 +51,12 @@ struct drill_paths {
 	char tmp[PATH_MAX];
 };
 
-/* Detection and migration times (ms) from R2CC's reports, over the whole run. */
+/* Detection and migration times (ms) from R2CC's reports, over the whole run, and
+ * (--expect clean-error) the times from the fault to the first application error. */
 struct drill_times {
 	double detect[DRILL_MAX_INCIDENT], migrate[DRILL_MAX_INCIDENT];
-	int ndetect, nmigrate;
+	double app[DRILL_MAX_INCIDENT];
+	int ndetect, nmigrate, napp;
 };
 
 struct drill_scenario {
@@ -64,11 +67,21 @@ struct drill_scenario {
 	char dir[PATH_MAX];
 	/* the fault */
 	int node, nic, arg;
+	int nic2;	  /* --second-fault: the other NIC */
+	int hold;	  /* --fault-phase connect: where the workers hold (enum drill_hold) */
 	uint64_t trigger; /* inject when this many messages were delivered */
 	bool injected, inject_failed;
 	uint64_t injected_at;
 	int64_t start_ns, injected_ns;
+	bool second_injected, second_failed;
+	uint64_t second_at;
+	int64_t second_ns;
+	int killed; /* the rank SIGKILLed (kill), else -1 */
 	/* outcome */
+	int64_t app_ns; /* the survivors' first application error, 0 if none */
+	int64_t end_ns; /* when the last survivor ended */
+	int app_rank;
+	char app_error[DRILL_ERR_LEN];
 	uint64_t delivered, expected, errors;
 	int not_interposed; /* workers whose data path was not libr2cc's */
 	bool timed_out, pass;
@@ -97,17 +110,22 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: r2cc-verbs-drill [--procs N] [--nics K] "
-		"[--fault none|down|blackhole|flap|slow|all]\n"
+		"[--fault none|down|blackhole|flap|slow|kill|all]\n"
 		"                        [--seeds S] [--first-seed B] [--messages M] [--window W]\n"
 		"                        [--max-size BYTES] [--timeout SEC] [--time-scale X]\n"
 		"                        [--ib-timeout T] [--retry-cnt R] [--no-preload] [--keep] "
 		"[--verbose]\n"
-		"                        [--nccl-stub]\n"
+		"                        [--nccl-stub] [--fault-phase traffic|connect] "
+		"[--fault-nics one|all]\n"
+		"                        [--second-fault MS] [--kill-peer] "
+		"[--expect pass|clean-error] [--bound SEC]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
 		"blackhole, flap, slow), 20 seeds from 1, 128 messages per connection, window 8,\n"
 		"max size 4 MiB, timeout 15 s, time scale 0.01, IB timeout 20, retry count 7.\n"
+		"--expect clean-error: a scenario passes only if an error reaches the application\n"
+		"within --bound (10 s) of the fault, no worker hangs and nothing is corrupt.\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -128,6 +146,32 @@ static bool drill_num(const char *s, double lo, double hi, double *v)
 	errno = 0;
 	*v = strtod(s, &end);
 	return !errno && end != s && !*end && *v >= lo && *v <= hi;
+}
+
+/* Combinations that would test nothing, or something else than they say. */
+static int drill_check_opts(const struct drill_opts *o)
+{
+	const char *bad = NULL;
+	bool nic_fault = o->fault != DRILL_FAULT_NONE && o->fault != DRILL_FAULT_KILL;
+
+	if (o->fault == DRILL_FAULT_NONE &&
+	    (o->fault_phase != DRILL_AT_TRAFFIC || o->fault_all_nics || o->second_ms >= 0 ||
+	     o->expect != DRILL_EXPECT_PASS))
+		bad = "--fault-phase, --fault-nics, --second-fault and --expect need a fault";
+	else if (o->fault == DRILL_FAULT_KILL && o->expect != DRILL_EXPECT_CLEAN)
+		bad = "--kill-peer needs --expect clean-error (a dead process cannot be repaired)";
+	else if (!nic_fault &&
+		 (o->fault_phase != DRILL_AT_TRAFFIC || o->fault_all_nics || o->second_ms >= 0))
+		bad = "--fault-phase, --fault-nics and --second-fault apply to NIC faults";
+	else if (o->second_ms >= 0 && o->fault_all_nics)
+		bad = "--second-fault needs a NIC left: not with --fault-nics all";
+	else if (o->second_ms >= 0 && o->nics < 2)
+		bad = "--second-fault needs --nics 2 or more";
+	if (bad) {
+		fprintf(stderr, "r2cc-verbs-drill: %s\n", bad);
+		return -1;
+	}
+	return 0;
 }
 
 static int drill_parse(int argc, char **argv, struct drill_opts *o)
@@ -155,6 +199,13 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_DIR,
 		O_NCCL_LIB,
 		O_NCCL_STUB,
+		O_PHASE,
+		O_SECOND,
+		O_FNICS,
+		O_EXPECT,
+		O_BOUND,
+		O_KILL,
+		O_HOLD,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -180,11 +231,19 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"dir", required_argument, NULL, O_DIR},
 	    {"nccl-lib", required_argument, NULL, O_NCCL_LIB},
 	    {"nccl-stub", no_argument, NULL, O_NCCL_STUB},
+	    {"fault-phase", required_argument, NULL, O_PHASE},
+	    {"second-fault", required_argument, NULL, O_SECOND},
+	    {"fault-nics", required_argument, NULL, O_FNICS},
+	    {"expect", required_argument, NULL, O_EXPECT},
+	    {"bound", required_argument, NULL, O_BOUND},
+	    {"kill-peer", no_argument, NULL, O_KILL},
+	    {"hold-connect", required_argument, NULL, O_HOLD},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
 	int c;
 	double v;
+	bool fault_set = false, kill_peer = false;
 
 	*o = (struct drill_opts){
 	    .procs = 2,
@@ -200,6 +259,8 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    .qp_timeout = 20,
 	    .retry_cnt = 7,
 	    .preload = true,
+	    .second_ms = -1,
+	    .bound_s = 10,
 	};
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		const char *name = NULL;
@@ -219,7 +280,8 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		case O_FAULT:
 			o->fault = drill_parse_fault(optarg);
 			ok = o->fault != -2;
-			name = "--fault (none, down, blackhole, flap, slow or all)";
+			fault_set = true;
+			name = "--fault (none, down, blackhole, flap, slow, kill or all)";
 			break;
 		case O_SEEDS:
 			ok = drill_num(optarg, 1, 100000, &v);
@@ -300,6 +362,40 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		case O_NCCL_STUB:
 			o->nccl_stub = true;
 			break;
+		case O_PHASE:
+			ok = !strcmp(optarg, "traffic") || !strcmp(optarg, "connect");
+			o->fault_phase =
+			    strcmp(optarg, "connect") ? DRILL_AT_TRAFFIC : DRILL_AT_CONNECT;
+			name = "--fault-phase (traffic or connect)";
+			break;
+		case O_SECOND:
+			ok = drill_num(optarg, 0, 600000, &v);
+			o->second_ms = v;
+			name = "--second-fault (ms, 0..600000)";
+			break;
+		case O_FNICS:
+			ok = !strcmp(optarg, "one") || !strcmp(optarg, "all");
+			o->fault_all_nics = !strcmp(optarg, "all");
+			name = "--fault-nics (one or all)";
+			break;
+		case O_EXPECT:
+			ok = !strcmp(optarg, "pass") || !strcmp(optarg, "clean-error");
+			o->expect = strcmp(optarg, "pass") ? DRILL_EXPECT_CLEAN : DRILL_EXPECT_PASS;
+			name = "--expect (pass or clean-error)";
+			break;
+		case O_BOUND:
+			ok = drill_num(optarg, 0.001, 86400, &v);
+			o->bound_s = v;
+			name = "--bound (seconds, 0.001..86400)";
+			break;
+		case O_KILL:
+			kill_peer = true;
+			break;
+		case O_HOLD:
+			ok = !strcmp(optarg, "init") || !strcmp(optarg, "rts");
+			o->hold = strcmp(optarg, "init") ? DRILL_HOLD_RTS : DRILL_HOLD_INIT;
+			name = "--hold-connect (init or rts)";
+			break;
 		case O_HELP:
 			usage(stdout);
 			exit(0);
@@ -321,7 +417,15 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			"r2cc-verbs-drill: --worker needs --dir and a --rank below --procs\n");
 		return -1;
 	}
-	return 0;
+	if (kill_peer) {
+		if (fault_set && o->fault != DRILL_FAULT_KILL) {
+			fprintf(stderr, "r2cc-verbs-drill: --kill-peer is a fault of its own: "
+					"drop --fault\n");
+			return -1;
+		}
+		o->fault = DRILL_FAULT_KILL;
+	}
+	return o->worker ? 0 : drill_check_opts(o);
 }
 
 /* ---- paths: everything is found next to this program (build/bin/..) ---- */
@@ -509,6 +613,10 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 		argv[n++] = (char *)"--nccl-lib";
 		argv[n++] = (char *)p->nccl;
 	}
+	if (s->hold != DRILL_HOLD_NONE) {
+		argv[n++] = (char *)"--hold-connect";
+		argv[n++] = (char *)(s->hold == DRILL_HOLD_INIT ? "init" : "rts");
+	}
 	argv[n] = NULL;
 	snprintf(log, sizeof(log), "%s/worker%d.log", s->dir, rank);
 	pid = fork();
@@ -579,6 +687,12 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 
 	s->node = (int)(h % (uint64_t)o->procs);
 	s->nic = (int)((h >> 20) % (uint64_t)o->nics);
+	s->nic2 = o->nics > 1 ? (s->nic + 1 + (int)((h >> 32) % (uint64_t)(o->nics - 1))) % o->nics
+			      : s->nic;
+	s->hold = DRILL_HOLD_NONE;
+	if (o->fault_phase == DRILL_AT_CONNECT && s->kind != DRILL_FAULT_NONE &&
+	    s->kind != DRILL_FAULT_KILL)
+		s->hold = (h >> 44) & 1 ? DRILL_HOLD_RTS : DRILL_HOLD_INIT;
 	s->trigger = (uint64_t)(frac * (double)expected);
 	if (s->trigger < 1)
 		s->trigger = 1;
@@ -592,21 +706,90 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 	}
 }
 
-static void drill_inject(const struct drill_paths *p, struct drill_scenario *s, uint64_t delivered)
+/* softverbs-ctl fault node<n> mlx5_<nic> KIND [ARG]; 0 if it worked. */
+static int drill_ctl_fault(const struct drill_paths *p, const struct drill_scenario *s, int n)
 {
 	char node[32], nic[32], arg[32];
 	char *args[] = {(char *)"fault", node, nic, (char *)drill_fault_names[s->kind], arg, NULL};
 
 	snprintf(node, sizeof(node), "node%d", s->node);
-	snprintf(nic, sizeof(nic), "mlx5_%d", s->nic);
+	snprintf(nic, sizeof(nic), "mlx5_%d", n);
 	snprintf(arg, sizeof(arg), "%d", s->arg);
 	if (s->kind != DRILL_FAULT_FLAP && s->kind != DRILL_FAULT_SLOW)
 		args[4] = NULL;
+	return drill_ctl(p, s, args);
+}
+
+/* Is it time for the fault? */
+static bool drill_fault_due(const struct drill_opts *o, const struct drill_scenario *s,
+			    uint64_t delivered)
+{
+	if (o->fault_phase == DRILL_AT_TRAFFIC)
+		return delivered >= s->trigger;
+	/* connect: every worker has its QPs and has published them */
+	for (int r = 0; r < o->procs; r++)
+		if (!drill_file_exists(s->dir, "ep", r))
+			return false;
+	return true;
+}
+
+/* The fault: on the drawn NIC, or on every NIC of the node one after the other (the drawn
+ * one first), or a SIGKILL of the node's worker. */
+static void drill_inject(const struct drill_opts *o, const struct drill_paths *p,
+			 struct drill_scenario *s, const pid_t *pids, uint64_t delivered)
+{
 	s->injected = true;
 	s->injected_at = delivered;
 	s->injected_ns = drill_now_ns();
-	if (drill_ctl(p, s, args))
+	if (s->kind == DRILL_FAULT_KILL) {
+		if (pids[s->node] > 0 && kill(pids[s->node], SIGKILL) == 0)
+			s->killed = s->node;
+		else
+			s->inject_failed = true;
+		return;
+	}
+	for (int i = 0; i < (o->fault_all_nics ? o->nics : 1); i++)
+		if (drill_ctl_fault(p, s, (s->nic + i) % o->nics))
+			s->inject_failed = true;
+	/* The workers hold until the fault is in (or could not be put in). */
+	if (s->hold != DRILL_HOLD_NONE && drill_file_put(s->dir, "fault", 0, &s->node, sizeof(int)))
 		s->inject_failed = true;
+}
+
+static void drill_inject_second(const struct drill_paths *p, struct drill_scenario *s,
+				uint64_t delivered)
+{
+	s->second_injected = true;
+	s->second_at = delivered;
+	s->second_ns = drill_now_ns();
+	if (drill_ctl_fault(p, s, s->nic2))
+		s->second_failed = true;
+}
+
+/* Why the fault (or the second fault) tested nothing; NULL when it was in time. */
+static const char *drill_fault_missed(const struct drill_opts *o, const struct drill_scenario *s)
+{
+	if (s->kind == DRILL_FAULT_NONE)
+		return NULL;
+	if (!s->injected)
+		return "the fault was never injected";
+	if (s->inject_failed)
+		return s->kind == DRILL_FAULT_KILL
+			   ? "the worker could not be killed"
+			   : "the fault was not injected (softverbs-ctl failed)";
+	if (o->fault_phase == DRILL_AT_CONNECT && s->injected_at > 0)
+		return "the fault came after the traffic had started";
+	if (s->injected_at >= s->expected)
+		return "the fault came after the traffic had ended";
+	if (o->second_ms < 0)
+		return NULL;
+	if (!s->second_injected)
+		return "the second fault was never injected";
+	if (s->second_failed)
+		return "the second fault was not injected (softverbs-ctl failed)";
+	if (s->second_at >= s->expected)
+		return "the second fault came after the traffic had ended";
+	return NULL;
 }
 
 /* ---- R2CC's incident reports ---- */
@@ -742,7 +925,8 @@ static void drill_dump_logs(const struct drill_opts *o, const struct drill_scena
 static void drill_snapshot(const struct drill_opts *o, struct drill_scenario *s,
 			   struct drill_status *st)
 {
-	static const char *const phases[] = {"start", "connect", "run", "drain", "done", "failed"};
+	static const char *const phases[] = {"start", "connect", "run",	  "wait",
+					     "drain", "done",	 "failed"};
 
 	s->stall[0] = '\0';
 	for (int r = 0; r < o->procs; r++) {
@@ -758,7 +942,7 @@ static void drill_snapshot(const struct drill_opts *o, struct drill_scenario *s,
 /* Why a scenario failed, the most telling reason first. */
 static void drill_explain(const struct drill_opts *o, struct drill_scenario *s,
 			  struct drill_status *st, int failed_exit, int exit_status,
-			  bool fault_missed)
+			  const char *missed)
 {
 	char first[DRILL_ERR_LEN] = "";
 	int64_t first_ns = INT64_MAX;
@@ -787,15 +971,92 @@ static void drill_explain(const struct drill_opts *o, struct drill_scenario *s,
 			 (int)drill_stop);
 	} else if (failed_exit >= 0) {
 		drill_describe_exit(s->why, sizeof(s->why), failed_exit, exit_status);
-	} else if (fault_missed) {
-		snprintf(s->why, sizeof(s->why), "%s",
-			 s->inject_failed ? "the fault was not injected (softverbs-ctl failed)"
-			 : s->injected	  ? "the fault came after the traffic had ended"
-					  : "the fault was never injected");
+	} else if (missed) {
+		snprintf(s->why, sizeof(s->why), "%s", missed);
 	} else {
 		snprintf(s->why, sizeof(s->why), "%llu/%llu messages delivered",
 			 (unsigned long long)s->delivered, (unsigned long long)s->expected);
 	}
+}
+
+/*
+ * --expect clean-error: the fault cannot be repaired (no NIC left on the node, or a peer
+ * process died), so the scenario passes only if an error reached the application (an
+ * error completion, a fatal async event, a failed verbs call) within --bound of the
+ * fault, every surviving worker ended on its own (failed, or done with its own traffic)
+ * before the deadline and exited normally, and nothing delivered was corrupt, duplicated
+ * or late. Returns true on a pass; else s->why says why.
+ */
+static bool drill_judge_clean(const struct drill_opts *o, struct drill_scenario *s,
+			      struct drill_status *st, const int *status, const char *missed)
+{
+	char check[DRILL_ERR_LEN] = "";
+	int64_t check_ns = INT64_MAX;
+	uint64_t checks = 0;
+	int bad_exit = -1;
+	double ms;
+
+	for (int r = 0; r < o->procs; r++) {
+		int64_t t = atomic_load(&st[r].check_ns);
+
+		checks += atomic_load(&st[r].check_failures);
+		if (atomic_load(&st[r].check_claimed) && t && t < check_ns) {
+			check_ns = t;
+			snprintf(check, sizeof(check), "%.*s", DRILL_ERR_LEN - 1,
+				 st[r].check_error);
+		}
+		if (r == s->killed)
+			continue;
+		if (bad_exit < 0 && !(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) <= 1))
+			bad_exit = r;
+	}
+	ms = s->app_ns ? (double)(s->app_ns - s->injected_ns) / 1e6 : 0;
+	if (s->why[0])
+		return false;
+	if (drill_stop) {
+		snprintf(s->why, sizeof(s->why), "interrupted (signal %d): workers killed",
+			 (int)drill_stop);
+	} else if (missed) {
+		snprintf(s->why, sizeof(s->why), "%s", missed);
+	} else if (s->timed_out) {
+		drill_fmt(s->why, sizeof(s->why), "stalled: timed out after %g s (%s)%s%s",
+			  o->timeout_s, s->stall, s->app_ns ? "; first application error: " : "",
+			  s->app_ns ? s->app_error : "");
+	} else if (checks) {
+		drill_fmt(s->why, sizeof(s->why),
+			  "%llu check failure(s) (corrupt, duplicate or late): %s",
+			  (unsigned long long)checks, check);
+	} else if (bad_exit >= 0) {
+		drill_describe_exit(s->why, sizeof(s->why), bad_exit, status[bad_exit]);
+	} else if (!s->app_ns) {
+		snprintf(s->why, sizeof(s->why),
+			 "no error reached the application (%llu/%llu messages delivered)",
+			 (unsigned long long)s->delivered, (unsigned long long)s->expected);
+	} else if (ms < 0) {
+		drill_fmt(s->why, sizeof(s->why),
+			  "an application error came %.0f ms before the fault: %s", -ms,
+			  s->app_error);
+	} else if (ms > o->bound_s * 1e3) {
+		drill_fmt(s->why, sizeof(s->why),
+			  "the first application error came %.0f ms after the fault, over the "
+			  "bound of %g s: %s",
+			  ms, o->bound_s, s->app_error);
+	} else {
+		return true;
+	}
+	return false;
+}
+
+/* --expect clean-error: a worker that finished its own traffic waits for the others'
+ * done marks; once a worker failed (or was killed) and all that still run only wait,
+ * nothing more can come. */
+static bool drill_only_waiting(const struct drill_opts *o, const pid_t *pids,
+			       struct drill_status *st)
+{
+	for (int r = 0; r < o->procs; r++)
+		if (pids[r] > 0 && atomic_load(&st[r].phase) != DRILL_PHASE_WAIT)
+			return false;
+	return true;
 }
 
 static void drill_run_scenario(const struct drill_opts *o, const struct drill_paths *p,
@@ -804,13 +1065,17 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 	size_t st_len = sizeof(struct drill_status) * (size_t)o->procs;
 	pid_t pids[DRILL_MAX_PROCS] = {0};
 	int status[DRILL_MAX_PROCS] = {0}, alive = 0, fd, failed_exit = -1;
-	bool fault_missed, termed[DRILL_MAX_PROCS] = {false};
+	bool termed[DRILL_MAX_PROCS] = {false};
+	bool clean = o->expect == DRILL_EXPECT_CLEAN;
 	int64_t start = drill_now_ns(), deadline, kill_at = INT64_MAX;
 	struct drill_status *st;
+	const char *missed;
 	char *reset[] = {(char *)"reset", NULL};
 
 	s->expected = (uint64_t)o->procs * (uint64_t)(o->procs - 1) * (uint64_t)o->messages;
 	s->start_ns = start;
+	s->killed = -1;
+	s->app_rank = -1;
 	deadline = start + (int64_t)(o->timeout_s * 1e9);
 	snprintf(s->fabric, sizeof(s->fabric), "r2cc-drill-%d-%d", (int)getpid(), s->index);
 	drill_plan(o, s);
@@ -857,25 +1122,35 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				continue;
 			pids[r] = -pids[r];
 			alive--;
+			if (r == s->killed)
+				continue; /* its death is the fault */
+			s->end_ns = drill_now_ns();
 			if (!(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)) {
 				if (failed_exit < 0)
 					failed_exit = r;
-				if (kill_at == INT64_MAX)
+				/* Expecting an error, every survivor must end on its own. */
+				if (!clean && kill_at == INT64_MAX)
 					kill_at = drill_now_ns() + DRILL_GRACE_NS;
 			}
 		}
 		for (int r = 0; r < o->procs; r++)
 			delivered += atomic_load(&st[r].delivered);
-		if (s->kind != DRILL_FAULT_NONE && !s->injected && delivered >= s->trigger &&
-		    alive == o->procs)
-			drill_inject(p, s, delivered);
+		if (s->kind != DRILL_FAULT_NONE && !s->injected && alive == o->procs &&
+		    drill_fault_due(o, s, delivered))
+			drill_inject(o, p, s, pids, delivered);
 		now = drill_now_ns();
+		if (o->second_ms >= 0 && s->injected && !s->second_injected && alive > 0 &&
+		    now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))
+			drill_inject_second(p, s, delivered);
 		if (now > deadline && alive > 0 && !s->timed_out) {
 			s->timed_out = true;
 			drill_snapshot(o, s, st);
 			if (kill_at > now)
 				kill_at = now;
 		}
+		if (clean && kill_at == INT64_MAX && alive > 0 &&
+		    (failed_exit >= 0 || s->killed >= 0) && drill_only_waiting(o, pids, st))
+			kill_at = now;
 		if (drill_stop && kill_at == INT64_MAX)
 			kill_at = drill_now_ns();
 		/* SIGTERM first: a worker then exits normally and R2CC writes its report. */
@@ -894,53 +1169,86 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 	s->secs = (double)(drill_now_ns() - start) / 1e9;
 
 	for (int r = 0; r < o->procs; r++) {
+		int64_t e = atomic_load(&st[r].app_err_ns);
+
 		s->delivered += atomic_load(&st[r].delivered);
 		s->errors += atomic_load(&st[r].errors);
 		s->not_interposed += atomic_load(&st[r].interposed) == 2;
+		/* The first error the application saw, on a worker that lived on. */
+		if (r != s->killed && atomic_load(&st[r].app_claimed) && e &&
+		    (!s->app_ns || e < s->app_ns)) {
+			s->app_ns = e;
+			s->app_rank = r;
+			snprintf(s->app_error, sizeof(s->app_error), "%.*s", DRILL_ERR_LEN - 1,
+				 st[r].app_error);
+		}
 	}
 	if (drill_ctl(p, s, reset) != 0 && !s->why[0])
 		snprintf(s->why, sizeof(s->why), "softverbs-ctl reset of %s failed", s->fabric);
 	drill_read_reports(o, s, t);
 
-	s->pass = !s->why[0] && !s->timed_out && failed_exit < 0 && s->errors == 0 &&
-		  s->delivered == s->expected && !drill_stop;
 	/* A fault run tests nothing unless the fault hit while messages were moving. */
-	fault_missed = s->kind != DRILL_FAULT_NONE &&
-		       (!s->injected || s->inject_failed || s->injected_at >= s->expected);
-	if (fault_missed)
-		s->pass = false;
-	if (!s->pass && !s->why[0])
-		drill_explain(o, s, st, failed_exit, failed_exit >= 0 ? status[failed_exit] : 0,
-			      fault_missed);
+	missed = drill_fault_missed(o, s);
+	if (clean) {
+		s->pass = drill_judge_clean(o, s, st, status, missed);
+		if (s->app_ns && s->injected && t->napp < DRILL_MAX_INCIDENT)
+			t->app[t->napp++] = (double)(s->app_ns - s->injected_ns) / 1e6;
+	} else {
+		s->pass = !s->why[0] && !s->timed_out && failed_exit < 0 && s->errors == 0 &&
+			  s->delivered == s->expected && !drill_stop && !missed;
+		if (!s->pass && !s->why[0])
+			drill_explain(o, s, st, failed_exit,
+				      failed_exit >= 0 ? status[failed_exit] : 0, missed);
+	}
 	munmap(st, st_len);
 }
 
 static void drill_print_scenario(const struct drill_opts *o, const struct drill_scenario *s)
 {
-	char fault[128] = "-";
+	static const char *const holds[] = {"", "init", "rts"};
+	char fault[160] = "-", nic[16], kind[32];
+	size_t n;
 
+	snprintf(nic, sizeof(nic), o->fault_all_nics ? "all" : "mlx5_%d", s->nic);
 	if (s->kind == DRILL_FAULT_FLAP)
-		snprintf(fault, sizeof(fault), "node%d/mlx5_%d flap:%dms", s->node, s->nic, s->arg);
+		snprintf(kind, sizeof(kind), "flap:%dms", s->arg);
 	else if (s->kind == DRILL_FAULT_SLOW)
-		snprintf(fault, sizeof(fault), "node%d/mlx5_%d slow:%dGbps", s->node, s->nic,
-			 s->arg);
+		snprintf(kind, sizeof(kind), "slow:%dGbps", s->arg);
+	else
+		snprintf(kind, sizeof(kind), "%s", drill_fault_names[s->kind]);
+	if (s->kind == DRILL_FAULT_KILL)
+		snprintf(fault, sizeof(fault), "node%d killed", s->node);
 	else if (s->kind != DRILL_FAULT_NONE)
-		snprintf(fault, sizeof(fault), "node%d/mlx5_%d %s", s->node, s->nic,
-			 drill_fault_names[s->kind]);
-	if (s->kind != DRILL_FAULT_NONE && s->injected)
-		snprintf(fault + strlen(fault), sizeof(fault) - strlen(fault),
-			 " at %llu/%llu +%.2fs", (unsigned long long)s->injected_at,
-			 (unsigned long long)s->expected,
+		snprintf(fault, sizeof(fault), "node%d/%s %s", s->node, nic, kind);
+	n = strlen(fault);
+	if (s->kind != DRILL_FAULT_NONE && s->injected && o->fault_phase == DRILL_AT_CONNECT)
+		snprintf(fault + n, sizeof(fault) - n, " at connect/%s +%.2fs", holds[s->hold],
 			 (double)(s->injected_ns - s->start_ns) / 1e9);
+	else if (s->kind != DRILL_FAULT_NONE && s->injected)
+		snprintf(fault + n, sizeof(fault) - n, " at %llu/%llu +%.2fs",
+			 (unsigned long long)s->injected_at, (unsigned long long)s->expected,
+			 (double)(s->injected_ns - s->start_ns) / 1e9);
+	n = strlen(fault);
+	if (s->second_injected)
+		snprintf(fault + n, sizeof(fault) - n, ", then mlx5_%d +%.0fms", s->nic2,
+			 (double)(s->second_ns - s->injected_ns) / 1e6);
 	printf("%-9s seed %-4d fault %-44s messages %llu/%llu errors %llu %s %.1fs",
 	       drill_fault_names[s->kind], s->seed, fault, (unsigned long long)s->delivered,
 	       (unsigned long long)s->expected, (unsigned long long)s->errors,
 	       s->pass ? "PASS" : "FAIL", s->secs);
+	if (o->expect == DRILL_EXPECT_CLEAN && s->app_ns && s->injected)
+		printf(" app-error +%.0fms node%d, all ended +%.1fs",
+		       (double)(s->app_ns - s->injected_ns) / 1e6, s->app_rank,
+		       (double)(s->end_ns - s->injected_ns) / 1e9);
+	else if (o->expect == DRILL_EXPECT_CLEAN)
+		printf(" app-error none");
 	if (s->ndetect || s->nmigrate)
 		printf(" incidents %d", s->ndetect > s->nmigrate ? s->ndetect : s->nmigrate);
 	if (!s->pass)
 		printf(" -- %s", s->why);
 	printf("\n");
+	if (s->pass && o->expect == DRILL_EXPECT_CLEAN && o->verbose)
+		printf("    first application error: %s\n", s->app_error);
 	fflush(stdout);
 }
 
@@ -969,7 +1277,7 @@ int main(int argc, char **argv)
 	if (o.fault >= 0)
 		kinds[nkinds++] = o.fault;
 	else
-		for (int k = DRILL_FAULT_DOWN; k < DRILL_FAULT_KINDS; k++)
+		for (int k = DRILL_FAULT_DOWN; k <= DRILL_FAULT_SLOW; k++)
 			kinds[nkinds++] = k;
 
 	printf("r2cc-verbs-drill: %d processes x %d NICs, %d messages per connection "
@@ -977,6 +1285,17 @@ int main(int argc, char **argv)
 	       o.procs, o.nics, o.messages, o.window, (unsigned long long)o.max_size,
 	       o.preload ? "LD_PRELOAD=libr2cc.so" : "no preload (baseline)",
 	       drill_qp_timeout_ms(&o), o.time_scale, o.timeout_s);
+	if (o.fault_phase == DRILL_AT_CONNECT || o.fault_all_nics || o.second_ms >= 0 ||
+	    o.expect == DRILL_EXPECT_CLEAN) {
+		printf("  fault %s%s",
+		       o.fault_phase == DRILL_AT_CONNECT ? "while connecting" : "in traffic",
+		       o.fault_all_nics ? ", on every NIC of the node" : "");
+		if (o.second_ms >= 0)
+			printf(", a second NIC of the node %g ms later", o.second_ms);
+		if (o.expect == DRILL_EXPECT_CLEAN)
+			printf("; expect a clean error within %g s", o.bound_s);
+		printf("\n");
+	}
 	for (int k = 0; k < nkinds && !drill_stop; k++) {
 		for (int i = 0; i < o.seeds && !drill_stop; i++) {
 			struct drill_scenario s;
@@ -994,7 +1313,8 @@ int main(int argc, char **argv)
 			delivered += s.delivered;
 			expected += s.expected;
 			not_interposed += s.not_interposed;
-			if (!s.pass && s.kind != DRILL_FAULT_NONE && s.kind != DRILL_FAULT_SLOW)
+			if (!s.pass && s.kind != DRILL_FAULT_NONE && s.kind != DRILL_FAULT_SLOW &&
+			    o.expect == DRILL_EXPECT_PASS)
 				fault_failed++;
 			if (!o.keep)
 				drill_rmtree(s.dir);
@@ -1022,6 +1342,8 @@ int main(int argc, char **argv)
 	       (unsigned long long)delivered, (unsigned long long)expected, passed, total);
 	drill_print_times("detection", times.detect, times.ndetect);
 	drill_print_times("migration", times.migrate, times.nmigrate);
+	if (o.expect == DRILL_EXPECT_CLEAN)
+		drill_print_times("app-error", times.app, times.napp);
 	printf("\n");
 	return passed == total && total > 0 && !drill_stop ? 0 : 1;
 }

@@ -24,12 +24,23 @@ $(DRILL): $(DRILL_OBJS)
 
 ALL_TARGETS += $(DRILL)
 TEST_DEPS   += $(DRILL) $(DRILL_RUNTIME)
-# Faults that need hot repair (down, blackhole, flap) join this list once it exists;
-# see tests/drill/README.md for the commands.
 CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 	       60@$(DRILL):--fault:none:--seeds:3:--no-preload \
 	       60@$(DRILL):--fault:none:--seeds:3:--procs:4:--nics:2 \
 	       60@$(DRILL):--fault:slow:--seeds:2 \
 	       60@$(DRILL):--fault:none:--seeds:1:--nccl-stub \
 	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--selftest-corrupt
+# Hot repair (tests/drill/README.md): each NIC fault kind over 100 seeds, 4 processes,
+# a fault while connecting, a second NIC failing during the repair; then the faults R2CC
+# cannot repair, which must end in a clean application error, never a hang.
+CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
+	       180@$(DRILL):--fault:blackhole:--seeds:100:--nccl-stub \
+	       120@$(DRILL):--fault:flap:--seeds:100:--nccl-stub \
+	       180@$(DRILL):--fault:all:--seeds:5:--procs:4:--nics:2:--nccl-stub \
+	       60@$(DRILL):--fault:down:--seeds:5:--fault-phase:connect:--nccl-stub \
+	       60@$(DRILL):--fault:down:--seeds:5:--second-fault:2:--nccl-stub \
+	       60@$(DRILL):--fault:blackhole:--seeds:5:--second-fault:100:--nccl-stub \
+	       90@$(DRILL):--fault:down:--fault-nics:all:--expect:clean-error:--seeds:3:--nics:2:--nccl-stub \
+	       90@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--nccl-stub \
+	       90@$(DRILL):--kill-peer:--expect:clean-error:--seeds:3:--nccl-stub
 FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h

@@ -153,6 +153,7 @@ struct drill_worker {
 	uint64_t corrupt_seq;
 	_Atomic bool failed;
 	_Atomic int logged;
+	bool rechecked;
 	struct drill_ep ep;
 	struct drill_ep peers[DRILL_MAX_PROCS];
 	struct drill_nccl nccl;
@@ -165,27 +166,79 @@ static void drill_on_term(int sig)
 	drill_terminated = sig;
 }
 
+/* What a failure is: see struct drill_status. */
+enum drill_fail_kind {
+	DRILL_FAIL_OTHER, /* set-up, bootstrap */
+	DRILL_FAIL_APP,	  /* an error NCCL would see */
+	DRILL_FAIL_CHECK, /* corrupt, duplicate, out of order, late */
+};
+
 static void drill_fail(struct drill_worker *w, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+static void drill_fail_app(struct drill_worker *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void drill_fail_check(struct drill_worker *w, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
-/* Records a failure: the first one goes to the status file, all count. Thread-safe. */
-static void drill_fail(struct drill_worker *w, const char *fmt, ...)
+/* Records a failure: the first one (of each kind) goes to the status file, all count.
+ * Thread-safe. */
+static void drill_failv(struct drill_worker *w, enum drill_fail_kind kind, const char *fmt,
+			va_list ap)
 {
+	struct drill_status *st = w->st;
 	char msg[DRILL_ERR_LEN];
 	int k = snprintf(msg, sizeof(msg), "node%d: ", w->o->rank);
-	va_list ap;
+	int64_t now = drill_now_ns();
 
-	va_start(ap, fmt);
 	vsnprintf(msg + k, sizeof(msg) - (size_t)k, fmt, ap);
-	va_end(ap);
-	atomic_fetch_add(&w->st->errors, 1);
-	if (atomic_exchange(&w->st->err_claimed, 1) == 0) {
-		memcpy(w->st->error, msg, sizeof(msg));
-		atomic_store(&w->st->err_ns, drill_now_ns());
+	atomic_fetch_add(&st->errors, 1);
+	if (kind == DRILL_FAIL_APP) {
+		atomic_fetch_add(&st->app_errors, 1);
+		if (atomic_exchange(&st->app_claimed, 1) == 0) {
+			memcpy(st->app_error, msg, sizeof(msg));
+			atomic_store(&st->app_err_ns, now);
+		}
+	} else if (kind == DRILL_FAIL_CHECK) {
+		atomic_fetch_add(&st->check_failures, 1);
+		if (atomic_exchange(&st->check_claimed, 1) == 0) {
+			memcpy(st->check_error, msg, sizeof(msg));
+			atomic_store(&st->check_ns, now);
+		}
+	}
+	if (atomic_exchange(&st->err_claimed, 1) == 0) {
+		memcpy(st->error, msg, sizeof(msg));
+		atomic_store(&st->err_ns, now);
 	}
 	if (atomic_fetch_add(&w->logged, 1) < DRILL_LOG_FAILURES)
 		fprintf(stderr, "r2cc-verbs-drill: FAIL %s\n", msg);
 	atomic_store(&w->failed, true);
+}
+
+static void drill_fail(struct drill_worker *w, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	drill_failv(w, DRILL_FAIL_OTHER, fmt, ap);
+	va_end(ap);
+}
+
+static void drill_fail_app(struct drill_worker *w, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	drill_failv(w, DRILL_FAIL_APP, fmt, ap);
+	va_end(ap);
+}
+
+static void drill_fail_check(struct drill_worker *w, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	drill_failv(w, DRILL_FAIL_CHECK, fmt, ap);
+	va_end(ap);
 }
 
 /* The parent stops a worker with SIGTERM (deadline, or another node failed). */
@@ -271,8 +324,8 @@ static void *drill_async_main(void *arg)
 		case IBV_EVENT_QP_REQ_ERR:
 		case IBV_EVENT_QP_ACCESS_ERR:
 			/* NCCL 2.23+ counts these and fails the communicator. */
-			drill_fail(w, "async fatal event on %s: %s (%d)", d->name, what,
-				   ev.event_type);
+			drill_fail_app(w, "async fatal event on %s: %s (%d)", d->name, what,
+				       ev.event_type);
 			break;
 		case IBV_EVENT_COMM_EST:
 			break;
@@ -298,7 +351,7 @@ static int drill_devs_open(struct drill_worker *w)
 	drill_ibv.fork_init();
 	list = drill_ibv.get_device_list(&n);
 	if (!list) {
-		drill_fail(w, "ibv_get_device_list: %s", strerror(errno));
+		drill_fail_app(w, "ibv_get_device_list: %s", strerror(errno));
 		return -1;
 	}
 	if (n < o->nics) {
@@ -318,18 +371,18 @@ static int drill_devs_open(struct drill_worker *w)
 		snprintf(d->name, sizeof(d->name), "%s", drill_ibv.get_device_name(list[i]));
 		d->ctx = drill_ibv.open_device(list[i]);
 		if (!d->ctx) {
-			drill_fail(w, "ibv_open_device %s: %s", d->name, strerror(errno));
+			drill_fail_app(w, "ibv_open_device %s: %s", d->name, strerror(errno));
 			return -1;
 		}
 		memset(&da, 0, sizeof(da));
 		memset(&pa, 0, sizeof(pa));
 		if (drill_ibv.query_device(d->ctx, &da) || drill_ibv.query_port(d->ctx, 1, &pa) ||
 		    drill_ibv.query_gid(d->ctx, 1, 0, &gid)) {
-			drill_fail(w, "query of %s failed", d->name);
+			drill_fail_app(w, "query of %s failed", d->name);
 			return -1;
 		}
 		if (pa.state != IBV_PORT_ACTIVE) {
-			drill_fail(w, "%s port 1 is not active (state %d)", d->name, pa.state);
+			drill_fail_app(w, "%s port 1 is not active (state %d)", d->name, pa.state);
 			return -1;
 		}
 		d->lid = pa.lid;
@@ -345,13 +398,13 @@ static int drill_devs_open(struct drill_worker *w)
 		}
 		d->pd = drill_ibv.alloc_pd(d->ctx);
 		if (!d->pd) {
-			drill_fail(w, "ibv_alloc_pd %s: %s", d->name, strerror(errno));
+			drill_fail_app(w, "ibv_alloc_pd %s: %s", d->name, strerror(errno));
 			return -1;
 		}
 		d->cq = drill_ibv.create_cq(d->ctx, cqe, d, NULL, 0);
 		if (!d->cq) {
-			drill_fail(w, "ibv_create_cq %s (%d entries): %s", d->name, cqe,
-				   strerror(errno));
+			drill_fail_app(w, "ibv_create_cq %s (%d entries): %s", d->name, cqe,
+				       strerror(errno));
 			return -1;
 		}
 	}
@@ -384,7 +437,7 @@ static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, int q)
 	ia.cap.max_inline_data = 0;
 	qp->qp = drill_ibv.create_qp(d->pd, &ia);
 	if (!qp->qp) {
-		drill_fail(w, "ibv_create_qp on %s: %s", d->name, strerror(errno));
+		drill_fail_app(w, "ibv_create_qp on %s: %s", d->name, strerror(errno));
 		return -1;
 	}
 	qp->dev = d->index;
@@ -399,7 +452,7 @@ static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, int q)
 	rc = drill_ibv.modify_qp(
 	    qp->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	if (rc) {
-		drill_fail(w, "modify_qp INIT on %s: %s", d->name, strerror(rc));
+		drill_fail_app(w, "modify_qp INIT on %s: %s", d->name, strerror(rc));
 		return -1;
 	}
 	if (drill_qp_map_add(w, qp)) {
@@ -416,8 +469,8 @@ static struct ibv_mr *drill_reg(struct drill_worker *w, int dev, void *p, size_t
 						 IBV_ACCESS_REMOTE_READ);
 
 	if (!mr)
-		drill_fail(w, "ibv_reg_mr of %zu bytes on %s: %s", len, w->devs[dev].name,
-			   strerror(errno));
+		drill_fail_app(w, "ibv_reg_mr of %zu bytes on %s: %s", len, w->devs[dev].name,
+			       strerror(errno));
 	return mr;
 }
 
@@ -493,7 +546,7 @@ static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t
 				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
 				     IBV_QP_MIN_RNR_TIMER);
 	if (rc) {
-		drill_fail(w, "modify_qp RTR (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
+		drill_fail_app(w, "modify_qp RTR (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
 		return -1;
 	}
 	memset(&a, 0, sizeof(a));
@@ -507,7 +560,7 @@ static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t
 				 IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 				     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (rc) {
-		drill_fail(w, "modify_qp RTS (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
+		drill_fail_app(w, "modify_qp RTS (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
 		return -1;
 	}
 	return 0;
@@ -529,14 +582,15 @@ static void drill_backoff(unsigned *idle)
 
 static int drill_poll(struct drill_worker *w, bool *progress);
 
-/* Waits for <name>.<p> of every worker, polling the CQs meanwhile when `poll`. */
-static int drill_barrier(struct drill_worker *w, const char *name, bool poll)
+/* Waits for <name>.<p> of every worker (or of `only` when >= 0), polling the CQs
+ * meanwhile when `poll`. */
+static int drill_wait_marks(struct drill_worker *w, const char *name, bool poll, int only)
 {
 	int64_t deadline = drill_now_ns() + (int64_t)(w->o->timeout_s * 1e9);
 	unsigned idle = 0;
-	int p;
+	int p, end = only >= 0 ? only + 1 : w->o->procs;
 
-	for (p = 0; p < w->o->procs;) {
+	for (p = only >= 0 ? only : 0; p < end;) {
 		bool progress = false;
 
 		if (drill_file_exists(w->o->dir, name, p)) {
@@ -560,6 +614,30 @@ static int drill_barrier(struct drill_worker *w, const char *name, bool poll)
 		}
 	}
 	return 0;
+}
+
+static int drill_barrier(struct drill_worker *w, const char *name, bool poll)
+{
+	return drill_wait_marks(w, name, poll, -1);
+}
+
+static int drill_barrier_one(struct drill_worker *w, const char *name, int rank)
+{
+	return drill_wait_marks(w, name, false, rank);
+}
+
+/*
+ * --fault-phase connect: the parent injects the fault once every endpoint file is there
+ * and then writes fault.0; the workers hold (QPs in INIT, or in RTS) until it is there,
+ * so the fault is in before any traffic, whatever the timing.
+ */
+static int drill_hold(struct drill_worker *w, enum drill_hold where)
+{
+	if (w->o->hold != (int)where)
+		return 0;
+	fprintf(stderr, "r2cc-verbs-drill node%d: holding (QPs in %s) until the fault is in\n",
+		w->o->rank, where == DRILL_HOLD_INIT ? "INIT" : "RTS");
+	return drill_barrier_one(w, "fault", 0);
 }
 
 /* Looked up in the global scope, so that a preloaded wrapper comes first, as for an
@@ -669,6 +747,8 @@ static int drill_setup(struct drill_worker *w)
 			return -1;
 		}
 	}
+	if (drill_hold(w, DRILL_HOLD_INIT))
+		return -1;
 	for (int p = 0; p < o->procs; p++) {
 		struct drill_conn *s = w->send[p], *r = w->recv[p];
 
@@ -686,6 +766,8 @@ static int drill_setup(struct drill_worker *w)
 		memcpy(r->rem_fifo_rkey, w->peers[p].send[o->rank].fifo_rkey,
 		       sizeof(r->rem_fifo_rkey));
 	}
+	if (drill_hold(w, DRILL_HOLD_RTS))
+		return -1;
 	rc = drill_file_put(o->dir, "ready", o->rank, &o->rank, sizeof(o->rank));
 	if (rc) {
 		drill_fail(w, "bootstrap: cannot write my ready mark: %s", strerror(-rc));
@@ -740,8 +822,8 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 
 		rc = q->qp->context->ops.post_recv(q->qp, &rwr, &bad_rwr);
 		if (rc) {
-			drill_fail(w, "post_recv on %s (qpn 0x%06x): %s", drill_nic(w, q->dev),
-				   q->qp->qp_num, strerror(rc));
+			drill_fail_app(w, "post_recv on %s (qpn 0x%06x): %s", drill_nic(w, q->dev),
+				       q->qp->qp_num, strerror(rc));
 			return false;
 		}
 		c->qp_index = (c->qp_index + 1) % c->nqps;
@@ -778,8 +860,8 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 	}
 	rc = cts->qp->context->ops.post_send(cts->qp, &swr, &bad_swr);
 	if (rc) {
-		drill_fail(w, "post_send (clear-to-send) on %s (qpn 0x%06x): %s",
-			   drill_nic(w, cts->dev), cts->qp->qp_num, strerror(rc));
+		drill_fail_app(w, "post_send (clear-to-send) on %s (qpn 0x%06x): %s",
+			       drill_nic(w, cts->dev), cts->qp->qp_num, strerror(rc));
 		return false;
 	}
 	c->head++;
@@ -803,11 +885,12 @@ static void drill_recv_check(struct drill_worker *w, struct drill_conn *c, struc
 	bad = drill_pattern_check(p, m->size, drill_msg_key(o->seed, c->peer, o->rank, m->seq),
 				  &first, &got, &want);
 	if (bad) {
-		drill_fail(w,
-			   "message %llu from node%d (%llu bytes) corrupt: %llu byte(s) differ, "
-			   "first at offset %llu (got 0x%02x, want 0x%02x)",
-			   (unsigned long long)m->seq, c->peer, (unsigned long long)m->size,
-			   (unsigned long long)bad, (unsigned long long)first, got, want);
+		drill_fail_check(
+		    w,
+		    "message %llu from node%d (%llu bytes) corrupt: %llu byte(s) differ, "
+		    "first at offset %llu (got 0x%02x, want 0x%02x)",
+		    (unsigned long long)m->seq, c->peer, (unsigned long long)m->size,
+		    (unsigned long long)bad, (unsigned long long)first, got, want);
 		return;
 	}
 	atomic_fetch_add(&w->st->delivered, 1);
@@ -861,8 +944,8 @@ static int drill_multi_send(struct drill_worker *w, struct drill_conn *c, uint32
 		}
 		rc = q->qp->context->ops.post_send(q->qp, c->wrs, &bad);
 		if (rc) {
-			drill_fail(w, "post_send (data) on %s (qpn 0x%06x): %s",
-				   drill_nic(w, q->dev), q->qp->qp_num, strerror(rc));
+			drill_fail_app(w, "post_send (data) on %s (qpn 0x%06x): %s",
+				       drill_nic(w, q->dev), q->qp->qp_num, strerror(rc));
 			return -1;
 		}
 		offset += chunk;
@@ -890,12 +973,12 @@ static bool drill_send_try(struct drill_worker *w, struct drill_conn *c)
 	size = drill_msg_size(o->seed, o->rank, c->peer, seq, o->max_size);
 	if (e.nreqs != 1 || e.tag != (uint32_t)o->rank || e.addr == 0 || e.rkeys[0] == 0 ||
 	    e.size != size) {
-		drill_fail(w,
-			   "clear-to-send for message %llu to node%d is wrong: nreqs %u tag %u "
-			   "addr 0x%llx rkey 0x%x size %llu (want %llu)",
-			   (unsigned long long)seq, c->peer, e.nreqs, e.tag,
-			   (unsigned long long)e.addr, e.rkeys[0], (unsigned long long)e.size,
-			   (unsigned long long)size);
+		drill_fail_check(
+		    w,
+		    "clear-to-send for message %llu to node%d is wrong: nreqs %u tag %u "
+		    "addr 0x%llx rkey 0x%x size %llu (want %llu)",
+		    (unsigned long long)seq, c->peer, e.nreqs, e.tag, (unsigned long long)e.addr,
+		    e.rkeys[0], (unsigned long long)e.size, (unsigned long long)size);
 		return false;
 	}
 	if (!drill_ring_alloc(&c->ring, size, &off, &end))
@@ -935,25 +1018,25 @@ static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
 	uint32_t slot = (uint32_t)(wc->wr_id & 0xff);
 
 	if (!q) {
-		drill_fail(w, "completion for unknown QP 0x%06x (status %d, wr_id 0x%llx)",
-			   wc->qp_num, wc->status, (unsigned long long)wc->wr_id);
+		drill_fail_check(w, "completion for unknown QP 0x%06x (status %d, wr_id 0x%llx)",
+				 wc->qp_num, wc->status, (unsigned long long)wc->wr_id);
 		return;
 	}
 	c = q->conn;
 	if (wc->status != IBV_WC_SUCCESS) {
-		drill_fail(w,
-			   "error completion on %s connection %s node%d, QP %d on %s "
-			   "(qpn 0x%06x): status %d (%s), wr_id 0x%llx",
-			   c->send ? "send" : "receive", c->send ? "to" : "from", c->peer, q->index,
-			   drill_nic(w, q->dev), wc->qp_num, wc->status,
-			   drill_wc_status_str(wc->status), (unsigned long long)wc->wr_id);
+		drill_fail_app(w,
+			       "error completion on %s connection %s node%d, QP %d on %s "
+			       "(qpn 0x%06x): status %d (%s), wr_id 0x%llx",
+			       c->send ? "send" : "receive", c->send ? "to" : "from", c->peer,
+			       q->index, drill_nic(w, q->dev), wc->qp_num, wc->status,
+			       drill_wc_status_str(wc->status), (unsigned long long)wc->wr_id);
 		return;
 	}
 	if (c->send) {
 		m = &c->msgs[slot];
 		if (wc->opcode != IBV_WC_RDMA_WRITE || q->next >= c->head || !m->inflight ||
 		    m->seq != q->next || m->events <= 0) {
-			drill_fail(
+			drill_fail_check(
 			    w,
 			    "unexpected send completion on QP %d to node%d (opcode %d, wr_id "
 			    "0x%llx; expected message %llu): duplicate or out of order",
@@ -968,17 +1051,18 @@ static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
 		m = &c->msgs[q->next % DRILL_SLOTS];
 		if (q->next >= c->head || !m->inflight || m->seq != q->next ||
 		    slot != q->next % DRILL_SLOTS) {
-			drill_fail(w,
-				   "unexpected receive completion on QP %d from node%d (wr_id "
-				   "0x%llx, %llu posted, next %llu): duplicate or out of order",
-				   q->index, c->peer, (unsigned long long)wc->wr_id,
-				   (unsigned long long)c->head, (unsigned long long)q->next);
+			drill_fail_check(
+			    w,
+			    "unexpected receive completion on QP %d from node%d (wr_id "
+			    "0x%llx, %llu posted, next %llu): duplicate or out of order",
+			    q->index, c->peer, (unsigned long long)wc->wr_id,
+			    (unsigned long long)c->head, (unsigned long long)q->next);
 			return;
 		}
 		if (wc->imm_data != (uint32_t)m->size) {
-			drill_fail(w, "message %llu from node%d: imm_data %u, size is %llu",
-				   (unsigned long long)m->seq, c->peer, wc->imm_data,
-				   (unsigned long long)m->size);
+			drill_fail_check(w, "message %llu from node%d: imm_data %u, size is %llu",
+					 (unsigned long long)m->seq, c->peer, wc->imm_data,
+					 (unsigned long long)m->size);
 			return;
 		}
 		q->next++;
@@ -987,18 +1071,18 @@ static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
 	} else if (wc->opcode == IBV_WC_RDMA_WRITE) {
 		m = &c->msgs[slot];
 		if (!m->inflight || !m->cts_pending) {
-			drill_fail(w,
-				   "unexpected clear-to-send completion on QP %d to node%d "
-				   "(wr_id 0x%llx)",
-				   q->index, c->peer, (unsigned long long)wc->wr_id);
+			drill_fail_check(w,
+					 "unexpected clear-to-send completion on QP %d to node%d "
+					 "(wr_id 0x%llx)",
+					 q->index, c->peer, (unsigned long long)wc->wr_id);
 			return;
 		}
 		m->cts_pending = false;
 		if (--m->events == 0)
 			drill_recv_check(w, c, m);
 	} else {
-		drill_fail(w, "unexpected completion opcode %d on QP %d from node%d", wc->opcode,
-			   q->index, c->peer);
+		drill_fail_check(w, "unexpected completion opcode %d on QP %d from node%d",
+				 wc->opcode, q->index, c->peer);
 		return;
 	}
 	drill_retire(w, c);
@@ -1013,7 +1097,7 @@ static int drill_poll(struct drill_worker *w, bool *progress)
 		int n = cq->context->ops.poll_cq(cq, DRILL_POLL_BATCH, wcs);
 
 		if (n < 0) {
-			drill_fail(w, "poll_cq on %s returned %d", w->devs[d].name, n);
+			drill_fail_app(w, "poll_cq on %s returned %d", w->devs[d].name, n);
 			return -1;
 		}
 		for (int i = 0; i < n; i++)
@@ -1090,20 +1174,24 @@ static void drill_drain(struct drill_worker *w)
 }
 
 /*
- * Once every worker is done, the messages still intact in the receive rings are checked
- * again: a write that landed after its message was delivered (a stale or duplicated
- * WR, say from a careless re-post) shows here.
+ * Once every worker is done (or, after a failure, once the drain is over), the messages
+ * delivered and still intact in the receive rings are checked again: a write that
+ * landed after its message was delivered (a stale or duplicated WR, say from a careless
+ * re-post) shows here.
  */
 static void drill_recheck(struct drill_worker *w)
 {
 	const struct drill_opts *o = w->o;
 
+	if (w->rechecked)
+		return;
+	w->rechecked = true;
 	for (int p = 0; p < o->procs; p++) {
 		struct drill_conn *c = w->recv[p];
 		uint64_t first =
 		    (uint64_t)o->messages > DRILL_SLOTS ? o->messages - DRILL_SLOTS : 0;
 
-		if (p == o->rank)
+		if (p == o->rank || !c)
 			continue;
 		for (uint64_t seq = first; seq < (uint64_t)o->messages; seq++) {
 			struct drill_msg *m = &c->msgs[seq % DRILL_SLOTS];
@@ -1111,15 +1199,16 @@ static void drill_recheck(struct drill_worker *w)
 			uint64_t bad, off = 0;
 			uint8_t got = 0, want = 0;
 
-			/* Overwritten by a later message since? Then there is nothing to see. */
-			if (m->seq != seq || !m->size ||
+			/* Not delivered (a failed run), or overwritten by a later message
+			 * since? Then there is nothing to see. */
+			if (!m->done || m->seq != seq || !m->size ||
 			    m->end - need + c->ring.size < c->ring.head)
 				continue;
 			bad = drill_pattern_check(c->buf + m->off, m->size,
 						  drill_msg_key(o->seed, p, o->rank, seq), &off,
 						  &got, &want);
 			if (bad)
-				drill_fail(
+				drill_fail_check(
 				    w,
 				    "message %llu from node%d changed after delivery (late or "
 				    "duplicate write): %llu byte(s), first at offset %llu "
@@ -1239,6 +1328,7 @@ int drill_worker_main(const struct drill_opts *o)
 	atomic_store(&w->st->phase, DRILL_PHASE_RUN);
 	if (drill_traffic(w))
 		goto out;
+	atomic_store(&w->st->phase, DRILL_PHASE_WAIT);
 	if (drill_file_put(o->dir, "done", o->rank, &o->rank, sizeof(o->rank))) {
 		drill_fail(w, "bootstrap: cannot write my done mark");
 		goto out;
@@ -1255,6 +1345,7 @@ int drill_worker_main(const struct drill_opts *o)
 out:
 	if (rc) {
 		drill_drain(w);
+		drill_recheck(w);
 		atomic_store(&w->st->phase, DRILL_PHASE_FAILED);
 	}
 	return rc;
