@@ -49,6 +49,8 @@
 #define MAX_INCIDENTS	 64
 #define MAX_EVENTS	 48
 #define MAX_CANDIDATES	 256
+#define CHURN_MAX	 3	      /* migrations of one QP ... */
+#define CHURN_NS	 5000000000ll /* ... within this long: the path is unrecoverable */
 
 enum rq_state {
 	RQ_HEALTHY,
@@ -143,6 +145,7 @@ struct r2cc_rqp {
 	uint64_t probed;   /* send_posted when the last probe was posted */
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
+	int64_t recent[CHURN_MAX]; /* when the last migrations finished (ring) */
 };
 
 struct incident {
@@ -501,10 +504,18 @@ static void start_locked(void)
 }
 
 /* A failure is suspected on r's current path: queue it (any thread). */
+/* Only a connected QP is fenced: NCCL still moves one in INIT or RTR to RTS, and
+ * a QP in ERR would refuse that. One on a failed NIC moves when it reaches RTS
+ * (r2cc_repair_qp_ready). */
+static bool connected(const struct r2cc_rqp *r)
+{
+	return r->q && __atomic_load_n(&r->q->state, __ATOMIC_RELAXED) == IBV_QPS_RTS;
+}
+
 static void detect(struct r2cc_rqp *r, const char *cause, int status)
 {
 	int s = load_state(r);
-	if (s != RQ_HEALTHY && s != RQ_MIGRATED)
+	if ((s != RQ_HEALTHY && s != RQ_MIGRATED) || !connected(r))
 		return;
 	if (!__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
 					 __ATOMIC_RELAXED))
@@ -1471,6 +1482,7 @@ static void fail(struct r2cc_rqp *r, const char *why)
 static void done(struct r2cc_rqp *r, uint64_t held)
 {
 	int64_t t = now_ns();
+	r->recent[r->migrations % CHURN_MAX] = t;
 	r->migrations++;
 	pthread_mutex_lock(&eng.mu);
 	if (r->incident >= 0) {
@@ -1740,6 +1752,17 @@ static void selftest_start(struct r2cc_nic *a)
 	__atomic_store_n(&a->selftest, 0, __ATOMIC_RELEASE);
 }
 
+/* CHURN_MAX migrations of this QP within CHURN_NS: every NIC it could use keeps
+ * failing (e.g. every NIC of a node black-holed); give NCCL the error instead of
+ * migrating forever. */
+static bool churning(const struct r2cc_rqp *r)
+{
+	if (r->migrations < CHURN_MAX)
+		return false;
+	int64_t oldest = r->recent[r->migrations % CHURN_MAX];
+	return now_ns() - oldest < CHURN_NS;
+}
+
 /* Initiator: fence, a new path, REQ to the processes that may own the peer. */
 static void initiate(struct r2cc_rqp *r)
 {
@@ -1750,6 +1773,10 @@ static void initiate(struct r2cc_rqp *r)
 		return;
 	}
 	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
+	if (churning(r)) {
+		fail(r, "the path keeps failing (3 migrations within 5 s)");
+		return;
+	}
 	if (strncmp(r->cause, "same ", 5) && strncmp(r->cause, "declared", 8) &&
 	    strncmp(r->cause, "created on", 10))
 		localise(r);
@@ -1812,6 +1839,13 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	int s = load_state(r);
 	if (s == RQ_FAILED || r->dead) {
 		nack(dir, in->from_rank, r, m, -EHOSTDOWN);
+		return;
+	}
+	if (!connected(r))
+		return; /* still connecting: the initiator asks again */
+	if (s != RQ_EXCHANGE && churning(r)) {
+		nack(dir, in->from_rank, r, m, -ENETUNREACH);
+		fail(r, "the path keeps failing (3 migrations within 5 s)");
 		return;
 	}
 	if (s == RQ_EXCHANGE) {
