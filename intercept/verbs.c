@@ -222,7 +222,8 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 				if (n < 8 || n % 1000 == 0)
 					R2CC_WARN("%s: %llu completion(s) with an error status "
 						  "reach NCCL, first status %d on qp 0x%x",
-						  nic->name, (unsigned long long)(err - (got - left)),
+						  nic->name,
+						  (unsigned long long)(err - (got - left)),
 						  err_status(wc, left), err_qpn(wc, left));
 			}
 			got = left;

@@ -24,6 +24,7 @@
 #include "shim/failspec.h"
 #include "shim/log.h"
 #include "shim/params.h"
+#include "shim/report.h"
 
 #include <endian.h>
 #include <errno.h>
@@ -140,9 +141,9 @@ struct r2cc_rqp {
 	/* stall scan */
 	uint64_t scan_retired, scan_posted;
 	int64_t scan_progress, max_gap, scan_idle;
-	int64_t probe_at;  /* a probe is out since then (0: none) */
-	int probe_done;	   /* atomic: its completion came */
-	uint64_t probed;   /* send_posted when the last probe was posted */
+	int64_t probe_at; /* a probe is out since then (0: none) */
+	int probe_done;	  /* atomic: its completion came */
+	uint64_t probed;  /* send_posted when the last probe was posted */
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
 	int64_t recent[CHURN_MAX]; /* when the last migrations finished (ring) */
@@ -201,9 +202,9 @@ static struct {
 	int ninc;
 	void **own; /* R2CC's own QPs and CQs */
 	int nown, owncap;
-	int64_t last_progress; /* latest retirement seen by the stall scan */
+	int64_t last_progress;	       /* latest retirement seen by the stall scan */
 	struct r2cc_failspec declared; /* R2CC_FAILED_NODE / R2CC_FAILED_HCA */
-	int node_index;		      /* this process's node in the job, -1 unknown */
+	int node_index;		       /* this process's node in the job, -1 unknown */
 	uint64_t next_pair;
 } eng = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
@@ -485,9 +486,9 @@ static void start_locked(void)
 	if (eng.started)
 		return;
 	eng.started = true;
+	__atomic_store_n(&r2cc_report_incidents_hook, r2cc_repair_report, __ATOMIC_RELEASE);
 	eng.in_tail = &eng.in_head;
-	if (r2cc_ctl_set_handler(R2CC_REPAIR_MSG, on_msg, NULL) ||
-	    r2cc_mr_mirror_serve())
+	if (r2cc_ctl_set_handler(R2CC_REPAIR_MSG, on_msg, NULL) || r2cc_mr_mirror_serve())
 		R2CC_WARN("repair: cannot register the control-plane handlers; repairs that need "
 			  "the peer will fail");
 	sigset_t all, old;
@@ -751,8 +752,9 @@ static int post_one_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 	uint64_t bytes = 0;
 	for (int i = 0; i < one.num_sge; i++)
 		bytes += one.sg_list[i].length;
-	if (!rc && (one.opcode == IBV_WR_RDMA_WRITE || one.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-		    one.opcode == IBV_WR_RDMA_READ) &&
+	if (!rc &&
+	    (one.opcode == IBV_WR_RDMA_WRITE || one.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+	     one.opcode == IBV_WR_RDMA_READ) &&
 	    (bytes || one.opcode == IBV_WR_RDMA_READ))
 		rc = xlate_rkey(r, one.wr.rdma.rkey, &t.wr.rdma.rkey);
 	if (!rc) {
@@ -817,7 +819,8 @@ static int hold_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 	for (int i = 0; i < w->num_sge; i++) {
 		h->sge[i] = w->sg_list[i];
 		if (inl) { /* the source may change after the call: keep the bytes */
-			memcpy(p, (const void *)(uintptr_t)w->sg_list[i].addr, w->sg_list[i].length);
+			memcpy(p, (const void *)(uintptr_t)w->sg_list[i].addr,
+			       w->sg_list[i].length);
 			h->sge[i].addr = (uintptr_t)p;
 			p += w->sg_list[i].length;
 		}
@@ -1265,8 +1268,8 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	    .qp_access_flags =
 		IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
 	};
-	int rc = eng.v.modify_qp(qp, &a,
-				 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	int rc = eng.v.modify_qp(
+	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	struct r2cc_qp_shadow_attr sa = {
 	    .max_send_wr = ia.cap.max_send_wr,
 	    .max_recv_wr = ia.cap.max_recv_wr,
@@ -1295,10 +1298,10 @@ static int connect_path(struct r2cc_rqp *r, const struct peer_path *p)
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = (enum ibv_mtu)(p->mtu && p->mtu < r->new_ctx->nic->active_mtu
-					? p->mtu
-					: (r->new_ctx->nic->active_mtu ? r->new_ctx->nic->active_mtu
-								       : IBV_MTU_1024));
+	a.path_mtu = (enum ibv_mtu)(
+	    p->mtu && p->mtu < r->new_ctx->nic->active_mtu
+		? p->mtu
+		: (r->new_ctx->nic->active_mtu ? r->new_ctx->nic->active_mtu : IBV_MTU_1024));
 	a.dest_qp_num = p->qpn;
 	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 1;
@@ -1310,10 +1313,10 @@ static int connect_path(struct r2cc_rqp *r, const struct peer_path *p)
 		memcpy(a.ah_attr.grh.dgid.raw, p->gid, 16);
 		a.ah_attr.grh.hop_limit = 255;
 	}
-	int rc = eng.v.modify_qp(r->new_qp, &a,
-				 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				     IBV_QP_MIN_RNR_TIMER);
+	int rc =
+	    eng.v.modify_qp(r->new_qp, &a,
+			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
 	if (rc)
 		return -rc;
 	memset(&a, 0, sizeof(a));
@@ -1627,8 +1630,8 @@ static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2c
 	a.qp_state = IBV_QPS_INIT;
 	a.port_num = self->port ? self->port : 1;
 	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-	int rc = eng.v.modify_qp(qp, &a,
-				 IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	int rc = eng.v.modify_qp(
+	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	if (rc)
 		return rc;
 	memset(&a, 0, sizeof(a));
@@ -1668,12 +1671,10 @@ static void *selftest_main(void *arg)
 		own_add(cqa);
 	if (cqb)
 		own_add(cqb);
+	struct ibv_qp_init_attr ia = {
+	    .qp_type = IBV_QPT_RC,
+	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
 	if (cqa && cqb) {
-		struct ibv_qp_init_attr ia = {.qp_type = IBV_QPT_RC,
-					      .cap = {.max_send_wr = 4,
-						      .max_recv_wr = 4,
-						      .max_send_sge = 1,
-						      .max_recv_sge = 1}};
 		ia.send_cq = ia.recv_cq = cqa;
 		qa = eng.v.create_qp(r2cc_mr_mirror_pd(t->a), &ia);
 		ia.send_cq = ia.recv_cq = cqb;
@@ -1811,8 +1812,9 @@ static void initiate(struct r2cc_rqp *r)
 	r->t_sent = now_ns();
 	r->t_deadline = r->t_sent + (int64_t)R2CC_REPAIR_TIMEOUT_MS * 1000000;
 	pthread_mutex_unlock(&r->mu);
-	incident_event(r->incident, "qp 0x%x: fenced (k=%llu), new path on %s, asking %d process(es)",
-		       r->qpn, (unsigned long long)r->k_local, nic->name, nc);
+	incident_event(r->incident,
+		       "qp 0x%x: fenced (k=%llu), new path on %s, asking %d process(es)", r->qpn,
+		       (unsigned long long)r->k_local, nic->name, nc);
 	for (int i = 0; i < nc; i++)
 		send_to(c[i].dir, c[i].rank, &m);
 }
@@ -1938,8 +1940,8 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	send_to(dir, in->from_rank, &out);
 	/* The initiator's rkeys on its new NIC, before its GO needs them. */
 	if (strcmp(r->peer_orig_nic, r->peer_cur_nic))
-		r2cc_mr_mirror_remote_refresh(dir, in->from_rank, r->peer_orig_nic,
-					      r->peer_cur_nic, 2000);
+		r2cc_mr_mirror_remote_refresh(dir, in->from_rank, r->peer_orig_nic, r->peer_cur_nic,
+					      2000);
 	incident_event(r->incident, "qp 0x%x: path %s <-> %s connected, %zu receives re-posted",
 		       r->qpn, r->cur_nic->name, r->peer_cur_nic, r->plan.n_recv);
 }
@@ -1948,8 +1950,8 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 static void on_rep(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_ctl_dir *dir)
 {
 	const struct rep_wire *m = &in->m;
-	if (load_state(r) != RQ_EXCHANGE || !r->initiator ||
-	    r->pair_id != le64toh(m->pair_id) || !r->new_qp)
+	if (load_state(r) != RQ_EXCHANGE || !r->initiator || r->pair_id != le64toh(m->pair_id) ||
+	    !r->new_qp)
 		return;
 	struct peer_path p;
 	path_from_wire(&p, m);
@@ -2121,7 +2123,8 @@ static void scan(int64_t t)
 				r->scan_idle = t;
 			} else if (!waiting && r2cc_qp_shadow_send_outstanding(r->cur_sh) &&
 				   r2cc_qp_shadow_recv_outstanding(r->cur_sh) &&
-				   r->probed != st.send_posted && t - r->scan_idle > PROBE_IDLE_NS) {
+				   r->probed != st.send_posted &&
+				   t - r->scan_idle > PROBE_IDLE_NS) {
 				/* Only where the application waits for this peer (a
 				 * receive outstanding here: it polls this CQ, so the
 				 * probe's completion will be seen). */
@@ -2318,7 +2321,7 @@ bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev
 		if (!c)
 			return false;
 		nic_failed(c->nic, ev->event_type == IBV_EVENT_PORT_ERR ? "port error event"
-									 : "device fatal event");
+									: "device fatal event");
 		break;
 	case IBV_EVENT_PORT_ACTIVE:
 		if (c && c->nic->state == R2CC_NIC_DOWN) {
@@ -2341,7 +2344,8 @@ bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev
 		struct r2cc_qp *q = r2cc_qp_find(qp);
 		if (!q || !q->rep || load_state(q->rep) == RQ_FAILED)
 			return false;
-		if (ev->event_type == IBV_EVENT_QP_FATAL || ev->event_type == IBV_EVENT_QP_REQ_ERR ||
+		if (ev->event_type == IBV_EVENT_QP_FATAL ||
+		    ev->event_type == IBV_EVENT_QP_REQ_ERR ||
 		    ev->event_type == IBV_EVENT_QP_ACCESS_ERR)
 			detect(q->rep, "QP error event", IBV_WC_RETRY_EXC_ERR);
 		break;
@@ -2387,15 +2391,15 @@ void r2cc_repair_report(FILE *text, FILE *json)
 		for (int i = 0; i < n; i++) {
 			const struct incident *in = &eng.inc[i];
 			double mig = in->t_done ? (in->t_done - in->t_detect) / 1e6 : -1;
-			fprintf(text,
-				"incident %d: %s, %s: detected_ns=%lld qps=%d migrated=%d failed=%d "
-				"migrate_ms=%.3f bytes_reposted=%llu bytes_saved=%llu "
-				"completions_synthesised=%llu posts_held=%llu\n",
-				i + 1, in->nic, in->evidence, (long long)in->t_detect, in->qps,
-				in->migrated, in->failed, mig,
-				(unsigned long long)in->bytes_reposted,
-				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
-				(unsigned long long)in->held);
+			fprintf(
+			    text,
+			    "incident %d: %s, %s: detected_ns=%lld qps=%d migrated=%d failed=%d "
+			    "migrate_ms=%.3f bytes_reposted=%llu bytes_saved=%llu "
+			    "completions_synthesised=%llu posts_held=%llu\n",
+			    i + 1, in->nic, in->evidence, (long long)in->t_detect, in->qps,
+			    in->migrated, in->failed, mig, (unsigned long long)in->bytes_reposted,
+			    (unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
+			    (unsigned long long)in->held);
 			for (int e = 0; e < in->nevents; e++)
 				fprintf(text, "  +%.3f ms %s\n", (in->ev[e].t - in->t_detect) / 1e6,
 					in->ev[e].text);
@@ -2417,12 +2421,13 @@ void r2cc_repair_report(FILE *text, FILE *json)
 				fprintf(json, ",\"migrate_ms\":%.3f,\"done_unix\":%.6f",
 					(in->t_done - in->t_detect) / 1e6,
 					in->t_done / 1e9 + mono_to_unix);
-			fprintf(json,
-				",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
-				"\"completions_synthesised\":%llu,\"posts_held\":%llu,\"timeline\":[",
-				(unsigned long long)in->bytes_reposted,
-				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
-				(unsigned long long)in->held);
+			fprintf(
+			    json,
+			    ",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
+			    "\"completions_synthesised\":%llu,\"posts_held\":%llu,\"timeline\":[",
+			    (unsigned long long)in->bytes_reposted,
+			    (unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
+			    (unsigned long long)in->held);
 			for (int e = 0; e < in->nevents; e++) {
 				fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
 					(in->ev[e].t - in->t_detect) / 1e6);

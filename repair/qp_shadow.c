@@ -33,13 +33,14 @@ struct r2cc_qp_shadow {
 	void *tag_ctx;
 	/* poster */
 	uint64_t msgs_posted;
-	uint64_t sig_posted; /* signalled send requests recorded (atomic: the stall scan reads it) */
+	uint64_t
+	    sig_posted; /* signalled send requests recorded (atomic: the stall scan reads it) */
 	uint64_t send_posted, recv_posted, send_bytes_posted;
 	/* poller */
 	uint64_t msgs_retired;
 	uint64_t send_retired, recv_imm;
 	uint64_t sig_retired; /* signalled send requests retired */
-	int error; /* sticky, written by either side */
+	int error;	      /* sticky, written by either side */
 };
 
 static uint64_t load_acq(const uint64_t *p)
@@ -384,8 +385,7 @@ uint32_t r2cc_qp_shadow_send_outstanding(const struct r2cc_qp_shadow *sh)
 	return (uint32_t)(load_acq(&sh->sq.head) - load_acq(&sh->sq.tail));
 }
 
-void r2cc_qp_shadow_signalled(const struct r2cc_qp_shadow *sh, uint64_t *posted,
-			      uint64_t *retired)
+void r2cc_qp_shadow_signalled(const struct r2cc_qp_shadow *sh, uint64_t *posted, uint64_t *retired)
 {
 	*retired = load_acq(&sh->sig_retired);
 	*posted = load_acq(&sh->sig_posted);

@@ -234,8 +234,7 @@ uint32_t r2cc_qp_shadow_send_outstanding(const struct r2cc_qp_shadow *sh);
 uint32_t r2cc_qp_shadow_recv_outstanding(const struct r2cc_qp_shadow *sh);
 /* Signalled send requests recorded and retired so far; readable from any thread
  * (the stall scan: only a signalled request is owed a completion). */
-void r2cc_qp_shadow_signalled(const struct r2cc_qp_shadow *sh, uint64_t *posted,
-			      uint64_t *retired);
+void r2cc_qp_shadow_signalled(const struct r2cc_qp_shadow *sh, uint64_t *posted, uint64_t *retired);
 void r2cc_qp_shadow_get_stats(const struct r2cc_qp_shadow *sh, struct r2cc_qp_shadow_stats *st);
 
 /* --- repair path (allocates) --------------------------------------------------- */

@@ -46,7 +46,7 @@ struct r2cc_nic {
 	int speed_gbps;
 	union ibv_gid gid;
 	bool gid_known;
-	int state; /* enum r2cc_nic_state */
+	int state;    /* enum r2cc_nic_state */
 	int selftest; /* hot repair: a self-test of this NIC is running */
 	struct r2cc_nic_counters cnt;
 };
@@ -108,7 +108,7 @@ struct r2cc_qp {
 	struct r2cc_qp_peer peer; /* valid from RTR on */
 	uint8_t timeout, retry_cnt, rnr_retry;
 	uint8_t path_mtu, port_num;
-	int access; /* qp_access_flags as set at INIT */
+	int access;	       /* qp_access_flags as set at INIT */
 	struct ibv_qp_cap cap; /* as the provider returned it */
 	bool sq_sig_all;
 	uint64_t tx_bytes, tx_wrs, rx_wrs;

@@ -1,12 +1,17 @@
 /*
  * The summary R2CC writes at exit when R2CC_REPORT names a file: the
  * process's per-NIC traffic and state as text, and the same as JSON in
- * PATH.json. The incident timeline of hot repair will join it.
+ * PATH.json, with hot repair's incidents and their timelines.
  */
 #ifndef R2CC_SHIM_REPORT_H
 #define R2CC_SHIM_REPORT_H
 
 #include <stdio.h>
+
+/* Hot repair's incidents (repair/engine.c sets it when it starts): text lines to
+ * text, the members of the JSON "incidents" array to json (either may be NULL).
+ * Unset: "incidents: none" and an empty array. */
+extern void (*r2cc_report_incidents_hook)(FILE *text, FILE *json);
 
 /* Write the text and JSON forms to the two streams (either may be NULL). */
 void r2cc_report_write(FILE *text, FILE *json);

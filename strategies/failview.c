@@ -57,7 +57,8 @@ static int nics_down_here(void)
 {
 	int n = 0, k = r2cc_nic_count();
 	for (int i = 0; i < k; i++)
-		n += __atomic_load_n(&r2cc_nic_by_index(i)->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN;
+		n += __atomic_load_n(&r2cc_nic_by_index(i)->state, __ATOMIC_RELAXED) ==
+		     R2CC_NIC_DOWN;
 	return n;
 }
 
@@ -346,8 +347,8 @@ static int after_repair(void)
 	return r2cc_param.mode == R2CC_MODE_AR2 || r2cc_param.mode == R2CC_MODE_AUTO ? 3 : 0;
 }
 
-#define WATCH_EVERY	 16
-#define WATCH_ALWAYS_AT	 (256ull << 20)
+#define WATCH_EVERY	16
+#define WATCH_ALWAYS_AT (256ull << 20)
 
 static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t bytes)
 {
@@ -491,7 +492,9 @@ int r2cc_strategies_init(void)
 	__atomic_store_n(&r2cc_allreduce_hook, allreduce_hook, __ATOMIC_RELEASE);
 	R2CC_INFO("R2CC-AllReduce armed (mode %s, %s, after a repair: %s; K=%d, schedule %d, min "
 		  "%llu bytes)",
-		  r2cc_param.mode == R2CC_MODE_AUTO ? "auto" : r2cc_param.mode == 3 ? "3" : "2",
+		  r2cc_param.mode == R2CC_MODE_AUTO ? "auto"
+		  : r2cc_param.mode == 3	    ? "3"
+						    : "2",
 		  now ? "declared failure" : "no failure declared",
 		  after == 3 ? "R2CC-AllReduce" : "Balance", r2cc_param.ar_stage2_chunks,
 		  r2cc_param.ar_schedule, (unsigned long long)r2cc_param.ar_min_bytes);

@@ -45,17 +45,23 @@ Test(params, defaults)
 	cr_expect(p.valid);
 }
 
-/* Off by default: mirroring doubles MR registrations. */
+/* auto by default: on with hot repair (any mode but 0), off in mode 0. */
 Test(params, mr_mirror)
 {
-	cr_expect_not(p.mr_mirror);
-	cr_expect_eq(set("R2CC_MR_MIRROR", "1"), 0);
 	cr_expect(p.mr_mirror);
 	cr_expect_eq(set("R2CC_MR_MIRROR", "0"), 0);
 	cr_expect_not(p.mr_mirror);
-	const char *bad[] = {"2", "-1", "", "yes", "on", " 1", "1 "};
+	cr_expect_eq(set("R2CC_MR_MIRROR", "1"), 0);
+	cr_expect(p.mr_mirror);
+	cr_expect_eq(set("R2CC_MODE", "0"), 0);
+	cr_expect_eq(set("R2CC_MR_MIRROR", "auto"), 0);
+	cr_expect_not(p.mr_mirror);
+	cr_expect_eq(set("R2CC_MODE", "2"), 0);
+	cr_expect_eq(set("R2CC_MR_MIRROR", "auto"), 0);
+	cr_expect(p.mr_mirror);
+	const char *bad[] = {"2", "-1", "", "yes", "on", " 1", "1 ", "Auto"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-		expect_bad("R2CC_MR_MIRROR", bad[i], "0 or 1");
+		expect_bad("R2CC_MR_MIRROR", bad[i], "auto, 0 or 1");
 }
 
 Test(params, mode)
