@@ -36,6 +36,7 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       180@$(DRILL):--fault:blackhole:--seeds:100:--nccl-stub \
 	       120@$(DRILL):--fault:flap:--seeds:100:--nccl-stub \
+	       120@$(DRILL):--fault:slow:--seeds:100:--nccl-stub \
 	       180@$(DRILL):--fault:all:--seeds:5:--procs:4:--nics:2:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--fault-phase:connect:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--second-fault:2:--nccl-stub \
