@@ -131,6 +131,7 @@ struct r2cc_rqp {
 	uint64_t pair_id;
 	bool initiator;
 	int64_t t_detect, t_deadline, t_sent;
+	int resends; /* REQs sent again in this exchange */
 	int status_seen;
 	char cause[96];
 	int incident;
@@ -142,6 +143,7 @@ struct r2cc_rqp {
 	uint64_t scan_retired, scan_posted;
 	int64_t scan_progress, max_gap, scan_idle;
 	int64_t probe_at; /* a probe is out since then (0: none) */
+	bool scan_off;	  /* no peer to repair with: not stall-scanned */
 	int probe_done;	  /* atomic: its completion came */
 	uint64_t probed;  /* send_posted when the last probe was posted */
 	struct r2cc_rqp *next_all, *next_work;
@@ -1431,6 +1433,12 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
  * posts flush on its (ERR) QP. */
 static void fail(struct r2cc_rqp *r, const char *why)
 {
+	if (r->dead || !r->q)
+		return;
+	/* NCCL's posts and polls on this QP and its CQ go through R2CC from now on:
+	 * the error below waits in the CQ's stash. */
+	gate_close(&r->q->gate);
+	gate_close(&r->vcq->gate);
 	pthread_mutex_lock(&r->mu);
 	if (load_state(r) == RQ_FAILED || r->dead) {
 		pthread_mutex_unlock(&r->mu);
@@ -1770,6 +1778,16 @@ static void initiate(struct r2cc_rqp *r)
 	struct cand c[MAX_CANDIDATES];
 	int nc = peer_candidates(r->q->peer.lid, c, MAX_CANDIDATES);
 	if (nc == 0) {
+		if (!strncmp(r->cause, "stall", 5)) {
+			/* Only a stall, and nobody to repair with: leave the QP to its
+			 * transport, which tells a real failure, and stop watching it. */
+			set_state(r, r->migrations ? RQ_MIGRATED : RQ_HEALTHY);
+			r->scan_off = true;
+			R2CC_INFO("repair: qp 0x%x: %s, but no control-plane peer to repair with; "
+				  "left to the transport",
+				  r->qpn, r->cause);
+			return;
+		}
 		fail(r, "no control-plane peer for this QP (communicator without a directory)");
 		return;
 	}
@@ -1778,9 +1796,17 @@ static void initiate(struct r2cc_rqp *r)
 		fail(r, "the path keeps failing (3 migrations within 5 s)");
 		return;
 	}
-	if (strncmp(r->cause, "same ", 5) && strncmp(r->cause, "declared", 8) &&
+	/* A path-level symptom (the transport gave up, a stall, a port event) widens to
+	 * the NIC or the path; any other error status (access, protection, a QP error
+	 * event) is this QP's own: only it moves. */
+	bool path_level = r->status_seen == 0 || r->status_seen == IBV_WC_RETRY_EXC_ERR ||
+			  r->status_seen == IBV_WC_RNR_RETRY_EXC_ERR;
+	if (path_level && strncmp(r->cause, "same ", 5) && strncmp(r->cause, "declared", 8) &&
 	    strncmp(r->cause, "created on", 10))
 		localise(r);
+	else if (!path_level)
+		incident_event(r->incident, "qp 0x%x: localised to this QP (status %d)", r->qpn,
+			       r->status_seen);
 	fence_start(r);
 	int rc = fence_drain(r);
 	if (rc) {
@@ -1811,6 +1837,7 @@ static void initiate(struct r2cc_rqp *r)
 	wire_path(&m, r);
 	r->t_sent = now_ns();
 	r->t_deadline = r->t_sent + (int64_t)R2CC_REPAIR_TIMEOUT_MS * 1000000;
+	r->resends = 0;
 	pthread_mutex_unlock(&r->mu);
 	incident_event(r->incident,
 		       "qp 0x%x: fenced (k=%llu), new path on %s, asking %d process(es)", r->qpn,
@@ -1819,10 +1846,41 @@ static void initiate(struct r2cc_rqp *r)
 		send_to(c[i].dir, c[i].rank, &m);
 }
 
+/*
+ * Is any process that may own the peer still there? A request its control thread
+ * does not answer comes back as -ENODATA (alive); a refused or reset connection
+ * means the process is gone. Asked after a few unanswered REQs, so that a dead
+ * peer ends the repair at once instead of at the exchange's deadline.
+ */
+static bool peer_gone(const struct cand *c, int nc)
+{
+	struct sockaddr_storage self;
+	bool have_self = r2cc_ctl_local_addr(&self) == 0;
+	int asked = 0;
+	for (int i = 0; i < nc; i++) {
+		const struct r2cc_ctl_member *m = &c[i].dir->members[c[i].rank];
+		if (have_self && same_addr(&m->ctl_addr, &self))
+			continue;
+		uint8_t ping = 0;
+		unsigned char reply[8];
+		size_t len = sizeof(reply);
+		int rc = r2cc_ctl_request(c[i].dir, c[i].rank, R2CC_REPAIR_MSG, &ping, 1, reply,
+					  &len, 300);
+		asked++;
+		if (rc != -ECONNREFUSED && rc != -ECONNRESET)
+			return false;
+	}
+	return asked > 0;
+}
+
 static void resend_req(struct r2cc_rqp *r)
 {
 	struct cand c[MAX_CANDIDATES];
 	int nc = peer_candidates(r->q->peer.lid, c, MAX_CANDIDATES);
+	if (++r->resends >= 3 && peer_gone(c, nc)) {
+		fail(r, "the peer process is gone (its control plane refuses connections)");
+		return;
+	}
 	struct rep_wire m;
 	pthread_mutex_lock(&r->mu);
 	wire_fill(&m, OP_REQ, r);
@@ -2095,7 +2153,7 @@ static void scan(int64_t t)
 {
 	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
 		int s = load_state(r);
-		if (r->dead || (s != RQ_HEALTHY && s != RQ_MIGRATED) || !r->cur_sh)
+		if (r->dead || (s != RQ_HEALTHY && s != RQ_MIGRATED) || !r->cur_sh || r->scan_off)
 			continue;
 		uint64_t posted, retired;
 		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
@@ -2347,7 +2405,7 @@ bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev
 		if (ev->event_type == IBV_EVENT_QP_FATAL ||
 		    ev->event_type == IBV_EVENT_QP_REQ_ERR ||
 		    ev->event_type == IBV_EVENT_QP_ACCESS_ERR)
-			detect(q->rep, "QP error event", IBV_WC_RETRY_EXC_ERR);
+			detect(q->rep, "QP error event", IBV_WC_GENERAL_ERR);
 		break;
 	}
 	case IBV_EVENT_CQ_ERR:
