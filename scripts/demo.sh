@@ -3,8 +3,10 @@
 # Two emulated nodes with three soft NICs each exchange NCCL-shaped RDMA
 # traffic (build/bin/r2cc-verbs-drill) with libr2cc.so preloaded; every byte
 # of every message is checked. The run prints what R2CC saw (its log at INFO
-# and its per-NIC exit report), then shows the problem R2CC exists to solve:
-# the same traffic with one NIC black-holed mid-run.
+# and its per-NIC exit report), then R2CC's main job: one NIC cut mid-run, first
+# without R2CC (the job dies, as with plain NCCL), then with it (hot repair: the
+# traffic moves to the healthy NICs and every message still arrives exactly once),
+# with the incident timeline R2CC reports.
 set -u
 cd "$(dirname "$0")/.."
 B=${BUILD:-build}
@@ -31,10 +33,27 @@ step "2. R2CC's exit report on each node (R2CC_REPORT): traffic per physical NIC
 for r in "$kept"/s0-*/r2cc-report.[0-9]; do sed 's/^/   /' "$r"; echo; done
 rm -rf "$kept"
 
-step "3. Why R2CC exists: one NIC black-holed mid-run (hot repair is the next piece to land)"
-echo "   $DRILL --procs 2 --nics 3 --fault blackhole --seeds 1"
-"$DRILL" --procs 2 --nics 3 --fault blackhole --seeds 1 2>&1 | grep -vE "R2CC (INFO|WARN)" | sed 's/^/   /'
-echo
-echo "   Without repair, the transport's retry timeout surfaces as an error completion"
-echo "   (status 12) and the job stops; with R2CC's hot repair the same run must report PASS."
-step "demo done: healthy traffic verified under R2CC; see README.md for what comes next"
+step "3. A NIC black-holed mid-run WITHOUT R2CC: the job dies, as with plain NCCL"
+echo "   $DRILL --procs 2 --nics 3 --fault blackhole --seeds 1 --nccl-stub --no-preload"
+"$DRILL" --procs 2 --nics 3 --fault blackhole --seeds 1 --nccl-stub --no-preload 2>&1 | grep -vE "^note:" | sed 's/^/   /'
+
+step "4. The same fault WITH R2CC: hot repair moves the traffic, nothing is lost"
+echo "   $DRILL --procs 2 --nics 3 --fault blackhole --seeds 1 --nccl-stub --keep"
+log=$(mktemp)
+"$DRILL" --procs 2 --nics 3 --fault blackhole --seeds 1 --nccl-stub --keep >"$log" 2>&1
+rc=$?
+grep -vE "R2CC (INFO|WARN)|^kept:" "$log" | sed 's/^/   /'
+kept=$(sed -n 's/^kept: //p' "$log")
+rm -f "$log"
+if [ -n "$kept" ]; then
+	echo
+	echo "   R2CC's incident report on each node (R2CC_REPORT, text form):"
+	for r in "$kept"/s0-*/r2cc-report.[0-9]; do
+		sed -n '/^incident/,$p' "$r" | cut -c1-150 | sed 's/^/     /'
+	done
+	rm -rf "$kept"
+fi
+if [ $rc -ne 0 ]; then
+	echo "demo: the repaired run failed (rc=$rc)"; exit 1
+fi
+step "demo done: healthy traffic verified, a dead NIC repaired with every message exactly once; see README.md"
