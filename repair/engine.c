@@ -113,6 +113,7 @@ struct r2cc_rqp {
 	struct r2cc_qp_shadow *cur_sh;
 	bool recv_live, send_live;
 	bool declared_pending; /* on a declared-failed NIC, waiting for NCCL's first post */
+	bool loopback;	       /* connected to itself (NCCL's GPU flush QP) */
 	bool hold_all;	       /* every post is held until the new path is live */
 	/* path being built */
 	struct ibv_qp *new_qp;
@@ -726,6 +727,8 @@ static int xlate_rkey(struct r2cc_rqp *r, uint32_t rkey, uint32_t *out)
 		*out = rkey;
 		return 0;
 	}
+	if (r->loopback) /* the "peer" is this process: its own mirrors */
+		return r2cc_mr_mirror_rkey(r->orig_nic, rkey, r->cur_nic, out);
 	return r2cc_mr_mirror_remote_rkey(r->dir, r->peer_rank, r->peer_orig_nic, rkey,
 					  r->peer_cur_nic, out, 2000);
 }
@@ -1772,9 +1775,77 @@ static bool churning(const struct r2cc_rqp *r)
 	return now_ns() - oldest < CHURN_NS;
 }
 
+/*
+ * A QP connected to itself (NCCL's GPU flush QP: RDMA READs from its own NIC)
+ * has no peer to ask: both ends are here. Fence, a new QP on a healthy NIC
+ * connected to itself, the plan with our own count on both sides, re-post.
+ */
+static void migrate_loopback(struct r2cc_rqp *r)
+{
+	incident_event(r->incident, "qp 0x%x: failure seen (%s), loopback QP", r->qpn, r->cause);
+	fence_start(r);
+	int rc = fence_drain(r);
+	if (rc) {
+		fail(r, rc == -ETIMEDOUT ? "the old path did not drain" : "shadow inconsistent");
+		return;
+	}
+	struct r2cc_nic *nic = place(r, NULL);
+	if (!nic || new_path(r, nic)) {
+		fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
+		return;
+	}
+	struct peer_path p = {
+	    .qpn = r->new_qp->qp_num,
+	    .lid = nic->lid,
+	    .port = nic->port ? nic->port : 1,
+	    .mtu = (uint8_t)nic->active_mtu,
+	};
+	memcpy(p.gid, nic->gid.raw, 16);
+	snprintf(p.nic, sizeof(p.nic), "%s", nic->name);
+	set_state(r, RQ_EXCHANGE);
+	rc = connect_path(r, &p);
+	struct ibv_qp *oq = NULL;
+	struct ibv_cq *oc = NULL;
+	struct r2cc_qp_shadow *osh = NULL;
+	uint64_t held = 0;
+	pthread_mutex_lock(&r->mu);
+	r->loopback = true;
+	r->initiator = true;
+	r->k_peer = r->k_local;
+	if (!r->migrations)
+		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", r->orig_nic->name);
+	if (!rc)
+		rc = make_plan(r);
+	if (!rc) {
+		switch_path(r, &p, &oq, &oc, &osh);
+		rc = post_plan_recvs(r);
+	}
+	if (!rc)
+		rc = post_plan_sends(r, &held);
+	if (!rc)
+		set_state(r, RQ_MIGRATED);
+	pthread_mutex_unlock(&r->mu);
+	if (oq || oc)
+		destroy_private(oq, oc);
+	if (osh)
+		r2cc_qp_shadow_destroy(osh);
+	if (rc) {
+		fail(r, "cannot connect or re-post the loopback QP on the new NIC");
+		return;
+	}
+	done(r, held);
+}
+
 /* Initiator: fence, a new path, REQ to the processes that may own the peer. */
 static void initiate(struct r2cc_rqp *r)
 {
+	if (r->q->peer.qpn == r->qpn && r->q->peer.lid == r->orig_nic->lid) {
+		if (churning(r))
+			fail(r, "the path keeps failing (3 migrations within 5 s)");
+		else
+			migrate_loopback(r);
+		return;
+	}
 	struct cand c[MAX_CANDIDATES];
 	int nc = peer_candidates(r->q->peer.lid, c, MAX_CANDIDATES);
 	if (nc == 0) {

@@ -69,6 +69,7 @@ struct drill_opts {
 	bool verbose;
 	bool selftest_corrupt;
 	bool nccl_stub;	      /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
+	bool flush;	      /* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
 	const char *nccl_lib; /* worker: the NCCL library to form a communicator with */
 	int fault_phase;      /* enum drill_fault_phase */
 	bool fault_all_nics;  /* --fault-nics all: the fault on every NIC of the node */

@@ -119,6 +119,7 @@ static void usage(FILE *f)
 		"[--fault-nics one|all]\n"
 		"                        [--second-fault MS] [--kill-peer] "
 		"[--expect pass|clean-error] [--bound SEC]\n"
+		"                        [--flush]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -126,6 +127,8 @@ static void usage(FILE *f)
 		"max size 4 MiB, timeout 15 s, time scale 0.01, IB timeout 20, retry count 7.\n"
 		"--expect clean-error: a scenario passes only if an error reaches the application\n"
 		"within --bound (10 s) of the fault, no worker hangs and nothing is corrupt.\n"
+		"--flush: NCCL's GPU Direct flush too: each received message is read back with\n"
+		"an RDMA READ on a loopback QP per NIC before it counts as delivered.\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -206,6 +209,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_BOUND,
 		O_KILL,
 		O_HOLD,
+		O_FLUSH,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -238,6 +242,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"bound", required_argument, NULL, O_BOUND},
 	    {"kill-peer", no_argument, NULL, O_KILL},
 	    {"hold-connect", required_argument, NULL, O_HOLD},
+	    {"flush", no_argument, NULL, O_FLUSH},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
@@ -395,6 +400,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			ok = !strcmp(optarg, "init") || !strcmp(optarg, "rts");
 			o->hold = strcmp(optarg, "init") ? DRILL_HOLD_RTS : DRILL_HOLD_INIT;
 			name = "--hold-connect (init or rts)";
+			break;
+		case O_FLUSH:
+			o->flush = true;
 			break;
 		case O_HELP:
 			usage(stdout);
@@ -609,6 +617,8 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 	argv[n++] = (char *)s->dir;
 	if (o->selftest_corrupt)
 		argv[n++] = (char *)"--selftest-corrupt";
+	if (o->flush)
+		argv[n++] = (char *)"--flush";
 	if (o->nccl_stub) {
 		argv[n++] = (char *)"--nccl-lib";
 		argv[n++] = (char *)p->nccl;
@@ -1281,8 +1291,9 @@ int main(int argc, char **argv)
 			kinds[nkinds++] = k;
 
 	printf("r2cc-verbs-drill: %d processes x %d NICs, %d messages per connection "
-	       "(window %d, 0..%llu B), %s, QP timeout %.0f ms (time scale %g), deadline %g s\n",
+	       "(window %d, 0..%llu B%s), %s, QP timeout %.0f ms (time scale %g), deadline %g s\n",
 	       o.procs, o.nics, o.messages, o.window, (unsigned long long)o.max_size,
+	       o.flush ? ", GPU flush" : "",
 	       o.preload ? "LD_PRELOAD=libr2cc.so" : "no preload (baseline)",
 	       drill_qp_timeout_ms(&o), o.time_scale, o.timeout_s);
 	if (o.fault_phase == DRILL_AT_CONNECT || o.fault_all_nics || o.second_ms >= 0 ||

@@ -44,4 +44,9 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       90@$(DRILL):--fault:down:--fault-nics:all:--expect:clean-error:--seeds:3:--nics:2:--nccl-stub \
 	       90@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--nccl-stub \
 	       90@$(DRILL):--kill-peer:--expect:clean-error:--seeds:3:--nccl-stub
+# GPU Direct flush (--flush): every receive connection also has a loopback QP per NIC,
+# connected to itself, that reads each message back; hot repair must move those too.
+CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3:--flush:--nccl-stub \
+	       120@$(DRILL):--fault:down:--seeds:20:--flush:--nccl-stub \
+	       120@$(DRILL):--fault:blackhole:--seeds:20:--flush:--nccl-stub
 FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h

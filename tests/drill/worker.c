@@ -16,7 +16,11 @@
  *    RDMA_WRITE followed by a signalled zero-byte RDMA_WRITE_WITH_IMM; it reuses its
  *    WR and SGE arrays right after post_send returns;
  *  - the receiver's request is done when every data QP's IMM completion (and its
- *    own signalled FIFO write, if any) arrived; any error completion ends the job.
+ *    own signalled FIFO write, if any) arrived; any error completion ends the job;
+ *  - with --flush, GPU Direct's flush (ncclIbIflush): the receive connection also has
+ *    one loopback RC QP per NIC (connected to itself), and a received message is done
+ *    only when a signalled RDMA READ of its first bytes, posted on every NIC's flush
+ *    QP, came back.
  *
  * On top of that it checks what NCCL trusts: every byte of every message, sizes,
  * slots, order and count, and reports into its entry of the shared status file.
@@ -44,6 +48,9 @@
 #define DRILL_ALIGN	   128 /* NCCL: IB writes are multiples of 128 B across QPs */
 #define DRILL_DRAIN_NS	   300000000
 #define DRILL_LOG_FAILURES 20
+#define DRILL_FLUSH_ELEM   64 /* --flush scratch per request in flight: 16 B per NIC */
+#define DRILL_FLUSH_NIC	   (DRILL_FLUSH_ELEM / DRILL_MAX_NICS)
+#define DRILL_FLUSH_MAX	   8 /* bytes a flush READ reads, at most */
 
 struct drill_dev {
 	int index;
@@ -64,14 +71,17 @@ struct drill_qp {
 	uint64_t next; /* sequence of the next message this QP owes a completion for */
 	struct drill_conn *conn;
 	int index;
+	bool flush; /* a GPU flush QP (--flush): connected to itself */
 };
 
 struct drill_msg {
 	uint64_t seq;
 	uint64_t size;
-	uint64_t off; /* in the connection's ring buffer */
-	uint64_t end; /* ring position freed when the message retires */
-	int events;   /* completions still owed */
+	uint64_t off;		/* in the connection's ring buffer */
+	uint64_t end;		/* ring position freed when the message retires */
+	int events;		/* completions still owed */
+	unsigned flush_pending; /* --flush: NICs whose flush READ is still owed */
+	uint32_t flush_len;	/* bytes each flush READ reads */
 	bool cts_pending;
 	bool inflight;
 	bool done;
@@ -104,6 +114,18 @@ struct drill_conn {
 	/* NCCL's comm->wrs / comm->sges: reused for every post */
 	struct ibv_send_wr wrs[2];
 	struct ibv_sge sges[1];
+	/*
+	 * --flush (receive connections): NCCL's gpuFlush, one loopback QP per NIC, and the
+	 * scratch the READs land in: DRILL_FLUSH_ELEM bytes per request in flight (request
+	 * seq uses element seq % window), DRILL_FLUSH_NIC of them per NIC. Per flush QP the
+	 * messages whose READ is outstanding, in the order they were posted.
+	 */
+	struct drill_qp flush[DRILL_MAX_NICS];
+	uint8_t *scratch;
+	size_t scratch_len;
+	struct ibv_mr *scratch_mr[DRILL_MAX_NICS];
+	uint64_t flush_seq[DRILL_MAX_NICS][DRILL_MAX_WINDOW];
+	uint64_t flush_head[DRILL_MAX_NICS], flush_tail[DRILL_MAX_NICS];
 };
 
 struct drill_ep_conn {
@@ -417,12 +439,13 @@ static int drill_devs_open(struct drill_worker *w)
 	return 0;
 }
 
-static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, int q)
+/* ncclIbCreateQp: the same attributes for data and flush QPs, only the access differs. */
+static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, struct drill_qp *qp,
+			   int dev, int index, int access)
 {
-	struct drill_dev *d = &w->devs[q % w->o->nics];
+	struct drill_dev *d = &w->devs[dev];
 	struct ibv_qp_init_attr ia;
 	struct ibv_qp_attr a;
-	struct drill_qp *qp = &c->qps[q];
 	int rc;
 
 	memset(&ia, 0, sizeof(ia));
@@ -442,13 +465,12 @@ static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, int q)
 	}
 	qp->dev = d->index;
 	qp->conn = c;
-	qp->index = q;
+	qp->index = index;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_INIT;
 	a.pkey_index = 0;
 	a.port_num = 1;
-	a.qp_access_flags =
-	    c->send ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+	a.qp_access_flags = access;
 	rc = drill_ibv.modify_qp(
 	    qp->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 	if (rc) {
@@ -462,11 +484,9 @@ static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, int q)
 	return 0;
 }
 
-static struct ibv_mr *drill_reg(struct drill_worker *w, int dev, void *p, size_t len)
+static struct ibv_mr *drill_reg(struct drill_worker *w, int dev, void *p, size_t len, int access)
 {
-	struct ibv_mr *mr = drill_ibv.reg_mr(w->devs[dev].pd, p, len,
-					     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-						 IBV_ACCESS_REMOTE_READ);
+	struct ibv_mr *mr = drill_ibv.reg_mr(w->devs[dev].pd, p, len, access);
 
 	if (!mr)
 		drill_fail_app(w, "ibv_reg_mr of %zu bytes on %s: %s", len, w->devs[dev].name,
@@ -504,13 +524,18 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 	}
 	e = send ? &w->ep.send[peer] : &w->ep.recv[peer];
 	for (int q = 0; q < c->nqps; q++) {
-		if (drill_qp_create(w, c, q))
+		if (drill_qp_create(w, c, &c->qps[q], q % o->nics, q,
+				    send ? IBV_ACCESS_REMOTE_WRITE
+					 : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC))
 			return -1;
 		e->qpn[q] = c->qps[q].qp->qp_num;
 	}
 	for (int d = 0; d < o->nics; d++) {
-		c->buf_mr[d] = drill_reg(w, d, c->buf, c->buf_len);
-		c->fifo_mr[d] = drill_reg(w, d, c->fifo, fifo_len);
+		int access =
+		    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+		c->buf_mr[d] = drill_reg(w, d, c->buf, c->buf_len, access);
+		c->fifo_mr[d] = drill_reg(w, d, c->fifo, fifo_len, access);
 		if (!c->buf_mr[d] || !c->fifo_mr[d])
 			return -1;
 		e->fifo_rkey[d] = c->fifo_mr[d]->rkey;
@@ -562,6 +587,40 @@ static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t
 	if (rc) {
 		drill_fail_app(w, "modify_qp RTS (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
 		return -1;
+	}
+	return 0;
+}
+
+/*
+ * --flush: NCCL's GPU flush set-up (ncclIbAccept, per NIC of a receive connection, once
+ * its data QPs are in RTS): the scratch registered with LOCAL_WRITE, an RC QP on the
+ * NIC's CQ with LOCAL_WRITE|REMOTE_READ, brought to RTR towards itself (its own QP
+ * number, its own NIC's LID and MTU) and to RTS with the data QPs' attributes.
+ */
+static int drill_flush_create(struct drill_worker *w, struct drill_conn *c)
+{
+	const struct drill_opts *o = w->o;
+
+	c->scratch_len = (size_t)o->window * DRILL_FLUSH_ELEM;
+	c->scratch =
+	    mmap(NULL, c->scratch_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (c->scratch == MAP_FAILED) {
+		c->scratch = NULL;
+		drill_fail(w, "cannot map %zu bytes of flush scratch", c->scratch_len);
+		return -1;
+	}
+	for (int d = 0; d < o->nics; d++) {
+		struct drill_qp *q = &c->flush[d];
+
+		c->scratch_mr[d] =
+		    drill_reg(w, d, c->scratch, c->scratch_len, IBV_ACCESS_LOCAL_WRITE);
+		if (!c->scratch_mr[d])
+			return -1;
+		q->flush = true;
+		if (drill_qp_create(w, c, q, d, d,
+				    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) ||
+		    drill_qp_connect(w, q, q->qp->qp_num, &w->ep))
+			return -1;
 	}
 	return 0;
 }
@@ -765,6 +824,8 @@ static int drill_setup(struct drill_worker *w)
 		r->rem_fifo_addr = w->peers[p].send[o->rank].fifo_addr;
 		memcpy(r->rem_fifo_rkey, w->peers[p].send[o->rank].fifo_rkey,
 		       sizeof(r->rem_fifo_rkey));
+		if (o->flush && drill_flush_create(w, r))
+			return -1;
 	}
 	if (drill_hold(w, DRILL_HOLD_RTS))
 		return -1;
@@ -868,6 +929,80 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 	return true;
 }
 
+static void drill_recv_deliver(struct drill_worker *w, struct drill_msg *m)
+{
+	atomic_fetch_add(&w->st->delivered, 1);
+	m->done = true;
+}
+
+/* Where NIC dev's flush READ for message m lands: the request's scratch element. */
+static uint8_t *drill_flush_dst(struct drill_worker *w, struct drill_conn *c,
+				const struct drill_msg *m, int dev)
+{
+	return c->scratch + (m->seq % (uint64_t)w->o->window) * DRILL_FLUSH_ELEM +
+	       (size_t)dev * DRILL_FLUSH_NIC;
+}
+
+/* The first DRILL_FLUSH_NIC bytes of message seq's pattern (past its end too). */
+static void drill_flush_want(struct drill_worker *w, struct drill_conn *c, uint64_t seq,
+			     uint8_t *want)
+{
+	drill_pattern_fill(want, DRILL_FLUSH_NIC,
+			   drill_msg_key(w->o->seed, c->peer, w->o->rank, seq));
+}
+
+/*
+ * --flush: ncclIbIflush. Once a non-empty receive is complete (NCCL flushes only the
+ * last non-empty receive of a request), on every NIC of the connection ("we don't know
+ * which devIndex the recv was on") one signalled RDMA READ on that NIC's flush QP,
+ * wr_id = the request slot, from the start of the received data (the ring's rkey on
+ * that NIC) into the request's scratch (its lkey on that NIC). NCCL reads 1 byte and
+ * never looks at it; the drill reads 1..8 (drawn from the seed) and checks them. The
+ * NIC's 16 bytes are primed with the complement of the pattern, so a READ that did not
+ * land, or landed long, shows.
+ */
+static void drill_flush_post(struct drill_worker *w, struct drill_conn *c, struct drill_msg *m)
+{
+	const struct drill_opts *o = w->o;
+	uint64_t h =
+	    drill_hash(o->seed ^ 0x464c555348ull, (uint64_t)c->peer, (uint64_t)o->rank, m->seq);
+	uint8_t want[DRILL_FLUSH_NIC];
+
+	m->flush_len = (uint32_t)(1 + h % DRILL_FLUSH_MAX);
+	if (m->flush_len > m->size)
+		m->flush_len = (uint32_t)m->size;
+	drill_flush_want(w, c, m->seq, want);
+	for (int d = 0; d < o->nics; d++) {
+		struct drill_qp *q = &c->flush[d];
+		uint8_t *dst = drill_flush_dst(w, c, m, d);
+		struct ibv_send_wr wr, *bad;
+		struct ibv_sge sge;
+		int rc;
+
+		for (int i = 0; i < DRILL_FLUSH_NIC; i++)
+			dst[i] = (uint8_t)~want[i];
+		memset(&wr, 0, sizeof(wr));
+		wr.wr_id = m->seq % DRILL_SLOTS;
+		wr.wr.rdma.remote_addr = (uintptr_t)(c->buf + m->off);
+		wr.wr.rdma.rkey = c->buf_mr[d]->rkey;
+		sge.addr = (uintptr_t)dst;
+		sge.length = m->flush_len;
+		sge.lkey = c->scratch_mr[d]->lkey;
+		wr.sg_list = &sge;
+		wr.num_sge = 1;
+		wr.opcode = IBV_WR_RDMA_READ;
+		wr.send_flags = IBV_SEND_SIGNALED;
+		rc = q->qp->context->ops.post_send(q->qp, &wr, &bad);
+		if (rc) {
+			drill_fail_app(w, "post_send (flush) on %s (qpn 0x%06x): %s",
+				       drill_nic(w, d), q->qp->qp_num, strerror(rc));
+			return;
+		}
+		c->flush_seq[d][c->flush_head[d]++ % DRILL_MAX_WINDOW] = m->seq;
+		m->flush_pending |= 1u << d;
+	}
+}
+
 static void drill_recv_check(struct drill_worker *w, struct drill_conn *c, struct drill_msg *m)
 {
 	const struct drill_opts *o = w->o;
@@ -893,8 +1028,10 @@ static void drill_recv_check(struct drill_worker *w, struct drill_conn *c, struc
 		    (unsigned long long)bad, (unsigned long long)first, got, want);
 		return;
 	}
-	atomic_fetch_add(&w->st->delivered, 1);
-	m->done = true;
+	if (o->flush && m->size)
+		drill_flush_post(w, c, m);
+	else
+		drill_recv_deliver(w, m);
 }
 
 /* ---- sender: ncclIbIsend + ncclIbMultiSend (one request per FIFO slot) ---- */
@@ -1010,6 +1147,57 @@ static void drill_retire(struct drill_worker *w, struct drill_conn *c)
 	}
 }
 
+/* A flush READ came back: in order on its QP, for a message that owes it, with the
+ * first bytes of the message and nothing past them. */
+static void drill_flush_wc(struct drill_worker *w, struct drill_qp *q, const struct ibv_wc *wc)
+{
+	struct drill_conn *c = q->conn;
+	int d = q->dev;
+	uint8_t want[DRILL_FLUSH_NIC], *got;
+	struct drill_msg *m;
+	uint64_t seq;
+
+	if (c->flush_tail[d] == c->flush_head[d]) {
+		drill_fail_check(w,
+				 "unexpected flush completion on %s, connection from node%d "
+				 "(opcode %d, wr_id 0x%llx): no flush outstanding (duplicate)",
+				 drill_nic(w, d), c->peer, wc->opcode,
+				 (unsigned long long)wc->wr_id);
+		return;
+	}
+	seq = c->flush_seq[d][c->flush_tail[d] % DRILL_MAX_WINDOW];
+	m = &c->msgs[seq % DRILL_SLOTS];
+	if (wc->opcode != IBV_WC_RDMA_READ || (wc->wr_id & 0xff) != seq % DRILL_SLOTS ||
+	    !m->inflight || m->seq != seq || !(m->flush_pending & (1u << d))) {
+		drill_fail_check(w,
+				 "unexpected flush completion on %s, connection from node%d "
+				 "(opcode %d, wr_id 0x%llx; expected message %llu): duplicate "
+				 "or out of order",
+				 drill_nic(w, d), c->peer, wc->opcode,
+				 (unsigned long long)wc->wr_id, (unsigned long long)seq);
+		return;
+	}
+	c->flush_tail[d]++;
+	m->flush_pending &= ~(1u << d);
+	got = drill_flush_dst(w, c, m, d);
+	drill_flush_want(w, c, seq, want);
+	for (uint32_t i = 0; i < DRILL_FLUSH_NIC; i++) {
+		uint8_t expect = i < m->flush_len ? want[i] : (uint8_t)~want[i];
+
+		if (got[i] == expect)
+			continue;
+		drill_fail_check(w,
+				 "flush READ of message %llu from node%d on %s (%u bytes): "
+				 "scratch byte %u is 0x%02x, want 0x%02x (%s)",
+				 (unsigned long long)seq, c->peer, drill_nic(w, d), m->flush_len, i,
+				 got[i], expect,
+				 i < m->flush_len ? "not the message's" : "written past the READ");
+		return;
+	}
+	if (!m->flush_pending)
+		drill_recv_deliver(w, m);
+}
+
 static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
 {
 	struct drill_qp *q = drill_qp_find(w, wc->qp_num);
@@ -1025,14 +1213,17 @@ static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
 	c = q->conn;
 	if (wc->status != IBV_WC_SUCCESS) {
 		drill_fail_app(w,
-			       "error completion on %s connection %s node%d, QP %d on %s "
+			       "error completion on %s connection %s node%d, %s %d on %s "
 			       "(qpn 0x%06x): status %d (%s), wr_id 0x%llx",
 			       c->send ? "send" : "receive", c->send ? "to" : "from", c->peer,
-			       q->index, drill_nic(w, q->dev), wc->qp_num, wc->status,
-			       drill_wc_status_str(wc->status), (unsigned long long)wc->wr_id);
+			       q->flush ? "flush QP" : "QP", q->index, drill_nic(w, q->dev),
+			       wc->qp_num, wc->status, drill_wc_status_str(wc->status),
+			       (unsigned long long)wc->wr_id);
 		return;
 	}
-	if (c->send) {
+	if (q->flush) {
+		drill_flush_wc(w, q, wc);
+	} else if (c->send) {
 		m = &c->msgs[slot];
 		if (wc->opcode != IBV_WC_RDMA_WRITE || q->next >= c->head || !m->inflight ||
 		    m->seq != q->next || m->events <= 0) {
@@ -1233,11 +1424,16 @@ static void drill_teardown(struct drill_worker *w)
 			for (int q = 0; q < c->nqps; q++)
 				if (c->qps[q].qp)
 					drill_ibv.destroy_qp(c->qps[q].qp);
+			for (int d = 0; d < w->o->nics; d++)
+				if (c->flush[d].qp)
+					drill_ibv.destroy_qp(c->flush[d].qp);
 			for (int d = 0; d < w->o->nics; d++) {
 				if (c->buf_mr[d])
 					drill_ibv.dereg_mr(c->buf_mr[d]);
 				if (c->fifo_mr[d])
 					drill_ibv.dereg_mr(c->fifo_mr[d]);
+				if (c->scratch_mr[d])
+					drill_ibv.dereg_mr(c->scratch_mr[d]);
 			}
 		}
 	}
