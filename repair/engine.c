@@ -52,6 +52,7 @@
 #define MAX_CANDIDATES	 256
 #define CHURN_MAX	 3	      /* migrations of one QP ... */
 #define CHURN_NS	 5000000000ll /* ... within this long: the path is unrecoverable */
+#define CHURN_WHY	 "the path keeps failing (3 migrations within 5 s)"
 
 enum rq_state {
 	RQ_HEALTHY,
@@ -121,13 +122,12 @@ struct r2cc_rqp {
 	struct r2cc_ctx *new_ctx;
 	struct r2cc_qp_shadow *new_sh;
 	/* drain */
-	bool mark_s, mark_r, marks_posted;
+	bool mark_s, mark_r;
 	/* peer */
 	const struct r2cc_ctl_dir *dir;
 	int peer_rank;
 	char peer_orig_nic[R2CC_NIC_NAME_MAX];
 	char peer_cur_nic[R2CC_NIC_NAME_MAX];
-	struct peer_path peer_new;
 	uint64_t k_local, k_peer;
 	uint64_t pair_id;
 	bool initiator;
@@ -507,6 +507,17 @@ static void start_locked(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/* Record a detection on r: when, why, and the incident of its NIC. Under eng.mu. */
+static void note_detection(struct r2cc_rqp *r, const char *cause, int status)
+{
+	int64_t t = now_ns();
+	r->t_detect = t;
+	r->status_seen = status;
+	snprintf(r->cause, sizeof(r->cause), "%s", cause);
+	r->incident = incident_get(r->cur_nic->name, r->cause, t);
+	eng.inc[r->incident].qps++;
+}
+
 /* A failure is suspected on r's current path: queue it (any thread). */
 /* Only a connected QP is fenced: NCCL still moves one in INIT or RTR to RTS, and
  * a QP in ERR would refuse that. One on a failed NIC moves when it reaches RTS
@@ -524,13 +535,8 @@ static void detect(struct r2cc_rqp *r, const char *cause, int status)
 	if (!__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
 					 __ATOMIC_RELAXED))
 		return;
-	int64_t t = now_ns();
 	pthread_mutex_lock(&eng.mu);
-	r->t_detect = t;
-	r->status_seen = status;
-	snprintf(r->cause, sizeof(r->cause), "%s", cause);
-	r->incident = incident_get(r->cur_nic->name, cause, t);
-	eng.inc[r->incident].qps++;
+	note_detection(r, cause, status);
 	if (!r->queued) {
 		r->queued = true;
 		r->next_work = eng.work_head;
@@ -853,6 +859,21 @@ static int hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
 	return 0;
 }
 
+/*
+ * Whether a post on one queue (send or receive) of r, in state s, is held rather
+ * than posted: while fenced; during the exchange until that queue's new path is
+ * live; before it (the failure seen, or a declared QP's first post) once anything
+ * is held on the queue or everything must be. Under r->mu.
+ */
+static bool hold_now(const struct r2cc_rqp *r, int s, bool live, bool queued)
+{
+	if (s == RQ_FENCING)
+		return true;
+	if (s == RQ_EXCHANGE)
+		return !live;
+	return s != RQ_MIGRATED && (queued || r->hold_all);
+}
+
 /* NCCL's first post on a QP of a declared-failed NIC: its direction is known now
  * (receivers post a receive first); hold everything and move it. Under r->mu. */
 static void declared_first_post(struct r2cc_rqp *r, bool recv)
@@ -880,8 +901,7 @@ int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_
 			struct ibv_send_wr one = *w, *b = NULL;
 			one.next = NULL;
 			rc = -r->orig_ctx->post_send(q->qp, &one, &b);
-		} else if (s == RQ_FENCING || (s == RQ_EXCHANGE && !r->send_live) ||
-			   (s != RQ_EXCHANGE && s != RQ_MIGRATED && (r->hs_head || r->hold_all))) {
+		} else if (hold_now(r, s, r->send_live, r->hs_head != NULL)) {
 			rc = hold_send(r, w);
 		} else {
 			rc = post_one_send(r, w);
@@ -911,8 +931,7 @@ int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_
 			struct ibv_recv_wr one = *w, *b = NULL;
 			one.next = NULL;
 			rc = -r->orig_ctx->post_recv(q->qp, &one, &b);
-		} else if (s == RQ_FENCING || (s == RQ_EXCHANGE && !r->recv_live) ||
-			   (s != RQ_EXCHANGE && s != RQ_MIGRATED && (r->hr_head || r->hold_all))) {
+		} else if (hold_now(r, s, r->recv_live, r->hr_head != NULL)) {
 			rc = hold_recv(r, w);
 		} else {
 			rc = post_one_recv(r, w);
@@ -1056,6 +1075,19 @@ static void destroy_private(struct ibv_qp *qp, struct ibv_cq *cq)
 	}
 }
 
+/* Forget the path being built (a failure, or the peer's exchange won). Under
+ * r->mu. */
+static void drop_new_path(struct r2cc_rqp *r)
+{
+	if (r->new_qp)
+		destroy_private(r->new_qp, r->new_cq);
+	r->new_qp = NULL;
+	r->new_cq = NULL;
+	if (r->new_sh)
+		r2cc_qp_shadow_destroy(r->new_sh);
+	r->new_sh = NULL;
+}
+
 void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 {
 	struct r2cc_rqp *r = q->rep;
@@ -1073,15 +1105,12 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	pthread_mutex_unlock(&r->vcq->v->mu);
 	if (r->cur_cq)
 		destroy_private(r->cur_qp, r->cur_cq);
-	if (r->new_qp)
-		destroy_private(r->new_qp, r->new_cq);
-	r->cur_qp = r->new_qp = NULL;
-	r->cur_cq = r->new_cq = NULL;
+	r->cur_qp = NULL;
+	r->cur_cq = NULL;
+	drop_new_path(r);
 	if (r->cur_sh != q->shadow)
 		r2cc_qp_shadow_destroy(r->cur_sh);
-	if (r->new_sh)
-		r2cc_qp_shadow_destroy(r->new_sh);
-	r->cur_sh = r->new_sh = NULL;
+	r->cur_sh = NULL;
 	r2cc_qp_shadow_destroy(q->shadow);
 	q->shadow = NULL;
 	r->q = NULL;
@@ -1105,8 +1134,12 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 
 /* --- fencing ---------------------------------------------------------------------- */
 
-/* Close the gates, move the current path to ERR, post the markers. */
-static void fence_start(struct r2cc_rqp *r)
+/*
+ * Close the gates, move the current path to ERR, post the markers behind NCCL's
+ * requests and pump the CQ until both came back (at most DRAIN_NS); then count
+ * the receives the path consumed. 0, -ETIMEDOUT, or the shadow's error.
+ */
+static int fence(struct r2cc_rqp *r)
 {
 	gate_close(&r->q->gate);
 	gate_close(&r->vcq->gate);
@@ -1123,16 +1156,12 @@ static void fence_start(struct r2cc_rqp *r)
 				 .send_flags = IBV_SEND_SIGNALED},
 			   *sbad;
 	struct ibv_recv_wr rw = {.wr_id = MARK_R}, *rbad;
+	/* A queue too full for its marker: the drain ends at what the CQ holds. */
 	if (r->cur_ctx->post_send(r->cur_qp, &sw, &sbad))
-		r->mark_s = true; /* a full queue: the count below decides */
+		r->mark_s = true;
 	if (r->cur_ctx->post_recv(r->cur_qp, &rw, &rbad))
 		r->mark_r = true;
 	pthread_mutex_unlock(&r->mu);
-}
-
-/* Pump until both markers came back (or a second of silence). */
-static int fence_drain(struct r2cc_rqp *r)
-{
 	int64_t until = now_ns() + DRAIN_NS;
 	for (;;) {
 		pthread_mutex_lock(&r->vcq->v->mu);
@@ -1147,6 +1176,11 @@ static int fence_drain(struct r2cc_rqp *r)
 	}
 	r->k_local = r2cc_qp_shadow_recv_consumed(r->cur_sh);
 	return r2cc_qp_shadow_error(r->cur_sh);
+}
+
+static const char *fence_failure(int rc)
+{
+	return rc == -ETIMEDOUT ? "the old path did not drain" : "shadow inconsistent";
 }
 
 /* --- placement ---------------------------------------------------------------------- */
@@ -1238,6 +1272,65 @@ static struct r2cc_ctx *ctx_of_nic(struct r2cc_nic *nic)
 	return pd ? r2cc_ctx_find(pd->context) : NULL;
 }
 
+/* --- QP state transitions of R2CC's own QPs ------------------------------------ */
+
+/* RESET -> INIT on nic's port with the given access. 0 or a positive errno. */
+static int qp_init(struct ibv_qp *qp, const struct r2cc_nic *nic, int access)
+{
+	struct ibv_qp_attr a = {
+	    .qp_state = IBV_QPS_INIT,
+	    .pkey_index = 0,
+	    .port_num = nic->port ? nic->port : 1,
+	    .qp_access_flags = access,
+	};
+	return eng.v.modify_qp(
+	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+}
+
+/* The other end of an RC connection and the transport attributes. */
+struct qp_link {
+	uint32_t qpn;
+	uint16_t lid;
+	enum ibv_mtu mtu;
+	const uint8_t *gid; /* non-NULL: a GRH to this GID */
+	uint8_t timeout, retry_cnt, rnr_retry;
+};
+
+/* INIT -> RTR -> RTS towards l (PSNs 0, one outstanding READ each way). 0 or a
+ * negative errno. */
+static int qp_connect(struct ibv_qp *qp, const struct r2cc_nic *nic, const struct qp_link *l)
+{
+	struct ibv_qp_attr a;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = l->mtu;
+	a.dest_qp_num = l->qpn;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	a.ah_attr.dlid = l->lid;
+	a.ah_attr.port_num = nic->port ? nic->port : 1;
+	if (l->gid) {
+		a.ah_attr.is_global = 1;
+		memcpy(a.ah_attr.grh.dgid.raw, l->gid, 16);
+		a.ah_attr.grh.hop_limit = 255;
+	}
+	int rc =
+	    eng.v.modify_qp(qp, &a,
+			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+	if (rc)
+		return -rc;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = l->timeout;
+	a.retry_cnt = l->retry_cnt;
+	a.rnr_retry = l->rnr_retry;
+	a.max_rd_atomic = 1;
+	return -eng.v.modify_qp(qp, &a,
+				IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
 /* A QP (and its CQ) of R2CC's own on nic, in INIT. */
 static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {
@@ -1266,15 +1359,8 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 		return -e;
 	}
 	own_add(qp);
-	struct ibv_qp_attr a = {
-	    .qp_state = IBV_QPS_INIT,
-	    .pkey_index = 0,
-	    .port_num = nic->port ? nic->port : 1,
-	    .qp_access_flags =
-		IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-	};
-	int rc = eng.v.modify_qp(
-	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	int rc = qp_init(qp, nic,
+			 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 	struct r2cc_qp_shadow_attr sa = {
 	    .max_send_wr = ia.cap.max_send_wr,
 	    .max_recv_wr = ia.cap.max_recv_wr,
@@ -1299,42 +1385,19 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 
 static int connect_path(struct r2cc_rqp *r, const struct peer_path *p)
 {
-	struct r2cc_qp *q = r->q;
-	struct ibv_qp_attr a;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = (enum ibv_mtu)(
-	    p->mtu && p->mtu < r->new_ctx->nic->active_mtu
-		? p->mtu
-		: (r->new_ctx->nic->active_mtu ? r->new_ctx->nic->active_mtu : IBV_MTU_1024));
-	a.dest_qp_num = p->qpn;
-	a.rq_psn = 0;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.dlid = p->lid;
-	a.ah_attr.port_num = r->new_ctx->nic->port ? r->new_ctx->nic->port : 1;
-	if (q->peer.has_grh) {
-		a.ah_attr.is_global = 1;
-		memcpy(a.ah_attr.grh.dgid.raw, p->gid, 16);
-		a.ah_attr.grh.hop_limit = 255;
-	}
-	int rc =
-	    eng.v.modify_qp(r->new_qp, &a,
-			    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-	if (rc)
-		return -rc;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = q->timeout ? q->timeout : 20;
-	a.retry_cnt = q->retry_cnt ? q->retry_cnt : 7;
-	a.rnr_retry = q->rnr_retry ? q->rnr_retry : 7;
-	a.sq_psn = 0;
-	a.max_rd_atomic = 1;
-	rc = eng.v.modify_qp(r->new_qp, &a,
-			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				 IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-	return -rc;
+	const struct r2cc_qp *q = r->q;
+	const struct r2cc_nic *nic = r->new_ctx->nic;
+	int mtu = nic->active_mtu ? nic->active_mtu : IBV_MTU_1024;
+	struct qp_link l = {
+	    .qpn = p->qpn,
+	    .lid = p->lid,
+	    .mtu = (enum ibv_mtu)(p->mtu && p->mtu < mtu ? p->mtu : mtu),
+	    .gid = q->peer.has_grh ? p->gid : NULL,
+	    .timeout = q->timeout ? q->timeout : 20,
+	    .retry_cnt = q->retry_cnt ? q->retry_cnt : 7,
+	    .rnr_retry = q->rnr_retry ? q->rnr_retry : 7,
+	};
+	return qp_connect(r->new_qp, nic, &l);
 }
 
 /* --- commit ------------------------------------------------------------------------ */
@@ -1430,6 +1493,36 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 	return rc;
 }
 
+/*
+ * The plan against the peer's count (its synthesised completions queued for NCCL),
+ * the new path made current, the receives re-posted and, with sends, the sends and
+ * NCCL's held posts too: then the QP has migrated. The previous private path, if
+ * any, is destroyed after. 0 or a negative errno.
+ */
+static int commit_path(struct r2cc_rqp *r, const struct peer_path *p, bool sends, uint64_t *held)
+{
+	struct ibv_qp *oq = NULL;
+	struct ibv_cq *oc = NULL;
+	struct r2cc_qp_shadow *osh = NULL;
+	pthread_mutex_lock(&r->mu);
+	int rc = make_plan(r);
+	if (!rc) {
+		switch_path(r, p, &oq, &oc, &osh);
+		rc = post_plan_recvs(r);
+	}
+	if (!rc && sends) {
+		rc = post_plan_sends(r, held);
+		if (!rc)
+			set_state(r, RQ_MIGRATED);
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (oq || oc)
+		destroy_private(oq, oc);
+	if (osh)
+		r2cc_qp_shadow_destroy(osh);
+	return rc;
+}
+
 /* --- failure ------------------------------------------------------------------------- */
 
 /* Repair is impossible: NCCL gets one error completion for the QP and the held
@@ -1449,13 +1542,7 @@ static void fail(struct r2cc_rqp *r, const char *why)
 	}
 	R2CC_WARN("repair: qp 0x%x on %s cannot be repaired (%s); NCCL gets the error", r->qpn,
 		  r->orig_nic->name, why);
-	if (r->new_qp)
-		destroy_private(r->new_qp, r->new_cq);
-	r->new_qp = NULL;
-	r->new_cq = NULL;
-	if (r->new_sh)
-		r2cc_qp_shadow_destroy(r->new_sh);
-	r->new_sh = NULL;
+	drop_new_path(r);
 	set_state(r, RQ_FAILED);
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 	eng.v.modify_qp(r->q->qp, &a, IBV_QP_STATE);
@@ -1467,7 +1554,6 @@ static void fail(struct r2cc_rqp *r, const char *why)
 	pthread_mutex_lock(&r->vcq->v->mu);
 	stash_push(r->vcq->v, &wc);
 	pthread_mutex_unlock(&r->vcq->v->mu);
-	uint64_t dummy = 0;
 	while (r->hr_head) {
 		struct held_recv *h = r->hr_head;
 		struct ibv_recv_wr *b;
@@ -1482,7 +1568,6 @@ static void fail(struct r2cc_rqp *r, const char *why)
 		r->hs_head = h->next;
 		r->orig_ctx->post_send(r->q->qp, &h->wr, &b);
 		free(h);
-		dummy++;
 	}
 	r->hs_tail = &r->hs_head;
 	pthread_mutex_unlock(&r->mu);
@@ -1561,8 +1646,7 @@ static bool lower_id(const struct r2cc_rqp *r)
 	return mine < theirs;
 }
 
-static void nack(const struct r2cc_ctl_dir *dir, int rank, struct r2cc_rqp *r,
-		 const struct rep_wire *m, int status)
+static void nack(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *m, int status)
 {
 	struct rep_wire out;
 	memset(&out, 0, sizeof(out));
@@ -1574,11 +1658,57 @@ static void nack(const struct r2cc_ctl_dir *dir, int rank, struct r2cc_rqp *r,
 	out.src_lid = m->dst_lid;
 	out.dst_qpn = m->src_qpn;
 	out.dst_lid = m->src_lid;
-	(void)r;
 	send_to(dir, rank, &out);
 }
 
 static void selftest_start(struct r2cc_nic *a);
+
+/* The live records pred picks, copied out under eng.mu so that the caller acts on
+ * them without it; *list is malloc'd (NULL when none, or out of memory: logged). */
+typedef bool (*rqp_pred)(const struct r2cc_rqp *r, const void *arg);
+static int collect(struct r2cc_rqp ***list, rqp_pred pred, const void *arg)
+{
+	int n = 0, cap = 0;
+	*list = NULL;
+	pthread_mutex_lock(&eng.mu);
+	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
+		if (r->dead || !pred(r, arg))
+			continue;
+		if (n == cap) {
+			int ncap = cap ? 2 * cap : 64;
+			struct r2cc_rqp **g = realloc(*list, (size_t)ncap * sizeof(*g));
+			if (!g) {
+				R2CC_WARN("repair: out of memory listing queue pairs; %d of them "
+					  "are moved only when their own failure shows",
+					  n);
+				break;
+			}
+			*list = g;
+			cap = ncap;
+		}
+		(*list)[n++] = r;
+	}
+	pthread_mutex_unlock(&eng.mu);
+	return n;
+}
+
+struct same_path {
+	const struct r2cc_rqp *r;
+	const struct r2cc_nic *nic;
+	bool port_down;
+};
+
+static bool on_same_path(const struct r2cc_rqp *o, const void *arg)
+{
+	const struct same_path *sp = arg;
+	return o != sp->r && o->q && o->cur_nic == sp->nic &&
+	       (sp->port_down || o->q->peer.lid == sp->r->q->peer.lid);
+}
+
+static bool on_nic(const struct r2cc_rqp *r, const void *nic)
+{
+	return r->cur_nic == nic;
+}
 
 /*
  * Localise a failure seen on one QP: with the local port down it is the NIC, and
@@ -1597,20 +1727,15 @@ static void localise(struct r2cc_rqp *r)
 		nic->state = R2CC_NIC_DOWN;
 		R2CC_WARN("repair: %s: port not active; migrating its queue pairs", nic->name);
 	}
-	uint16_t lid = r->q->peer.lid;
-	struct r2cc_rqp *list[1024];
-	int n = 0;
-	pthread_mutex_lock(&eng.mu);
-	for (struct r2cc_rqp *o = eng.all; o && n < 1024; o = o->next_all)
-		if (o != r && !o->dead && o->q && o->cur_nic == nic &&
-		    (port_down || o->q->peer.lid == lid))
-			list[n++] = o;
-	pthread_mutex_unlock(&eng.mu);
+	struct same_path sp = {.r = r, .nic = nic, .port_down = port_down};
+	struct r2cc_rqp **list;
+	int n = collect(&list, on_same_path, &sp);
 	char why[128];
 	snprintf(why, sizeof(why), "%s as qp 0x%x (%s)", port_down ? "same NIC" : "same path",
 		 r->qpn, r->cause);
 	for (int i = 0; i < n; i++)
 		detect(list[i], why, r->status_seen);
+	free(list);
 	incident_event(r->incident, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move", r->qpn,
 		       port_down ? "NIC" : "path from", nic->name, port_down ? "" : " to its peer",
 		       n);
@@ -1633,40 +1758,20 @@ struct selftest {
 	struct r2cc_ctx *ca, *cb;
 };
 
+/* Short transport timeouts: the test is over in SELFTEST_NS anyway. */
 static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2cc_nic *peer,
 			    uint32_t peer_qpn)
 {
-	struct ibv_qp_attr a;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_INIT;
-	a.port_num = self->port ? self->port : 1;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
-	int rc = eng.v.modify_qp(
-	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	int rc = qp_init(qp, self, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
 	if (rc)
-		return rc;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = peer_qpn;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.dlid = peer->lid;
-	a.ah_attr.port_num = self->port ? self->port : 1;
-	rc = eng.v.modify_qp(qp, &a,
-			     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				 IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-	if (rc)
-		return rc;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 12;
-	a.retry_cnt = 2;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	return eng.v.modify_qp(qp, &a,
-			       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				   IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+		return -rc;
+	struct qp_link l = {.qpn = peer_qpn,
+			    .lid = peer->lid,
+			    .mtu = IBV_MTU_1024,
+			    .timeout = 12,
+			    .retry_cnt = 2,
+			    .rnr_retry = 7};
+	return qp_connect(qp, self, &l);
 }
 
 static void nic_failed(struct r2cc_nic *nic, const char *why);
@@ -1783,10 +1888,9 @@ static bool churning(const struct r2cc_rqp *r)
 static void migrate_loopback(struct r2cc_rqp *r)
 {
 	incident_event(r->incident, "qp 0x%x: failure seen (%s), loopback QP", r->qpn, r->cause);
-	fence_start(r);
-	int rc = fence_drain(r);
+	int rc = fence(r);
 	if (rc) {
-		fail(r, rc == -ETIMEDOUT ? "the old path did not drain" : "shadow inconsistent");
+		fail(r, fence_failure(rc));
 		return;
 	}
 	struct r2cc_nic *nic = place(r, NULL);
@@ -1804,9 +1908,6 @@ static void migrate_loopback(struct r2cc_rqp *r)
 	snprintf(p.nic, sizeof(p.nic), "%s", nic->name);
 	set_state(r, RQ_EXCHANGE);
 	rc = connect_path(r, &p);
-	struct ibv_qp *oq = NULL;
-	struct ibv_cq *oc = NULL;
-	struct r2cc_qp_shadow *osh = NULL;
 	uint64_t held = 0;
 	pthread_mutex_lock(&r->mu);
 	r->loopback = true;
@@ -1814,21 +1915,9 @@ static void migrate_loopback(struct r2cc_rqp *r)
 	r->k_peer = r->k_local;
 	if (!r->migrations)
 		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", r->orig_nic->name);
-	if (!rc)
-		rc = make_plan(r);
-	if (!rc) {
-		switch_path(r, &p, &oq, &oc, &osh);
-		rc = post_plan_recvs(r);
-	}
-	if (!rc)
-		rc = post_plan_sends(r, &held);
-	if (!rc)
-		set_state(r, RQ_MIGRATED);
 	pthread_mutex_unlock(&r->mu);
-	if (oq || oc)
-		destroy_private(oq, oc);
-	if (osh)
-		r2cc_qp_shadow_destroy(osh);
+	if (!rc)
+		rc = commit_path(r, &p, true, &held);
 	if (rc) {
 		fail(r, "cannot connect or re-post the loopback QP on the new NIC");
 		return;
@@ -1841,7 +1930,7 @@ static void initiate(struct r2cc_rqp *r)
 {
 	if (r->q->peer.qpn == r->qpn && r->q->peer.lid == r->orig_nic->lid) {
 		if (churning(r))
-			fail(r, "the path keeps failing (3 migrations within 5 s)");
+			fail(r, CHURN_WHY);
 		else
 			migrate_loopback(r);
 		return;
@@ -1864,7 +1953,7 @@ static void initiate(struct r2cc_rqp *r)
 	}
 	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
 	if (churning(r)) {
-		fail(r, "the path keeps failing (3 migrations within 5 s)");
+		fail(r, CHURN_WHY);
 		return;
 	}
 	/* A path-level symptom (the transport gave up, a stall, a port event) widens to
@@ -1878,10 +1967,9 @@ static void initiate(struct r2cc_rqp *r)
 	else if (!path_level)
 		incident_event(r->incident, "qp 0x%x: localised to this QP (status %d)", r->qpn,
 			       r->status_seen);
-	fence_start(r);
-	int rc = fence_drain(r);
+	int rc = fence(r);
 	if (rc) {
-		fail(r, rc == -ETIMEDOUT ? "the old path did not drain" : "shadow inconsistent");
+		fail(r, fence_failure(rc));
 		return;
 	}
 	struct r2cc_nic *nic = place(r, NULL);
@@ -1969,14 +2057,14 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	const struct rep_wire *m = &in->m;
 	int s = load_state(r);
 	if (s == RQ_FAILED || r->dead) {
-		nack(dir, in->from_rank, r, m, -EHOSTDOWN);
+		nack(dir, in->from_rank, m, -EHOSTDOWN);
 		return;
 	}
 	if (!connected(r))
 		return; /* still connecting: the initiator asks again */
 	if (s != RQ_EXCHANGE && churning(r)) {
-		nack(dir, in->from_rank, r, m, -ENETUNREACH);
-		fail(r, "the path keeps failing (3 migrations within 5 s)");
+		nack(dir, in->from_rank, m, -ENETUNREACH);
+		fail(r, CHURN_WHY);
 		return;
 	}
 	if (s == RQ_EXCHANGE) {
@@ -1988,23 +2076,14 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 			return; /* a re-sent REQ we already answered */
 		/* theirs wins: drop our new path, serve theirs (already fenced) */
 		pthread_mutex_lock(&r->mu);
-		if (r->new_qp)
-			destroy_private(r->new_qp, r->new_cq);
-		r->new_qp = NULL;
-		r->new_cq = NULL;
-		if (r->new_sh)
-			r2cc_qp_shadow_destroy(r->new_sh);
-		r->new_sh = NULL;
+		drop_new_path(r);
 		pthread_mutex_unlock(&r->mu);
 	} else {
 		if (s == RQ_HEALTHY || s == RQ_MIGRATED) {
-			int64_t t = now_ns();
+			char why[64];
+			snprintf(why, sizeof(why), "peer notice from rank %d", in->from_rank);
 			pthread_mutex_lock(&eng.mu);
-			r->t_detect = t;
-			snprintf(r->cause, sizeof(r->cause), "peer notice from rank %d",
-				 in->from_rank);
-			r->incident = incident_get(r->cur_nic->name, r->cause, t);
-			eng.inc[r->incident].qps++;
+			note_detection(r, why, r->status_seen);
 			pthread_mutex_unlock(&eng.mu);
 			set_state(r, RQ_DETECTED);
 		}
@@ -2013,11 +2092,10 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 		/* The peer saw the failure; whether it is this side's NIC only a
 		 * self-test can say (a port that is down says so itself). */
 		selftest_start(r->cur_nic);
-		fence_start(r);
-		int rc = fence_drain(r);
+		int rc = fence(r);
 		if (rc) {
-			nack(dir, in->from_rank, r, m, rc);
-			fail(r, "the old path did not drain");
+			nack(dir, in->from_rank, m, rc);
+			fail(r, fence_failure(rc));
 			return;
 		}
 	}
@@ -2026,7 +2104,7 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	struct r2cc_nic *nic = place(r, p.nic);
 	int rc = nic ? new_path(r, nic) : -ENODEV;
 	if (rc) {
-		nack(dir, in->from_rank, r, m, rc);
+		nack(dir, in->from_rank, m, rc);
 		fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
 		return;
 	}
@@ -2038,31 +2116,19 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	r->peer_rank = in->from_rank;
 	r->pair_id = le64toh(m->pair_id);
 	r->k_peer = le64toh(m->count);
-	r->peer_new = p;
 	if (!r->peer_orig_nic[0] || !r->migrations)
 		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
-	struct ibv_qp *oq = NULL;
-	struct ibv_cq *oc = NULL;
-	struct r2cc_qp_shadow *osh = NULL;
-	if (!rc)
-		rc = make_plan(r);
 	struct rep_wire out;
-	if (!rc) {
-		wire_fill(&out, OP_REP, r);
-		out.pair_id = m->pair_id;
-		out.count = htole64(r->k_local);
-		wire_path(&out, r);
-		switch_path(r, &p, &oq, &oc, &osh);
-		rc = post_plan_recvs(r);
-	}
+	wire_fill(&out, OP_REP, r);
+	out.pair_id = m->pair_id;
+	out.count = htole64(r->k_local);
+	wire_path(&out, r);
 	r->t_deadline = now_ns() + (int64_t)R2CC_REPAIR_TIMEOUT_MS * 1000000;
 	pthread_mutex_unlock(&r->mu);
-	if (oq || oc)
-		destroy_private(oq, oc);
-	if (osh)
-		r2cc_qp_shadow_destroy(osh);
+	if (!rc) /* sends wait for the initiator's GO */
+		rc = commit_path(r, &p, false, NULL);
 	if (rc) {
-		nack(dir, in->from_rank, r, m, rc);
+		nack(dir, in->from_rank, m, rc);
 		fail(r, "cannot connect or re-post on the new path");
 		return;
 	}
@@ -2089,33 +2155,15 @@ static void on_rep(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc
 	r->dir = dir;
 	r->peer_rank = in->from_rank;
 	r->k_peer = le64toh(m->count);
-	r->peer_new = p;
 	if (!r->migrations)
 		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
 	pthread_mutex_unlock(&r->mu);
 	if (!rc && strcmp(r->peer_orig_nic, p.nic))
 		rc = r2cc_mr_mirror_remote_refresh(dir, in->from_rank, r->peer_orig_nic, p.nic,
 						   2000);
-	struct ibv_qp *oq = NULL;
-	struct ibv_cq *oc = NULL;
-	struct r2cc_qp_shadow *osh = NULL;
 	uint64_t held = 0;
-	pthread_mutex_lock(&r->mu);
 	if (!rc)
-		rc = make_plan(r);
-	if (!rc) {
-		switch_path(r, &p, &oq, &oc, &osh);
-		rc = post_plan_recvs(r);
-	}
-	if (!rc)
-		rc = post_plan_sends(r, &held);
-	if (!rc)
-		set_state(r, RQ_MIGRATED);
-	pthread_mutex_unlock(&r->mu);
-	if (oq || oc)
-		destroy_private(oq, oc);
-	if (osh)
-		r2cc_qp_shadow_destroy(osh);
+		rc = commit_path(r, &p, true, &held);
 	if (rc) {
 		fail(r, "cannot connect or re-post on the new path");
 		return;
@@ -2360,35 +2408,43 @@ static void *repair_main(void *arg)
 /* --- declared failures ---------------------------------------------------------------- */
 
 /*
- * R2CC_FAILED_NODE / R2CC_FAILED_HCA name NICs of this node: mark them and move
- * every QP on them as a failure would (R2CC-Balance placement from the start).
- * Runs when the node index is first known and when a QP becomes ready (NCCL may
- * open NICs later).
+ * R2CC_FAILED_NODE / R2CC_FAILED_HCA name NICs of this node: they are marked, and
+ * every QP on them moves as after a failure (R2CC-Balance placement from the start).
  */
 static void declared_move(struct r2cc_rqp *r);
 
-static void declared_apply(void)
+/* Mark this node's declared NICs (the node index is known once a directory came;
+ * NCCL may open NICs later, so this runs again when a QP gets ready). */
+static bool declared_mark(void)
 {
 	pthread_mutex_lock(&eng.mu);
 	int node = eng.node_index;
 	bool any = eng.declared.nentries > 0;
 	pthread_mutex_unlock(&eng.mu);
 	if (!any || node < 0)
-		return;
+		return false;
 	char key[R2CC_CTL_NODE_KEY_MAX];
 	r2cc_node_key(key, sizeof(key));
-	if (!r2cc_nic_mark_declared(&eng.declared, node, key))
+	return r2cc_nic_mark_declared(&eng.declared, node, key) > 0;
+}
+
+static bool declared_fresh(const struct r2cc_rqp *r, const void *arg)
+{
+	(void)arg;
+	return r->q && r->q->state == IBV_QPS_RTS && !r->declared_pending &&
+	       load_state(r) == RQ_HEALTHY && r->cur_nic->state == R2CC_NIC_DECLARED;
+}
+
+/* The first directory: QPs connected before it was known move now. */
+static void declared_apply(void)
+{
+	if (!declared_mark())
 		return;
-	struct r2cc_rqp *list[1024];
-	int n = 0;
-	pthread_mutex_lock(&eng.mu);
-	for (struct r2cc_rqp *r = eng.all; r && n < 1024; r = r->next_all)
-		if (!r->dead && r->q && r->q->state == IBV_QPS_RTS && !r->declared_pending &&
-		    load_state(r) == RQ_HEALTHY && r->cur_nic->state == R2CC_NIC_DECLARED)
-			list[n++] = r;
-	pthread_mutex_unlock(&eng.mu);
+	struct r2cc_rqp **list;
+	int n = collect(&list, declared_fresh, NULL);
 	for (int i = 0; i < n; i++)
 		declared_move(list[i]);
+	free(list);
 }
 
 /*
@@ -2414,7 +2470,7 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 {
 	if (!q->rep)
 		return;
-	declared_apply();
+	declared_mark();
 	if (q->ctx->nic->state == R2CC_NIC_DECLARED && !q->rep->declared_pending)
 		declared_move(q->rep);
 	else if (q->ctx->nic->state == R2CC_NIC_DOWN)
@@ -2428,15 +2484,11 @@ static void nic_failed(struct r2cc_nic *nic, const char *why)
 	if (nic->state == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
 	nic->state = R2CC_NIC_DOWN;
-	struct r2cc_rqp *list[1024];
-	int n = 0;
-	pthread_mutex_lock(&eng.mu);
-	for (struct r2cc_rqp *r = eng.all; r && n < 1024; r = r->next_all)
-		if (!r->dead && r->cur_nic == nic)
-			list[n++] = r;
-	pthread_mutex_unlock(&eng.mu);
+	struct r2cc_rqp **list;
+	int n = collect(&list, on_nic, nic);
 	for (int i = 0; i < n; i++)
 		detect(list[i], why, IBV_WC_RETRY_EXC_ERR);
+	free(list);
 }
 
 bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
