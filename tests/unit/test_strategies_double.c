@@ -598,6 +598,7 @@ void dbl_begin(struct dbl_rank *r)
 	r->nops = 1;
 	memset(r->ncalls, 0, sizeof(r->ncalls));
 	r->parent_allreduces = 0;
+	r->parent_bcasts = 0;
 }
 
 static bool overlap(const uintptr_t *a, const uintptr_t *b)
@@ -669,6 +670,8 @@ static int d_coll(struct dbl_rank *r, int kind, const void *send, void *recv, si
 	r->ncalls[kind]++;
 	if (kind == DBL_ALLREDUCE && comm == r->parent)
 		r->parent_allreduces++;
+	if (kind == DBL_BCAST && comm == r->parent)
+		r->parent_bcasts++;
 	if (kind == DBL_ALLREDUCE)
 		track(r, stream, kind, comm, count, s, s + bytes, d, d + bytes);
 	else if (kind == DBL_REDUCE)

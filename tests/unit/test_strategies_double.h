@@ -54,6 +54,7 @@ struct dbl_rank {
 	struct dbl_op ops[DBL_MAX_OPS];
 	int ncalls[5];	       /* per kind, since dbl_begin */
 	int parent_allreduces; /* allreduce calls on the parent since dbl_begin */
+	int parent_bcasts;     /* broadcast calls on the parent since dbl_begin */
 	int aborts;	       /* comm_abort calls, ever */
 	/* faults */
 	bool fail_split;	 /* this rank's comm_split calls fail */

@@ -52,7 +52,7 @@ struct run {
 	struct result {
 		char err[512];
 		enum r2cc_ar2_reason why[MAX_COUNTS];
-		int parent_allreduces[MAX_COUNTS], ncalls[MAX_COUNTS][5];
+		int parent_allreduces[MAX_COUNTS], parent_bcasts[MAX_COUNTS], ncalls[MAX_COUNTS][5];
 		int live_comms_before_destroy;
 		int aborts;
 	} res[MAX_RANKS];
@@ -204,6 +204,7 @@ static void *rank_main(void *p)
 		ret = r2cc_ar2_allreduce(c, send, recv, count, run->dtype, run->op, &dr->user,
 					 run->flags, &res->why[n]);
 		res->parent_allreduces[n] = dr->parent_allreduces;
+		res->parent_bcasts[n] = dr->parent_bcasts;
 		memcpy(res->ncalls[n], dr->ncalls, sizeof(dr->ncalls));
 		if (ret)
 			fail_rank(res, "call %d (count %zu): allreduce returned %d", n, count, ret);
@@ -360,27 +361,34 @@ Test(ar2_exec, matrix_3x2_interleaved)
 	matrix(&shapes[4]);
 }
 
-/* The stage calls actually happen: a 3x2 call issues what section 5 says. */
+/* The stage calls actually happen: a 3x2 call issues what section 5 says; schedule 0
+ * broadcasts on its own communicator over all ranks, schedules 1-3 on the parent. */
 Test(ar2_exec, issues_the_two_stages)
 {
 	struct run *run = malloc(sizeof(*run));
 
-	init_run(run, &shapes[2]); /* 3 nodes x 2, node 1 degraded, helper rank 4 */
-	run->counts[0] = 3000;
-	run->cfg.chunks = 3;
-	run_one(run);
-	for (int r = 0; r < 6; r++) {
-		bool degraded = r == 2 || r == 3, helper = r == 4;
-		int *nc = run->res[r].ncalls[0];
+	for (int sched = 0; sched < 4; sched++) {
+		init_run(run, &shapes[2]); /* 3 nodes x 2, node 1 degraded, helper rank 4 */
+		run->counts[0] = 3000;
+		run->cfg.chunks = 3;
+		run->cfg.schedule = sched;
+		run_one(run);
+		for (int r = 0; r < 6; r++) {
+			bool degraded = r == 2 || r == 3, helper = r == 4;
+			int *nc = run->res[r].ncalls[0];
 
-		cr_assert_eq(nc[DBL_SPLIT], 2, "rank %d", r);
-		cr_assert_eq(nc[DBL_AGREE], 1);
-		cr_assert_eq(run->res[r].parent_allreduces[0], 1); /* main part */
-		cr_assert_eq(nc[DBL_ALLREDUCE], degraded ? 1 : 2, "rank %d", r);
-		cr_assert_eq(nc[DBL_REDUCE], degraded || helper ? 3 : 0, "rank %d", r);
-		cr_assert_eq(nc[DBL_BCAST], 3, "rank %d", r);
-		cr_assert_eq(run->res[r].live_comms_before_destroy,
-			     4 + 3); /* 4 healthy + 3 aPlusH */
+			cr_assert_eq(nc[DBL_SPLIT], sched == 0 ? 3 : 2, "rank %d", r);
+			cr_assert_eq(nc[DBL_AGREE], 1);
+			cr_assert_eq(run->res[r].parent_allreduces[0], 1); /* main part */
+			cr_assert_eq(nc[DBL_ALLREDUCE], degraded ? 1 : 2, "rank %d", r);
+			cr_assert_eq(nc[DBL_REDUCE], degraded || helper ? 3 : 0, "rank %d", r);
+			cr_assert_eq(nc[DBL_BCAST], 3, "rank %d", r);
+			cr_assert_eq(run->res[r].parent_bcasts[0], sched == 0 ? 0 : 3, "rank %d",
+				     r);
+			/* 4 healthy + 3 aPlusH, and 6 bcast with schedule 0 */
+			cr_assert_eq(run->res[r].live_comms_before_destroy,
+				     4 + 3 + (sched == 0 ? 6 : 0));
+		}
 	}
 	free(run);
 }
@@ -394,7 +402,8 @@ Test(ar2_exec, destroy_with_abort)
 	run->abort = true;
 	run_one(run); /* and run_one checks nothing is left */
 	for (int r = 0; r < 6; r++)
-		cr_assert_eq(run->res[r].aborts, r == 4 ? 2 : 1, "rank %d", r); /* helper: both */
+		/* every rank: bcast; healthy ranks: healthy; the helper also aPlusH */
+		cr_assert_eq(run->res[r].aborts, r == 4 ? 3 : 2, "rank %d", r);
 	init_run(run, &shapes[2]);
 	run_one(run);
 	for (int r = 0; r < 6; r++)
@@ -436,7 +445,7 @@ Test(ar2_exec, setup_once)
 	run->ncounts = 3;
 	run_one(run);
 	for (int r = 0; r < 4; r++) {
-		cr_assert_eq(run->res[r].ncalls[0][DBL_SPLIT], 2);
+		cr_assert_eq(run->res[r].ncalls[0][DBL_SPLIT], 3);
 		cr_assert_eq(run->res[r].ncalls[1][DBL_SPLIT], 0);
 		cr_assert_eq(run->res[r].ncalls[2][DBL_AGREE], 0);
 	}
@@ -456,7 +465,7 @@ Test(ar2_exec, new_view)
 	run_one(run);
 	for (int r = 0; r < 6; r++) {
 		cr_assert_eq(run->res[r].ncalls[1][DBL_SPLIT], 0);
-		cr_assert_eq(run->res[r].ncalls[2][DBL_SPLIT], 2);
+		cr_assert_eq(run->res[r].ncalls[2][DBL_SPLIT], 3);
 		cr_assert_eq(run->res[r].why[2], R2CC_AR2_RAN);
 	}
 	free(run);
@@ -549,7 +558,7 @@ Test(ar2_exec, split_failure_on_one_rank)
 		/* the bad rank says what failed; the reason is said once per process */
 		expect_fallback_warns(run, R2CC_AR2_FB_SETUP, bad == 0 ? 2 : 1);
 		for (int r = 0; r < run->nranks; r++) {
-			cr_assert_eq(run->res[r].ncalls[0][DBL_SPLIT], 2);
+			cr_assert_eq(run->res[r].ncalls[0][DBL_SPLIT], 3);
 			cr_assert_eq(run->res[r].ncalls[0][DBL_AGREE], 1);
 			cr_assert_eq(run->res[r].live_comms_before_destroy, 0,
 				     "a sub-communicator outlived the failed setup");
