@@ -64,6 +64,9 @@ enum rq_state {
 };
 
 enum { OP_REQ = 1, OP_REP, OP_GO, OP_NACK };
+/* rep_wire.flags: the REQ's sender knows its own NIC failed (declared, port down,
+ * self-test failed): the responder's side is healthy and keeps its NIC. */
+#define WIRE_F_SENDER_NIC_FAILED 0x1
 
 struct held_send {
 	struct held_send *next;
@@ -431,6 +434,8 @@ static void wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
 	m->dst_qpn = htole32(r->q ? r->q->peer.qpn : 0);
 	m->dst_lid = htole16(r->q ? r->q->peer.lid : 0);
 	snprintf(m->orig_nic, sizeof(m->orig_nic), "%s", r->orig_nic->name);
+	if (op == OP_REQ && __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
+		m->flags = htole16(WIRE_F_SENDER_NIC_FAILED);
 }
 
 static void wire_path(struct rep_wire *m, const struct r2cc_rqp *r)
@@ -2055,6 +2060,7 @@ static void resend_req(struct r2cc_rqp *r)
 static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_ctl_dir *dir)
 {
 	const struct rep_wire *m = &in->m;
+	bool peer_nic_failed = le16toh(m->flags) & WIRE_F_SENDER_NIC_FAILED;
 	int s = load_state(r);
 	if (s == RQ_FAILED || r->dead) {
 		nack(dir, in->from_rank, m, -EHOSTDOWN);
@@ -2087,11 +2093,13 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 			pthread_mutex_unlock(&eng.mu);
 			set_state(r, RQ_DETECTED);
 		}
-		incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate", r->qpn,
-			       in->from_rank);
+		incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate%s", r->qpn,
+			       in->from_rank, peer_nic_failed ? " (its own NIC failed)" : "");
 		/* The peer saw the failure; whether it is this side's NIC only a
-		 * self-test can say (a port that is down says so itself). */
-		selftest_start(r->cur_nic);
+		 * self-test can say (a port that is down says so itself), unless the
+		 * peer knows its own NIC is the failed one. */
+		if (!peer_nic_failed)
+			selftest_start(r->cur_nic);
 		int rc = fence(r);
 		if (rc) {
 			nack(dir, in->from_rank, m, rc);
@@ -2101,7 +2109,13 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	}
 	struct peer_path p;
 	path_from_wire(&p, m);
-	struct r2cc_nic *nic = place(r, p.nic);
+	/* The peer's own NIC failed: this side stays where NCCL put it (a fresh QP on
+	 * the same NIC), so this node's NICs stay as evenly loaded as they were;
+	 * following the peer's new rail instead would pile every moved QP of this
+	 * node onto the NICs the peer picked. Otherwise this side's NIC is suspect
+	 * too: another one, on the peer's rail when it can. */
+	struct r2cc_nic *nic =
+	    peer_nic_failed && nic_usable(r, r->cur_nic, true) ? r->cur_nic : place(r, p.nic);
 	int rc = nic ? new_path(r, nic) : -ENODEV;
 	if (rc) {
 		nack(dir, in->from_rank, m, rc);
