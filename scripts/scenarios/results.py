@@ -64,13 +64,29 @@ def parse_num(tok):
         return None
 
 
+# Another process's log line written into the middle of a result row (the ranks share
+# the terminal): the row goes on, after the intruding lines, on a line of bare numbers.
+INTRUSION = re.compile(r"[A-Za-z][\w.-]*:\d+:\d+ (?:R2CC|NCCL) |\[\d{4}-\d\d-\d\d ")
+ROW_TAIL = re.compile(r"^\s*(?:(?:-?[0-9.]+(?:e[-+]?\d+)?|N/A)\s*)+$")
+
+
 def read_rows(lines):
     """Result rows: (lineno, size, type, op, oop_busbw, ip_busbw, oop_wrong, ip_wrong)
     and the numbers of incomplete rows (the run stopped inside them)."""
     rows, partial = [], []
+    pending = None  # (lineno, text) of a row cut by an intruding log line
     for n, line in enumerate(lines, 1):
+        if pending and ROW_TAIL.match(line):
+            n, line = pending[0], pending[1] + " " + line.strip()
+            pending = None
         m = ROW.match(line)
         if not m or line.lstrip().startswith("#"):
+            continue
+        cut = INTRUSION.search(line, m.start(4))
+        if cut:
+            if pending:
+                partial.append(pending[0])
+            pending = (n, line[:cut.start()])
             continue
         toks = m.group(4).split()
         # after size/count/type: redop root (newer nccl-tests), then 2 x (time algbw busbw wrong)
@@ -83,6 +99,8 @@ def read_rows(lines):
         rows.append(dict(line=n, size=int(m.group(1)), type=m.group(3), op=op,
                          oop_bw=parse_num(o[2]), ip_bw=parse_num(i[2]),
                          oop_wrong=parse_wrong(o[3]), ip_wrong=parse_wrong(i[3])))
+    if pending:
+        partial.append(pending[0])
     return rows, partial
 
 

@@ -76,6 +76,20 @@ for f in "${scripts[@]}" "$S/common.sh" scripts/drill tests/scenarios/fake/all_r
 	bash -n "$f" && ok || fail "bash -n $f"
 done
 python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" "$S/results.py" && ok || fail "results.py does not compile"
+
+# --- result rows cut by another rank's log lines (the ranks share the terminal) ---------
+cat >"$T/cut.log" <<'EOF'
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+        1024           256     float     sum      -1    129.9    0.01    0.01      0    128.3    0.01    0.01      0
+       32768          8192     float     sum      -1vm:2701:2772 R2CC INFO repair: qp 0x39005 migrated to mlx5_0 in 0.6 ms (declared failed)
+vm:2704:2775 R2CC INFO repair: qp 0x34004 migrated to mlx5_2 in 0.4 ms (peer notice from rank 0)
+[2026-11-29 23:53:33] vm:2701:2701 [0] transport/net_ib.cc:485 NCCL WARN something
+    85.25    0.38    0.58      1    76.76    0.43    0.64      0
+       65536         16384     float     sum      -1    145.8    0.45    0.67      0    138.9    0.47    0.71      0
+EOF
+python3 "$S/results.py" check --label cut --status 0 "$T/cut.log" >"$T/cut.out" 2>&1
+has cut "^cut: exit status 0, 3 result rows 1 KiB \.\. 64 KiB \(float sum\)$" \
+	"^cut: WRONG results at 32768 B float sum: #wrong 1 / 0 \(line 3\)$"
 if command -v shellcheck >/dev/null; then
 	shellcheck -x -S error "${scripts[@]}" "$S/common.sh" scripts/drill >"$T/shellcheck.out" 2>&1 && ok ||
 		{ fail "shellcheck -S error"; head -20 "$T/shellcheck.out"; }
