@@ -8,6 +8,11 @@
 # ratio AR2/Balance per size next to r2cc-plan's prediction, and node 0's per-NIC bytes of
 # one 4 GiB iteration for both strategies.
 #   scripts/gpu-ar2-vs-balance.sh [LOGDIR] [ROUNDS]
+# SHAPES="4x1" runs one shape only; ANALYSE_ONLY=1 prints the tables of LOGDIR's runs
+# without running anything. Columns 'closed' and 'fitted' are the ratio the cost model
+# predicts: DESIGN.md 5's closed form (no fixed costs, equal cost per byte) and the
+# installed fit (r2cc-plan's default constants).
+# In shapes where ranks share a GPU (4x1 on 2 GPUs), run it under scripts/with-mps.sh.
 set -u
 cd "$(dirname "$0")/.."
 export R2CC_ROOT=$PWD
@@ -18,7 +23,9 @@ G=${GBPS:-25}
 mkdir -p "$LOG"
 . scripts/softfabric.sh
 fail=0
-for shape in 4x1 2x1; do
+SHAPES=${SHAPES:-4x1 2x1}
+[ "${ANALYSE_ONLY:-0}" = 1 ] && SHAPES_RUN= || SHAPES_RUN=$SHAPES
+for shape in $SHAPES_RUN; do
 	n=${shape%x*}
 	for r in $(seq "$ROUNDS"); do
 		for mode in 2 3; do
@@ -33,9 +40,9 @@ for shape in 4x1 2x1; do
 		done
 	done
 done
-python3 - "$LOG" "$ROUNDS" "$B" <<'PY'
+python3 - "$LOG" "$ROUNDS" "$B" "$SHAPES" <<'PY'
 import re, statistics, subprocess, sys
-log, rounds, b = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+log, rounds, b, shapes = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].split()
 def rows(path):
     out = {}
     for line in open(path):
@@ -43,10 +50,9 @@ def rows(path):
         if len(f) >= 13 and f[0].isdigit() and f[2] == "float":
             out[int(f[0])] = (float(f[7]), f[8], f[12])
     return out
-for shape in ("4x1", "2x1"):
+for shape in shapes:
     n = int(shape.split("x")[0])
     print(f"\n{shape}: {n} nodes x 1 GPU, 3 NICs per node at 25 Gb/s, node 0's mlx5_2 declared failed")
-    print(f"{'bytes':>12} {'Balance':>8} {'AR2':>8} {'ratio':>7} {'model':>7}  (busbw GB/s out-of-place, median of {rounds})")
     data = {2: {}, 3: {}}
     for mode in (2, 3):
         for r in range(1, rounds + 1):
@@ -57,15 +63,21 @@ for shape in ("4x1", "2x1"):
                         print(f"WRONG results: mode {mode} round {r} size {size}")
             except FileNotFoundError:
                 pass
+    nr = max((len(v) for v in data[2].values()), default=0)
+    print(f"{'bytes':>12} {'Balance':>8} {'AR2':>8} {'ratio':>7} {'closed':>7} {'fitted':>7}  (busbw GB/s out-of-place, median of {nr})")
+    def predicted(size, model=None):
+        cmd = [f"{b}/bin/r2cc-plan", "--nodes", str(n), "--nics", "3", "--failed", "1", "--bytes", str(size)]
+        if model:
+            cmd += ["--model", model]
+        plan = subprocess.run(cmd, capture_output=True, text=True).stdout
+        t = dict(re.findall(r"mode (\d) \S+(?: \S+)*?\s+([0-9.]+)\s+[0-9.]+\n", plan))
+        return float(t["2"]) / float(t["3"]) if "2" in t and "3" in t else float("nan")
+    closed = "alpha_us=0,beta_us_per_byte=1,ar2_beta_us_per_byte=1,ar2_stage_us=0,ar2_chunk_us=0"
     for size in sorted(data[2]):
         if size not in data[3]:
             continue
         p, q = statistics.median(data[2][size]), statistics.median(data[3][size])
-        plan = subprocess.run([f"{b}/bin/r2cc-plan", "--nodes", str(n), "--nics", "3", "--failed", "1",
-                               "--bytes", str(size)], capture_output=True, text=True).stdout
-        t = dict(re.findall(r"mode (\d) \S+(?: \S+)*?\s+([0-9.]+)\s+[0-9.]+\n", plan))
-        model = float(t["2"]) / float(t["3"]) if "2" in t and "3" in t else float("nan")
-        print(f"{size:>12} {p:>8.2f} {q:>8.2f} {q / p:>7.3f} {model:>7.3f}")
+        print(f"{size:>12} {p:>8.2f} {q:>8.2f} {q / p:>7.3f} {predicted(size, closed):>7.3f} {predicted(size):>7.3f}")
     for mode in (2, 3):
         try:
             text = open(f"{log}/{shape}-mode{mode}-1.log").read()
