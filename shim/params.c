@@ -217,6 +217,16 @@ static int parse_mr_mirror(struct r2cc_params *p, const char *v)
 	return 0;
 }
 
+/* Names not given keep the built-in fit's values. */
+static int parse_cost_model(struct r2cc_params *p, const char *v)
+{
+	struct r2cc_cost_model m = r2cc_cost_default;
+	if (r2cc_cost_model_parse(v, &m, NULL, 0))
+		return -EINVAL;
+	p->cost_model = m;
+	return 0;
+}
+
 static const struct param_def params[] = {
     {"R2CC_MODE", "2", "0, 1, 2, 3 or auto",
      "0 plain NCCL (pure pass-through); 1 live migration to one backup NIC; 2 R2CC-Balance; "
@@ -253,6 +263,12 @@ static const struct param_def params[] = {
      "pairs can migrate (more MR registrations; auto: on unless R2CC_MODE=0; 0: off, and "
      "queue pairs then cannot migrate)",
      parse_mr_mirror},
+    {"R2CC_COST_MODEL", "",
+     "NAME=VALUE[,NAME=VALUE...] with NAME one of alpha_us, beta_us_per_byte, "
+     "ar2_beta_us_per_byte, ar2_stage_us, ar2_chunk_us and VALUE a number >= 0",
+     "R2CC_MODE=auto: the cost model's constants, as r2cc-fit-cost prints them from your "
+     "cluster's measurements (unset: the built-in fit; names left out keep its values)",
+     parse_cost_model},
 };
 
 #define NPARAMS (sizeof(params) / sizeof(params[0]))
@@ -275,6 +291,7 @@ const char *r2cc_param_default(int i)
 void r2cc_params_defaults(struct r2cc_params *p)
 {
 	memset(p, 0, sizeof(*p));
+	p->cost_model = r2cc_cost_default;
 	for (size_t i = 0; i < NPARAMS; i++)
 		if (params[i].def[0])
 			params[i].parse(p, params[i].def);

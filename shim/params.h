@@ -8,6 +8,8 @@
 #ifndef R2CC_SHIM_PARAMS_H
 #define R2CC_SHIM_PARAMS_H
 
+#include "strategies/cost.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -35,7 +37,8 @@ struct r2cc_params {
 	char oob_root[256]; /* R2CC_OOB_ROOT host:port, empty = from the unique id */
 	bool stats;	    /* R2CC_STATS: publish live statistics for r2cc top */
 	bool mr_mirror;	    /* R2CC_MR_MIRROR: mirror every MR on every NIC (hot repair) */
-	bool valid;	    /* false: a setting was bad, run as pass-through */
+	struct r2cc_cost_model cost_model; /* R2CC_COST_MODEL over r2cc_cost_default */
+	bool valid;			   /* false: a setting was bad, run as pass-through */
 };
 
 extern struct r2cc_params r2cc_param;

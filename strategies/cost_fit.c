@@ -87,7 +87,10 @@ static int solve(double *a, double *b, int n)
  * Weighted least squares on rows divided by the measured time (relative
  * error), in coordinates scaled so that every column has unit RMS, with a
  * tiny ridge pulling towards the starting values: it decides only the
- * directions the data leave undetermined.
+ * directions the data leave undetermined. Every constant is a time, so none may
+ * be negative: one that the unconstrained solution drives below zero (sizes far
+ * above the latency terms cannot see them, and noise then pushes them anywhere)
+ * is held at zero and the others are fitted again, until none is negative.
  */
 int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, int n,
 		  double *rms_rel_p)
@@ -95,8 +98,9 @@ int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, i
 	enum { P = R2CC_COST_NPARAMS };
 	double p0[P] = {m->alpha_us, m->beta_us_per_byte, m->ar2_beta_us_per_byte, m->ar2_stage_us,
 			m->ar2_chunk_us};
-	double scale[P] = {0}, ata[P * P] = {0}, atb[P] = {0}, row[P], q[P], lambda, e, sse = 0;
-	int i, j, k, used = 0;
+	double scale[P] = {0}, ata[P * P], atb[P], row[P], q[P], lambda, e, sse = 0;
+	bool zero[P] = {false};
+	int i, j, k, used = 0, round;
 
 	for (i = 0; i < n; i++) {
 		if (!sample_usable(&s[i]))
@@ -113,28 +117,43 @@ int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, i
 			scale[j] = sqrt(scale[j] / used);
 		else
 			scale[j] = p0[j] != 0 ? 1.0 / fabs(p0[j]) : 1.0;
-	}
-	for (i = 0; i < n; i++) {
-		if (!sample_usable(&s[i]))
-			continue;
-		design_row(&s[i], row);
-		for (j = 0; j < P; j++)
-			row[j] /= s[i].time_us * scale[j];
-		for (j = 0; j < P; j++) {
-			atb[j] += row[j];
-			for (k = 0; k < P; k++)
-				ata[j * P + k] += row[j] * row[k];
-		}
+		if (p0[j] < 0)
+			p0[j] = 0;
 	}
 	lambda = 1e-9 * used;
-	for (j = 0; j < P; j++) {
-		ata[j * P + j] += lambda;
-		atb[j] += lambda * p0[j] * scale[j];
+	for (round = 0; round <= P; round++) {
+		bool again = false;
+
+		memset(ata, 0, sizeof(ata));
+		memset(atb, 0, sizeof(atb));
+		for (i = 0; i < n; i++) {
+			if (!sample_usable(&s[i]))
+				continue;
+			design_row(&s[i], row);
+			for (j = 0; j < P; j++)
+				row[j] = zero[j] ? 0 : row[j] / (s[i].time_us * scale[j]);
+			for (j = 0; j < P; j++) {
+				atb[j] += row[j];
+				for (k = 0; k < P; k++)
+					ata[j * P + k] += row[j] * row[k];
+			}
+		}
+		for (j = 0; j < P; j++) {
+			ata[j * P + j] += zero[j] ? 1.0 : lambda;
+			atb[j] += zero[j] ? 0 : lambda * p0[j] * scale[j];
+		}
+		if (solve(ata, atb, P))
+			return -EINVAL;
+		for (j = 0; j < P; j++) {
+			q[j] = zero[j] ? 0 : atb[j] / scale[j];
+			if (q[j] < 0) {
+				zero[j] = true;
+				again = true;
+			}
+		}
+		if (!again)
+			break;
 	}
-	if (solve(ata, atb, P))
-		return -EINVAL;
-	for (j = 0; j < P; j++)
-		q[j] = atb[j] / scale[j];
 	m->alpha_us = q[0];
 	m->beta_us_per_byte = q[1];
 	m->ar2_beta_us_per_byte = q[2];

@@ -442,7 +442,8 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 						(double)count * (double)r2cc_nccl_type_size(dtype),
 					    .chunks = r2cc_param.ar_stage2_chunks};
 		char why[256];
-		if (r2cc_cost_choose(&r2cc_cost_default, &cc, why, sizeof(why)) != R2CC_STRAT_AR2) {
+		if (r2cc_cost_choose(&r2cc_param.cost_model, &cc, why, sizeof(why)) !=
+		    R2CC_STRAT_AR2) {
 			R2CC_TRACE("auto: %s", why);
 			return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm,
 					    stream);

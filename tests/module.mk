@@ -1,9 +1,9 @@
 # tests/: unit tests (Criterion) of the shim, and the preload test.
-UNIT_SHIM := shim/params.c shim/failspec.c shim/log.c shim/map.c shim/registry.c shim/comm.c \
+UNIT_SHIM := shim/params.c shim/failspec.c strategies/cost.c shim/log.c shim/map.c shim/registry.c shim/comm.c \
 	     shim/core.c shim/report.c shim/stats.c
 UNIT_CFLAGS = $(BIN_CFLAGS) -DR2CC_VERSION_STRING='"test"'
 
-$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/failspec.c shim/log.c
+$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/failspec.c shim/log.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
@@ -11,7 +11,7 @@ $(BUILD)/tests/unit/test_registry: tests/unit/test_registry.c $(UNIT_SHIM)
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shim/failspec.c
+$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shim/failspec.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 

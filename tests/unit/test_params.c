@@ -154,6 +154,23 @@ Test(params, strings)
 	cr_expect_eq(set("R2CC_REPORT", "/tmp/r2cc.txt"), 0);
 }
 
+/* The cost model: the built-in fit by default; names given replace its values. */
+Test(params, cost_model)
+{
+	cr_expect(!memcmp(&p.cost_model, &r2cc_cost_default, sizeof(p.cost_model)));
+	cr_expect_eq(set("R2CC_COST_MODEL", "alpha_us=12.5,ar2_chunk_us=0"), 0);
+	cr_expect_eq(p.cost_model.alpha_us, 12.5);
+	cr_expect_eq(p.cost_model.ar2_chunk_us, 0);
+	cr_expect_eq(p.cost_model.beta_us_per_byte, r2cc_cost_default.beta_us_per_byte);
+	const char *bad[] = {"alpha_us=-1",	   "alpha=1",
+			     "alpha_us",	   "alpha_us=1;beta_us_per_byte=2",
+			     "beta_us_per_byte=x", "ar2_stage_us=1e999"};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		expect_bad("R2CC_COST_MODEL", bad[i], "alpha_us, beta_us_per_byte");
+	/* a refused value leaves the model as it was */
+	cr_expect_eq(p.cost_model.alpha_us, 12.5);
+}
+
 Test(params, unknown_name)
 {
 	cr_expect_eq(set("R2CC_NOPE", "1"), -EINVAL);
@@ -175,7 +192,8 @@ Test(params, table_is_complete)
 				  "R2CC_REPORT",
 				  "R2CC_OOB_ROOT",
 				  "R2CC_STATS",
-				  "R2CC_MR_MIRROR"};
+				  "R2CC_MR_MIRROR",
+				  "R2CC_COST_MODEL"};
 	for (size_t i = 0; i < sizeof(expected) / sizeof(expected[0]); i++) {
 		int found = 0;
 		for (int j = 0; r2cc_param_name(j); j++)

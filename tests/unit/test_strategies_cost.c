@@ -225,6 +225,44 @@ Test(cost_fit, undetermined_constants_keep_their_values)
 	free(s);
 }
 
+/* Sizes far above the latency terms, with noise: unconstrained least squares
+ * drives some fixed terms below zero; the fit holds them at zero instead, and
+ * every constant it returns is one R2CC_COST_MODEL and r2cc-plan accept. */
+Test(cost_fit, constants_never_negative)
+{
+	static const struct r2cc_cost_model flat = {0, 1.0 / 9000.0, 1.1 / 9000.0, 0, 0};
+	struct r2cc_cost_sample s[64];
+	struct r2cc_cost_model m = r2cc_cost_default;
+	double rms;
+	char spec[256], err[128];
+	int n = 0;
+
+	srand(3);
+	for (int nodes = 2; nodes <= 4; nodes += 2)
+		for (double bytes = 256e6; bytes <= 4.3e9; bytes *= 2)
+			for (int st = R2CC_STRAT_BALANCE; st <= R2CC_STRAT_AR2; st++) {
+				struct r2cc_cost_case c = {nodes, 3, 1, bytes, 4};
+				double e = 0.03 * (2.0 * rand() / RAND_MAX - 1);
+				s[n++] = (struct r2cc_cost_sample){
+				    st,
+				    nodes,
+				    3,
+				    1,
+				    4,
+				    bytes,
+				    r2cc_cost_time(&flat, st, &c) * (1 + e)};
+			}
+	cr_assert_eq(r2cc_cost_fit(&m, s, n, &rms), 0);
+	cr_expect_geq(m.alpha_us, 0);
+	cr_expect_geq(m.ar2_stage_us, 0);
+	cr_expect_geq(m.ar2_chunk_us, 0);
+	expect_close(m.beta_us_per_byte, flat.beta_us_per_byte, 0.03, "beta");
+	expect_close(m.ar2_beta_us_per_byte, flat.ar2_beta_us_per_byte, 0.03, "ar2 beta");
+	cr_expect_lt(rms, 0.03);
+	r2cc_cost_model_format(&m, spec, sizeof(spec));
+	cr_expect_eq(r2cc_cost_model_parse(spec, &m, err, sizeof(err)), 0, "%s: %s", spec, err);
+}
+
 Test(cost_fit, csv)
 {
 	struct r2cc_cost_sample s;
