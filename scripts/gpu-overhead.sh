@@ -6,6 +6,11 @@
 #   scripts/gpu-overhead.sh [LOGDIR] [ROUNDS] [NODESxGPUS]
 # GBPS=25 shapes every soft NIC to that rate (SOFTVERBS_SHAPING=1): the network is then
 # the bottleneck, as on real clusters, and the rounds vary much less.
+# Each run sweeps 256 KiB-256 MiB with ITERS (default 40) timed iterations per size, after
+# a first untimed sweep (-N 2: the second is reported), so that no size is measured while
+# a process is still starting up. The ratio is taken per round (the variants of one round
+# run back to back), then its median over the rounds is printed with its range.
+# MAX_BYTES=4M stops the sweep there (more rounds of the latency-bound sizes in less time).
 set -u
 cd "$(dirname "$0")/.."
 export R2CC_ROOT=$PWD
@@ -15,7 +20,8 @@ ROUNDS=${2:-3}
 SHAPE=${3:-2x1}
 mkdir -p "$LOG"
 . scripts/softfabric.sh
-args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b 1M -e 1G -f 4 -n 5 -w 2 -c 1 -d float -o sum)
+args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b 256K -e "${MAX_BYTES:-256M}" -f 4
+	-n "${ITERS:-40}" -w 5 -N 2 -c 1 -d float -o sum)
 # Variants: plain (no R2CC), r2cc (R2CC_MODE=2, hot repair armed, nothing failed) and,
 # with MODE0=1, r2cc-mode0 (the library loaded, R2CC_MODE=0: pure pass-through), a control
 # for effects of loading anything at all. The order rotates every round, so that no variant
@@ -38,36 +44,46 @@ for r in $(seq "$ROUNDS"); do
 	done
 done
 echo "healthy-path cost, ${SHAPE} over 3 soft NICs per node${GBPS:+ shaped to $GBPS Gb/s each}, AllReduce float sum, $ROUNDS rounds, order rotated every round"
-echo "(busbw GB/s out-of-place, median of rounds; ratio = with R2CC / without)"
+echo "(busbw GB/s out-of-place of the second sweep, median of rounds; ratio = with R2CC / without,"
+echo " taken per round, median of rounds [lowest, highest])"
 python3 - "$LOG" "$ROUNDS" <<'PY'
-import sys, statistics, re
+import sys, statistics
 log, rounds = sys.argv[1], int(sys.argv[2])
 def rows(path):
+    """size -> (busbw, #wrong) of the last sweep in the log (-N 2 prints two)."""
     out = {}
     for line in open(path):
         f = line.split()
         if len(f) >= 13 and f[0].isdigit() and f[2] == "float":
             out[int(f[0])] = (float(f[7]), f[8])
     return out
-data = {"plain": {}, "r2cc": {}, "r2cc-mode0": {}}
-for v in data:
+variants = ("plain", "r2cc", "r2cc-mode0")
+data = {v: {} for v in variants}  # variant -> round -> size -> busbw
+for v in variants:
     for r in range(1, rounds + 1):
         try:
             for size, (bw, wrong) in rows(f"{log}/overhead-{v}-{r}.log").items():
-                data[v].setdefault(size, []).append(bw)
+                data[v].setdefault(r, {})[size] = bw
                 if wrong != "0":
                     print(f"WRONG results: {v} round {r} size {size}")
         except FileNotFoundError:
             pass
+def ratio(v, size):
+    rs = [data[v][r][size] / data["plain"][r][size] for r in data["plain"]
+          if r in data[v] and size in data[v][r] and data["plain"][r].get(size)]
+    return (statistics.median(rs), min(rs), max(rs)) if rs else None
+def med(v, size):
+    xs = [data[v][r][size] for r in data[v] if size in data[v][r]]
+    return statistics.median(xs) if xs else float("nan")
 m0 = bool(data["r2cc-mode0"])
-print(f"{'bytes':>12} {'plain':>8} {'r2cc':>8} {'ratio':>7}" +
-      (f" {'mode0':>8} {'ratio':>7}" if m0 else ""))
-for size in sorted(data["plain"]):
-    if size in data["r2cc"]:
-        p, q = statistics.median(data["plain"][size]), statistics.median(data["r2cc"][size])
-        line = f"{size:>12} {p:>8.2f} {q:>8.2f} {q / p if p else float('nan'):>7.3f}"
-        if m0 and size in data["r2cc-mode0"]:
-            z = statistics.median(data["r2cc-mode0"][size])
-            line += f" {z:>8.2f} {z / p if p else float('nan'):>7.3f}"
-        print(line)
+sizes = sorted({s for r in data["plain"].values() for s in r})
+print(f"{'bytes':>12} {'plain':>8} {'r2cc':>8} {'ratio [range]':>22}" +
+      (f" {'mode0':>8} {'ratio [range]':>22}" if m0 else ""))
+for size in sizes:
+    line = f"{size:>12} {med('plain', size):>8.2f}"
+    for v in ("r2cc",) + (("r2cc-mode0",) if m0 else ()):
+        q = ratio(v, size)
+        cell = f"{q[0]:.3f} [{q[1]:.3f}, {q[2]:.3f}]" if q else "-"
+        line += f" {med(v, size):>8.2f} {cell:>22}"
+    print(line)
 PY
