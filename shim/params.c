@@ -242,8 +242,9 @@ static const struct param_def params[] = {
     {"R2CC_AR_STAGE2_CHUNKS", "4", "an integer from 1 to 64",
      "R2CC-AllReduce: chunks of the stage-2 Reduce/Broadcast pipeline", parse_chunks},
     {"R2CC_AR_SCHEDULE", "0", "0, 1, 2 or 3",
-     "R2CC-AllReduce: 0 all concurrent; 1 stage 2 after the main AllReduce; 2 the partial "
-     "AllReduce also after it; 3 additionally serialise each Reduce/Broadcast pair",
+     "R2CC-AllReduce: 0 all concurrent (stage 2's Broadcasts on a communicator of their "
+     "own); 1 stage 2 after the main AllReduce; 2 the partial AllReduce also after it; 3 "
+     "additionally serialise each Reduce/Broadcast pair",
      parse_schedule},
     {"R2CC_AR_MIN_BYTES", "16M", "a byte count with an optional K, M, G or T suffix",
      "R2CC-AllReduce: smaller messages use Balance", parse_min_bytes},
