@@ -11,6 +11,7 @@
 # a process is still starting up. The ratio is taken per round (the variants of one round
 # run back to back), then its median over the rounds is printed with its range.
 # MAX_BYTES=4M stops the sweep there (more rounds of the latency-bound sizes in less time).
+# MODE=auto (or 1, 3) measures that R2CC_MODE instead of 2.
 set -u
 cd "$(dirname "$0")/.."
 export R2CC_ROOT=$PWD
@@ -35,7 +36,7 @@ for r in $(seq "$ROUNDS"); do
 		g=${GBPS:-100}
 		softfabric_env mlx5_0:$g,mlx5_2:$g,mlx5_3:$g "ov-$v-$r"
 		[ -n "${GBPS:-}" ] && export SOFTVERBS_SHAPING=1
-		pre= mode=2
+		pre= mode=${MODE:-2}
 		[ $v != plain ] && pre=$PWD/$B/lib/libr2cc.so
 		[ $v = r2cc-mode0 ] && mode=0
 		LD_PRELOAD=$pre R2CC_MODE=$mode timeout 300 "$B"/bin/r2cc-perf "${args[@]}" >"$LOG/overhead-$v-$r.log" 2>&1 ||

@@ -40,6 +40,11 @@ static void load(void)
 	S(MemFree, "cuMemFree_v2", "cuMemFree");
 	S(MemcpyHtoD, "cuMemcpyHtoD_v2", "cuMemcpyHtoD");
 	S(MemcpyDtoH, "cuMemcpyDtoH_v2", "cuMemcpyDtoH");
+	S(MemAllocHost, "cuMemAllocHost_v2", "cuMemAllocHost");
+	S(MemFreeHost, "cuMemFreeHost", NULL);
+	S(MemsetD32Async, "cuMemsetD32Async", NULL);
+	S(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync");
+	S(EventSynchronize, "cuEventSynchronize", NULL);
 #undef S
 	void **f = (void **)&cuda;
 	for (size_t i = 0; i < sizeof(cuda) / sizeof(void *); i++) {

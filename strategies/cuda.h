@@ -22,6 +22,11 @@ struct r2cc_cuda {
 	int (*MemFree)(unsigned long long dptr);
 	int (*MemcpyHtoD)(unsigned long long dst, const void *src, size_t bytes);
 	int (*MemcpyDtoH)(void *dst, unsigned long long src, size_t bytes);
+	int (*MemAllocHost)(void **p, size_t bytes);
+	int (*MemFreeHost)(void *p);
+	int (*MemsetD32Async)(unsigned long long dst, unsigned value, size_t n, void *stream);
+	int (*MemcpyDtoHAsync)(void *dst, unsigned long long src, size_t bytes, void *stream);
+	int (*EventSynchronize)(void *event);
 };
 
 #define R2CC_CU_STREAM_NON_BLOCKING  0x1

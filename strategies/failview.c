@@ -48,8 +48,16 @@ struct comm_strategy {
 	struct r2cc_ar2_comm *ar2;
 	int nnodes, nics, failed;     /* of the degraded node, for the cost model */
 	unsigned long ran, fell_back; /* calls, for the log at destruction */
-	unsigned long watched;	      /* eligible calls seen while watching for a repair */
 	bool switched;		      /* R2CC_AR_AFTER_REPAIR applies from now on */
+	struct watch {		      /* R2CC_AR_AFTER_REPAIR: the check for repairs */
+		bool made, broken;    /* resources below made; could not be made */
+		bool pending;	      /* a check is in flight */
+		unsigned long calls;  /* eligible calls since the last check was issued/read */
+		double bytes;	      /* their bytes */
+		void *stream, *event;
+		unsigned long long dbuf; /* nranks ints on the GPU */
+		int *hbuf;		 /* nranks ints, pinned */
+	} w;
 };
 
 /* Local NICs hot repair found failed (not declared ones). */
@@ -326,15 +334,6 @@ out:
 	return rc;
 }
 
-/*
- * R2CC_AR_AFTER_REPAIR: have the ranks seen a repair? Asked at AllReduce calls
- * every rank makes in the same order and decides on identically (size over
- * R2CC_AR_MIN_BYTES, outside groups and capture): every such call of 256 MiB or
- * more, every 16th otherwise, one all-gather of each rank's count of repaired
- * NICs. All ranks therefore switch at the same call. The all-gather waits for the
- * communicator's earlier work, so the check costs a host synchronisation: small
- * next to the AllReduces it is made on.
- */
 /* What runs after a repair: R2CC_AR_AFTER_REPAIR, else what R2CC_MODE says
  * (3 and auto: R2CC-AllReduce on the repaired topology; 1 and 2: Balance, which
  * needs no watching). */
@@ -347,23 +346,112 @@ static int after_repair(void)
 	return r2cc_param.mode == R2CC_MODE_AR2 || r2cc_param.mode == R2CC_MODE_AUTO ? 3 : 0;
 }
 
-#define WATCH_EVERY	16
-#define WATCH_ALWAYS_AT (256ull << 20)
+/*
+ * R2CC_AR_AFTER_REPAIR: have the ranks seen a repair? Every rank must switch at
+ * the same call, and ranks learn of a repair at different times, so the answer
+ * comes from the ranks themselves, at AllReduce calls every rank makes in the
+ * same order and decides on identically (over R2CC_AR_MIN_BYTES, outside groups
+ * and capture): a 4-byte all-gather of each rank's count of repaired NICs.
+ *
+ * Without stalling the job while nothing has failed: the check is issued on a
+ * private stream after WATCH_EVERY such calls or WATCH_BYTES of them, and read
+ * after WATCH_LAG more calls or WATCH_BYTES more, by which time the GPU has
+ * normally run it (reading waits on its event only when the host is further
+ * ahead than that, and then only until the AllReduce before the check ends,
+ * with the next one already queued). Issue and read happen at the same call on
+ * every rank, so every rank reads the same answer and switches at the same
+ * call: with AllReduces of 1 GiB or more (each reads the check the one before
+ * issued, then issues the next), at the second call after the repair; with
+ * small ones, at most WATCH_EVERY + WATCH_LAG eligible calls after it. The buffers are made,
+ * and agreed on, at the first eligible call.
+ */
+#define WATCH_EVERY 16
+#define WATCH_BYTES (1024.0 * 1024 * 1024)
+#define WATCH_LAG   4
 
+static void watch_free(struct watch *w)
+{
+	if (w->pending && w->event)
+		cu->EventSynchronize(w->event);
+	if (w->event)
+		cu->EventDestroy(w->event);
+	if (w->stream)
+		cu->StreamDestroy(w->stream);
+	if (w->dbuf)
+		cu->MemFree(w->dbuf);
+	if (w->hbuf)
+		cu->MemFreeHost(w->hbuf);
+	memset(w, 0, sizeof(*w));
+}
+
+static bool watch_make(struct watch *w, int nranks)
+{
+	size_t bytes = (size_t)nranks * sizeof(int);
+	void *h = NULL;
+	bool ok = !cu->StreamCreate(&w->stream, R2CC_CU_STREAM_NON_BLOCKING) &&
+		  !cu->EventCreate(&w->event, R2CC_CU_EVENT_DISABLE_TIMING) &&
+		  !cu->MemAlloc(&w->dbuf, bytes) && !cu->MemAllocHost(&h, bytes);
+	w->hbuf = h;
+	return ok;
+}
+
+/* One eligible call: issue or read the check. True when a repair was seen. */
 static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t bytes)
 {
-	if (bytes < WATCH_ALWAYS_AT && st->watched++ % WATCH_EVERY)
+	struct watch *w = &st->w;
+	if (!w->made) {
+		/* Once, at the first eligible call: every rank makes its buffers and
+		 * all agree, so that no rank issues a check the others skip. */
+		int all_ok = 0;
+		bool ok = watch_make(w, c->nranks);
+		if (op_agree(c, c->comm, ok, &all_ok) || !all_ok) {
+			watch_free(w);
+			w->broken = true;
+			R2CC_WARN(
+			    "comm %p: cannot watch for repairs (CUDA resources on some rank); "
+			    "AllReduce keeps its strategy after a repair",
+			    c->comm);
+		}
+		w->made = true;
+	}
+	if (w->broken)
 		return false;
-	int mine = nics_down_here();
-	int *all = calloc((size_t)c->nranks, sizeof(int));
-	if (!all)
+	w->calls++;
+	w->bytes += (double)bytes;
+	if (w->pending && (w->calls >= WATCH_LAG || w->bytes >= WATCH_BYTES)) {
+		w->pending = false;
+		if (cu->EventSynchronize(w->event) == 0)
+			for (int r = 0; r < c->nranks; r++)
+				if (w->hbuf[r] > 0)
+					return true;
+		/* (an error here is the same on every rank: none switches) */
+	}
+	if (w->pending || (w->calls < WATCH_EVERY && w->bytes < WATCH_BYTES))
 		return false;
-	bool seen = false;
-	if (gather_ints(c->comm, c->nranks, &mine, 1, all) == 0)
-		for (int r = 0; r < c->nranks; r++)
-			seen = seen || all[r] > 0;
-	free(all);
-	return seen;
+	/* Every rank issues the all-gather here, whatever fails locally around it,
+	 * or the others would wait in it. */
+	unsigned long long mine = w->dbuf + (unsigned long long)c->rank * sizeof(int);
+	int rc = cu->MemsetD32Async(mine, (unsigned)nics_down_here(), 1, w->stream);
+	int nrc = ((allgather_fn)nccl->AllGather)(
+	    (void *)(uintptr_t)mine, (void *)(uintptr_t)w->dbuf, 1, ncclInt32, c->comm, w->stream);
+	if (!rc)
+		rc = cu->MemcpyDtoHAsync(w->hbuf, w->dbuf, (size_t)c->nranks * sizeof(int),
+					 w->stream);
+	if (!rc)
+		rc = cu->EventRecord(w->event, w->stream);
+	w->calls = 0;
+	w->bytes = 0;
+	if (rc || nrc) {
+		/* Read at the same call as everywhere else all the same: a rank that
+		 * stopped issuing checks would leave the others waiting in theirs. With
+		 * CUDA or NCCL failing here the job has bigger trouble anyway. */
+		static int warned;
+		if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+			R2CC_WARN("comm %p: the check for repairs failed (CUDA %d, NCCL %d)",
+				  c->comm, rc, nrc);
+	}
+	w->pending = true;
+	return false;
 }
 
 /* --- the hook ------------------------------------------------------------------ */
@@ -466,6 +554,7 @@ static void release_hook(struct r2cc_comm *c)
 	if (!st)
 		return;
 	c->strategy = NULL;
+	watch_free(&st->w);
 	if (st->state == VIEW_READY)
 		R2CC_INFO(
 		    "comm %p rank %d: R2CC-AllReduce ran %lu times, %lu AllReduces ran as Balance",
