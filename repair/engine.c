@@ -1231,36 +1231,46 @@ static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resor
 	return last_resort || (nic != r->orig_nic && nic != r->cur_nic);
 }
 
-/* Mode 1: the first usable NIC; mode 2 and up: the least loaded, preferring the
- * peer's rail (same name) when it asked for one. */
+/* Mode 1: the first usable NIC (the peer's rail first, when it asked for one);
+ * mode 2 and up: the least loaded for this QP's direction, and among equally
+ * loaded ones the peer's rail. Load comes first: each node balances its own
+ * NICs, and a node whose NIC failed does not inherit the healthy side's choices
+ * (NCCL pairs NICs across rails anyway). */
 static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 {
 	int n = r2cc_nic_count();
+	bool want_rail = rail && rail[0];
 	for (int pass = 0; pass < 2; pass++) {
 		bool last = pass == 1;
-		if (rail && rail[0])
-			for (int i = 0; i < n; i++) {
+		if (r2cc_param.mode == 1) {
+			for (int i = 0; i < n && want_rail; i++) {
 				struct r2cc_nic *nic = r2cc_nic_by_index(i);
 				if (nic_usable(r, nic, last) && !strcmp(nic->name, rail))
 					return nic;
 			}
+			for (int i = 0; i < n; i++)
+				if (nic_usable(r, r2cc_nic_by_index(i), last))
+					return r2cc_nic_by_index(i);
+			continue;
+		}
 		struct r2cc_nic *best = NULL;
 		int best_load = 0;
+		bool best_rail = false;
 		/* Ties go round from a per-process start, so that the processes of a
 		 * node (which share its NICs) do not all pick the same one. */
 		int start = n > 0 ? (int)(getpid() % n) : 0;
 		bool rx = receiving(r);
 		for (int k = 0; k < n; k++) {
-			struct r2cc_nic *nic =
-			    r2cc_nic_by_index(r2cc_param.mode == 1 ? k : (start + k) % n);
+			struct r2cc_nic *nic = r2cc_nic_by_index((start + k) % n);
 			if (!nic_usable(r, nic, last))
 				continue;
-			if (r2cc_param.mode == 1)
-				return nic;
 			int load = nic_load(nic, rx);
-			if (!best || load < best_load) {
+			bool on_rail = want_rail && !strcmp(nic->name, rail);
+			if (!best || load < best_load ||
+			    (load == best_load && on_rail && !best_rail)) {
 				best = nic;
 				best_load = load;
+				best_rail = on_rail;
 			}
 		}
 		if (best)
@@ -2113,7 +2123,7 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	 * the same NIC), so this node's NICs stay as evenly loaded as they were;
 	 * following the peer's new rail instead would pile every moved QP of this
 	 * node onto the NICs the peer picked. Otherwise this side's NIC is suspect
-	 * too: another one, on the peer's rail when it can. */
+	 * too: another one, the least loaded, on the peer's rail among equals. */
 	struct r2cc_nic *nic =
 	    peer_nic_failed && nic_usable(r, r->cur_nic, true) ? r->cur_nic : place(r, p.nic);
 	int rc = nic ? new_path(r, nic) : -ENODEV;
