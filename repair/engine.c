@@ -17,6 +17,7 @@
  * side, which only needs to know whether errors are to be hidden.
  */
 #include "repair/engine.h"
+#include "repair/ledger.h"
 #include "repair/mr_mirror.h"
 #include "repair/qp_shadow.h"
 #include "shim/common.h"
@@ -146,10 +147,12 @@ struct r2cc_rqp {
 	/* stall scan */
 	uint64_t scan_retired, scan_posted;
 	int64_t scan_progress, max_gap, scan_idle;
-	int64_t probe_at; /* a probe is out since then (0: none) */
-	bool scan_off;	  /* no peer to repair with: not stall-scanned */
-	int probe_done;	  /* atomic: its completion came */
-	uint64_t probed;  /* send_posted when the last probe was posted */
+	int64_t probe_at;	     /* a probe is out since then (0: none) */
+	bool scan_off;		     /* no peer to repair with: not stall-scanned */
+	int probe_done;		     /* atomic: its completion came */
+	uint64_t probed;	     /* send_posted when the last probe was posted */
+	struct r2cc_nic *ledger_nic; /* the node ledger counts this QP on it (placement) */
+	int ledger_dir;
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
 	int64_t recent[CHURN_MAX]; /* when the last migrations finished (ring) */
@@ -1093,6 +1096,8 @@ static void drop_new_path(struct r2cc_rqp *r)
 	r->new_sh = NULL;
 }
 
+static void ledger_move(struct r2cc_rqp *r, struct r2cc_nic *nic, int dir);
+
 void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 {
 	struct r2cc_rqp *r = q->rep;
@@ -1113,6 +1118,7 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	r->cur_qp = NULL;
 	r->cur_cq = NULL;
 	drop_new_path(r);
+	ledger_move(r, NULL, 0);
 	if (r->cur_sh != q->shadow)
 		r2cc_qp_shadow_destroy(r->cur_sh);
 	r->cur_sh = NULL;
@@ -1231,11 +1237,38 @@ static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resor
 	return last_resort || (nic != r->orig_nic && nic != r->cur_nic);
 }
 
-/* Mode 1: the first usable NIC (the peer's rail first, when it asked for one);
- * mode 2 and up: the least loaded for this QP's direction, and among equally
- * loaded ones the peer's rail. Load comes first: each node balances its own
- * NICs, and a node whose NIC failed does not inherit the healthy side's choices
- * (NCCL pairs NICs across rails anyway). */
+/* The node ledger (repair/ledger.h), opened at the first placement once the
+ * job is known; its counts read 0 without it. */
+static void ledger_use(void)
+{
+	pthread_mutex_lock(&eng.mu);
+	uint64_t job = eng.ndirs > 0 ? eng.dirs[0]->job.id : 0;
+	pthread_mutex_unlock(&eng.mu);
+	if (job) {
+		char key[256];
+		r2cc_ledger_open(job, r2cc_node_key(key, sizeof(key)));
+	}
+}
+
+/* This QP now counts on nic (NULL: on none) in the node's ledger. */
+static void ledger_move(struct r2cc_rqp *r, struct r2cc_nic *nic, int dir)
+{
+	if (r->ledger_nic)
+		r2cc_ledger_add(r->ledger_nic->name, r->ledger_dir, -1);
+	r->ledger_nic = nic;
+	r->ledger_dir = dir;
+	if (nic)
+		r2cc_ledger_add(nic->name, dir, 1);
+}
+
+/* Mode 1: the first usable NIC (the peer's rail first, when it asked for one).
+ * Mode 2 and up, for this QP's direction: the NIC the node's R2CC processes
+ * have moved the fewest QPs onto (the node ledger), then the one with the
+ * fewest of this process's QPs, then the peer's rail. Each node balances its
+ * own NICs, and a node whose NIC failed does not inherit the healthy side's
+ * choices (NCCL pairs NICs across rails anyway). The choice is entered in the
+ * ledger at once, so that a placement running at the same moment in another
+ * process of the node sees it. */
 static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 {
 	int n = r2cc_nic_count();
@@ -1253,28 +1286,33 @@ static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 					return r2cc_nic_by_index(i);
 			continue;
 		}
+		ledger_use();
 		struct r2cc_nic *best = NULL;
-		int best_load = 0;
+		int best_node = 0, best_load = 0;
 		bool best_rail = false;
 		/* Ties go round from a per-process start, so that the processes of a
-		 * node (which share its NICs) do not all pick the same one. */
+		 * node do not all pick the same one. */
 		int start = n > 0 ? (int)(getpid() % n) : 0;
 		bool rx = receiving(r);
 		for (int k = 0; k < n; k++) {
 			struct r2cc_nic *nic = r2cc_nic_by_index((start + k) % n);
 			if (!nic_usable(r, nic, last))
 				continue;
+			int node = r2cc_ledger_get(nic->name, rx);
 			int load = nic_load(nic, rx);
 			bool on_rail = want_rail && !strcmp(nic->name, rail);
-			if (!best || load < best_load ||
-			    (load == best_load && on_rail && !best_rail)) {
+			if (!best || node < best_node || (node == best_node && load < best_load) ||
+			    (node == best_node && load == best_load && on_rail && !best_rail)) {
 				best = nic;
+				best_node = node;
 				best_load = load;
 				best_rail = on_rail;
 			}
 		}
-		if (best)
+		if (best) {
+			ledger_move(r, best, rx);
 			return best;
+		}
 	}
 	return NULL;
 }
@@ -1558,6 +1596,7 @@ static void fail(struct r2cc_rqp *r, const char *why)
 	R2CC_WARN("repair: qp 0x%x on %s cannot be repaired (%s); NCCL gets the error", r->qpn,
 		  r->orig_nic->name, why);
 	drop_new_path(r);
+	ledger_move(r, NULL, 0);
 	set_state(r, RQ_FAILED);
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 	eng.v.modify_qp(r->q->qp, &a, IBV_QP_STATE);

@@ -5,7 +5,7 @@
 REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_iface.c \
 		   repair/ctl_dir.c
 REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h
-LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c repair/engine.c repair/qp_shadow.c
+LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c repair/engine.c repair/qp_shadow.c repair/ledger.c
 LIBR2CC_LIBS += -lcrypto
 
 CTL_TEST_SRCS := $(REPAIR_CTL_SRCS) shim/log.c shim/params.c shim/failspec.c strategies/cost.c

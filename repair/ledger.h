@@ -1,0 +1,36 @@
+/*
+ * The node's placement ledger: how many queue pairs hot repair has moved onto
+ * each NIC of this node, per direction, counted by every R2CC process of the
+ * node. The processes of a node share its NICs, and each one balancing only
+ * its own queue pairs can leave the node unbalanced (two processes each
+ * putting their odd one on the same NIC). Placement reads these counts first.
+ *
+ * A small shared-memory table named by the user, the job and the node
+ * (/dev/shm/r2cc-place-<uid>-<job>-<node>); its counters change with atomic
+ * adds, so a choice made in one process is seen by the next placement in any
+ * other at once. The last process to close it (at exit) removes it; a process
+ * killed before that leaves its use counted, and the table (a few KiB) then
+ * stays in /dev/shm until removed by hand. Everything here is
+ * the repair thread's (slow path); without a table (no job yet, shm refused)
+ * every count reads 0 and placement is per process, as before.
+ */
+#ifndef R2CC_REPAIR_LEDGER_H
+#define R2CC_REPAIR_LEDGER_H
+
+#include <stdint.h>
+
+/* Opens (creating if needed) the table of job_id on the node called node_key.
+ * Once per process: later calls with any arguments return the first result.
+ * 0 or a negative errno. */
+int r2cc_ledger_open(uint64_t job_id, const char *node_key);
+
+/* Queue pairs moved onto nic (by name) in direction dir (0 send, 1 receive). */
+int r2cc_ledger_get(const char *nic, int dir);
+
+/* Adds delta (+1 when a queue pair is placed on nic, -1 when it leaves). */
+void r2cc_ledger_add(const char *nic, int dir, int delta);
+
+/* Drops this process's use; the last user removes the table. Idempotent. */
+void r2cc_ledger_close(void);
+
+#endif

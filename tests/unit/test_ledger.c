@@ -1,0 +1,111 @@
+/* The node's placement ledger (repair/ledger.c): shared between processes of
+ * one job and node, separate for another node or job, removed by its last user. */
+#include "repair/ledger.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t job(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec;
+}
+
+static bool table_exists(uint64_t j)
+{
+	char cmd[256];
+	snprintf(cmd, sizeof(cmd), "ls /dev/shm/r2cc-place-%u-%016llx-* >/dev/null 2>&1",
+		 (unsigned)getuid(), (unsigned long long)j);
+	return system(cmd) == 0;
+}
+
+/* A child process of the same node: opens the table, adds, tells the parent,
+ * waits for the parent to have read, then drops its use as the library's exit
+ * handler does. */
+struct child {
+	pid_t pid;
+	int to_parent[2], to_child[2];
+};
+
+static void child_start(struct child *c, uint64_t j, const char *node)
+{
+	cr_assert_eq(pipe(c->to_parent), 0);
+	cr_assert_eq(pipe(c->to_child), 0);
+	c->pid = fork();
+	cr_assert_geq(c->pid, 0);
+	if (c->pid == 0) {
+		char b = r2cc_ledger_open(j, node) ? 'e' : 'k';
+		r2cc_ledger_add("mlx5_0", 1, 2);
+		r2cc_ledger_add("mlx5_3", 0, 1);
+		if (write(c->to_parent[1], &b, 1) != 1 || read(c->to_child[0], &b, 1) != 1)
+			_exit(2);
+		r2cc_ledger_close();
+		_exit(0);
+	}
+	char b = 0;
+	cr_assert_eq(read(c->to_parent[0], &b, 1), 1);
+	cr_assert_eq(b, 'k', "the child could not open the table");
+}
+
+static int child_finish(struct child *c)
+{
+	char b = 'd';
+	int st = 0;
+	cr_assert_eq(write(c->to_child[1], &b, 1), 1);
+	waitpid(c->pid, &st, 0);
+	for (int i = 0; i < 2; i++) {
+		close(c->to_parent[i]);
+		close(c->to_child[i]);
+	}
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 99;
+}
+
+Test(ledger, shared_by_the_processes_of_a_node)
+{
+	uint64_t j = job();
+	struct child c;
+	child_start(&c, j, "node0");
+	cr_assert_eq(r2cc_ledger_open(j, "node0"), 0);
+	cr_expect_eq(r2cc_ledger_get("mlx5_0", 1), 2);
+	cr_expect_eq(r2cc_ledger_get("mlx5_0", 0), 0);
+	cr_expect_eq(r2cc_ledger_get("mlx5_3", 0), 1);
+	cr_expect_eq(r2cc_ledger_get("mlx5_2", 0), 0);
+	r2cc_ledger_add("mlx5_0", 1, -1);
+	cr_expect_eq(r2cc_ledger_get("mlx5_0", 1), 1);
+	cr_assert_eq(child_finish(&c), 0);
+	cr_expect(table_exists(j), "removed while this process still used it");
+	r2cc_ledger_close();
+	cr_expect_not(table_exists(j), "the last user did not remove the table");
+	cr_expect_eq(r2cc_ledger_get("mlx5_0", 1), 0, "read after close");
+	r2cc_ledger_close(); /* idempotent */
+}
+
+Test(ledger, another_node_or_job_has_its_own)
+{
+	uint64_t j = job();
+	struct child c;
+	child_start(&c, j, "node0");
+	cr_assert_eq(r2cc_ledger_open(j, "node1"), 0);
+	cr_expect_eq(r2cc_ledger_get("mlx5_0", 1), 0);
+	/* once per process: a second open keeps the first table */
+	cr_expect_eq(r2cc_ledger_open(j + 1, "node0"), 0);
+	cr_expect_eq(r2cc_ledger_get("mlx5_0", 1), 0);
+	r2cc_ledger_close();
+	cr_assert_eq(child_finish(&c), 0);
+	cr_expect_not(table_exists(j), "a table outlived its users");
+}
+
+Test(ledger, without_a_table_counts_read_zero)
+{
+	cr_expect_eq(r2cc_ledger_get("mlx5_0", 0), 0);
+	r2cc_ledger_add("mlx5_0", 0, 5); /* nothing to add to: no crash */
+	cr_expect_eq(r2cc_ledger_get("mlx5_0", 0), 0);
+	cr_expect_eq(r2cc_ledger_get(NULL, 0), 0);
+	cr_expect_eq(r2cc_ledger_get("", 1), 0);
+}
