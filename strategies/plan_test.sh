@@ -9,13 +9,21 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # value of a strategy's T/T0 column
 ratio() { awk -v s="$1" 'index($0, s) == 1 { print $(NF - 1) }'; }
 
-out=$("$plan" --nodes 3 --nics 3 --failed 1 --bytes 4G) || fail "plan exit status $?"
+# DESIGN.md 5's model (equal cost per byte): the closed forms at large sizes
+design=alpha_us=20,beta_us_per_byte=0.0000888889,ar2_beta_us_per_byte=0.0000888889,ar2_stage_us=20,ar2_chunk_us=20
+out=$("$plan" --nodes 3 --nics 3 --failed 1 --bytes 4G --model $design) || fail "plan exit status $?"
 [ "$(ratio "mode 2 Balance" <<<"$out")" = 1.500 ] || fail "Balance at n=3 X=1/3: $out"
 r=$(ratio "mode 3 R2CC-AllReduce" <<<"$out")
 awk -v r="$r" 'BEGIN { exit !(r >= 1.375 && r < 1.38) }' || fail "R2CC-AllReduce at n=3: $r"
 [ "$(ratio "mode 1 backup NIC" <<<"$out")" = 2.000 ] || fail "backup at f=1: $out"
 grep -q '^auto: mode 3 R2CC-AllReduce (' <<<"$out" || fail "auto at 4G: $out"
 grep -q '^message: 4294967296 bytes (4 GiB)' <<<"$out" || fail "size 4G: $out"
+
+# the installed fit: R2CC-AllReduce's bytes dearer; it still wins at 4 nodes, 1 GiB
+out=$("$plan" --nodes 4 --nics 3 --failed 1 --bytes 1G) || fail "plan default model"
+r=$(ratio "mode 3 R2CC-AllReduce" <<<"$out")
+awk -v r="$r" 'BEGIN { exit !(r > 1.375 && r < 1.5) }' || fail "fitted R2CC-AllReduce at n=4: $r"
+grep -q '^auto: mode 3 R2CC-AllReduce (' <<<"$out" || fail "fitted auto at n=4 1G: $out"
 
 out=$("$plan" --nodes=2 --nics=3 --failed=1 --bytes=256MiB) || fail "plan n=2"
 grep -q '^auto: mode 2 Balance (2 nodes' <<<"$out" || fail "auto at n=2: $out"
