@@ -1,8 +1,9 @@
 /*
  * The failure view of each communicator: which node of the communicator is
- * degraded and how many of its NICs failed. Today the view comes from the
- * declared failures (R2CC_FAILED_NODE / R2CC_FAILED_HCA, shim/failspec.c);
- * detected failures will feed the same view once hot repair exists.
+ * degraded and how many of its NICs failed: the declared failures
+ * (R2CC_FAILED_NODE / R2CC_FAILED_HCA, shim/failspec.c) and the NICs hot repair
+ * found failed, once the ranks have agreed that a repair happened (see
+ * R2CC_AR_AFTER_REPAIR below).
  *
  * Every rank must hold the same view, so it is agreed on the communicator's
  * first AllReduce outside a group and outside graph capture (all ranks make
@@ -15,7 +16,8 @@
  * The hook itself is the slow path: the NCCL wrapper calls it only while a
  * strategy is armed. Its per-call work after the view exists is one call into
  * the R2CC-AllReduce executor, which falls back to the plain AllReduce for
- * ineligible calls.
+ * ineligible calls; while it watches for a repair, some eligible calls
+ * also issue or read the asynchronous check (below).
  */
 #include "strategies/failview.h"
 #include "intercept/nccl_hooks.h"
