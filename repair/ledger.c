@@ -1,6 +1,7 @@
 /* The node's placement ledger (see ledger.h). */
 #include "repair/ledger.h"
 #include "include/r2cc.h"
+#include "shim/common.h"
 #include "shim/log.h"
 
 #include <errno.h>
@@ -36,15 +37,6 @@ static struct table *tab;
 static int open_rc = 1; /* 1: not tried yet */
 static char path[128];
 
-/* FNV-1a, for the node key in the name (any characters, any length). */
-static uint32_t hash32(const char *s)
-{
-	uint32_t h = 2166136261u;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 16777619u;
-	return h;
-}
-
 int r2cc_ledger_open(uint64_t job_id, const char *node_key)
 {
 	pthread_mutex_lock(&mu);
@@ -53,7 +45,7 @@ int r2cc_ledger_open(uint64_t job_id, const char *node_key)
 		return open_rc;
 	}
 	snprintf(path, sizeof(path), "/r2cc-place-%u-%016llx-%08x", (unsigned)getuid(),
-		 (unsigned long long)job_id, hash32(node_key ? node_key : ""));
+		 (unsigned long long)job_id, r2cc_hash32(node_key ? node_key : ""));
 	int fd = shm_open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0600);
 	struct stat st;
 	void *p = MAP_FAILED;

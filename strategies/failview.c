@@ -22,6 +22,7 @@
 #include "strategies/failview.h"
 #include "intercept/nccl_hooks.h"
 #include "shim/comm.h"
+#include "shim/common.h"
 #include "shim/core.h"
 #include "shim/failspec.h"
 #include "shim/log.h"
@@ -217,14 +218,6 @@ static int op_agree(void *ctx, void *comm, int ok, int *all_ok)
 
 /* --- the view ----------------------------------------------------------------- */
 
-static uint32_t hash32(const char *s)
-{
-	uint32_t h = 2166136261u;
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 16777619u;
-	return h & 0x7fffffff;
-}
-
 static struct r2cc_ar2_ops ops_for(struct r2cc_comm *c)
 {
 	struct r2cc_ar2_ops ops = {
@@ -254,7 +247,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 	int n = c->nranks;
 	char buf[256];
 	const char *key = r2cc_node_key(buf, sizeof(buf));
-	int mine[2] = {(int)hash32(key), r2cc_nic_count()};
+	int mine[2] = {(int)(r2cc_hash32(key) & 0x7fffffff), r2cc_nic_count()};
 	int *all = calloc((size_t)n * 2, sizeof(int));
 	int *rank_node = calloc((size_t)n, sizeof(int));
 	int *node_nics = calloc((size_t)n, sizeof(int));
@@ -364,8 +357,8 @@ static int after_repair(void)
  * every rank, so every rank reads the same answer and switches at the same
  * call: with AllReduces of 1 GiB or more (each reads the check the one before
  * issued, then issues the next), at the second call after the repair; with
- * small ones, at most WATCH_EVERY + WATCH_LAG eligible calls after it. The buffers are made,
- * and agreed on, at the first eligible call.
+ * small ones, at most WATCH_EVERY + WATCH_LAG eligible calls after it. The
+ * buffers are made, and agreed on, at the first eligible call.
  */
 #define WATCH_EVERY 16
 #define WATCH_BYTES (1024.0 * 1024 * 1024)
