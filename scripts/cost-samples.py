@@ -5,13 +5,16 @@
 
 STRATEGY is healthy, backup, balance or ar2; NODES, NICS and FAILED describe the
 cluster the logs were measured on (NICS per node, FAILED on the degraded node).
-Every result row of an r2cc-perf or nccl-tests AllReduce log (float) becomes one
-sample with its out-of-place time. For ar2, rows below R2CC_AR_MIN_BYTES (the
+Every result row of an r2cc-perf or nccl-tests AllReduce log (float; the last sweep
+when a log has several) becomes one sample with its out-of-place time. For ar2, rows below R2CC_AR_MIN_BYTES (the
 environment's, default 16 MiB) ran as Balance and are written as balance rows.
 Rows with a #wrong other than 0 are refused: a wrong result is not a timing.
 """
 import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios"))
+from results import last_rows  # noqa: E402  (the project's one reader of result rows)
 
 
 def main(argv):
@@ -25,18 +28,13 @@ def main(argv):
     if header:
         print("strategy,n,k,f,bytes,time_us,chunks")
     for path in argv[4:]:
-        for line in open(path, errors="replace"):
-            f = line.split()
-            if len(f) < 13 or not f[0].isdigit() or f[2] != "float":
+        for size, r in sorted(last_rows(path).items()):
+            if r["oop_wrong"] != 0:
+                sys.exit(f"{path}: #wrong {r['oop_wrong']} at {size} bytes: not a timing")
+            if r["oop_time"] is None:
                 continue
-            try:  # a line another process wrote into the middle of a row is skipped
-                size, time_us, wrong = int(f[0]), float(f[5]), f[8]
-            except ValueError:
-                continue
-            if wrong != "0":
-                sys.exit(f"{path}: #wrong {wrong} at {size} bytes: not a timing")
             s = "balance" if strat == "ar2" and size < min_ar2 else strat
-            print(f"{s},{nodes},{nics},{failed if s != 'healthy' else 0},{size},{time_us:.2f},"
+            print(f"{s},{nodes},{nics},{failed if s != 'healthy' else 0},{size},{r['oop_time']:.2f},"
                   f"{os.environ.get('R2CC_AR_STAGE2_CHUNKS', '4')}")
 
 

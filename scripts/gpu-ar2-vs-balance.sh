@@ -43,13 +43,11 @@ done
 python3 - "$LOG" "$ROUNDS" "$B" "$SHAPES" <<'PY'
 import re, statistics, subprocess, sys
 log, rounds, b, shapes = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4].split()
+sys.path.insert(0, "scripts/scenarios")
+from results import last_rows
 def rows(path):
-    out = {}
-    for line in open(path):
-        f = line.split()
-        if len(f) >= 13 and f[0].isdigit() and f[2] == "float":
-            out[int(f[0])] = (float(f[7]), f[8], f[12])
-    return out
+    """size -> (busbw out of place, #wrong out of place, #wrong in place)"""
+    return {size: (r["oop_bw"], r["oop_wrong"], r["ip_wrong"]) for size, r in last_rows(path).items()}
 for shape in shapes:
     n = int(shape.split("x")[0])
     print(f"\n{shape}: {n} nodes x 1 GPU, 3 NICs per node at 25 Gb/s, node 0's mlx5_2 declared failed")
@@ -59,7 +57,7 @@ for shape in shapes:
             try:
                 for size, (bw, w1, w2) in rows(f"{log}/{shape}-mode{mode}-{r}.log").items():
                     data[mode].setdefault(size, []).append(bw)
-                    if w1 != "0" or w2 != "0":
+                    if w1 != 0 or w2 != 0:
                         print(f"WRONG results: mode {mode} round {r} size {size}")
             except FileNotFoundError:
                 pass

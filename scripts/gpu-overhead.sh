@@ -49,15 +49,12 @@ echo "(busbw GB/s out-of-place of the second sweep, median of rounds; ratio = wi
 echo " taken per round, median of rounds [lowest, highest])"
 python3 - "$LOG" "$ROUNDS" <<'PY'
 import sys, statistics
+sys.path.insert(0, "scripts/scenarios")
+from results import last_rows
 log, rounds = sys.argv[1], int(sys.argv[2])
 def rows(path):
     """size -> (busbw, #wrong) of the last sweep in the log (-N 2 prints two)."""
-    out = {}
-    for line in open(path):
-        f = line.split()
-        if len(f) >= 13 and f[0].isdigit() and f[2] == "float":
-            out[int(f[0])] = (float(f[7]), f[8])
-    return out
+    return {size: (r["oop_bw"], r["oop_wrong"]) for size, r in last_rows(path).items()}
 variants = ("plain", "r2cc", "r2cc-mode0")
 data = {v: {} for v in variants}  # variant -> round -> size -> busbw
 for v in variants:
@@ -65,7 +62,7 @@ for v in variants:
         try:
             for size, (bw, wrong) in rows(f"{log}/overhead-{v}-{r}.log").items():
                 data[v].setdefault(r, {})[size] = bw
-                if wrong != "0":
+                if wrong != 0:
                     print(f"WRONG results: {v} round {r} size {size}")
         except FileNotFoundError:
             pass

@@ -12,23 +12,19 @@ the fabric alone moves the ratio at that size.
 """
 import glob
 import math
+import os
 import random
 import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios"))
+from results import last_rows  # noqa: E402  (the project's one reader of result rows)
+
 
 def rows(path):
     """size -> busbw (out of place) of the last sweep in an r2cc-perf log."""
-    out = {}
-    for line in open(path, errors="replace"):
-        f = line.split()
-        if len(f) >= 13 and f[0].isdigit() and f[2] == "float":
-            try:
-                out[int(f[0])] = float(f[7])
-            except ValueError:
-                pass
-    return out
+    return {size: r["oop_bw"] for size, r in last_rows(path).items() if r["oop_bw"] is not None}
 
 
 def main(dirs):

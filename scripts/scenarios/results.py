@@ -97,11 +97,19 @@ def read_rows(lines):
         op = toks[0] if len(toks) >= 10 else ""
         o, i = toks[-8:-4], toks[-4:]
         rows.append(dict(line=n, size=int(m.group(1)), type=m.group(3), op=op,
-                         oop_bw=parse_num(o[2]), ip_bw=parse_num(i[2]),
+                         oop_time=parse_num(o[0]), oop_bw=parse_num(o[2]), ip_bw=parse_num(i[2]),
                          oop_wrong=parse_wrong(o[3]), ip_wrong=parse_wrong(i[3])))
     if pending:
         partial.append(pending[0])
     return rows, partial
+
+
+def last_rows(path, dtype="float"):
+    """size -> row (read_rows' dict) of a log's rows of one data type; with several
+    sweeps in one log (-N 2), the last one's. For the benchmark scripts."""
+    with open(path, errors="replace") as f:
+        rows, _ = read_rows(f.read().splitlines())
+    return {r["size"]: r for r in rows if r["type"] == dtype}
 
 
 def read_nic_tables(lines):
