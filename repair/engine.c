@@ -53,9 +53,9 @@
 #define MAX_INCIDENTS	 64
 #define MAX_EVENTS	 48
 #define MAX_CANDIDATES	 256
-#define CHURN_MAX	 3	      /* migrations of one QP ... */
-#define CHURN_NS	 5000000000ll /* ... within this long: the path is unrecoverable */
-#define CHURN_WHY	 "the path keeps failing (3 migrations within 5 s)"
+#define CHURN_RING	 16	      /* migrations of one QP remembered */
+#define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
+#define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
 
 enum rq_state {
 	RQ_HEALTHY,
@@ -162,7 +162,7 @@ struct r2cc_rqp {
 	int ledger_dir;
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
-	int64_t recent[CHURN_MAX]; /* when the last migrations finished (ring) */
+	int64_t recent[CHURN_RING]; /* when the last migrations finished (ring) */
 };
 
 struct incident {
@@ -504,6 +504,7 @@ static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 /* --- the repair thread ------------------------------------------------------------ */
 
 static void *repair_main(void *arg);
+static void nic_failure_seen(const struct r2cc_nic *nic);
 static void report_stalls(FILE *text, FILE *json);
 
 /* Under eng.mu. */
@@ -727,6 +728,7 @@ int r2cc_repair_poll_errors(struct r2cc_cq *c, struct ibv_wc *wc, int got)
 			char why[128];
 			snprintf(why, sizeof(why), "error completion (status %d) on %.64s",
 				 wc[i].status, c->ctx->nic->name);
+			nic_failure_seen(c->ctx->nic);
 			detect(r, why, wc[i].status);
 			continue; /* hidden */
 		}
@@ -1654,7 +1656,7 @@ static void fail(struct r2cc_rqp *r, const char *why)
 static void done(struct r2cc_rqp *r, uint64_t held)
 {
 	int64_t t = now_ns();
-	r->recent[r->migrations % CHURN_MAX] = t;
+	r->recent[r->migrations % CHURN_RING] = t;
 	r->migrations++;
 	pthread_mutex_lock(&eng.mu);
 	if (r->incident >= 0) {
@@ -1836,17 +1838,40 @@ static void localise(struct r2cc_rqp *r)
 #define SELFTEST_MAX_NS	     5000000000ll
 #define SELFTEST_BACKOFF_NS  100000000ll
 #define SELFTEST_BACKOFF_MAX 2000000000ll
+#define SELFTEST_SIBLINGS    3		  /* tested through at once */
+#define SUSPECT_NIC_NS	     2000000000ll /* a NIC with a failure this recent is no witness */
 
 struct selftest {
-	struct r2cc_nic *a, *b;
-	struct r2cc_ctx *ca, *cb;
+	struct r2cc_nic *a;
+	struct r2cc_ctx *ca;
+	int nb;
+	struct r2cc_nic *b[SELFTEST_SIBLINGS];
+	struct r2cc_ctx *cb[SELFTEST_SIBLINGS];
+	struct ibv_qp *qa[SELFTEST_SIBLINGS], *qb[SELFTEST_SIBLINGS];
+	struct ibv_cq *cqa, *cqb[SELFTEST_SIBLINGS];
 	char why[128];
 };
 
-/* Per NIC (registry index): no new self-test before next, and the back-off. */
+/* Per NIC (registry index): no new self-test before next, the back-off, and
+ * the last time a failure was seen on it (it is then a poor witness for its
+ * siblings' tests). */
 static struct {
-	int64_t next, backoff;
+	int64_t next, backoff, failure_at;
 } st_nic[R2CC_STALL_MAX_NICS];
+
+static void nic_failure_seen(const struct r2cc_nic *nic)
+{
+	if (nic && nic->index >= 0 && nic->index < R2CC_STALL_MAX_NICS)
+		__atomic_store_n(&st_nic[nic->index].failure_at, now_ns(), __ATOMIC_RELAXED);
+}
+
+static bool nic_failed_lately(const struct r2cc_nic *nic)
+{
+	if (!nic || nic->index < 0 || nic->index >= R2CC_STALL_MAX_NICS)
+		return false;
+	int64_t t = __atomic_load_n(&st_nic[nic->index].failure_at, __ATOMIC_RELAXED);
+	return t && now_ns() - t < SUSPECT_NIC_NS;
+}
 
 /* Transport timeouts long enough for a loaded fabric (about 0.5 s on hardware);
  * the verdict is the test's own, from its answer and the NIC's progress. */
@@ -1868,102 +1893,145 @@ static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2c
 static void nic_failed(struct r2cc_nic *nic, const char *why);
 
 /* How long the test waits for its answer before the NIC's progress is looked at:
- * the base time, and what the largest request in service on either NIC may take
+ * the base time, and what the largest request in service on the NICs may take
  * (a NIC busy with one long request completes nothing meanwhile). What is queued
  * ahead does not count: a NIC that completes anything at all is alive. */
 static int64_t selftest_window(const struct selftest *t)
 {
-	return SELFTEST_NS + r2cc_stall_explained_ns(t->a, 0, 0) +
-	       r2cc_stall_explained_ns(t->b, 0, 0);
+	int64_t w = 0;
+	for (int i = 0; i < t->nb; i++) {
+		int64_t x = r2cc_stall_explained_ns(t->b[i], 0, 0);
+		w = x > w ? x : w;
+	}
+	return SELFTEST_NS + r2cc_stall_explained_ns(t->a, 0, 0) + w;
 }
 
-/* -1 inconclusive, 0 alive, 1 dead. */
-static int selftest_run(struct selftest *t, struct ibv_qp *qa, struct ibv_cq *cqa)
+/*
+ * One signalled zero-byte write from a to every sibling at once; an answer from
+ * any of them means a is alive. -1 inconclusive, 0 alive, 1 dead.
+ */
+static int selftest_run(struct selftest *t)
 {
-	struct ibv_send_wr w = {.wr_id = 1,
-				.opcode = IBV_WR_RDMA_WRITE,
-				.send_flags = IBV_SEND_SIGNALED},
-			   *bad;
-	if (t->ca->post_send(qa, &w, &bad) != 0)
+	int posted = 0;
+	for (int i = 0; i < t->nb; i++) {
+		struct ibv_send_wr w = {.wr_id = (uint64_t)i + 1,
+					.opcode = IBV_WR_RDMA_WRITE,
+					.send_flags = IBV_SEND_SIGNALED},
+				   *bad;
+		if (t->qa[i] && t->ca->post_send(t->qa[i], &w, &bad) == 0)
+			posted |= 1 << i;
+	}
+	if (!posted)
 		return -1;
 	int64_t start = now_ns(), until = start + selftest_window(t);
-	uint64_t da = r2cc_stall_drained(t->a), db = r2cc_stall_drained(t->b);
-	bool b_busy = r2cc_stall_queued(t->b) > 0;
-	bool answered = false; /* with an error: a congested fabric can give one too */
-	struct ibv_wc wc;
+	uint64_t da = r2cc_stall_drained(t->a), db[SELFTEST_SIBLINGS];
+	bool b_busy[SELFTEST_SIBLINGS];
+	for (int i = 0; i < t->nb; i++) {
+		db[i] = r2cc_stall_drained(t->b[i]);
+		b_busy[i] = r2cc_stall_queued(t->b[i]) > 0;
+	}
+	int answered = 0; /* with an error: a congested fabric can give one too */
 	for (;;) {
 		bool late = now_ns() >= until;
 		/* polled once more after the deadline: this thread may have been
-		 * off the CPU while the answer came */
-		if (!answered) {
-			int n = t->ca->poll_cq(cqa, 1, &wc);
-			if (n > 0 && wc.status == IBV_WC_SUCCESS)
+		 * off the CPU while an answer came */
+		struct ibv_wc wc[SELFTEST_SIBLINGS];
+		int n = answered == posted ? 0 : t->ca->poll_cq(t->cqa, SELFTEST_SIBLINGS, wc);
+		for (int k = 0; k < n; k++) {
+			if (wc[k].status == IBV_WC_SUCCESS)
 				return 0;
-			answered = n > 0;
+			if (wc[k].wr_id >= 1 && wc[k].wr_id <= SELFTEST_SIBLINGS)
+				answered |= 1 << (wc[k].wr_id - 1);
 		}
 		if (!late) {
 			usleep(200);
 			continue;
 		}
 		/* No answer by the deadline: the NIC's own progress decides, once
-		 * the load model has been brought up to date meanwhile. */
-		uint64_t da2 = r2cc_stall_drained(t->a), db2 = r2cc_stall_drained(t->b);
-		bool fresh = r2cc_stall_updated() > until - SELFTEST_NS / 2;
-		b_busy = b_busy || r2cc_stall_queued(t->b) > 0;
-		bool b_stuck = b_busy && db2 == db;
-		if (fresh && da2 == da && !b_stuck)
-			return 1; /* it completed nothing (busy or idle) and its test went
-				   * unanswered through a sibling that is not stuck */
-		if (now_ns() - start >= SELFTEST_MAX_NS || (fresh && answered))
+		 * the load model has been brought up to date meanwhile. A sibling that
+		 * had work and completed none, or failed lately, is no witness. */
+		uint64_t da2 = r2cc_stall_drained(t->a);
+		bool fresh = r2cc_stall_updated() > until - SELFTEST_NS / 2, witness = false;
+		for (int i = 0; i < t->nb; i++) {
+			uint64_t d2 = r2cc_stall_drained(t->b[i]);
+			b_busy[i] = b_busy[i] || r2cc_stall_queued(t->b[i]) > 0;
+			witness = witness || ((posted >> i & 1) && !(b_busy[i] && d2 == db[i]) &&
+					      !nic_failed_lately(t->b[i]));
+			db[i] = d2;
+		}
+		if (fresh && da2 == da && witness)
+			return 1; /* it completed nothing (busy or idle) and its tests went
+				   * unanswered by siblings that are not stuck themselves */
+		if (now_ns() - start >= SELFTEST_MAX_NS || (fresh && answered == posted))
 			return -1;
 		/* it drains, alive and busy (or the model lags): wait a while longer */
 		da = da2;
-		db = db2;
 		until = now_ns() + selftest_window(t);
 	}
+}
+
+static void selftest_free(struct selftest *t)
+{
+	for (int i = 0; i < t->nb; i++) {
+		destroy_private(t->qa[i], NULL);
+		destroy_private(t->qb[i], t->cqb[i]);
+	}
+	destroy_private(NULL, t->cqa);
+	__atomic_store_n(&t->a->selftest, 0, __ATOMIC_RELEASE);
+	free(t);
 }
 
 static void *selftest_main(void *arg)
 {
 	struct selftest *t = arg;
-	struct ibv_cq *cqa = eng.v.create_cq(t->ca->ctx, 8, NULL, NULL, 0);
-	struct ibv_cq *cqb = eng.v.create_cq(t->cb->ctx, 8, NULL, NULL, 0);
-	struct ibv_qp *qa = NULL, *qb = NULL;
 	int verdict = -1;
-	if (cqa)
-		own_add(cqa);
-	if (cqb)
-		own_add(cqb);
 	struct ibv_qp_init_attr ia = {
 	    .qp_type = IBV_QPT_RC,
 	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
-	if (cqa && cqb) {
-		ia.send_cq = ia.recv_cq = cqa;
-		qa = eng.v.create_qp(r2cc_mr_mirror_pd(t->a), &ia);
-		ia.send_cq = ia.recv_cq = cqb;
-		qb = eng.v.create_qp(r2cc_mr_mirror_pd(t->b), &ia);
+	t->cqa = eng.v.create_cq(t->ca->ctx, 4 * SELFTEST_SIBLINGS, NULL, NULL, 0);
+	if (t->cqa)
+		own_add(t->cqa);
+	for (int i = 0; i < t->nb && t->cqa; i++) {
+		t->cqb[i] = eng.v.create_cq(t->cb[i]->ctx, 8, NULL, NULL, 0);
+		if (!t->cqb[i])
+			continue;
+		own_add(t->cqb[i]);
+		ia.send_cq = ia.recv_cq = t->cqa;
+		t->qa[i] = eng.v.create_qp(r2cc_mr_mirror_pd(t->a), &ia);
+		ia.send_cq = ia.recv_cq = t->cqb[i];
+		t->qb[i] = eng.v.create_qp(r2cc_mr_mirror_pd(t->b[i]), &ia);
+		if (t->qa[i])
+			own_add(t->qa[i]);
+		if (t->qb[i])
+			own_add(t->qb[i]);
+		if (!t->qa[i] || !t->qb[i] ||
+		    selftest_connect(t->qa[i], t->a, t->b[i], t->qb[i]->qp_num) ||
+		    selftest_connect(t->qb[i], t->b[i], t->a, t->qa[i]->qp_num)) {
+			destroy_private(t->qa[i], NULL);
+			destroy_private(t->qb[i], NULL);
+			t->qa[i] = t->qb[i] = NULL;
+		}
 	}
-	if (qa)
-		own_add(qa);
-	if (qb)
-		own_add(qb);
-	if (qa && qb && !selftest_connect(qa, t->a, t->b, qb->qp_num) &&
-	    !selftest_connect(qb, t->b, t->a, qa->qp_num))
-		verdict = selftest_run(t, qa, cqa);
+	if (t->cqa)
+		verdict = selftest_run(t);
+	char through[3 * R2CC_NIC_NAME_MAX] = "";
+	for (int i = 0; i < t->nb; i++)
+		snprintf(through + strlen(through), sizeof(through) - strlen(through), "%s%s",
+			 i ? "," : "", t->b[i]->name);
 	int i = t->a->index;
 	bool indexed = i >= 0 && i < R2CC_STALL_MAX_NICS;
 	if (verdict == 1) {
 		__atomic_add_fetch(&eng.selftests_failed, 1, __ATOMIC_RELAXED);
 		char why[256];
 		snprintf(why, sizeof(why),
-			 "self-test through %.40s got no answer and the NIC completed nothing "
+			 "self-test through %.60s got no answer and the NIC completed nothing "
 			 "(%.100s)",
-			 t->b->name, t->why);
+			 through, t->why);
 		nic_failed(t->a, why);
 	} else {
 		__atomic_add_fetch(verdict ? &eng.selftests_inconclusive : &eng.selftests_passed, 1,
 				   __ATOMIC_RELAXED);
-		R2CC_INFO("repair: %s: self-test through %s %s (%s)", t->a->name, t->b->name,
+		R2CC_INFO("repair: %s: self-test through %s %s (%s)", t->a->name, through,
 			  verdict == 0 ? "passed: the NIC is alive" : "inconclusive", t->why);
 		if (indexed) {
 			int64_t b = st_nic[i].backoff;
@@ -1972,28 +2040,37 @@ static void *selftest_main(void *arg)
 			st_nic[i].next = now_ns() + st_nic[i].backoff;
 		}
 	}
-	destroy_private(qa, cqa);
-	destroy_private(qb, cqb);
-	__atomic_store_n(&t->a->selftest, 0, __ATOMIC_RELEASE);
-	free(t);
+	selftest_free(t);
 	return NULL;
 }
 
-/* The sibling to test through: an UP NIC of this process with its mirror,
- * the one that completed work most recently (a sibling that is itself stuck
- * would fail the test of a healthy NIC). */
-static struct r2cc_nic *selftest_sibling(const struct r2cc_nic *a)
+/* The siblings to test through: UP NICs of this process with their mirror,
+ * those that completed work most recently first, and none with a failure seen
+ * lately while there are others (a sibling that is itself dead would fail the
+ * test of a healthy NIC). */
+static void selftest_siblings(struct selftest *t)
 {
-	struct r2cc_nic *best = NULL;
 	int n = r2cc_nic_count();
-	for (int i = 0; i < n; i++) {
-		struct r2cc_nic *b = r2cc_nic_by_index(i);
-		if (b == a || b->state != R2CC_NIC_UP || !r2cc_mr_mirror_pd(b) || !ctx_of_nic(b))
-			continue;
-		if (!best || r2cc_stall_last_drain(b) > r2cc_stall_last_drain(best))
-			best = b;
-	}
-	return best;
+	for (int pass = 0; pass < 2 && t->nb < SELFTEST_SIBLINGS; pass++)
+		while (t->nb < SELFTEST_SIBLINGS) {
+			struct r2cc_nic *best = NULL;
+			for (int i = 0; i < n; i++) {
+				struct r2cc_nic *b = r2cc_nic_by_index(i);
+				bool taken = false;
+				for (int j = 0; j < t->nb; j++)
+					taken = taken || t->b[j] == b;
+				if (taken || b == t->a || b->state != R2CC_NIC_UP ||
+				    (pass == 0 && nic_failed_lately(b)) || !r2cc_mr_mirror_pd(b) ||
+				    !ctx_of_nic(b))
+					continue;
+				if (!best || r2cc_stall_last_drain(b) > r2cc_stall_last_drain(best))
+					best = b;
+			}
+			if (!best)
+				break;
+			t->cb[t->nb] = ctx_of_nic(best);
+			t->b[t->nb++] = best;
+		}
 }
 
 /* stall: the test confirms a suspected stall, and a NIC that passed one lately
@@ -2012,13 +2089,12 @@ static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 		return;
 	struct selftest *t = calloc(1, sizeof(*t));
 	if (t) {
-		t->b = selftest_sibling(a);
+		t->a = a;
+		selftest_siblings(t);
 		snprintf(t->why, sizeof(t->why), "%s", why ? why : "");
 	}
 	pthread_t th;
-	if (t && t->b && r2cc_mr_mirror_pd(a) && (t->ca = ctx_of_nic(a)) &&
-	    (t->cb = ctx_of_nic(t->b))) {
-		t->a = a;
+	if (t && t->nb && r2cc_mr_mirror_pd(a) && (t->ca = ctx_of_nic(a))) {
 		pthread_attr_t at;
 		pthread_attr_init(&at);
 		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -2033,14 +2109,18 @@ static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 	__atomic_store_n(&a->selftest, 0, __ATOMIC_RELEASE);
 }
 
-/* CHURN_MAX migrations of this QP within CHURN_NS: every NIC it could use keeps
- * failing (e.g. every NIC of a node black-holed); give NCCL the error instead of
- * migrating forever. */
+/* As many migrations of this QP within CHURN_NS as the process has NICs (at
+ * least 3): every NIC it could use keeps failing (e.g. every NIC of a node
+ * black-holed); give NCCL the error instead of migrating forever. Every
+ * migration had evidence of a failure (a stall alone moves nothing), and NICs
+ * failing one after the other may each take a QP along once. */
 static bool churning(const struct r2cc_rqp *r)
 {
-	if (r->migrations < CHURN_MAX)
+	int k = r2cc_nic_count();
+	k = k < 3 ? 3 : k > CHURN_RING ? CHURN_RING : k;
+	if (r->migrations < k)
 		return false;
-	int64_t oldest = r->recent[r->migrations % CHURN_MAX];
+	int64_t oldest = r->recent[(r->migrations - k) % CHURN_RING];
 	return now_ns() - oldest < CHURN_NS;
 }
 
@@ -2764,6 +2844,7 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 
 static void nic_failed(struct r2cc_nic *nic, const char *why)
 {
+	nic_failure_seen(nic);
 	if (nic->state == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
 	nic->state = R2CC_NIC_DOWN;

@@ -558,6 +558,22 @@ void r2cc_ar2_comm_destroy(struct r2cc_ar2_comm *c, bool abort)
 	free(c);
 }
 
+int r2cc_ar2_comm_async_error(const struct r2cc_ar2_comm *c)
+{
+	void *subs[3];
+	int err = 0;
+
+	if (!c || !c->ops->comm_async_error)
+		return 0;
+	subs[0] = c->healthy;
+	subs[1] = c->aplush;
+	subs[2] = c->bcast;
+	for (int i = 0; i < 3; i++)
+		if (subs[i] && c->ops->comm_async_error(c->ops->ctx, subs[i], &err) == 0 && err)
+			return err;
+	return 0;
+}
+
 const struct r2cc_ar2_layout *r2cc_ar2_comm_layout(const struct r2cc_ar2_comm *c)
 {
 	return c ? &c->lay : NULL;

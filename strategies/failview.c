@@ -86,6 +86,7 @@ typedef ncclResult_t (*allgather_fn)(const void *, void *, size_t, ncclDataType_
 typedef ncclResult_t (*split_fn)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
 typedef ncclResult_t (*comm_fn)(ncclComm_t);
 typedef ncclResult_t (*comm_int_fn)(const ncclComm_t, int *);
+typedef ncclResult_t (*async_fn)(ncclComm_t, ncclResult_t *);
 
 static const struct r2cc_nccl_real *nccl;
 static const struct r2cc_cuda *cu;
@@ -129,6 +130,14 @@ static int op_destroy(void *ctx, void *comm)
 static int op_abort(void *ctx, void *comm)
 {
 	return ((comm_fn)nccl->CommAbort)(comm);
+}
+
+static int op_async_error(void *ctx, void *comm, int *err)
+{
+	ncclResult_t e = ncclSuccess;
+	int rc = ((async_fn)nccl->CommGetAsyncError)(comm, &e);
+	*err = (int)e;
+	return rc;
 }
 
 static int op_count(void *ctx, void *comm, int *n)
@@ -228,6 +237,7 @@ static struct r2cc_ar2_ops ops_for(struct r2cc_comm *c)
 	    .comm_split = op_split,
 	    .comm_destroy = op_destroy,
 	    .comm_abort = op_abort,
+	    .comm_async_error = op_async_error,
 	    .comm_count = op_count,
 	    .comm_user_rank = op_rank,
 	    .stream_create = op_stream_create,
@@ -364,9 +374,11 @@ static int after_repair(void)
 #define WATCH_BYTES (1024.0 * 1024 * 1024)
 #define WATCH_LAG   4
 
-static void watch_free(struct watch *w)
+/* abort: never wait on the GPU (the check may sit behind a collective that will
+ * never end); CUDA frees what pending work still uses once it completes. */
+static void watch_free(struct watch *w, bool abort)
 {
-	if (w->pending && w->event)
+	if (w->pending && w->event && !abort)
 		cu->EventSynchronize(w->event);
 	if (w->event)
 		cu->EventDestroy(w->event);
@@ -400,7 +412,7 @@ static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t b
 		int all_ok = 0;
 		bool ok = watch_make(w, c->nranks);
 		if (op_agree(c, c->comm, ok, &all_ok) || !all_ok) {
-			watch_free(w);
+			watch_free(w, false);
 			w->broken = true;
 			R2CC_WARN(
 			    "comm %p: cannot watch for repairs (CUDA resources on some rank); "
@@ -543,19 +555,25 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 	return rc;
 }
 
-static void release_hook(struct r2cc_comm *c)
+static void release_hook(struct r2cc_comm *c, bool abort)
 {
 	struct comm_strategy *st = c->strategy;
 	if (!st)
 		return;
 	c->strategy = NULL;
-	watch_free(&st->w);
+	watch_free(&st->w, abort);
 	if (st->state == VIEW_READY)
 		R2CC_INFO(
 		    "comm %p rank %d: R2CC-AllReduce ran %lu times, %lu AllReduces ran as Balance",
 		    c->comm, c->rank, st->ran, st->fell_back);
-	r2cc_ar2_comm_destroy(st->ar2, false);
+	r2cc_ar2_comm_destroy(st->ar2, abort);
 	free(st);
+}
+
+static int async_error_hook(struct r2cc_comm *c)
+{
+	const struct comm_strategy *st = c->strategy;
+	return st && st->ar2 ? r2cc_ar2_comm_async_error(st->ar2) : 0;
 }
 
 int r2cc_strategies_init(void)
@@ -574,6 +592,7 @@ int r2cc_strategies_init(void)
 	if (!now && after != 3 && !(base_ar2 && after == 2))
 		return 0;
 	__atomic_store_n(&r2cc_comm_release_hook, release_hook, __ATOMIC_RELEASE);
+	__atomic_store_n(&r2cc_comm_async_error_hook, async_error_hook, __ATOMIC_RELEASE);
 	__atomic_store_n(&r2cc_allreduce_hook, allreduce_hook, __ATOMIC_RELEASE);
 	R2CC_INFO("R2CC-AllReduce armed (mode %s, %s, after a repair: %s; K=%d, schedule %d, min "
 		  "%llu bytes)",
