@@ -57,7 +57,7 @@ $(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
 
 ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW)
 TEST_DEPS   += $(SV_UNIT) $(SV_CONF) $(SV_ROCE)
-CPU_TESTS   += 60@$(SV_UNIT) 150@$(SV_CONF) 60@$(SV_ROCE)
+CPU_TESTS   += 60@$(SV_UNIT) 150@$(SV_CONF) 60@$(SV_ROCE) 30@$(SV_DIR)/topo_check.py
 # rdma-core's own test program over the device, where ibverbs-utils is installed.
 ifneq ($(shell command -v ibv_rc_pingpong 2>/dev/null),)
 CPU_TESTS   += 60@$(SV_DIR)/pingpong.sh:$(BUILD)
