@@ -39,8 +39,7 @@ static void sv_atfork_child(void)
 	sv_proc.cqs = NULL;
 	sv_engines_forget();
 	sv_proc.pd_base = (uint32_t)getpid() << 12;
-	if (sv_proc.f &&
-	    sv_fabric_join(sv_proc.f, sv_proc.cfg.node, sv_proc.cfg.nics, &sv_proc.proc_slot) < 0)
+	if (sv_proc.f && sv_fabric_join(sv_proc.f, &sv_proc.cfg, &sv_proc.proc_slot) < 0)
 		fprintf(stderr, "softverbs: forked child %d cannot join the fabric\n",
 			(int)getpid());
 }
@@ -61,7 +60,7 @@ static void sv_init_once(void)
 					: "");
 		return;
 	}
-	n = sv_fabric_join(f, sv_proc.cfg.node, sv_proc.cfg.nics, &sv_proc.proc_slot);
+	n = sv_fabric_join(f, &sv_proc.cfg, &sv_proc.proc_slot);
 	if (n < 0) {
 		sv_proc.init_err = -n;
 		fprintf(stderr, "softverbs: cannot join node %s to fabric %s: %s\n",
@@ -410,16 +409,22 @@ static int sv_port_fill(struct ibv_context *context, uint8_t port_num, struct ib
 	a->state = down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
 	a->phys_state = down ? 3 /* disabled */ : 5 /* link up */;
 	a->max_mtu = IBV_MTU_4096;
-	a->active_mtu = IBV_MTU_4096;
-	a->gid_tbl_len = 1;
+	a->active_mtu = sv_proc.f->net.active_mtu;
+	a->gid_tbl_len = sv_port_gid_tbl_len(sv_proc.f);
 	a->max_msg_sz = 1u << 31;
 	a->pkey_tbl_len = 1;
+	sv_speed_width(nic->gbps, &a->active_speed, &a->active_width);
+	if (sv_proc.f->net.link == SV_LL_ROCE) {
+		/* As a ConnectX port on Ethernet: no LID, no subnet manager, IP-based GIDs. */
+		a->link_layer = IBV_LINK_LAYER_ETHERNET;
+		a->port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
+		return 0;
+	}
 	a->lid = nic->lid;
 	a->sm_lid = 1;
 	a->max_vl_num = 1;
 	a->subnet_timeout = 18;
 	a->link_layer = IBV_LINK_LAYER_INFINIBAND;
-	sv_speed_width(nic->gbps, &a->active_speed, &a->active_width);
 	return 0;
 }
 
@@ -449,14 +454,91 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
 				offsetof(struct ibv_port_attr, link_layer) + 1);
 }
 
+/*
+ * The GID query family, as rdma-core 44-50 answers it: ibv_query_gid gives zeros for
+ * an empty entry and -1 with errno for an index past the table; ibv_query_gid_ex
+ * returns ENODATA / EINVAL; ibv_query_gid_table lists the populated entries.
+ */
+static int sv_gid_entry(struct ibv_context *context, uint32_t port_num, uint32_t index,
+			struct ibv_gid_entry *e)
+{
+	struct sv_ctx *ctx = sv_container_of(context, struct sv_ctx, vctx.context);
+	enum ibv_gid_type type;
+	int rc;
+
+	if (port_num != 1)
+		return EINVAL;
+	memset(e, 0, sizeof(*e));
+	rc = sv_nic_gid(sv_proc.f, ctx->nic, index, &e->gid, &type);
+	if (rc)
+		return -rc;
+	e->gid_index = index;
+	e->port_num = port_num;
+	e->gid_type = type;
+	e->ndev_ifindex = 0; /* there is no netdev behind a soft NIC */
+	return 0;
+}
+
 SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index,
 			    union ibv_gid *gid)
 {
-	if (port_num != 1 || index != 0)
-		return EINVAL;
-	gid->global.subnet_prefix = htobe64(0xfe80000000000000ull);
-	gid->global.interface_id = htobe64(sv_ctx_nic(context)->guid);
+	struct ibv_gid_entry e;
+	int rc = index < 0 ? EINVAL : sv_gid_entry(context, port_num, (uint32_t)index, &e);
+
+	if (rc == ENODATA) {
+		memset(gid, 0, sizeof(*gid));
+		return 0;
+	}
+	if (rc) {
+		errno = rc;
+		return -1;
+	}
+	*gid = e.gid;
 	return 0;
+}
+
+int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+		      struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
+SV_EXPORT int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+				struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+	struct ibv_gid_entry e;
+	int rc;
+
+	if (flags || !entry_size)
+		return EINVAL;
+	rc = sv_gid_entry(context, port_num, gid_index, &e);
+	if (rc)
+		return rc;
+	/* A caller built against a larger entry gets zeros past ours, a smaller one a prefix. */
+	memset(entry, 0, entry_size);
+	memcpy(entry, &e, entry_size < sizeof(e) ? entry_size : sizeof(e));
+	return 0;
+}
+
+ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+			     size_t max_entries, uint32_t flags, size_t entry_size);
+SV_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+				       size_t max_entries, uint32_t flags, size_t entry_size)
+{
+	int len = sv_port_gid_tbl_len(sv_proc.f);
+	struct ibv_gid_entry e;
+	size_t n = 0;
+
+	if (flags || !entry_size)
+		return -EINVAL;
+	for (int i = 0; i < len; i++) {
+		char *slot = (char *)entries + n * entry_size;
+
+		if (sv_gid_entry(context, 1, (uint32_t)i, &e) != 0)
+			continue;
+		if (n == max_entries)
+			return -EINVAL; /* more valid entries than room, as the kernel says */
+		memset(slot, 0, entry_size);
+		memcpy(slot, &e, entry_size < sizeof(e) ? entry_size : sizeof(e));
+		n++;
+	}
+	return (ssize_t)n;
 }
 
 SV_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
@@ -609,16 +691,46 @@ SV_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
 	return NULL;
 }
 
-/* Private to rdma-core's tools; every GID here is an InfiniBand one (type 0). */
+/*
+ * Private to rdma-core's tools (ibv_devinfo): rdma-core's enum ibv_gid_type_sysfs, 0 for
+ * IB and RoCE v1 (and an empty entry), 1 for RoCE v2; -1 with errno past the table.
+ */
 int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
 		       int *type);
 SV_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
 				 int *type)
 {
-	if (port_num != 1 || index != 0)
-		return EINVAL;
-	*type = 0;
+	struct ibv_gid_entry e;
+	int rc = sv_gid_entry(context, port_num, index, &e);
+
+	if (rc && rc != ENODATA) {
+		errno = rc;
+		return -1;
+	}
+	*type = !rc && e.gid_type == IBV_GID_TYPE_ROCE_V2;
 	return 0;
+}
+
+SV_EXPORT int softverbs_nic_lossy_bytes(const char *node, const char *nic, uint64_t *bytes)
+{
+	struct sv_config cfg;
+	struct sv_fabric *f = sv_proc.f;
+	int i;
+
+	if (!node || !nic || !bytes)
+		return -EINVAL;
+	if (!f) {
+		sv_config_read(&cfg);
+		f = sv_fabric_attach(cfg.fabric, false);
+		if (!f)
+			return -errno;
+	}
+	i = sv_fabric_find_nic(f, node, nic);
+	if (i >= 0)
+		*bytes = atomic_load(&f->nics[i].lossy_bytes);
+	if (f != sv_proc.f)
+		sv_fabric_detach(f);
+	return i < 0 ? i : 0;
 }
 
 SV_EXPORT int softverbs_nic_stats(const char *node, struct softverbs_nic_stat *out, int max)

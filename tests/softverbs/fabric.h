@@ -22,7 +22,7 @@
 #include <sys/types.h>
 
 #define SV_MAGIC	 0x534f465456524253ull /* "SOFTVRBS" */
-#define SV_VERSION	 4
+#define SV_VERSION	 5
 #define SV_NAME_LEN	 64
 #define SV_MAX_NODES	 32
 #define SV_MAX_NICS	 128
@@ -49,6 +49,12 @@ enum sv_fault {
 	SV_FAULT_SLOW = 4,
 };
 
+/* The fabric's link layer (SOFTVERBS_LINK): InfiniBand (LIDs) or RoCE (GIDs, roce.c). */
+enum sv_link_layer {
+	SV_LL_IB = 0,
+	SV_LL_ROCE = 1,
+};
+
 /* What the wire does right now (a flapping NIC is DOWN or UP depending on the time). */
 enum sv_link {
 	SV_LINK_UP,
@@ -69,12 +75,14 @@ struct sv_nic {
 	char name[SV_NAME_LEN];
 	int gbps;
 	uint16_t lid;
+	uint8_t rail; /* index of the NIC in its node: its RoCE subnet (roce.c) */
 	uint64_t guid;
 	_Atomic int fault;	     /* enum sv_fault */
 	_Atomic int fault_arg;	     /* flap period in ms, or slow rate in Gb/s */
 	_Atomic int64_t fault_ns;    /* when the fault was set (flap phase origin) */
 	_Atomic int64_t shape_ns[2]; /* when the wire is free again: [SV_TX], [SV_RX] */
 	_Atomic uint64_t tx_bytes, rx_bytes, tx_packets, rx_packets;
+	_Atomic uint64_t lossy_bytes; /* sent outside SOFTVERBS_LOSSLESS_TC (RoCE) */
 };
 
 struct sv_proc {
@@ -106,6 +114,12 @@ struct sv_qp_slot {
 	_Atomic uint32_t access;
 	_Atomic uint32_t dest_qpn;
 	_Atomic uint32_t dlid;
+	/*
+	 * RoCE: the GRH of the last modify_qp with IBV_QP_AV, and the NIC it reaches
+	 * (roce.c), -1 if none; grh is written before grh_peer is stored.
+	 */
+	struct ibv_global_route grh;
+	_Atomic int grh_peer;
 	int rcq;	  /* CQ slot of the receive CQ */
 	uint32_t rcq_id;  /* its id, checked before use */
 	uint32_t rq_size; /* max_recv_wr */
@@ -132,12 +146,21 @@ struct sv_sched {
 	int64_t at_ns;
 };
 
+/* What kind of network the fabric is: set by the first process of a fabric. */
+struct sv_net {
+	int link;	 /* enum sv_link_layer, SOFTVERBS_LINK */
+	int routed;	 /* SOFTVERBS_ROUTED: RoCE v2 over IPv4 crosses rails */
+	int lossless_tc; /* SOFTVERBS_LOSSLESS_TC, -1 = none */
+	int active_mtu;	 /* enum ibv_mtu of every port, SOFTVERBS_MTU */
+};
+
 struct sv_fabric {
 	_Atomic uint64_t magic;
 	uint32_t version;
 	uint64_t size;
 	pthread_mutex_t lock;
 	int64_t start_ns;
+	struct sv_net net;
 	uint32_t next_lid;
 	_Atomic uint32_t gen;
 	_Atomic int sched_pending;
@@ -159,6 +182,8 @@ struct sv_config {
 	bool shaping;
 	bool engines; /* SOFTVERBS_ENGINES: a thread per NIC executes the send queues */
 	const char *faults;
+	struct sv_net net; /* what this process asks for; the fabric's first process decides */
+	bool net_set;	   /* one of SOFTVERBS_LINK/ROUTED/LOSSLESS_TC/MTU was set */
 };
 
 void sv_config_read(struct sv_config *cfg);
@@ -173,12 +198,12 @@ void sv_fabric_detach(struct sv_fabric *f);
 int sv_fabric_remove(const char *name);
 
 /*
- * Attaches this process as a member of node `node`, registering the node with the
- * NICs of `spec` ("name:gbps,...") when it is new; reaps dead processes first and
- * restarts a fabric that has no live member. Returns the node index (proc slot in
- * *proc_p) or -errno.
+ * Attaches this process as a member of node cfg->node, registering the node with the
+ * NICs of cfg->nics ("name:gbps,...") when it is new; reaps dead processes first and
+ * restarts a fabric that has no live member (taking cfg->net as its network). Returns
+ * the node index (proc slot in *proc_p) or -errno.
  */
-int sv_fabric_join(struct sv_fabric *f, const char *node, const char *spec, int *proc_p);
+int sv_fabric_join(struct sv_fabric *f, const struct sv_config *cfg, int *proc_p);
 int sv_fabric_find_node(struct sv_fabric *f, const char *name);
 int sv_fabric_find_nic(struct sv_fabric *f, const char *node, const char *nic);
 /* Frees the slots of processes that died; returns how many processes were reaped. */
@@ -207,5 +232,22 @@ int64_t sv_nic_reserve(struct sv_fabric *f, int nic, enum sv_dir dir, int gbps, 
 		       int64_t now);
 void sv_nic_account(struct sv_fabric *f, int from, int to, uint64_t bytes);
 const char *sv_fault_name(int kind);
+
+/* roce.c: addresses, GID tables, reachability and traffic classes of RoCE mode. */
+#define SV_ROCE_GID_TBL_LEN 255 /* what a ConnectX port reports on Ethernet */
+int sv_port_gid_tbl_len(const struct sv_fabric *f);
+uint32_t sv_nic_ipv4(const struct sv_fabric *f, int nic);
+/* GID `index` of a NIC's port: 0, -ENODATA (an empty entry) or -EINVAL (past the table). */
+int sv_nic_gid(const struct sv_fabric *f, int nic, unsigned index, union ibv_gid *gid,
+	       enum ibv_gid_type *type);
+/* The NIC owning a GID, -1 if none. */
+int sv_gid_owner(const struct sv_fabric *f, const union ibv_gid *gid);
+/* 0, or the errno modify_qp fails with for an address vector of a QP on NIC `nic`. */
+int sv_roce_check_av(const struct sv_fabric *f, int nic, const struct ibv_ah_attr *ah);
+/* The NIC a GRH sent from NIC `nic` reaches, -1 if it goes nowhere. */
+int sv_roce_route(const struct sv_fabric *f, int nic, const struct ibv_global_route *grh);
+/* Counts bytes a NIC sent with traffic class `tc` when that is not the lossless one. */
+void sv_nic_account_class(struct sv_fabric *f, int nic, int tc, uint64_t bytes);
+const char *sv_link_layer_name(int link);
 
 #endif

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs rdma-core's own ibv_rc_pingpong (ibverbs-utils) over the software RDMA device,
 # two processes on two emulated nodes, with the received data checked (-c): once
-# busy-polling and once with completion channels (-e). Fails on any error.
+# busy-polling, once with completion channels (-e), and once on a RoCE fabric through
+# GID index 3 (RoCE v2, IPv4), as on a ConnectX port. Fails on any error.
 #
 #   tests/softverbs/pingpong.sh BUILD_DIR
 set -u
@@ -28,6 +29,7 @@ run() { # NAME ARGS...
 }
 run poll -d mlx5_0 -n 2000 -s 8192 -c
 run events -e -d mlx5_1 -n 300 -s 4096 -c
+SOFTVERBS_LINK=roce run roce -d mlx5_1 -g 3 -n 300 -s 4096 -c
 "$build/bin/softverbs-ctl" reset >/dev/null
 [ $rc -eq 0 ] && echo "ok pingpong"
 exit $rc

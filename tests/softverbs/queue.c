@@ -350,6 +350,8 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	atomic_store(&s->access, 0);
 	atomic_store(&s->dest_qpn, 0);
 	atomic_store(&s->dlid, 0);
+	memset(&s->grh, 0, sizeof(s->grh));
+	atomic_store(&s->grh_peer, -1);
 	s->rcq = to_cq(init->recv_cq)->slot;
 	s->rcq_id = atomic_load(&to_cq(init->recv_cq)->s->id);
 	s->rq_size = cap->max_recv_wr ? cap->max_recv_wr : 1;
@@ -525,6 +527,12 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	    ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > 16) ||
 	    ((mask & IBV_QP_AV) && attr->ah_attr.port_num > 1))
 		goto out;
+	/* A RoCE port needs a GRH from a GID of its own (EINVAL, ENODATA for an empty one). */
+	if ((mask & IBV_QP_AV) && sv_proc.f->net.link == SV_LL_ROCE) {
+		rc = sv_roce_check_av(sv_proc.f, qp->s->nic, &attr->ah_attr);
+		if (rc)
+			goto out;
+	}
 	if (mask & IBV_QP_ACCESS_FLAGS) {
 		qp->attr.qp_access_flags = attr->qp_access_flags;
 		atomic_store(&qp->s->access, attr->qp_access_flags);
@@ -536,6 +544,9 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	if (mask & IBV_QP_AV) {
 		qp->attr.ah_attr = attr->ah_attr;
 		atomic_store(&qp->s->dlid, attr->ah_attr.dlid);
+		/* Where the GRH leads is resolved now, as the kernel resolves the MAC here. */
+		qp->s->grh = attr->ah_attr.grh;
+		atomic_store(&qp->s->grh_peer, sv_roce_route(sv_proc.f, qp->s->nic, &qp->s->grh));
 	}
 	if (mask & IBV_QP_PATH_MTU)
 		qp->attr.path_mtu = attr->path_mtu;
@@ -904,8 +915,15 @@ static struct sv_qp_slot *sv_path(struct sv_qp *qp, int64_t now)
 		return NULL;
 	if (!dqpn || atomic_load(&t->qpn) != dqpn)
 		return NULL;
-	if (sv_nic_link(f, t->nic, now) != SV_LINK_UP ||
-	    f->nics[t->nic].lid != qp->attr.ah_attr.dlid)
+	if (sv_nic_link(f, t->nic, now) != SV_LINK_UP)
+		return NULL;
+	/*
+	 * IB: the dlid names the target's NIC. RoCE: our GRH reaches it and its GRH
+	 * reaches us (the acknowledgements and read responses travel by it).
+	 */
+	if (f->net.link == SV_LL_ROCE
+		? atomic_load(&qp->s->grh_peer) != t->nic || atomic_load(&t->grh_peer) != qp->s->nic
+		: f->nics[t->nic].lid != qp->attr.ah_attr.dlid)
 		return NULL;
 	st = atomic_load(&t->state);
 	if ((st != IBV_QPS_RTR && st != IBV_QPS_RTS) || !sv_pid_alive(t->pid))
@@ -1066,10 +1084,14 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 		return sv_silent(qp, w, now, wake);
 	if (rc)
 		return IBV_WC_REM_ACCESS_ERR;
-	if (w->opcode == IBV_WR_RDMA_READ)
+	/* A read response travels in the responder's traffic class. */
+	if (w->opcode == IBV_WR_RDMA_READ) {
 		sv_nic_account(f, t->nic, qp->s->nic, w->len);
-	else
+		sv_nic_account_class(f, t->nic, t->grh.traffic_class, w->len);
+	} else {
 		sv_nic_account(f, qp->s->nic, t->nic, w->len);
+		sv_nic_account_class(f, qp->s->nic, qp->attr.ah_attr.grh.traffic_class, w->len);
+	}
 	if (needs_recv) {
 		sv_wc_fill(&wc, rwqe.wr_id, IBV_WC_SUCCESS,
 			   w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM
