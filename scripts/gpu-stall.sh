@@ -5,11 +5,15 @@
 # (-c 1), over soft NICs shaped to a few Gb/s, ranks sharing GPU 0 (run it under
 # scripts/with-mps.sh), R2CC's reports counted for incidents.
 #   scripts/gpu-stall.sh LOGDIR [RUN...]
-# A RUN is SHAPExG:GBPS:MODE[:declared][:blackhole] with SHAPE 2x1, 3x1 or 4x1, e.g.
+# A RUN is SHAPExG:GBPS:MODE[:declared][:FAULT] with SHAPE 2x1, 3x1 or 4x1, e.g.
 #   4x1:5:2:declared          the run that R2CC used to kill (declared mlx5_2, mode 2)
 #   3x1:5:3:declared          the one that hung (mode 3)
 #   2x1:1:2                   1 Gb/s, nothing declared
 #   4x1:5:2:declared:blackhole  the same load, node 1's mlx5_0 black-holed mid-run
+# FAULT (FAULT_AFTER_S into the run, on node 1): blackhole (mlx5_0; must be repaired,
+# every result right), and the faults nothing can repair, after which the job must end
+# by itself (not by the timeout) with no wrong result: blackhole-all and down-all (every
+# NIC of node 1), kill (node 1's process is killed).
 # Environment: NCCL_TESTS_DIR (else build/bin's r2cc-perf links), R2CC_LIB (the library
 # preloaded, default build/lib/libr2cc.so; 'none' runs plain NCCL), BYTES ("-b 256M -e
 # 512M"), ITERS ("-n 3 -w 1"), FAULT_AFTER_S (seconds into the run, default 12),
@@ -34,10 +38,15 @@ mkdir -p "$LOG"
 fail=0
 
 one() { # RUN
-	local spec=$1 shape gbps mode rest nodes declared=0 bh=0
+	local spec=$1 shape gbps mode rest nodes declared=0 bh=0 fault=
 	IFS=: read -r shape gbps mode rest <<<"$spec"
 	case ":$rest:" in *:declared:*) declared=1 ;; esac
-	case ":$rest:" in *:blackhole:*) bh=1 ;; esac
+	case ":$rest:" in
+	*:blackhole:*) fault=blackhole bh=1 ;;
+	*:blackhole-all:*) fault=blackhole-all ;;
+	*:down-all:*) fault=down-all ;;
+	*:kill:*) fault=kill ;;
+	esac
 	nodes=${shape%x1}
 	local label=${spec//:/-} dir="$LOG/${spec//:/-}"
 	mkdir -p "$dir"
@@ -65,14 +74,30 @@ one() { # RUN
 	t0=$(date +%s.%N)
 	timeout --kill-after=5 "$TIMEOUT_S" "${launch[@]}" >>"$dir/console.txt" 2>&1 &
 	local pid=$!
-	if [ $bh = 1 ]; then
+	if [ -n "$fault" ]; then
 		sleep "$FAULT_AFTER_S"
-		if kill -0 $pid 2>/dev/null &&
-			"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" fault node1 mlx5_0 blackhole >>"$dir/console.txt" 2>&1; then
+		local ok=1 nic p
+		if ! kill -0 $pid 2>/dev/null; then
+			ok=0
+		elif [ "$fault" = kill ]; then
+			# the rank of node 1: the process whose environment says so
+			p=$(grep -lz '^NCCL_HOSTID=node1$' /proc/[0-9]*/environ 2>/dev/null |
+				sed 's,/proc/\([0-9]*\)/.*,\1,' | while read -r q; do
+				[ "$(cat /proc/"$q"/comm 2>/dev/null)" != bash ] && echo "$q"; done | head -1)
+			[ -n "$p" ] && kill -9 "$p" || ok=0
+		else
+			local kind=${fault%-all} nics=mlx5_0
+			[ "$fault" != blackhole ] && nics="mlx5_0 mlx5_2 mlx5_3"
+			for nic in $nics; do
+				"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" fault node1 "$nic" "$kind" >>"$dir/console.txt" 2>&1 || ok=0
+			done
+		fi
+		if [ $ok = 1 ]; then
 			t_fault=$(date +%s.%N)
-			echo "fault injected at $t_fault: node1/mlx5_0 blackhole" >>"$dir/console.txt"
+			echo "fault injected at $t_fault: node1 $fault" >>"$dir/console.txt"
 		else
 			echo "fault NOT injected" >>"$dir/console.txt"
+			t_fault=-1
 		fi
 	fi
 	wait $pid
@@ -82,9 +107,9 @@ one() { # RUN
 	softfabric_reset
 	# the verdict, from the program's rows and R2CC's reports
 	local v
-	v=$(python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" <<'PY'
+	v=$(python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" <<'PY'
 import glob, json, re, sys
-d, rc, bh, t_fault, secs, spec = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]), sys.argv[5], sys.argv[6]
+d, rc, bh, t_fault, secs, spec, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
 txt = open(d + "/console.txt", errors="replace").read()
 rows = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+sum\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)", txt, re.M)
 wrong = sum(int(r[4]) + int(r[8]) for r in rows if r[4].isdigit() and r[8].isdigit())
@@ -105,7 +130,13 @@ for f in glob.glob(d + "/report.*.json"):
             if bh and t_fault and i.get("detected_unix", 0) >= t_fault:
                 det.append((i["detected_unix"] - t_fault) * 1e3)
     sus += j.get("stall_scan", {}).get("suspected", 0)
-ok = rc == 0 and bool(rows) and wrong == 0 and not nonnum and (inc > 0 if bh else inc == 0)
+if fault and not bh:
+    # nothing to repair: the job ends by itself (124/137: the timeout ended it), with
+    # nothing wrong among the rows it printed
+    ok = t_fault > 0 and rc not in (124, 137) and wrong == 0
+else:
+    ok = rc == 0 and bool(rows) and wrong == 0 and not nonnum and (inc > 0 if bh else inc == 0)
+    ok = ok and t_fault >= 0
 detect = f"{min(det):.0f}" if det else "-"
 print(f"{'PASS' if ok else 'FAIL'} {spec} rc={rc} rows={len(rows)} wrong={wrong} "
       f"repairs={inc} declared_incidents={decl} suspected={sus} detect_ms={detect} "
