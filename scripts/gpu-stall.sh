@@ -105,11 +105,20 @@ one() { # RUN
 	local secs
 	secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
 	softfabric_reset
+	# A rank killed while it held the GPU can leave the MPS server refusing new
+	# clients ("CUDA-capable device(s) is/are busy or unavailable"): start it again.
+	if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { [ $rc = 124 ] || [ $rc = 137 ] || [ "$fault" = kill ]; }; then
+		pkill -9 -f all_reduce_perf 2>/dev/null
+		echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+		sleep 1
+		nvidia-cuda-mps-control -d >/dev/null 2>&1
+	fi
 	# the verdict, from the program's rows and R2CC's reports
 	local v
-	v=$(python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" <<'PY'
+	v=$(python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" "$TIMEOUT_S" <<'PY'
 import glob, json, re, sys
 d, rc, bh, t_fault, secs, spec, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
+limit = float(sys.argv[8])
 txt = open(d + "/console.txt", errors="replace").read()
 rows = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+sum\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)", txt, re.M)
 wrong = sum(int(r[4]) + int(r[8]) for r in rows if r[4].isdigit() and r[8].isdigit())
@@ -133,7 +142,8 @@ for f in glob.glob(d + "/report.*.json"):
 if fault and not bh:
     # nothing to repair: the job ends by itself (124/137: the timeout ended it), with
     # nothing wrong among the rows it printed
-    ok = t_fault > 0 and rc not in (124, 137) and wrong == 0
+    # (the time tells: a rank killed by a signal makes mpirun exit 137 too)
+    ok = t_fault > 0 and float(secs) < limit - 1 and rc != 0 and wrong == 0
 else:
     ok = rc == 0 and bool(rows) and wrong == 0 and not nonnum and (inc > 0 if bh else inc == 0)
     ok = ok and t_fault >= 0
