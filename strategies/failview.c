@@ -34,6 +34,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,11 +181,49 @@ static int op_wait(void *ctx, void *s, void *e)
 	return cu_rc(cu->StreamWaitEvent(s, e, 0));
 }
 
+#define R2CC_CU_NOT_READY 600 /* CUDA_ERROR_NOT_READY */
+
+static int async_error_hook(struct r2cc_comm *c);
+
 /*
- * All-gather of `n` ints per rank on comm, on a private stream, blocking.
- * Used for the view and for agree(); every rank calls it at the same point.
+ * Waits for a stream (or an event) of ours without ever blocking on the GPU
+ * alone: while the work is not done, the parent's and the sub-communicators'
+ * asynchronous errors are looked at, and one ends the wait with that error. A
+ * collective whose peer died never completes; a wait that only synchronised
+ * would hold the application's thread inside its NCCL call forever, where it
+ * can neither see the error nor abort.
  */
-static int gather_ints(void *comm, int nranks, const int *mine, int n, int *all)
+static int gpu_wait(struct r2cc_comm *c, void *stream, void *event)
+{
+	for (unsigned spin = 0;; spin++) {
+		int q = stream ? cu->StreamQuery(stream) : cu->EventQuery(event);
+		if (q != R2CC_CU_NOT_READY)
+			return cu_rc(q);
+		ncclResult_t e = ncclSuccess;
+		if (((async_fn)nccl->CommGetAsyncError)(c->comm, &e) == ncclSuccess &&
+		    e == ncclSuccess)
+			e = (ncclResult_t)async_error_hook(c);
+		if (e != ncclSuccess && e != ncclInProgress) {
+			R2CC_WARN(
+			    "comm %p: a collective of R2CC's will not complete (NCCL error %d); "
+			    "the call returns it",
+			    c->comm, (int)e);
+			return (int)e;
+		}
+		if (spin < 1000)
+			sched_yield();
+		else
+			usleep(50);
+	}
+}
+
+/*
+ * All-gather of `n` ints per rank on comm (c's or one of its own), on a private stream,
+ * waited for with gpu_wait(). Used for the view and for agree(); every rank
+ * calls it at the same point.
+ */
+static int gather_ints(struct r2cc_comm *c, void *comm, int nranks, const int *mine, int n,
+		       int *all)
 {
 	void *stream = NULL;
 	unsigned long long dbuf = 0;
@@ -200,7 +239,7 @@ static int gather_ints(void *comm, int nranks, const int *mine, int n, int *all)
 					     (size_t)n, ncclInt32, comm, stream);
 	if (rc)
 		goto err_mem;
-	rc = cu_rc(cu->StreamSynchronize(stream));
+	rc = gpu_wait(c, stream, NULL);
 	if (!rc)
 		rc = cu_rc(cu->MemcpyDtoH(all, dbuf, bytes));
 err_mem:
@@ -216,7 +255,7 @@ static int op_agree(void *ctx, void *comm, int ok, int *all_ok)
 	int *all = calloc((size_t)c->nranks, sizeof(int));
 	if (!all)
 		return ncclSystemError;
-	int rc = gather_ints(comm, c->nranks, &ok, 1, all);
+	int rc = gather_ints(c, comm, c->nranks, &ok, 1, all);
 	*all_ok = 1;
 	for (int i = 0; i < c->nranks && !rc; i++)
 		if (!all[i])
@@ -265,7 +304,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 	int rc = -ENOMEM;
 	if (!all || !rank_node || !node_nics || !node_failed)
 		goto out;
-	rc = gather_ints(c->comm, n, mine, 2, all);
+	rc = gather_ints(c, c->comm, n, mine, 2, all);
 	if (rc)
 		goto out;
 	/* Nodes numbered in order of first appearance in rank order. */
@@ -285,7 +324,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 	}
 	int f = r2cc_nic_mark_declared(&spec, my_node, key) + nics_down_here();
 	int *fails = all; /* reuse: n ints */
-	rc = gather_ints(c->comm, n, &f, 1, fails);
+	rc = gather_ints(c, c->comm, n, &f, 1, fails);
 	if (rc)
 		goto out;
 	for (int node = 0; node < nnodes; node++)
@@ -427,7 +466,7 @@ static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t b
 	w->bytes += (double)bytes;
 	if (w->pending && (w->calls >= WATCH_LAG || w->bytes >= WATCH_BYTES)) {
 		w->pending = false;
-		if (cu->EventSynchronize(w->event) == 0)
+		if (gpu_wait(c, NULL, w->event) == 0)
 			for (int r = 0; r < c->nranks; r++)
 				if (w->hbuf[r] > 0)
 					return true;
