@@ -100,8 +100,24 @@ one() { # RUN
 			t_fault=-1
 		fi
 	fi
+	# A run still there shortly before its limit: every rank's threads' stacks
+	# (cuda-gdb attaches to programs without GPU code too), to see where it waits.
+	local watcher=
+	if [ "${STACKS:-1}" = 1 ] && command -v cuda-gdb >/dev/null; then
+		(
+			sleep $((TIMEOUT_S - 25))
+			kill -0 $pid 2>/dev/null || exit 0
+			for q in $(pgrep -f all_reduce_perf; pgrep -f r2cc-perf); do
+				[ "$(cat /proc/"$q"/comm 2>/dev/null)" = bash ] && continue
+				timeout 15 cuda-gdb -p "$q" -batch -ex "thread apply all bt 14" \
+					>"$dir/stacks.$q.txt" 2>&1
+			done
+		) &
+		watcher=$!
+	fi
 	wait $pid
 	local rc=$?
+	[ -n "$watcher" ] && { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; }
 	local secs
 	secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
 	softfabric_reset
