@@ -240,8 +240,13 @@ static int gather_ints(struct r2cc_comm *c, void *comm, int nranks, const int *m
 	if (rc)
 		goto err_mem;
 	rc = gpu_wait(c, stream, NULL);
-	if (!rc)
-		rc = cu_rc(cu->MemcpyDtoH(all, dbuf, bytes));
+	if (rc) {
+		/* The all-gather will never end: freeing its buffer would wait for it
+		 * (cuMemFree synchronises), so the few bytes stay allocated. */
+		cu->StreamDestroy(stream);
+		return rc;
+	}
+	rc = cu_rc(cu->MemcpyDtoH(all, dbuf, bytes));
 err_mem:
 	cu->MemFree(dbuf);
 err_stream:
@@ -413,8 +418,12 @@ static int after_repair(void)
 #define WATCH_BYTES (1024.0 * 1024 * 1024)
 #define WATCH_LAG   4
 
-/* abort: never wait on the GPU (the check may sit behind a collective that will
- * never end); CUDA frees what pending work still uses once it completes. */
+/* abort: never wait on the GPU. The check may sit behind a collective that will
+ * never end, and the communicators are aborted only after this returns: an
+ * event synchronisation, or a cuMemFree (which synchronises the device), would
+ * wait for kernels that only the abort can stop. Its buffers (4 bytes per rank,
+ * device and host) then stay allocated; events and streams are released by
+ * CUDA once their work is done. */
 static void watch_free(struct watch *w, bool abort)
 {
 	if (w->pending && w->event && !abort)
@@ -423,9 +432,9 @@ static void watch_free(struct watch *w, bool abort)
 		cu->EventDestroy(w->event);
 	if (w->stream)
 		cu->StreamDestroy(w->stream);
-	if (w->dbuf)
+	if (w->dbuf && !abort)
 		cu->MemFree(w->dbuf);
-	if (w->hbuf)
+	if (w->hbuf && !abort)
 		cu->MemFreeHost(w->hbuf);
 	memset(w, 0, sizeof(*w));
 }
