@@ -107,8 +107,10 @@ one() { # RUN
 		(
 			sleep $((TIMEOUT_S - 25))
 			kill -0 $pid 2>/dev/null || exit 0
-			for q in $(pgrep -f all_reduce_perf; pgrep -f r2cc-perf); do
-				[ "$(cat /proc/"$q"/comm 2>/dev/null)" = bash ] && continue
+			# the ranks: the processes whose environment names an emulated node
+			for q in $(grep -lz '^NCCL_HOSTID=node' /proc/[0-9]*/environ 2>/dev/null |
+				sed 's,/proc/\([0-9]*\)/.*,\1,'); do
+				case $(cat /proc/"$q"/comm 2>/dev/null) in all_reduce_perf | r2cc-perf) ;; *) continue ;; esac
 				timeout 15 cuda-gdb -p "$q" -batch -ex "thread apply all bt 14" \
 					>"$dir/stacks.$q.txt" 2>&1
 			done
