@@ -121,8 +121,9 @@ static void usage(FILE *f)
 		"                        [--nccl-stub] [--fault-phase traffic|connect] "
 		"[--fault-nics one|all]\n"
 		"                        [--second-fault MS] [--kill-peer] "
-		"[--expect pass|clean-error] [--bound SEC]\n"
-		"                        [--flush]\n"
+		"[--expect pass|clean-error|no-repair] [--bound SEC]\n"
+		"                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
+		"[--declare NODE:NIC]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -132,6 +133,10 @@ static void usage(FILE *f)
 		"within --bound (10 s) of the fault, no worker hangs and nothing is corrupt.\n"
 		"--flush: NCCL's GPU Direct flush too: each received message is read back with\n"
 		"an RDMA READ on a loopback QP per NIC before it counts as delivered.\n"
+		"--gbps G: every NIC shaped to G Gb/s; --qps Q: Q QPs per NIC per connection\n"
+		"(NCCL_IB_QPS_PER_CONNECTION); --per-node P: P processes share each node's NICs;\n"
+		"--declare NODE:NIC: R2CC_FAILED_NODE/HCA; --expect no-repair: as pass, and no\n"
+		"incident in any R2CC report but declared moves (a migration is a false repair).\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
