@@ -572,6 +572,17 @@ static void detect(struct r2cc_rqp *r, const char *cause, int status)
 	pthread_mutex_unlock(&eng.mu);
 }
 
+/* A failure seen on nic, for a QP found on it: it counts only while the QP is still
+ * there. A list of QPs is collected, then each is detected; one may have moved off
+ * the NIC meanwhile (another detection got there first), and its new path has not
+ * failed. */
+static void detect_on(struct r2cc_rqp *r, const struct r2cc_nic *nic, const char *cause,
+		      int status)
+{
+	if (__atomic_load_n(&r->cur_nic, __ATOMIC_ACQUIRE) == nic)
+		detect(r, cause, status);
+}
+
 /* --- gates ------------------------------------------------------------------------ */
 
 static void gate_close(uint32_t *g)
@@ -1520,7 +1531,7 @@ static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ib
 	r->cur_qp = r->new_qp;
 	r->cur_cq = r->new_cq;
 	r->cur_ctx = r->new_ctx;
-	r->cur_nic = r->new_ctx->nic;
+	__atomic_store_n(&r->cur_nic, r->new_ctx->nic, __ATOMIC_RELEASE);
 	r->cur_sh = r->new_sh;
 	pthread_mutex_unlock(&v->mu);
 	r->new_qp = NULL;
@@ -1809,7 +1820,7 @@ static void localise(struct r2cc_rqp *r)
 	snprintf(why, sizeof(why), "%s as qp 0x%x (%s)", port_down ? "same NIC" : "same path",
 		 r->qpn, r->cause);
 	for (int i = 0; i < n; i++)
-		detect(list[i], why, r->status_seen);
+		detect_on(list[i], nic, why, r->status_seen);
 	free(list);
 	incident_event(r->incident, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move", r->qpn,
 		       port_down ? "NIC" : "path from", nic->name, port_down ? "" : " to its peer",
@@ -2851,7 +2862,7 @@ static void nic_failed(struct r2cc_nic *nic, const char *why)
 	struct r2cc_rqp **list;
 	int n = collect(&list, on_nic, nic);
 	for (int i = 0; i < n; i++)
-		detect(list[i], why, IBV_WC_RETRY_EXC_ERR);
+		detect_on(list[i], nic, why, IBV_WC_RETRY_EXC_ERR);
 	free(list);
 }
 
