@@ -1,7 +1,7 @@
 # tests/softverbs: the software RDMA device (see tests/softverbs/README.md).
 #   $(BUILD)/softverbs/libibverbs.so.1 (+ libibverbs.so)  the device, soname libibverbs.so.1
 #   $(BUILD)/bin/softverbs-ctl                            fabric listing and fault injection
-#   $(BUILD)/tests/softverbs/{unit,conformance}           its tests
+#   $(BUILD)/tests/softverbs/{unit,compat,conformance}    its tests
 #   $(BUILD)/bin/softverbs-bw                             its bandwidth and latency benchmark
 
 SV_DIR   := tests/softverbs
@@ -13,9 +13,11 @@ SV_CTL   := $(BUILD)/bin/softverbs-ctl
 SV_TDIR  := $(BUILD)/tests/softverbs
 SV_UNIT  := $(SV_TDIR)/unit
 SV_CONF  := $(SV_TDIR)/conformance
+SV_COMPAT := $(SV_TDIR)/compat
 SV_BW    := $(BUILD)/bin/softverbs-bw
 
-SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o
+SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o $(SV_OBJ)/srq.o \
+               $(SV_OBJ)/compat.o
 SV_CFLAGS   := $(BIN_CFLAGS) -fvisibility=hidden
 # Test programs link against the device itself and find it next to them at run time.
 SV_TLIBS    := -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../../softverbs' -ldl
@@ -40,6 +42,10 @@ $(SV_UNIT): $(SV_OBJ)/test_unit.o $(SV_LINK)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(SV_OBJ)/test_unit.o $(SV_TLIBS) -lcriterion -pthread
 
+$(SV_COMPAT): $(SV_OBJ)/test_compat.o $(SV_LINK)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(SV_OBJ)/test_compat.o $(SV_TLIBS) -lcriterion -pthread
+
 $(SV_CONF): $(SV_OBJ)/conformance.o $(SV_LINK) $(SV_CTL)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(SV_OBJ)/conformance.o $(SV_TLIBS) -pthread
@@ -51,8 +57,8 @@ $(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
 -include $(SV_OBJ)/*.d
 
 ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW)
-TEST_DEPS   += $(SV_UNIT) $(SV_CONF)
-CPU_TESTS   += 60@$(SV_UNIT) 150@$(SV_CONF)
+TEST_DEPS   += $(SV_UNIT) $(SV_COMPAT) $(SV_CONF)
+CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF)
 # rdma-core's own test program over the device, where ibverbs-utils is installed.
 ifneq ($(shell command -v ibv_rc_pingpong 2>/dev/null),)
 CPU_TESTS   += 60@$(SV_DIR)/pingpong.sh:$(BUILD)
