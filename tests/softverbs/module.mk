@@ -59,8 +59,14 @@ $(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
 ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW)
 TEST_DEPS   += $(SV_UNIT) $(SV_COMPAT) $(SV_CONF)
 CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF)
-# rdma-core's own test program over the device, where ibverbs-utils is installed.
-ifneq ($(shell command -v ibv_rc_pingpong 2>/dev/null),)
-CPU_TESTS   += 60@$(SV_DIR)/pingpong.sh:$(BUILD)
-endif
+# rdma-core's own programs over the device (scripts/deps.sh installs them): every one
+# loads, ibv_*_pingpong and perftest between two emulated nodes.
+CPU_TESTS   += 60@$(SV_DIR)/abi.sh:$(BUILD) 60@$(SV_DIR)/pingpong.sh:$(BUILD) \
+               240@$(SV_DIR)/perftest.sh:$(BUILD)
+
+# More perftest runs than make test makes: make softverbs-perftest SV_PERFTEST_RUNS=20
+SV_PERFTEST_RUNS ?= 10
+.PHONY: softverbs-perftest
+softverbs-perftest: $(SV_LINK) $(SV_CTL)
+	$(SV_DIR)/perftest.sh $(BUILD) $(SV_PERFTEST_RUNS)
 FORMAT_SRCS += $(wildcard $(SV_DIR)/*.c $(SV_DIR)/*.h)
