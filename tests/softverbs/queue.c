@@ -168,6 +168,7 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
  */
 static struct {
 	pthread_mutex_t lock;		  /* fetching */
+	_Atomic bool warned;		  /* once per process */
 	_Atomic uint64_t key[SV_MAX_CQS]; /* the CQ id and fd below, as id << 32 | fd */
 } sv_chfds = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -204,8 +205,10 @@ static int sv_channel_fd(struct sv_cq_slot *s, int slot, uint32_t id)
 		close(fd);
 		fd = -1;
 	}
-	if (fd < 0)
-		fprintf(stderr, "softverbs: cannot reach the completion channel of pid %d: %s\n",
+	if (fd < 0 && !atomic_exchange(&sv_chfds.warned, true))
+		fprintf(stderr,
+			"softverbs: cannot reach the completion channel of pid %d: %s (its "
+			"events are lost; run as root)\n",
 			s->pid, strerror(errno));
 	else
 		atomic_store(&sv_chfds.key[slot], (uint64_t)id << 32 | (uint32_t)fd);
