@@ -24,14 +24,34 @@ for t in ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat ib_send_lat;
 	command -v $t >/dev/null || { echo "FAIL perftest: $t not installed (scripts/deps.sh)"; exit 1; }
 done
 
-# Waits until something listens on TCP port $1 of this host (the server is ready).
+# Whether something listens on TCP port $1 of this host.
+port_listens() {
+	grep -qE "^ *[0-9]+: [0-9A-F]+:$(printf '%04X' "$1") [0-9A-F]+:0000 0A" /proc/net/tcp \
+		/proc/net/tcp6 2>/dev/null
+}
+
+# Waits until the server (pid $2) listens on TCP port $1; fails if it exits first.
 listening() {
-	local hex
-	hex=$(printf '%04X' "$1")
-	for _ in $(seq 1 200); do
-		grep -qE "^ *[0-9]+: [0-9A-F]+:$hex [0-9A-F]+:0000 0A" /proc/net/tcp /proc/net/tcp6 \
-			2>/dev/null && return 0
+	for _ in $(seq 1 400); do
+		port_listens "$1" && return 0
+		kill -0 "$2" 2>/dev/null || return 1
 		sleep 0.05
+	done
+	return 1
+}
+
+# Starts the server of PROG ARGS... on a free port (another test of this machine may
+# hold the one tried: then the next); leaves its pid in $srv.
+serve() {
+	local try
+	for try in 1 2 3 4 5; do
+		port=$((port + 1))
+		while port_listens $port; do port=$((port + 1)); done
+		SOFTVERBS_NODE=node0 timeout 60 "$@" -p $port >"$out/srv" 2>&1 &
+		srv=$!
+		listening $port $srv && return 0
+		kill $srv 2>/dev/null
+		wait $srv 2>/dev/null
 	done
 	return 1
 }
@@ -42,14 +62,10 @@ run() {
 	local name=$1 prog=$2 srv cli=0 st=0
 	shift 2
 	seq=$((seq + 1))
-	port=$((port + 1))
 	export SOFTVERBS_FABRIC=svperf-$$-$seq
-	SOFTVERBS_NODE=node0 timeout 60 "$prog" -p $port "$@" >"$out/srv" 2>&1 &
-	srv=$!
-	if ! listening $port; then
+	if ! serve "$prog" "$@"; then
 		echo "FAIL perftest $name: the server never listened"
-		kill $srv 2>/dev/null
-		wait $srv 2>/dev/null
+		sed 's/^/    /' "$out/srv"
 		rc=1
 		return 1
 	fi
