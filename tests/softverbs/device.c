@@ -37,6 +37,7 @@ static void sv_atfork_child(void)
 	sv_proc.qps = NULL;
 	sv_proc.ctxs = NULL;
 	sv_proc.cqs = NULL;
+	sv_proc.srqs = NULL;
 	sv_engines_forget();
 	sv_proc.pd_base = (uint32_t)getpid() << 12;
 	if (sv_proc.f &&
