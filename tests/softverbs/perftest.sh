@@ -66,6 +66,7 @@ run() {
 	if ! serve "$prog" "$@"; then
 		echo "FAIL perftest $name: the server never listened"
 		sed 's/^/    /' "$out/srv"
+		"$build/bin/softverbs-ctl" reset >/dev/null
 		rc=1
 		return 1
 	fi
