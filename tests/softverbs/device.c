@@ -37,6 +37,7 @@ static void sv_atfork_child(void)
 	sv_proc.qps = NULL;
 	sv_proc.ctxs = NULL;
 	sv_proc.cqs = NULL;
+	sv_proc.srqs = NULL;
 	sv_engines_forget();
 	sv_proc.pd_base = (uint32_t)getpid() << 12;
 	if (sv_proc.f && sv_fabric_join(sv_proc.f, &sv_proc.cfg, &sv_proc.proc_slot) < 0)
@@ -140,6 +141,14 @@ SV_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device)
 	return htobe64(sv_proc.f->nics[d->nic].guid);
 }
 
+/* The kernel's index of the device; here its place in the device list. */
+SV_EXPORT int ibv_get_device_index(struct ibv_device *device)
+{
+	struct sv_device *d = sv_container_of(device, struct sv_device, dev);
+
+	return (int)(d - sv_proc.devs);
+}
+
 SV_EXPORT int ibv_fork_init(void)
 {
 	return 0;
@@ -147,6 +156,9 @@ SV_EXPORT int ibv_fork_init(void)
 
 static int sv_query_port_op(struct ibv_context *context, uint8_t port_num,
 			    struct ibv_port_attr *port_attr, size_t len);
+static int sv_query_device_ex_op(struct ibv_context *context,
+				 const struct ibv_query_device_ex_input *input,
+				 struct ibv_device_attr_ex *attr, size_t attr_size);
 
 SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
@@ -171,6 +183,8 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->port_active = sv_nic_link(sv_proc.f, d->nic, sv_now_ns()) != SV_LINK_DOWN;
 	ctx->vctx.sz = sizeof(struct verbs_context);
 	ctx->vctx.query_port = sv_query_port_op;
+	ctx->vctx.query_device_ex = sv_query_device_ex_op;
+	ctx->vctx.create_qp_ex = sv_create_qp_ex;
 	ctx->vctx.context.device = device;
 	ctx->vctx.context.cmd_fd = -1;
 	ctx->vctx.context.async_fd = fds[0];
@@ -181,6 +195,7 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->vctx.context.ops.req_notify_cq = sv_req_notify_cq;
 	ctx->vctx.context.ops.post_send = sv_post_send;
 	ctx->vctx.context.ops.post_recv = sv_post_recv;
+	ctx->vctx.context.ops.post_srq_recv = sv_post_srq_recv;
 	pthread_mutex_lock(&sv_proc.lock);
 	ctx->next = sv_proc.ctxs;
 	sv_proc.ctxs = ctx;
@@ -264,8 +279,15 @@ SV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 
 SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 {
-	/* Port events are the only ones generated; they carry the port, not a context. */
-	(void)event;
+	struct ibv_srq *srq = event->element.srq;
+
+	/* Port events carry the port only; SRQ limit events count on their SRQ. */
+	if (event->event_type != IBV_EVENT_SRQ_LIMIT_REACHED)
+		return;
+	pthread_mutex_lock(&srq->mutex);
+	srq->events_completed++;
+	pthread_cond_signal(&srq->cond);
+	pthread_mutex_unlock(&srq->mutex);
 }
 
 SV_EXPORT const char *ibv_event_type_str(enum ibv_event_type event)
@@ -367,6 +389,9 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 	attr->max_cqe = SV_CQ_CAP;
 	attr->max_mr = SV_MAX_MRS;
 	attr->max_pd = 1 << 16;
+	attr->max_srq = SV_MAX_SRQS;
+	attr->max_srq_wr = SV_SRQ_CAP;
+	attr->max_srq_sge = SV_RQ_SGE;
 	attr->max_qp_rd_atom = 16;
 	attr->max_res_rd_atom = 16 * SV_MAX_QPS;
 	attr->max_qp_init_rd_atom = 16;
@@ -374,6 +399,28 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 	attr->max_pkeys = 1;
 	attr->local_ca_ack_delay = 16;
 	attr->phys_port_cnt = 1;
+	return 0;
+}
+
+/*
+ * The extended query: what ibv_query_device answers, and zero for every capability
+ * the device lacks (no ODP, TSO, RSS, tag matching, device memory, timestamps).
+ */
+static int sv_query_device_ex_op(struct ibv_context *context,
+				 const struct ibv_query_device_ex_input *input,
+				 struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	struct ibv_device_attr_ex a = {0};
+
+	if (input && input->comp_mask)
+		return EINVAL;
+	if (attr_size < sizeof(a.orig_attr))
+		return EINVAL;
+	ibv_query_device(context, &a.orig_attr);
+	a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+	a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+	memset(attr, 0, attr_size);
+	memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
 	return 0;
 }
 
@@ -505,7 +552,9 @@ SV_EXPORT int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, 
 	struct ibv_gid_entry e;
 	int rc;
 
-	if (flags || !entry_size)
+	if (flags)
+		return EOPNOTSUPP; /* no flag is defined */
+	if (!entry_size)
 		return EINVAL;
 	rc = sv_gid_entry(context, port_num, gid_index, &e);
 	if (rc)
@@ -525,7 +574,9 @@ SV_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_g
 	struct ibv_gid_entry e;
 	size_t n = 0;
 
-	if (flags || !entry_size)
+	if (flags)
+		return -EOPNOTSUPP;
+	if (!entry_size)
 		return -EINVAL;
 	for (int i = 0; i < len; i++) {
 		char *slot = (char *)entries + n * entry_size;
@@ -546,6 +597,16 @@ SV_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int 
 	if (port_num != 1 || index != 0)
 		return EINVAL;
 	*pkey = htobe16(0xffff);
+	return 0;
+}
+
+/* The one P_Key is the default full-membership key at index 0; -1 for any other. */
+SV_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)
+{
+	__be16 p;
+
+	if (ibv_query_pkey(context, port_num, 0, &p) != 0 || p != pkey)
+		return -1;
 	return 0;
 }
 
@@ -656,6 +717,55 @@ SV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, s
 	return NULL;
 }
 
+/*
+ * Changes an MR in place, keeping its keys: the new range (iova = address, as
+ * rdma-core passes it), PD or access. Errors follow rdma-core: bad input is
+ * IBV_REREG_MR_ERR_INPUT, an access the device refuses IBV_REREG_MR_ERR_CMD, with errno.
+ */
+SV_EXPORT int ibv_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd, void *addr,
+			   size_t length, int access)
+{
+	struct sv_mr *mr = sv_container_of(ibmr, struct sv_mr, mr);
+	struct sv_mr_slot *m = &sv_proc.f->mrs[mr->slot];
+	struct sv_pd *old_pd = sv_container_of(ibmr->pd, struct sv_pd, pd), *pd = old_pd;
+
+	if ((flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) ||
+	    ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) ||
+	    (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) ||
+	    ((flags & IBV_REREG_MR_CHANGE_PD) && !ibpd)) {
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_INPUT;
+	}
+	if ((flags & IBV_REREG_MR_CHANGE_ACCESS) &&
+	    (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+	    !(access & IBV_ACCESS_LOCAL_WRITE)) {
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_CMD;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_PD)
+		pd = sv_container_of(ibpd, struct sv_pd, pd);
+	sv_lock(&sv_proc.f->lock);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		m->addr = (uintptr_t)addr;
+		m->iova = (uintptr_t)addr;
+		m->len = length;
+	}
+	m->pd = pd->id;
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+		m->access = (uint32_t)access;
+	pthread_mutex_unlock(&sv_proc.f->lock);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		ibmr->addr = addr;
+		ibmr->length = length;
+	}
+	if (pd != old_pd) {
+		atomic_fetch_add(&pd->users, 1);
+		atomic_fetch_sub(&old_pd->users, 1);
+		ibmr->pd = ibpd;
+	}
+	return 0;
+}
+
 SV_EXPORT int ibv_dereg_mr(struct ibv_mr *ibmr)
 {
 	struct sv_mr *mr = sv_container_of(ibmr, struct sv_mr, mr);
@@ -683,12 +793,6 @@ SV_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, 
 {
 	errno = ENOENT;
 	return -1;
-}
-
-SV_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
-{
-	errno = EOPNOTSUPP; /* the extended send API is not emulated */
-	return NULL;
 }
 
 /*

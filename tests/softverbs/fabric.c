@@ -335,6 +335,9 @@ static void sv_free_pid(struct sv_fabric *f, int pid)
 			atomic_store(&f->qps[i].state, IBV_QPS_ERR);
 			atomic_store(&f->qps[i].qpn, 0);
 		}
+	for (int i = 0; i < SV_MAX_SRQS; i++)
+		if (atomic_load(&f->srqs[i].id) && f->srqs[i].pid == pid)
+			atomic_store(&f->srqs[i].id, 0);
 	for (int i = 0; i < SV_MAX_CQS; i++)
 		if (atomic_load(&f->cqs[i].id) && f->cqs[i].pid == pid)
 			atomic_store(&f->cqs[i].id, 0);
@@ -359,6 +362,8 @@ static void sv_fabric_restart(struct sv_fabric *f, const struct sv_net *net)
 		atomic_store(&f->mrs[i].key, 0);
 	for (int i = 0; i < SV_MAX_QPS; i++)
 		atomic_store(&f->qps[i].qpn, 0);
+	for (int i = 0; i < SV_MAX_SRQS; i++)
+		atomic_store(&f->srqs[i].id, 0);
 	for (int i = 0; i < SV_MAX_CQS; i++)
 		atomic_store(&f->cqs[i].id, 0);
 	f->next_lid = 1;

@@ -2,13 +2,13 @@
  * The shared fabric of the software RDMA device: one POSIX shared-memory region
  * (SOFTVERBS_FABRIC) that every process of a test maps. It holds the emulated nodes
  * and their NICs (faults, shaping clock, counters), the processes attached, and the
- * tables of memory regions, queue pairs (with their receive queues) and completion
- * queues, so that the process that executes a work request can check the target's
- * keys, consume its posted receive and place its completion without the target
- * process running, as an RDMA NIC does.
+ * tables of memory regions, queue pairs (with their receive queues), shared receive
+ * queues and completion queues, so that the process that executes a work request can check the
+ * target's keys, consume its posted receive and place its completion without the target process
+ * running, as an RDMA NIC does.
  *
- * Locks: fabric->lock (tables, registration, reaping) -> rq_lock of a QP -> lock of a
- * CQ. All are robust and process-shared; a holder that died is recovered with
+ * Locks: fabric->lock (tables, registration, reaping) -> rq_lock of a QP or lock of an
+ * SRQ -> lock of a CQ. All are robust and process-shared; a holder that died is recovered with
  * pthread_mutex_consistent(). Hot fields are read through atomics without locks.
  */
 #ifndef SOFTVERBS_FABRIC_H
@@ -22,7 +22,7 @@
 #include <sys/types.h>
 
 #define SV_MAGIC	 0x534f465456524253ull /* "SOFTVRBS" */
-#define SV_VERSION	 5
+#define SV_VERSION	 6
 #define SV_NAME_LEN	 64
 #define SV_MAX_NODES	 32
 #define SV_MAX_NICS	 128
@@ -36,6 +36,8 @@
 #define SV_RQ_SGE	 4
 #define SV_MAX_CQS	 2048
 #define SV_CQ_CAP	 2048
+#define SV_MAX_SRQS	 256
+#define SV_SRQ_CAP	 4096
 #define SV_MAX_SCHED	 32
 /* Sizes are fabric-wide; the region is sparse, only what is used takes memory. */
 _Static_assert(SV_MAX_MRS == 1 << SV_MR_SHIFT, "MR keys encode their slot");
@@ -122,16 +124,44 @@ struct sv_qp_slot {
 	_Atomic int grh_peer;
 	int rcq;	  /* CQ slot of the receive CQ */
 	uint32_t rcq_id;  /* its id, checked before use */
+	int srq;	  /* SRQ slot its receives come from, -1: its own rq */
+	uint32_t srq_id;  /* its id, checked before use */
 	uint32_t rq_size; /* max_recv_wr */
 	pthread_mutex_t rq_lock;
 	uint32_t rq_head, rq_tail; /* under rq_lock */
 	struct sv_rwqe rq[SV_RQ_CAP];
 };
 
+/*
+ * A shared receive queue: its receives are taken (removed under `lock`) by whichever
+ * process executes a SEND or WRITE_WITH_IMM to one of its QPs; the owner's progress
+ * thread turns limit_hit into IBV_EVENT_SRQ_LIMIT_REACHED.
+ */
+struct sv_srq_slot {
+	_Atomic uint32_t id; /* 0 = free */
+	int pid;
+	uint32_t pd;
+	uint32_t size; /* max_wr */
+	uint32_t max_sge;
+	pthread_mutex_t lock;
+	uint32_t head, tail; /* under lock */
+	uint32_t limit;	     /* armed limit, 0 = not armed; under lock */
+	_Atomic bool limit_hit;
+	struct sv_rwqe rq[SV_SRQ_CAP];
+};
+
+/*
+ * A completion queue. Completion events: the owner arms it (req_notify_cq); whoever
+ * places the next completion disarms it, counts an event and adds 1 to the owner's
+ * channel, an eventfd (ch_fd in process pid), which it reaches through pidfd_getfd.
+ */
 struct sv_cq_slot {
 	_Atomic uint32_t id; /* 0 = free */
 	int pid;
-	pthread_mutex_t lock; /* producers */
+	int ch_fd; /* the channel's eventfd in the owner, -1 = none */
+	_Atomic bool armed;
+	_Atomic uint32_t events; /* counted, not yet taken by ibv_get_cq_event */
+	pthread_mutex_t lock;	 /* producers */
 	_Atomic uint64_t head, tail;
 	_Atomic uint64_t overruns;
 	struct ibv_wc ring[SV_CQ_CAP];
@@ -170,6 +200,7 @@ struct sv_fabric {
 	struct sv_proc procs[SV_MAX_PROCS];
 	struct sv_mr_slot mrs[SV_MAX_MRS];
 	struct sv_qp_slot qps[SV_MAX_QPS];
+	struct sv_srq_slot srqs[SV_MAX_SRQS];
 	struct sv_cq_slot cqs[SV_MAX_CQS];
 };
 
