@@ -460,23 +460,34 @@ static int send_to(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wi
 	return rc;
 }
 
+_Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange message size");
+
+int r2cc_repair_wire_parse(const void *payload, size_t len, void *out)
+{
+	struct rep_wire m;
+	if (len != sizeof(m))
+		return -EPROTO;
+	memcpy(&m, payload, sizeof(m));
+	if (m.version != 1 || m.op < OP_REQ || m.op > OP_NACK)
+		return -EPROTO;
+	m.new_nic[sizeof(m.new_nic) - 1] = 0;
+	m.orig_nic[sizeof(m.orig_nic) - 1] = 0;
+	memcpy(out, &m, sizeof(m));
+	return 0;
+}
+
 /* Control thread: validate, copy, hand to the repair thread. Never blocks. */
 static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 		   struct r2cc_ctl_call *call)
 {
 	(void)arg;
-	if (len != sizeof(struct rep_wire))
-		return;
 	struct inbox *in = malloc(sizeof(*in));
 	if (!in)
 		return;
-	memcpy(&in->m, payload, sizeof(in->m));
-	if (in->m.version != 1 || in->m.op < OP_REQ || in->m.op > OP_NACK) {
+	if (r2cc_repair_wire_parse(payload, len, &in->m)) {
 		free(in);
 		return;
 	}
-	in->m.new_nic[sizeof(in->m.new_nic) - 1] = 0;
-	in->m.orig_nic[sizeof(in->m.orig_nic) - 1] = 0;
 	in->job_id = call->job_id;
 	in->from_rank = from_rank;
 	in->next = NULL;
@@ -860,7 +871,9 @@ static int hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
 	h->wr = *w;
 	h->wr.next = NULL;
 	h->wr.sg_list = h->sge;
-	memcpy(h->sge, w->sg_list, (size_t)w->num_sge * sizeof(struct ibv_sge));
+	/* NCCL's receives carry no SGE and may have no list at all. */
+	if (w->num_sge)
+		memcpy(h->sge, w->sg_list, (size_t)w->num_sge * sizeof(struct ibv_sge));
 	h->next = NULL;
 	*r->hr_tail = h;
 	r->hr_tail = &h->next;
