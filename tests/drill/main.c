@@ -556,8 +556,12 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 		used += (size_t)w_ + 1;                                                            \
 	} while (0)
 	DRILL_ENV("LD_LIBRARY_PATH=%s%s%s", p->softverbs, ld && *ld ? ":" : "", ld ? ld : "");
-	if (o->preload)
-		DRILL_ENV("LD_PRELOAD=%s", p->libr2cc);
+	/* R2CC_TEST_PRELOAD goes first (the sanitizer runtime, README: Tests). */
+	if (o->preload) {
+		const char *first = getenv("R2CC_TEST_PRELOAD");
+		DRILL_ENV("LD_PRELOAD=%s%s%s", first && *first ? first : "",
+			  first && *first ? ":" : "", p->libr2cc);
+	}
 	DRILL_ENV("SOFTVERBS_FABRIC=%s", s->fabric);
 	DRILL_ENV("SOFTVERBS_NODE=node%d", rank);
 	DRILL_ENV("NCCL_HOSTID=node%d", rank);

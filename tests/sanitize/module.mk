@@ -1,0 +1,56 @@
+# tests/sanitize: the CPU suite under sanitizers, each in a build folder of its own
+# (README: Tests, "Sanitizers").
+#   make test-asan   every CPU test, libr2cc.so, the software device and every test
+#                    program built with AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-tsan   ThreadSanitizer: the control-plane tests and the drill (the repair
+#                    engine's threads against the drill's proxy and async-event threads)
+# Programs that preload libr2cc.so themselves (the drill, tests/*/run.sh) put
+# R2CC_TEST_PRELOAD in front of it: here the sanitizer's runtime, which must be the
+# first library of a process.
+
+ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
+SAN_UBSAN  := -fsanitize=undefined -fno-sanitize-recover=all
+SAN_ASAN   := -fsanitize=address $(SAN_UBSAN) -fno-omit-frame-pointer
+SAN_TSAN   := -fsanitize=thread
+# nvcc cannot link sanitized objects: r2cc-perf (a GPU program) is left out.
+SAN_MAKE    = $(MAKE) --no-print-directory NVCC=/nonexistent OPT="-O1 -g"
+ASAN_ENV   := ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0:verify_asan_link_order=0 \
+	      UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+TSAN_ENV   := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$(CURDIR)/tests/sanitize/tsan.supp"
+
+# The control-plane tests and the drill's repair cases (TSan slows threads 5-15x).
+TSAN_TESTS := 120@$(TSAN_BUILD)/tests/unit/test_ctl_msg:--jobs=1 \
+	      180@$(TSAN_BUILD)/tests/unit/test_ctl_live:--jobs=1 \
+	      60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:4 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:garbage \
+	      60@$(TSAN_BUILD)/tests/ctl/ctl_multi:badkey \
+	      120@$(TSAN_BUILD)/tests/unit/test_map:--jobs=1 \
+	      120@$(TSAN_BUILD)/tests/unit/test_mr_mirror:--jobs=1 \
+	      180@$(TSAN_BUILD)/bin/r2cc-verbs-drill:--fault:none:--seeds:2 \
+	      300@$(TSAN_BUILD)/bin/r2cc-verbs-drill:--fault:down:--seeds:10:--nccl-stub \
+	      300@$(TSAN_BUILD)/bin/r2cc-verbs-drill:--fault:blackhole:--seeds:5:--nccl-stub \
+	      300@$(TSAN_BUILD)/bin/r2cc-verbs-drill:--fault:flap:--seeds:5:--nccl-stub \
+	      300@$(TSAN_BUILD)/bin/r2cc-verbs-drill:--fault:down:--seeds:3:--procs:4:--nics:2:--nccl-stub \
+	      300@$(TSAN_BUILD)/bin/r2cc-verbs-drill:--kill-peer:--expect:clean-error:--seeds:2:--nccl-stub
+
+.PHONY: test-build test-run test-asan test-tsan
+
+# What `make test` builds and runs, for a given BUILD (used by the targets below).
+test-build: all $(TEST_DEPS)
+test-run:
+	@scripts/run-tests.sh $(CPU_TESTS)
+
+# The sanitizer builds reuse the headers scripts/deps.sh may have unpacked into build/deps.
+san-deps-%:
+	@mkdir -p $*
+	@if [ -d build/deps ] && [ ! -e $*/deps ]; then ln -s ../build/deps $*/deps; fi
+
+test-asan: deps san-deps-$(ASAN_BUILD)
+	@$(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-build
+	@BUILD=$(ASAN_BUILD) R2CC_TEST_PRELOAD=$$($(CC) -print-file-name=libasan.so) $(ASAN_ENV) \
+	  $(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-run
+
+test-tsan: deps san-deps-$(TSAN_BUILD)
+	@$(SAN_MAKE) BUILD=$(TSAN_BUILD) CC="$(CC) $(SAN_TSAN)" CXX="$(CXX) $(SAN_TSAN)" test-build
+	@BUILD=$(TSAN_BUILD) R2CC_TEST_PRELOAD=$$($(CC) -print-file-name=libtsan.so) $(TSAN_ENV) \
+	  scripts/run-tests.sh $(TSAN_TESTS)
