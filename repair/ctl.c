@@ -31,6 +31,7 @@
 #include "repair/ctl.h"
 #include "repair/ctl_msg.h"
 #include "repair/ctl_priv.h"
+#include "shim/fault.h"
 #include "shim/log.h"
 #include "shim/params.h"
 
@@ -776,7 +777,8 @@ static int queue_out(const struct sockaddr_storage *dst, const unsigned char *ke
 	pthread_mutex_lock(&ctl.lock);
 	if (ctl.stop || !ctl.started)
 		rc = -ESHUTDOWN;
-	else if (ctl.out_items >= CTL_OUTQ_MAX_ITEMS || ctl.out_bytes + len > CTL_OUTQ_MAX_BYTES)
+	else if (ctl.out_items >= CTL_OUTQ_MAX_ITEMS || ctl.out_bytes + len > CTL_OUTQ_MAX_BYTES ||
+		 r2cc_fault_fire(R2CC_FAULT_SEND))
 		rc = -ENOBUFS;
 	if (rc == 0) {
 		outq_append_locked(it);

@@ -991,6 +991,13 @@ static void drill_explain(const struct drill_opts *o, struct drill_scenario *s,
 		snprintf(s->why, sizeof(s->why), "%llu/%llu messages delivered",
 			 (unsigned long long)s->delivered, (unsigned long long)s->expected);
 	}
+	/* A crash is never only a consequence: say so even after an earlier cause. */
+	if (failed_exit >= 0 && WIFSIGNALED(exit_status) && !strstr(s->why, "died of signal")) {
+		char d[96];
+		size_t n = strlen(s->why);
+		drill_describe_exit(d, sizeof(d), failed_exit, exit_status);
+		drill_fmt(s->why + n, sizeof(s->why) - n, "; %s", d);
+	}
 }
 
 /*

@@ -16,7 +16,7 @@ FUZZ_CFLAGS   = $(CSTD) -O1 -g $(WARN) -I. $(if $(CUDA_INC),-isystem $(CUDA_INC)
 		-DR2CC_VERSION_STRING='"fuzz"'
 # The library without its interposed entry points (the fuzzer must not interpose itself)
 # and the NCCL-level failure view that calls them.
-FUZZ_LIB_SRCS = $(filter-out intercept/% strategies/failview.c,$(LIBR2CC_SRCS))
+FUZZ_LIB_SRCS = $(filter-out intercept/% strategies/failview.c shim/fault_alloc.c,$(LIBR2CC_SRCS))
 FUZZ_LIB_OBJS = $(FUZZ_LIB_SRCS:%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_BINS    := $(FUZZ_NAMES:%=$(FUZZ_DIR)/fuzz_%)
 FUZZ_HAVE    := $(if $(shell command -v $(FUZZ_CC) 2>/dev/null),$(wildcard $(shell $(FUZZ_CC) \
@@ -46,7 +46,7 @@ endif
 FORMAT_SRCS += $(wildcard tests/fuzz/*.c)
 
 # The seed corpora, written by the library's own encoders (after a wire-format change).
-FUZZ_SEEDS_SRCS = tests/fuzz/seeds.c $(filter-out intercept/% strategies/failview.c,$(LIBR2CC_SRCS))
+FUZZ_SEEDS_SRCS = tests/fuzz/seeds.c $(FUZZ_LIB_SRCS)
 .PHONY: fuzz-seeds
 fuzz-seeds:
 	@mkdir -p $(FUZZ_DIR)
