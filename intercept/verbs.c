@@ -49,7 +49,15 @@ static char verbs_version[16]; /* the version node it asked for */
 /* Calls made while resolving (libunwind, libcrypto, …) go straight through. */
 static __thread int in_hook;
 
-static dlvsym_fn get_real_dlvsym(void)
+/*
+ * ThreadSanitizer's runtime resolves its own interceptors through dlvsym while
+ * it initialises, before any instrumented code may run: the hook's path for
+ * names that are not ibv_* is left uninstrumented (no_sanitize_thread; the
+ * attribute does nothing in other builds).
+ */
+#define R2CC_EARLY __attribute__((no_sanitize_thread))
+
+R2CC_EARLY static dlvsym_fn get_real_dlvsym(void)
 {
 	dlvsym_fn f = __atomic_load_n(&real_dlvsym, __ATOMIC_ACQUIRE);
 	if (!f) {
@@ -658,13 +666,25 @@ static const struct verbs_entry verbs_table[] = {
 /* Counts of names handed out as wrappers, for tests and INFO. */
 static int verbs_wrapped;
 
-R2CC_EXPORT void *dlvsym(void *handle, const char *symbol, const char *version)
+static void *verbs_hook(void *handle, const char *symbol, const char *version, void *fn);
+
+R2CC_EXPORT R2CC_EARLY void *dlvsym(void *handle, const char *symbol, const char *version)
 {
 	dlvsym_fn real = get_real_dlvsym();
 	if (!real)
 		return NULL;
 	void *fn = real(handle, symbol, version);
-	if (!fn || in_hook || strncmp(symbol, "ibv_", 4))
+	/* By hand, and before the thread-local in_hook: strncmp and __tls_get_addr are
+	 * intercepted too. */
+	if (!fn || symbol[0] != 'i' || symbol[1] != 'b' || symbol[2] != 'v' || symbol[3] != '_')
+		return fn;
+	return verbs_hook(handle, symbol, version, fn);
+}
+
+/* dlvsym's ibv_* names: hand back the wrapper and remember the real function. */
+static void *verbs_hook(void *handle, const char *symbol, const char *version, void *fn)
+{
+	if (in_hook)
 		return fn;
 	in_hook = 1;
 	if (!r2cc_active()) {

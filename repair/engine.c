@@ -1244,8 +1244,8 @@ static struct ibv_pd *pd_on(struct r2cc_rqp *r, struct r2cc_nic *nic)
  * alarm, and a fresh QP pair on the same NICs then just works. */
 static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resort)
 {
-	if (!nic || nic->state != R2CC_NIC_UP || !pd_on(r, nic) ||
-	    !(nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic)))
+	if (!nic || __atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP ||
+	    !pd_on(r, nic) || !(nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic)))
 		return false;
 	return last_resort || (nic != r->orig_nic && nic != r->cur_nic);
 }
@@ -1790,8 +1790,8 @@ static void localise(struct r2cc_rqp *r)
 	struct r2cc_nic *nic = r->cur_nic;
 	bool port_down = eng.v.query_port(r->cur_ctx->ctx, nic->port ? nic->port : 1, &pa) == 0 &&
 			 pa.state != IBV_PORT_ACTIVE;
-	if (port_down && nic->state == R2CC_NIC_UP) {
-		nic->state = R2CC_NIC_DOWN;
+	if (port_down && __atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP) {
+		__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_RELAXED);
 		R2CC_WARN("repair: %s: port not active; migrating its queue pairs", nic->name);
 	}
 	struct same_path sp = {.r = r, .nic = nic, .port_down = port_down};
@@ -1915,7 +1915,8 @@ static void selftest_start(struct r2cc_nic *a)
 	int n = r2cc_nic_count();
 	for (int i = 0; t && i < n && !t->b; i++) {
 		struct r2cc_nic *b = r2cc_nic_by_index(i);
-		if (b != a && b->state == R2CC_NIC_UP && r2cc_mr_mirror_pd(b) && ctx_of_nic(b))
+		if (b != a && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == R2CC_NIC_UP &&
+		    r2cc_mr_mirror_pd(b) && ctx_of_nic(b))
 			t->b = b;
 	}
 	pthread_t th;
@@ -2508,7 +2509,8 @@ static bool declared_fresh(const struct r2cc_rqp *r, const void *arg)
 {
 	(void)arg;
 	return r->q && r->q->state == IBV_QPS_RTS && !r->declared_pending &&
-	       load_state(r) == RQ_HEALTHY && r->cur_nic->state == R2CC_NIC_DECLARED;
+	       load_state(r) == RQ_HEALTHY &&
+	       __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED;
 }
 
 /* The first directory: QPs connected before it was known move now. */
@@ -2547,9 +2549,10 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 	if (!q->rep)
 		return;
 	declared_mark();
-	if (q->ctx->nic->state == R2CC_NIC_DECLARED && !q->rep->declared_pending)
+	if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED &&
+	    !q->rep->declared_pending)
 		declared_move(q->rep);
-	else if (q->ctx->nic->state == R2CC_NIC_DOWN)
+	else if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN)
 		detect(q->rep, "created on a NIC that has failed", 0);
 }
 
@@ -2557,9 +2560,9 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 
 static void nic_failed(struct r2cc_nic *nic, const char *why)
 {
-	if (nic->state == R2CC_NIC_UP)
+	if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
-	nic->state = R2CC_NIC_DOWN;
+	__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_RELAXED);
 	struct r2cc_rqp **list;
 	int n = collect(&list, on_nic, nic);
 	for (int i = 0; i < n; i++)
@@ -2581,10 +2584,10 @@ bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev
 									: "device fatal event");
 		break;
 	case IBV_EVENT_PORT_ACTIVE:
-		if (c && c->nic->state == R2CC_NIC_DOWN) {
+		if (c && __atomic_load_n(&c->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN) {
 			R2CC_INFO("repair: %s: port active again; usable for new placements",
 				  c->nic->name);
-			c->nic->state = R2CC_NIC_UP;
+			__atomic_store_n(&c->nic->state, R2CC_NIC_UP, __ATOMIC_RELAXED);
 		}
 		return false;
 	case IBV_EVENT_QP_FATAL:
