@@ -5,8 +5,9 @@
 # worker, then once per injection point N (kind:N, in every worker) and each run
 # is classified:
 #   pass         the job completed with every byte correct (R2CC degraded or repaired)
-#   clean-error  the application got an error (an error completion or a failed call)
-#                and every process exited on its own
+#   clean-error  the application got an error (an error completion, or a verbs call
+#                such as post_send that returned an error) and every process exited
+#                on its own
 #   CRASH / HANG / WRONG   a worker died of a signal / the drill's deadline struck /
 #                          delivered data was corrupt, duplicated or late
 # Any of the last three fails the walk.
@@ -56,7 +57,7 @@ for k in alloc verbs send; do
 			what=CRASH
 		elif grep -qE 'corrupt|duplicate|check failure' <<<"$line"; then
 			what=WRONG
-		elif grep -qE 'exited with status|error completion|failed' <<<"$line"; then
+		elif grep -qE 'exited with status|error completion|failed|(post_send|post_recv|poll_cq|ibv_[a-z_]+)[^:]*: [A-Z]' <<<"$line"; then
 			what=clean-error
 		else
 			what=UNKNOWN
