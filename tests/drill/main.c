@@ -1123,6 +1123,11 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		snprintf(s->why, sizeof(s->why), "cannot map the status file");
 		return;
 	}
+	/* A window's worth of messages past the trigger, and always before the end. */
+	if (s->kind != DRILL_FAULT_NONE && o->fault_phase == DRILL_AT_TRAFFIC && s->expected > 1) {
+		uint64_t at = s->trigger + (uint64_t)o->window * (uint64_t)o->procs;
+		atomic_store(&st[0].hold_at, at < s->expected ? at : s->expected - 1);
+	}
 	for (int r = 0; r < o->procs; r++) {
 		pids[r] = drill_spawn_worker(o, p, s, r);
 		if (pids[r] <= 0) {
@@ -1157,8 +1162,10 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		for (int r = 0; r < o->procs; r++)
 			delivered += atomic_load(&st[r].delivered);
 		if (s->kind != DRILL_FAULT_NONE && !s->injected && alive == o->procs &&
-		    drill_fault_due(o, s, delivered))
+		    drill_fault_due(o, s, delivered)) {
 			drill_inject(o, p, s, pids, delivered);
+			atomic_store(&st[0].fault_done, 1);
+		}
 		now = drill_now_ns();
 		if (o->second_ms >= 0 && s->injected && !s->second_injected && alive > 0 &&
 		    now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))
