@@ -12,7 +12,8 @@ ASAN_BUILD ?= build-asan
 TSAN_BUILD ?= build-tsan
 SAN_UBSAN  := -fsanitize=undefined -fno-sanitize-recover=all
 SAN_ASAN   := -fsanitize=address $(SAN_UBSAN) -fno-omit-frame-pointer
-SAN_TSAN   := -fsanitize=thread -Wno-tsan # TSan does not model fences (see tsan.supp)
+# -Wno-tsan: gcc warns at every atomic fence, which TSan does not model.
+SAN_TSAN   := -fsanitize=thread -Wno-tsan
 # nvcc cannot link sanitized objects: r2cc-perf (a GPU program) is left out.
 SAN_MAKE    = $(MAKE) --no-print-directory NVCC=/nonexistent OPT="-O1 -g"
 ASAN_ENV   := ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=0:verify_asan_link_order=0 \
