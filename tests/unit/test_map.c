@@ -69,6 +69,13 @@ Test(map_race, key_that_left_is_not_found_with_the_new_value)
 	r2cc_map_fini(&m);
 }
 
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 struct stress {
 	struct r2cc_map *m;
 	int stop;
@@ -99,8 +106,9 @@ Test(map_race, stress_same_slot)
 	pthread_t t[2];
 	for (int i = 0; i < 2; i++)
 		cr_assert_eq(pthread_create(&t[i], NULL, stress_reader, &s), 0);
-	struct timespec t0, t1;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
+	/* A second at least, and until the readers have seen values a thousand times
+	 * (on a loaded machine they may not run at first), 20 s at most. */
+	double t0 = now_s(), dt;
 	do {
 		for (int k = 0; k < 1000; k++) {
 			r2cc_map_insert(&m, key_a, &va);
@@ -108,13 +116,13 @@ Test(map_race, stress_same_slot)
 			r2cc_map_insert(&m, key_b, &vb);
 			r2cc_map_remove(&m, key_b);
 		}
-		clock_gettime(CLOCK_MONOTONIC, &t1);
-	} while (t1.tv_sec - t0.tv_sec < 1);
+		dt = now_s() - t0;
+	} while (dt < 20 && (dt < 1 || __atomic_load_n(&s.hits, __ATOMIC_RELAXED) < 1000));
 	__atomic_store_n(&s.stop, 1, __ATOMIC_RELAXED);
 	for (int i = 0; i < 2; i++)
 		pthread_join(t[i], NULL);
 	cr_expect_eq(s.wrong, 0, "%ld lookups returned the other key's value (%ld hits)", s.wrong,
 		     s.hits);
-	cr_expect_gt(s.hits, 0);
+	cr_expect_geq(s.hits, 1000, "the readers ran");
 	r2cc_map_fini(&m);
 }
