@@ -11,11 +11,12 @@
 #   CRASH / HANG / WRONG   a worker died of a signal / the drill's deadline struck /
 #                          delivered data was corrupt, duplicated or late
 # Any of the last three fails the walk.
-#   tests/fault/walk.sh BUILD STRIDE [TABLE]
-# STRIDE 1 walks every point; CI uses a larger one (tests/fault/module.mk). TABLE gets
-# one line per run: kind N outcome detail.
+#   tests/fault/walk.sh BUILD POINTS [TABLE]
+# POINTS 0 walks every point; POINTS K walks K points of each kind spread evenly over
+# its calls (CI: tests/fault/module.mk). TABLE gets one line per run: kind N outcome
+# seconds detail.
 set -u
-B=${1:-build} stride=${2:-1} table=${3:-}
+B=${1:-build} points=${2:-0} table=${3:-}
 drill=("$B/bin/r2cc-verbs-drill" --fault down --seeds 1 --first-seed 7 --nccl-stub --timeout 30)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -29,10 +30,10 @@ for k in alloc verbs send; do
 done
 [ "${max[alloc]}" -gt 0 ] || { echo "walk: no counts were written"; exit 1; }
 echo "walk: ${drill[*]}"
-echo "walk: injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]} (stride $stride)"
+echo "walk: injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]} (walking ${points/#0/all})"
 [ -n "$table" ] && {
 	echo "# ${drill[*]}"
-	echo "# injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}; stride $stride"
+	echo "# injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}; walking ${points/#0/all}"
 	echo "# kind N outcome detail"
 } >"$table"
 
@@ -40,7 +41,9 @@ bad=0
 declare -A tally
 for k in alloc verbs send; do
 	# Two more than counted: the counts vary a little from run to run.
-	for ((n = 1; n <= max[$k] + 2; n += stride)); do
+	last=$((max[$k] + 2)) stride=1
+	[ "$points" -gt 0 ] && stride=$(((last + points - 1) / points))
+	for ((n = 1; n <= last; n += stride)); do
 		out=$tmp/run.out
 		start=$(date +%s.%N)
 		R2CC_FAULT_INJECT=$k:$n timeout 120 "${drill[@]}" >"$out" 2>&1
