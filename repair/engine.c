@@ -1905,7 +1905,8 @@ static void *selftest_main(void *arg)
 
 static void selftest_start(struct r2cc_nic *a)
 {
-	if (a->link_layer == IBV_LINK_LAYER_ETHERNET || a->state != R2CC_NIC_UP)
+	if (a->link_layer == IBV_LINK_LAYER_ETHERNET ||
+	    __atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return; /* RoCE needs a GID index NCCL chose: not tested */
 	int zero = 0;
 	if (!__atomic_compare_exchange_n(&a->selftest, &zero, 1, false, __ATOMIC_ACQ_REL,
