@@ -50,12 +50,12 @@ static char verbs_version[16]; /* the version node it asked for */
 static __thread int in_hook;
 
 /*
- * ThreadSanitizer's runtime resolves its own interceptors through dlvsym while
- * it initialises, before any instrumented code may run: the hook's path for
- * names that are not ibv_* is left uninstrumented (no_sanitize_thread; the
- * attribute does nothing in other builds).
+ * The sanitizers' runtimes resolve their own interceptors through dlvsym while
+ * they initialise, before any instrumented code may run (its shadow memory is
+ * not mapped yet): the hook's path for names that are not ibv_* is left
+ * uninstrumented (the attributes do nothing in other builds).
  */
-#define R2CC_EARLY __attribute__((no_sanitize_thread))
+#define R2CC_EARLY __attribute__((no_sanitize_address, no_sanitize_thread))
 
 R2CC_EARLY static dlvsym_fn get_real_dlvsym(void)
 {
