@@ -2,6 +2,7 @@
 # (README: Tests, "Sanitizers").
 #   make test-asan   every CPU test, libr2cc.so, the software device and every test
 #                    program built with AddressSanitizer + UndefinedBehaviorSanitizer
+#   make test-asan-ci  the same without the drill's hot-repair cases (what CI runs)
 #   make test-tsan   ThreadSanitizer: the control-plane tests and the drill (the repair
 #                    engine's threads against the drill's proxy and async-event threads)
 # Programs that preload libr2cc.so themselves (the drill, tests/*/run.sh) put
@@ -38,12 +39,21 @@ TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/
 	      300@$(TSAN_DRILL):--fault:down:--seeds:3:--procs:4:--nics:2:--nccl-stub:--time-scale:0.1 \
 	      300@$(TSAN_DRILL):--fault:down:--seeds:5:--flush:--nccl-stub:--time-scale:0.1
 
-.PHONY: test-build test-run test-asan test-tsan
+# What CI runs under ASan (.ci/run): every CPU test except the drill's hot-repair cases
+# (the --nccl-stub ones), whose repair timing fails intermittently under ASan's
+# slowdown on a loaded 2-core machine, and the software device's conformance test,
+# which asserts shaped rates that ASan's slower copies miss (README, "Hardening: what
+# was run").
+ASAN_CI_TESTS = $(filter-out %--nccl-stub %/softverbs/conformance,$(CPU_TESTS))
+
+.PHONY: test-build test-run test-run-ci test-asan test-asan-ci test-tsan
 
 # What `make test` builds and runs, for a given BUILD (used by the targets below).
 test-build: all $(TEST_DEPS)
 test-run:
 	@scripts/run-tests.sh $(CPU_TESTS)
+test-run-ci:
+	@scripts/run-tests.sh $(ASAN_CI_TESTS)
 
 # The sanitizer builds reuse the headers scripts/deps.sh may have unpacked into build/deps.
 san-deps-%:
@@ -54,6 +64,11 @@ test-asan: deps san-deps-$(ASAN_BUILD)
 	@$(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-build
 	@BUILD=$(ASAN_BUILD) R2CC_TEST_PRELOAD=$$($(CC) -print-file-name=libasan.so) $(ASAN_ENV) \
 	  $(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-run
+
+test-asan-ci: deps san-deps-$(ASAN_BUILD)
+	@$(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-build
+	@BUILD=$(ASAN_BUILD) R2CC_TEST_PRELOAD=$$($(CC) -print-file-name=libasan.so) $(ASAN_ENV) \
+	  $(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-run-ci
 
 test-tsan: deps san-deps-$(TSAN_BUILD)
 	@$(SAN_MAKE) BUILD=$(TSAN_BUILD) CC="$(CC) $(SAN_TSAN)" CXX="$(CXX) $(SAN_TSAN)" test-build
