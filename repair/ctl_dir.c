@@ -247,13 +247,18 @@ static int dir_index_nodes(struct r2cc_ctl_dir *dir)
 	return 0;
 }
 
+/* host and node key lengths, pid, address, NIC count */
+#define DIR_MEMBER_MIN_ENC (1 + 1 + 4 + 19 + 1)
+
 int r2cc_ctl_dir_decode(const unsigned char *blob, size_t len, const struct r2cc_ctl_job *job,
 			int self_rank, struct r2cc_ctl_dir **dir_p)
 {
 	struct rbuf r = {blob, len, 0, false};
 	uint32_t nranks = r_u32(&r);
+	/* Each rank takes at least its length and the smallest member (26 bytes): a
+	 * short blob claiming many ranks must not cost nranks members of memory. */
 	if (r.bad || nranks == 0 || nranks > R2CC_CTL_MAX_RANKS || self_rank < 0 ||
-	    (uint32_t)self_rank >= nranks)
+	    (uint32_t)self_rank >= nranks || (len - 4) / (4 + DIR_MEMBER_MIN_ENC) < nranks)
 		return -EPROTO;
 	struct r2cc_ctl_dir *dir = calloc(1, sizeof(*dir));
 	if (!dir)

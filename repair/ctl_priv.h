@@ -58,6 +58,9 @@ int r2cc_ctl_iface_find(struct sockaddr_storage *addr, char name[IF_NAMESIZE]);
  * frame for a job not known yet is kept before it counts as unknown_job
  * (default 2 s). */
 void r2cc_ctl_set_timeouts(int stall_ms, int park_ms);
+/* Tests: how long an incoming connection has, from accept, to deliver its
+ * first authenticated frame (default 5 s). */
+void r2cc_ctl_set_auth_ms(int auth_ms);
 
 socklen_t r2cc_ctl_addr_len(const struct sockaddr_storage *addr);
 bool r2cc_ctl_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);

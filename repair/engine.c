@@ -474,23 +474,34 @@ static int send_to(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wi
 	return rc;
 }
 
+_Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange message size");
+
+int r2cc_repair_wire_parse(const void *payload, size_t len, void *out)
+{
+	struct rep_wire m;
+	if (len != sizeof(m))
+		return -EPROTO;
+	memcpy(&m, payload, sizeof(m));
+	if (m.version != 1 || m.op < OP_REQ || m.op > OP_SUSPECT)
+		return -EPROTO;
+	m.new_nic[sizeof(m.new_nic) - 1] = 0;
+	m.orig_nic[sizeof(m.orig_nic) - 1] = 0;
+	memcpy(out, &m, sizeof(m));
+	return 0;
+}
+
 /* Control thread: validate, copy, hand to the repair thread. Never blocks. */
 static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 		   struct r2cc_ctl_call *call)
 {
 	(void)arg;
-	if (len != sizeof(struct rep_wire))
-		return;
 	struct inbox *in = malloc(sizeof(*in));
 	if (!in)
 		return;
-	memcpy(&in->m, payload, sizeof(in->m));
-	if (in->m.version != 1 || in->m.op < OP_REQ || in->m.op > OP_SUSPECT) {
+	if (r2cc_repair_wire_parse(payload, len, &in->m)) {
 		free(in);
 		return;
 	}
-	in->m.new_nic[sizeof(in->m.new_nic) - 1] = 0;
-	in->m.orig_nic[sizeof(in->m.orig_nic) - 1] = 0;
 	in->job_id = call->job_id;
 	in->from_rank = from_rank;
 	in->next = NULL;
@@ -576,8 +587,7 @@ static void detect(struct r2cc_rqp *r, const char *cause, int status)
  * there. A list of QPs is collected, then each is detected; one may have moved off
  * the NIC meanwhile (another detection got there first), and its new path has not
  * failed. */
-static void detect_on(struct r2cc_rqp *r, const struct r2cc_nic *nic, const char *cause,
-		      int status)
+static void detect_on(struct r2cc_rqp *r, const struct r2cc_nic *nic, const char *cause, int status)
 {
 	if (__atomic_load_n(&r->cur_nic, __ATOMIC_ACQUIRE) == nic)
 		detect(r, cause, status);
@@ -889,7 +899,9 @@ static int hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
 	h->wr = *w;
 	h->wr.next = NULL;
 	h->wr.sg_list = h->sge;
-	memcpy(h->sge, w->sg_list, (size_t)w->num_sge * sizeof(struct ibv_sge));
+	/* NCCL's receives carry no SGE and may have no list at all. */
+	if (w->num_sge)
+		memcpy(h->sge, w->sg_list, (size_t)w->num_sge * sizeof(struct ibv_sge));
 	h->next = NULL;
 	*r->hr_tail = h;
 	r->hr_tail = &h->next;
@@ -1260,8 +1272,8 @@ static struct ibv_pd *pd_on(struct r2cc_rqp *r, struct r2cc_nic *nic)
  * alarm, and a fresh QP pair on the same NICs then just works. */
 static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resort)
 {
-	if (!nic || nic->state != R2CC_NIC_UP || !pd_on(r, nic) ||
-	    !(nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic)))
+	if (!nic || __atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP ||
+	    !pd_on(r, nic) || !(nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic)))
 		return false;
 	return last_resort || (nic != r->orig_nic && nic != r->cur_nic);
 }
@@ -1809,8 +1821,8 @@ static void localise(struct r2cc_rqp *r)
 	struct r2cc_nic *nic = r->cur_nic;
 	bool port_down = eng.v.query_port(r->cur_ctx->ctx, nic->port ? nic->port : 1, &pa) == 0 &&
 			 pa.state != IBV_PORT_ACTIVE;
-	if (port_down && nic->state == R2CC_NIC_UP) {
-		nic->state = R2CC_NIC_DOWN;
+	if (port_down && __atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP) {
+		__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_RELAXED);
 		R2CC_WARN("repair: %s: port not active; migrating its queue pairs", nic->name);
 	}
 	struct same_path sp = {.r = r, .nic = nic, .port_down = port_down};
@@ -2070,7 +2082,8 @@ static void selftest_siblings(struct selftest *t)
 				bool taken = false;
 				for (int j = 0; j < t->nb; j++)
 					taken = taken || t->b[j] == b;
-				if (taken || b == t->a || b->state != R2CC_NIC_UP ||
+				if (taken || b == t->a ||
+				    __atomic_load_n(&b->state, __ATOMIC_RELAXED) != R2CC_NIC_UP ||
 				    (pass == 0 && nic_failed_lately(b)) || !r2cc_mr_mirror_pd(b) ||
 				    !ctx_of_nic(b))
 					continue;
@@ -2089,7 +2102,8 @@ static void selftest_siblings(struct selftest *t)
  * tested. */
 static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 {
-	if (a->link_layer == IBV_LINK_LAYER_ETHERNET || a->state != R2CC_NIC_UP)
+	if (a->link_layer == IBV_LINK_LAYER_ETHERNET ||
+	    __atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return; /* RoCE needs a GID index NCCL chose: not tested */
 	int i = a->index;
 	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS && now_ns() < st_nic[i].next)
@@ -2806,7 +2820,8 @@ static bool declared_fresh(const struct r2cc_rqp *r, const void *arg)
 {
 	(void)arg;
 	return r->q && r->q->state == IBV_QPS_RTS && !r->declared_pending &&
-	       load_state(r) == RQ_HEALTHY && r->cur_nic->state == R2CC_NIC_DECLARED;
+	       load_state(r) == RQ_HEALTHY &&
+	       __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED;
 }
 
 /* The first directory: QPs connected before it was known move now. */
@@ -2845,9 +2860,10 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 	if (!q->rep)
 		return;
 	declared_mark();
-	if (q->ctx->nic->state == R2CC_NIC_DECLARED && !q->rep->declared_pending)
+	if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED &&
+	    !q->rep->declared_pending)
 		declared_move(q->rep);
-	else if (q->ctx->nic->state == R2CC_NIC_DOWN)
+	else if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN)
 		detect(q->rep, "created on a NIC that has failed", 0);
 }
 
@@ -2856,9 +2872,9 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 static void nic_failed(struct r2cc_nic *nic, const char *why)
 {
 	nic_failure_seen(nic);
-	if (nic->state == R2CC_NIC_UP)
+	if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
-	nic->state = R2CC_NIC_DOWN;
+	__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_RELAXED);
 	struct r2cc_rqp **list;
 	int n = collect(&list, on_nic, nic);
 	for (int i = 0; i < n; i++)
@@ -2880,10 +2896,10 @@ bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev
 									: "device fatal event");
 		break;
 	case IBV_EVENT_PORT_ACTIVE:
-		if (c && c->nic->state == R2CC_NIC_DOWN) {
+		if (c && __atomic_load_n(&c->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN) {
 			R2CC_INFO("repair: %s: port active again; usable for new placements",
 				  c->nic->name);
-			c->nic->state = R2CC_NIC_UP;
+			__atomic_store_n(&c->nic->state, R2CC_NIC_UP, __ATOMIC_RELAXED);
 		}
 		return false;
 	case IBV_EVENT_QP_FATAL:

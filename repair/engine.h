@@ -45,6 +45,12 @@
 
 #define R2CC_REPAIR_MSG	       40
 #define R2CC_REPAIR_TIMEOUT_MS 5000
+#define R2CC_REPAIR_WIRE_SIZE  188 /* one exchange message on the wire */
+
+/* The control thread's check of an exchange message from a peer (version, op,
+ * strings terminated) before the repair thread sees it: 0 with the message in
+ * out (R2CC_REPAIR_WIRE_SIZE bytes), or -EPROTO. Exposed for tests/fuzz. */
+int r2cc_repair_wire_parse(const void *payload, size_t len, void *out);
 
 /* The real verbs functions the engine calls (intercept/verbs.c fills them). */
 struct r2cc_repair_verbs {
