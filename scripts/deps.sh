@@ -17,6 +17,7 @@ command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
 command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3)
+command -v xz >/dev/null || need+=(xz-utils) # tests/compat packs its stand-in libraries as scripts/nccl-versions.sh does
 # Debian's matplotlib, for scripts/plot.py (it falls back to /usr/bin/python3).
 python3 -c 'import matplotlib' 2>/dev/null || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ||
 	need+=(python3-matplotlib)
