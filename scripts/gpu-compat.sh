@@ -36,12 +36,17 @@
 #   failover-down=...] busbw=GB/s bh_detect_ms=... bh_after=... down_detect_ms=... ...
 # with the part's reasons below it (indented), and LOGDIR/VERSION/ with every run's log,
 # R2CC's reports and the fault commands. Exit status 0 when every part of every version
-# passed. Budget: about 3 minutes per version below 2.29, 4-5 with the failover parts
-# (each run is bounded: PERF_TIMEOUT, default 150 s; NCCL's own timeouts are scaled by
-# SCALE, default 0.05), so one or two versions per 10-minute call.
+# passed. Budget (an estimate: nothing of it has run on the GPU yet): each run is one
+# r2cc-perf launch, 5-10 s of CUDA and NCCL start-up and a few seconds of traffic at
+# 9.4 GB/s, so 1-1.5 minutes per version below 2.29 (4 runs) and about 2 minutes from
+# 2.29 (6 runs); a hung run costs at most PERF_TIMEOUT (default 100 s; r2cc-perf's own
+# watchdog, -T 60, ends a collective stuck for 60 s), so at worst 7 and 10 minutes.
+# NCCL's transport timeouts are scaled by SCALE (default 0.05: 34 s become 1.7 s). Two
+# versions below 2.29 fit one 10-minute call; give a 2.29+ version a call of its own (or
+# pair two with PERF_TIMEOUT=60).
 #
 # Settings: NCCL_DIR, PARTS, ITERS (40), FAULT_AFTER (10), GBPS (25), SCALE (0.05),
-# PERF_TIMEOUT (150), BUILD (build); R2CC_PERF, SOFTVERBS_CTL, R2CC_LIB override the build's
+# PERF_TIMEOUT (100), BUILD (build); R2CC_PERF, SOFTVERBS_CTL, R2CC_LIB override the build's
 # programs (the CPU test uses test doubles). Needs build/ made on the build machine.
 set -u
 cd "$(dirname "$0")/.." || exit 2
@@ -57,7 +62,7 @@ ITERS=${ITERS:-40}
 FAULT_AFTER=${FAULT_AFTER:-10}
 GBPS=${GBPS:-25}
 SCALE=${SCALE:-0.05}
-PERF_TIMEOUT=${PERF_TIMEOUT:-150}
+PERF_TIMEOUT=${PERF_TIMEOUT:-100}
 PERF=${R2CC_PERF:-$PWD/$B/bin/r2cc-perf}
 CTL=${SOFTVERBS_CTL:-$PWD/$B/bin/softverbs-ctl}
 LIB=${R2CC_LIB:-$PWD/$B/lib/libr2cc.so}
@@ -187,7 +192,7 @@ perf_bg() { # LOGFILE REPORTDIR [ENV=VALUE...] -- ARGS...
 	shift
 	mkdir -p "$rep"
 	env LD_PRELOAD="$LIB" R2CC_REPORT="$rep/report.%p" NCCL_DEBUG="${NCCL_DEBUG:-WARN}" \
-		${envs[@]+"${envs[@]}"} timeout "$PERF_TIMEOUT" "$PERF" --nodes 2 --gpus-per-node 1 -T 120 "$@" \
+		${envs[@]+"${envs[@]}"} timeout "$PERF_TIMEOUT" "$PERF" --nodes 2 --gpus-per-node 1 -T 60 "$@" \
 		>"$out" 2>&1 &
 	JOB=$!
 }
