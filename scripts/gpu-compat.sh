@@ -174,11 +174,12 @@ PY
 
 # The fabric and NCCL settings of one run; NAME is the fabric's name.
 run_env() { # NAME FUSED(0|1)
-	export LD_LIBRARY_PATH=$BASE_LDP
+	# the soft device first (softfabric_env puts it there), then this version's NCCL,
+	# ahead of any other libnccl.so.2 on the caller's path
+	export LD_LIBRARY_PATH=$NCCLDIR${BASE_LDP:+:$BASE_LDP}
 	unset NCCL_IB_MERGE_NICS NCCL_IB_RESILIENCY_PORT_FAILOVER NCCL_GIN_ENABLE NCCL_TOPO_DUMP_FILE
 	SOFTFABRIC_FUSED=$2 softfabric_env "${NICS//,/:$GBPS,}:$GBPS" "cmp-$1-$$"
 	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=$SCALE
-	export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$NCCLDIR
 	[ "$(minor "$V")" -lt 24 ] && [ "$2" = 0 ] && export NCCL_IB_MERGE_NICS=0
 	true
 }

@@ -99,6 +99,12 @@ c=$(grep -c 'failover=1 fused_merge_level=unset' "$T/state/perf.calls")
 has "$T/state/perf.calls" 'mode=3'
 rm -f "$T/state/perf.calls"
 
+# A libnccl.so.2 already on the caller's path (the system's, say) must not be the one run.
+mkdir -p "$T/decoy" && cp "$T/libnccl-2.26.5.so.2" "$T/decoy/libnccl.so.2"
+LD_LIBRARY_PATH=$T/decoy PARTS=healthy run decoy 0 scripts/gpu-compat.sh "$T/decoy-out" 2.18.3
+has "$T/decoy-out/2.18.3/healthy.log" 'NCCL library 2\.18\.3 \('
+rm -f "$T/state/perf.calls"
+
 # --- failures ---------------------------------------------------------------------------
 FAKE_DIE=1 PARTS="blackhole down" run die 1 scripts/gpu-compat.sh "$T/die" 2.26.5
 has "$T/die/summary.txt" '^2\.26\.5 blackhole=FAIL down=FAIL ' \
