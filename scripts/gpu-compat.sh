@@ -207,23 +207,24 @@ right_nccl() { # LOG
 	return 1
 }
 
-# The first incident's detect_ms in R2CC's reports under DIR ("-" when none).
-detect_ms() {
-	python3 - "$1" <<'PY'
+# Detection: from the fault (EPOCH, when softverbs-ctl was started) to the first
+# incident R2CC's reports under DIR record after it ("detected_unix"; declared moves do
+# not count), in ms; "-" when there is none.
+detect_ms() { # DIR EPOCH
+	python3 - "$1" "$2" <<'PY'
 import glob, json, sys
-best = None
+t0, best = float(sys.argv[2]), None
 for f in glob.glob(sys.argv[1] + "/*.json"):
     try:
         d = json.load(open(f))
     except (OSError, ValueError):
         continue
     for i in d.get("incidents", []):
-        if i.get("declared"):
+        t = i.get("detected_unix")
+        if i.get("declared") or not isinstance(t, (int, float)) or t < t0:
             continue
-        ms = i.get("detect_ms")
-        if isinstance(ms, (int, float)) and (best is None or ms < best):
-            best = ms
-print("-" if best is None else "%.1f" % best)
+        best = t if best is None else min(best, t)
+print("-" if best is None else "%.1f" % ((best - t0) * 1000))
 PY
 }
 
@@ -249,7 +250,7 @@ part_healthy() {
 repair_run() { # LABEL FAULT FUSED [ENV=VALUE...]
 	local label=$1 fault=$2 fz=$3
 	shift 3
-	local log=$VLOG/$label.log rep=$VLOG/$label-reports at rc st=0
+	local log=$VLOG/$label.log rep=$VLOG/$label-reports at rc st=0 t_fault=0
 	run_env "$label" "$fz"
 	[ "$fz" = 1 ] && export NCCL_GIN_ENABLE=0
 	perf_bg "$log" "$rep" "$@" -- --coll allreduce -b 512M -e 512M -n "$ITERS" -w 1 -c 1 -d float -o sum --iters-table
@@ -259,9 +260,10 @@ repair_run() { # LABEL FAULT FUSED [ENV=VALUE...]
 		sleep 0.1
 	done
 	at=$(last_iter "$log")
+	t_fault=$(date +%s.%N)
 	if kill -0 $JOB 2>/dev/null && [ "$at" -ge "$FAULT_AFTER" ] &&
 		"$CTL" --fabric "$SOFTVERBS_FABRIC" fault node0 "$CUT" "$fault" >"$log.fault" 2>&1; then
-		echo "fault $fault of node0/$CUT after iteration $at at $(date +%T.%N)" >>"$log.fault"
+		echo "fault $fault of node0/$CUT after iteration $at at $t_fault" >>"$log.fault"
 	else
 		echo "fault NOT injected (run ended or softverbs-ctl failed) after iteration $at" >>"$log.fault"
 		note "$label: the fault was not injected (after iteration $at)"
@@ -275,7 +277,7 @@ repair_run() { # LABEL FAULT FUSED [ENV=VALUE...]
 	n=$(wc -l <"$log.ms")
 	base=$(awk -v f="$at" '$1 > 1 && $1 <= f {print $2}' "$log.ms" | median)
 	after=$(awk -v f="$at" -v n="$ITERS" '$1 > f + 2 && $1 > n - 10 {print $2}' "$log.ms" | median)
-	det=$(detect_ms "$rep")
+	det=$(detect_ms "$rep" "$t_fault")
 	ratio=$(awk -v b="$base" -v a="$after" 'BEGIN {if (b + 0 > 0 && a + 0 > 0) printf "%.2f", (b / a) / (2 / 3); else print "-"}')
 	gb=$(awk -v a="$after" 'BEGIN {if (a + 0 > 0) printf "%.2f", 536870912 / (a / 1000) / 1e9; else print "-"}')
 	echo "    exit $rc; $n/$ITERS iterations verified; fault after iteration $at; detection ${det} ms"
