@@ -33,7 +33,8 @@
 #
 # Output: LOGDIR/summary.txt, one line per version
 #   VERSION healthy=PASS|FAIL blackhole=... down=... mode3=... [failover-blackhole=...
-#   failover-down=...] busbw=GB/s bh_detect_ms=... bh_after=... down_detect_ms=... ...
+#   failover-down=...] busbw=GB/s blackhole_detect_ms=... blackhole_after=... down_... mode3_ar2=
+#   RAN/BALANCE (how many AllReduces R2CC-AllReduce ran and how many fell back) ...
 # with the part's reasons below it (indented), and LOGDIR/VERSION/ with every run's log,
 # R2CC's reports and the fault commands. Exit status 0 when every part of every version
 # passed. Budget (an estimate: nothing of it has run on the GPU yet): each run is one
@@ -311,6 +312,8 @@ part_mode3() {
 	indent <<<"$out"
 	grep -ohE "R2CC-AllReduce: [^;]*|R2CC-AllReduce ran [0-9]+ times, [0-9]+ AllReduces ran as Balance" "$log" |
 		sort | uniq -c | sort -rn | head -n 5 | sed 's/^/    R2CC log: /'
+	# "ran/as Balance" of the first rank that says (R2CC_DEBUG=INFO, at destroy)
+	FIG+=("mode3_ar2=$(sed -nE 's/.*R2CC-AllReduce ran ([0-9]+) times, ([0-9]+) AllReduces ran as Balance.*/\1\/\2/p' "$log" | head -n1 | grep . || echo -)")
 	[ $st -eq 0 ] || note "mode3: $(grep -vE 'busbw at|#wrong 0' <<<"$out" | tail -n1)"
 	right_nccl "$log" || st=1
 	return $st

@@ -82,6 +82,7 @@ has "$S" \
 	'^2\.18\.3 healthy=PASS blackhole=PASS down=PASS mode3=PASS preflight=PASS busbw=9\.3 blackhole_detect_ms=[0-9]+\.[0-9] blackhole_after=1\.00 down_detect_ms=[0-9]+\.[0-9] down_after=1\.00 ' \
 	'^2\.21\.5 healthy=PASS blackhole=PASS down=PASS mode3=PASS preflight=PASS ' \
 	'^2\.30\.7 healthy=PASS blackhole=PASS down=PASS mode3=PASS failover-blackhole=PASS failover-down=PASS preflight=PASS '
+has "$S" '^2\.18\.3 .* mode3_ar2=8/2 '
 lacks "$S" '^2\.(18|21)\.[0-9]+ .*failover' '^    '
 # detection: from the fault to the first undeclared incident, 4.5 ms after it in the fake
 for d in $(grep -oE '_detect_ms=[0-9.]+' "$S" | cut -d= -f2); do
