@@ -18,7 +18,7 @@
 #define DRILL_MAX_NICS	 4 /* NCCL_IB_MAX_DEVS_PER_NIC: rkeys per FIFO element */
 #define DRILL_MAX_QPN	 8 /* --qps: QPs per NIC per connection (NCCL_IB_QPS_PER_CONNECTION) */
 #define DRILL_MAX_QPS	 (DRILL_MAX_NICS * DRILL_MAX_QPN)
-#define DRILL_SLOTS	 256 /* MAX_REQUESTS: request slots, FIFO slots, wr_id space */
+#define DRILL_SLOTS	 256 /* MAX_REQUESTS, the most of any --nccl-version */
 #define DRILL_MAX_RECVS	 8   /* NCCL_NET_IB_MAX_RECVS: FIFO elements per slot */
 #define DRILL_MAX_WINDOW 64
 #define DRILL_ERR_LEN	 320
@@ -85,6 +85,7 @@ struct drill_opts {
 	int expect;	      /* enum drill_expect */
 	double bound_s;	      /* --bound: the first application error within this of the fault */
 	int hold;	      /* worker: enum drill_hold */
+	const struct drill_pattern *pattern; /* --nccl-version */
 	/* worker only */
 	bool worker;
 	int rank;
@@ -94,7 +95,8 @@ struct drill_opts {
 
 /*
  * One FIFO element, laid out as NCCL 2.28's struct ncclIbSendFifo: the receiver
- * writes it into the sender's FIFO; idx (offset 40) is what the sender polls.
+ * writes it into the sender's FIFO; idx (offset 40) is what the sender polls. It is
+ * also the decoded form of the other releases' layouts (--nccl-version).
  */
 struct drill_fifo_elem {
 	uint64_t addr;
@@ -107,6 +109,28 @@ struct drill_fifo_elem {
 };
 _Static_assert(sizeof(struct drill_fifo_elem) == 64, "FIFO element is 64 bytes, as NCCL's");
 _Static_assert(__builtin_offsetof(struct drill_fifo_elem, idx) == 40, "idx at offset 40");
+
+/*
+ * The verbs pattern of one family of NCCL releases (--nccl-version; nccl_version.c has
+ * the table, docs/nccl-versions.md the sources): what changes from release to release
+ * in what net_ib creates and posts.
+ */
+struct drill_pattern {
+	const char *name;     /* the family, by the release the drill names it after: "2.18" */
+	const char *releases; /* the releases it stands for: "2.18-2.19" */
+	int slots;	      /* MAX_REQUESTS: request slots, FIFO slots, wr_id space */
+	int elem;	      /* sizeof(struct ncclIbSendFifo) */
+	int off_size, size_len, off_rkeys, nrkeys, off_nreqs, off_tag, off_idx;
+	bool one_nic;	 /* no NIC fusion: a connection's QPs on one NIC, clear-to-send on qps[0] */
+	bool send_no_rq; /* the QPs that receive nothing have no receive queue */
+};
+
+const struct drill_pattern *drill_pattern_default(void);
+const struct drill_pattern *drill_pattern_find(const char *version);
+/* One FIFO element in the pattern's layout, and back (DRILL_MAX_NICS rkeys at most). */
+void drill_fifo_put(const struct drill_pattern *p, void *slot, const struct drill_fifo_elem *e);
+void drill_fifo_get(const struct drill_pattern *p, const void *slot, struct drill_fifo_elem *e);
+uint64_t drill_fifo_idx(const struct drill_pattern *p, const void *slot);
 
 enum drill_phase {
 	DRILL_PHASE_START,

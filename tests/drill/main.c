@@ -124,6 +124,7 @@ static void usage(FILE *f)
 		"[--expect pass|clean-error|no-repair] [--bound SEC]\n"
 		"                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
 		"[--declare NODE:NIC]\n"
+		"                        [--nccl-version 2.18..2.32]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -137,6 +138,9 @@ static void usage(FILE *f)
 		"(NCCL_IB_QPS_PER_CONNECTION); --per-node P: P processes share each node's NICs;\n"
 		"--declare NODE:NIC: R2CC_FAILED_NODE/HCA; --expect no-repair: as pass, and no\n"
 		"incident in any R2CC report but declared moves (a migration is a false repair).\n"
+		"--nccl-version V: the verbs pattern of that NCCL release (default 2.28): request\n"
+		"slots, FIFO layout, one NIC per connection before 2.20, no receive queue on the\n"
+		"QPs that receive nothing from 2.29 (docs/nccl-versions.md).\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -183,6 +187,9 @@ static int drill_check_opts(const struct drill_opts *o)
 		bad = "--second-fault needs a NIC left: not with --fault-nics all";
 	else if (o->second_ms >= 0 && o->nics < 2)
 		bad = "--second-fault needs --nics 2 or more";
+	else if (!o->pattern->one_nic && o->nics > o->pattern->nrkeys)
+		bad = "--nccl-version 2.20-2.23 fuses at most 2 NICs per connection: --nics 2 or "
+		      "fewer";
 	if (bad) {
 		fprintf(stderr, "r2cc-verbs-drill: %s\n", bad);
 		return -1;
@@ -227,6 +234,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_PER_NODE,
 		O_GBPS,
 		O_DECLARE,
+		O_NCCL_VERSION,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -264,6 +272,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"per-node", required_argument, NULL, O_PER_NODE},
 	    {"gbps", required_argument, NULL, O_GBPS},
 	    {"declare", required_argument, NULL, O_DECLARE},
+	    {"nccl-version", required_argument, NULL, O_NCCL_VERSION},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
@@ -290,6 +299,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    .preload = true,
 	    .second_ms = -1,
 	    .bound_s = 10,
+	    .pattern = drill_pattern_default(),
 	};
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		const char *name = NULL;
@@ -459,6 +469,13 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			break;
 		case O_FLUSH:
 			o->flush = true;
+			break;
+		case O_NCCL_VERSION:
+			o->pattern = drill_pattern_find(optarg);
+			ok = o->pattern != NULL;
+			if (!ok)
+				o->pattern = drill_pattern_default();
+			name = "--nccl-version (an NCCL release 2.18 to 2.32, e.g. 2.18 or 2.21.5)";
 			break;
 		case O_HELP:
 			usage(stdout);
@@ -688,6 +705,10 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 		argv[n++] = (char *)"--selftest-corrupt";
 	if (o->flush)
 		argv[n++] = (char *)"--flush";
+	if (o->pattern != drill_pattern_default()) {
+		argv[n++] = (char *)"--nccl-version";
+		argv[n++] = (char *)o->pattern->name;
+	}
 	if (o->nccl_stub) {
 		argv[n++] = (char *)"--nccl-lib";
 		argv[n++] = (char *)p->nccl;
@@ -1408,6 +1429,13 @@ int main(int argc, char **argv)
 	       o.flush ? ", GPU flush" : "",
 	       o.preload ? "LD_PRELOAD=libr2cc.so" : "no preload (baseline)",
 	       drill_qp_timeout_ms(&o), o.time_scale, o.timeout_s);
+	if (o.pattern != drill_pattern_default())
+		printf(
+		    "  verbs of NCCL %s: %d request slots, %d-byte FIFO elements (idx at %d)%s%s\n",
+		    o.pattern->releases, o.pattern->slots, o.pattern->elem, o.pattern->off_idx,
+		    o.pattern->one_nic ? ", each connection on one NIC, clear-to-send on qps[0]"
+				       : "",
+		    o.pattern->send_no_rq ? ", no receive queue where nothing is received" : "");
 	if (o.fault_phase == DRILL_AT_CONNECT || o.fault_all_nics || o.second_ms >= 0 ||
 	    o.expect == DRILL_EXPECT_CLEAN) {
 		printf("  fault %s%s",

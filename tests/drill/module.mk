@@ -6,7 +6,7 @@ DRILL_DIR  := tests/drill
 DRILL      := $(BUILD)/bin/r2cc-verbs-drill
 DRILL_OBJ  := $(BUILD)/drill/obj
 DRILL_SRCS := $(DRILL_DIR)/main.c $(DRILL_DIR)/worker.c $(DRILL_DIR)/verbs.c \
-	      $(DRILL_DIR)/pattern.c $(DRILL_DIR)/bootstrap.c
+	      $(DRILL_DIR)/pattern.c $(DRILL_DIR)/bootstrap.c $(DRILL_DIR)/nccl_version.c
 DRILL_OBJS := $(DRILL_SRCS:$(DRILL_DIR)/%.c=$(DRILL_OBJ)/%.o)
 # What a run needs besides the program: the device, its control tool and the library.
 DRILL_RUNTIME := $(BUILD)/softverbs/libibverbs.so.1 $(BUILD)/softverbs/libibverbs.so \
@@ -49,6 +49,19 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3:--flush:--nccl-stub \
 	       120@$(DRILL):--fault:down:--seeds:20:--flush:--nccl-stub \
 	       120@$(DRILL):--fault:blackhole:--seeds:20:--flush:--nccl-stub
+# Other NCCL releases' verbs patterns (--nccl-version, docs/nccl-versions.md): 2.18-2.19
+# (64 request slots, 32-byte FIFO elements, each connection on one NIC with its
+# clear-to-send on qps[0]; 4 processes so that every NIC carries connections), 2.20-2.23
+# (idx at 32, at most 2 fused NICs) and 2.30-2.32 (idx at 56, no receive queue on the
+# QPs that receive nothing), healthy and through hot repair.
+CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 \
+	       120@$(DRILL):--fault:down:--seeds:10:--nccl-version:2.18:--procs:4:--nccl-stub \
+	       120@$(DRILL):--fault:blackhole:--seeds:10:--nccl-version:2.18:--procs:4:--nccl-stub \
+	       90@$(DRILL):--fault:down:--seeds:5:--nccl-version:2.18:--procs:4:--flush:--nccl-stub \
+	       60@$(DRILL):--fault:down:--seeds:5:--nccl-version:2.21:--nics:2:--messages:256:--nccl-stub \
+	       90@$(DRILL):--fault:blackhole:--seeds:10:--nccl-version:2.30:--messages:256:--nccl-stub \
+	       60@$(DRILL):--fault:down:--seeds:5:--nccl-version:2.30:--flush:--nccl-stub \
+	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--nccl-version:2.18:--selftest-corrupt
 FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
 # A healthy job is never taken down (tests/drill/stall-matrix.sh): slow NICs, many QPs,
 # several processes per node, large messages with a declared failure; no repair at all

@@ -22,6 +22,11 @@
  *    only when a signalled RDMA READ of its first bytes, posted on every NIC's flush
  *    QP, came back.
  *
+ * --nccl-version changes what differs between NCCL releases (nccl_version.c): the
+ * request slots (64 before 2.20), the FIFO element's layout, connections on one NIC
+ * with every clear-to-send on qps[0] (before 2.20), no receive queue on the QPs that
+ * receive nothing (2.29 on).
+ *
  * On top of that it checks what NCCL trusts: every byte of every message, sizes,
  * slots, order and count, and reports into its entry of the shared status file.
  */
@@ -95,6 +100,7 @@ struct drill_ring {
 struct drill_conn {
 	bool send;
 	int peer;
+	int nic0, nnic; /* the NICs the connection uses: nic0 .. nic0 + nnic - 1 (mod K) */
 	int nqps;
 	struct drill_qp qps[DRILL_MAX_QPS];
 	int qp_index;  /* NCCL base.qpIndex */
@@ -103,8 +109,9 @@ struct drill_conn {
 	uint64_t buf_len;
 	struct ibv_mr *buf_mr[DRILL_MAX_NICS];
 	struct drill_ring ring;
-	/* send: the FIFO the peer writes; recv: the elements written to the peer's FIFO */
-	struct drill_fifo_elem *fifo;
+	/* send: the FIFO the peer writes; recv: the elements written to the peer's FIFO,
+	 * DRILL_MAX_RECVS elements of the pattern's size per slot */
+	uint8_t *fifo;
 	struct ibv_mr *fifo_mr[DRILL_MAX_NICS];
 	uint64_t rem_fifo_addr;
 	uint32_t rem_fifo_rkey[DRILL_MAX_NICS];
@@ -180,6 +187,25 @@ struct drill_worker {
 	struct drill_ep peers[DRILL_MAX_PROCS];
 	struct drill_nccl nccl;
 };
+
+/* --nccl-version's request slots: 64 or 256. */
+static uint32_t drill_slots(const struct drill_worker *w)
+{
+	return (uint32_t)w->o->pattern->slots;
+}
+
+/* The i-th NIC of a connection. */
+static int drill_conn_nic(const struct drill_worker *w, const struct drill_conn *c, int i)
+{
+	return (c->nic0 + i) % w->o->nics;
+}
+
+/* Slot `slot` of a connection's FIFO (DRILL_MAX_RECVS elements of the pattern's size). */
+static uint8_t *drill_fifo_slot(const struct drill_worker *w, const struct drill_conn *c,
+				uint32_t slot)
+{
+	return c->fifo + (size_t)slot * DRILL_MAX_RECVS * (size_t)w->o->pattern->elem;
+}
 
 static volatile sig_atomic_t drill_terminated;
 
@@ -367,7 +393,7 @@ static int drill_devs_open(struct drill_worker *w)
 {
 	const struct drill_opts *o = w->o;
 	struct ibv_device **list;
-	int n = 0, cqe = 512 * 2 * (o->procs - 1) * o->qps;
+	int n = 0, cqe = 2 * o->pattern->slots * 2 * (o->procs - 1) * o->qps;
 	const char *env;
 
 	drill_ibv.fork_init();
@@ -443,6 +469,7 @@ static int drill_devs_open(struct drill_worker *w)
 static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, struct drill_qp *qp,
 			   int dev, int index, int access)
 {
+	const struct drill_opts *o = w->o;
 	struct drill_dev *d = &w->devs[dev];
 	struct ibv_qp_init_attr ia;
 	struct ibv_qp_attr a;
@@ -453,8 +480,14 @@ static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, struct 
 	ia.send_cq = d->cq;
 	ia.recv_cq = d->cq;
 	ia.qp_type = IBV_QPT_RC;
-	ia.cap.max_send_wr = 2 * DRILL_SLOTS;
-	ia.cap.max_recv_wr = DRILL_SLOTS;
+	ia.cap.max_send_wr = 2 * o->pattern->slots;
+	ia.cap.max_recv_wr = o->pattern->slots;
+	/* 2.29 on: the QPs that receive nothing have no receive queue (a flush QP: 256 sends) */
+	if (o->pattern->send_no_rq && (c->send || qp->flush)) {
+		ia.cap.max_recv_wr = 0;
+		if (qp->flush)
+			ia.cap.max_send_wr = o->pattern->slots;
+	}
 	ia.cap.max_send_sge = 1;
 	ia.cap.max_recv_sge = 1;
 	ia.cap.max_inline_data = 0;
@@ -499,7 +532,7 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 {
 	const struct drill_opts *o = w->o;
 	uint64_t max = (o->max_size + DRILL_ALIGN - 1) / DRILL_ALIGN * DRILL_ALIGN;
-	size_t fifo_len = sizeof(struct drill_fifo_elem) * DRILL_SLOTS * DRILL_MAX_RECVS;
+	size_t fifo_len = (size_t)o->pattern->elem * o->pattern->slots * DRILL_MAX_RECVS;
 	struct drill_conn *c = calloc(1, sizeof(*c));
 	struct drill_ep_conn *e;
 
@@ -513,7 +546,21 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 		w->recv[peer] = c;
 	c->send = send;
 	c->peer = peer;
-	c->nqps = o->nics * o->qps;
+	/*
+	 * A fused virtual NIC of every NIC (2.20 on, the drill's model), or, before NIC
+	 * fusion, one NIC per connection: the ordered pairs take the NICs in turn, so that a
+	 * process's send connections use every NIC once it has as many peers as NICs; both
+	 * ends of a connection pick the same NIC.
+	 */
+	c->nic0 = 0;
+	c->nnic = o->nics;
+	if (o->pattern->one_nic) {
+		int from = send ? o->rank : peer, to = send ? peer : o->rank;
+
+		c->nic0 = (from * (o->procs - 1) + (to > from ? to - 1 : to)) % o->nics;
+		c->nnic = 1;
+	}
+	c->nqps = c->nnic * o->qps;
 	c->buf_len = 2 * max > (1u << 20) ? 2 * max : (1u << 20);
 	c->ring.size = c->buf_len;
 	c->buf = mmap(NULL, c->buf_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -524,15 +571,16 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 	}
 	e = send ? &w->ep.send[peer] : &w->ep.recv[peer];
 	for (int q = 0; q < c->nqps; q++) {
-		if (drill_qp_create(w, c, &c->qps[q], q % o->nics, q,
+		if (drill_qp_create(w, c, &c->qps[q], drill_conn_nic(w, c, q % c->nnic), q,
 				    send ? IBV_ACCESS_REMOTE_WRITE
 					 : IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC))
 			return -1;
 		e->qpn[q] = c->qps[q].qp->qp_num;
 	}
-	for (int d = 0; d < o->nics; d++) {
+	for (int i = 0; i < c->nnic; i++) {
 		int access =
 		    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+		int d = drill_conn_nic(w, c, i);
 
 		c->buf_mr[d] = drill_reg(w, d, c->buf, c->buf_len, access);
 		c->fifo_mr[d] = drill_reg(w, d, c->fifo, fifo_len, access);
@@ -551,7 +599,7 @@ static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t
 	struct ibv_qp_attr a;
 	int rc;
 
-	q->rem_dev = q->index % pe->nics;
+	q->rem_dev = q->dev; /* rails: the peer's QP is on its NIC of the same number */
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = w->devs[q->dev].mtu < (enum ibv_mtu)pe->mtu[q->rem_dev]
@@ -609,7 +657,8 @@ static int drill_flush_create(struct drill_worker *w, struct drill_conn *c)
 		drill_fail(w, "cannot map %zu bytes of flush scratch", c->scratch_len);
 		return -1;
 	}
-	for (int d = 0; d < o->nics; d++) {
+	for (int i = 0; i < c->nnic; i++) {
+		int d = drill_conn_nic(w, c, i);
 		struct drill_qp *q = &c->flush[d];
 
 		c->scratch_mr[d] =
@@ -859,13 +908,14 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 	const struct drill_opts *o = w->o;
 	struct ibv_recv_wr rwr, *bad_rwr;
 	struct ibv_send_wr swr, *bad_swr;
-	struct drill_fifo_elem *elem;
+	struct drill_fifo_elem elem;
 	struct drill_qp *cts;
 	struct ibv_sge sge;
 	struct drill_msg *m;
 	uint64_t seq = c->head, size, off, end;
-	uint32_t slot = (uint32_t)(seq % DRILL_SLOTS);
-	int rc;
+	uint32_t slot = (uint32_t)(seq % drill_slots(w));
+	uint8_t *local = drill_fifo_slot(w, c, slot);
+	int rc, di;
 
 	if (seq >= (uint64_t)o->messages || seq - c->retired >= (uint64_t)o->window)
 		return false;
@@ -890,30 +940,33 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 		c->qp_index = (c->qp_index + 1) % c->nqps;
 	}
 
-	elem = &c->fifo[slot * DRILL_MAX_RECVS];
-	elem->addr = (uintptr_t)(c->buf + off);
-	elem->size = size;
-	for (int d = 0; d < o->nics; d++)
-		elem->rkeys[d] = c->buf_mr[d]->rkey;
-	elem->nreqs = 1;
-	elem->tag = (uint32_t)c->peer;
-	elem->idx = seq + 1;
+	memset(&elem, 0, sizeof(elem));
+	elem.addr = (uintptr_t)(c->buf + off);
+	elem.size = size;
+	for (int i = 0; i < c->nnic; i++)
+		elem.rkeys[i] = c->buf_mr[drill_conn_nic(w, c, i)]->rkey;
+	elem.nreqs = 1;
+	elem.tag = (uint32_t)c->peer;
+	elem.idx = seq + 1;
+	drill_fifo_put(o->pattern, local, &elem);
 
-	cts = &c->qps[c->dev_index];
-	c->dev_index = (c->dev_index + 1) % o->nics;
-	sge.addr = (uintptr_t)elem;
-	sge.length = sizeof(*elem);
+	/* devIndex: the connection's NICs in turn (one NIC: always qps[0]) */
+	di = c->dev_index;
+	cts = &c->qps[di];
+	c->dev_index = (di + 1) % c->nnic;
+	sge.addr = (uintptr_t)local;
+	sge.length = (uint32_t)o->pattern->elem;
 	sge.lkey = c->fifo_mr[cts->dev]->lkey;
 	memset(&swr, 0, sizeof(swr));
 	swr.wr.rdma.remote_addr =
-	    c->rem_fifo_addr + (uint64_t)slot * DRILL_MAX_RECVS * sizeof(struct drill_fifo_elem);
+	    c->rem_fifo_addr + (uint64_t)slot * DRILL_MAX_RECVS * (uint64_t)o->pattern->elem;
 	swr.wr.rdma.rkey = c->rem_fifo_rkey[cts->rem_dev];
 	swr.sg_list = &sge;
 	swr.num_sge = 1;
 	swr.opcode = IBV_WR_RDMA_WRITE;
 	swr.send_flags = 0;
 	/* NCCL signals only when slot == devIndex, which drains each FIFO QP now and then. */
-	if (slot == (uint32_t)cts->dev) {
+	if (slot == (uint32_t)di) {
 		swr.send_flags |= IBV_SEND_SIGNALED;
 		swr.wr_id = slot;
 		m->events++;
@@ -972,7 +1025,8 @@ static void drill_flush_post(struct drill_worker *w, struct drill_conn *c, struc
 	if (m->flush_len > m->size)
 		m->flush_len = (uint32_t)m->size;
 	drill_flush_want(w, c, m->seq, want);
-	for (int d = 0; d < o->nics; d++) {
+	for (int k = 0; k < c->nnic; k++) {
+		int d = drill_conn_nic(w, c, k);
 		struct drill_qp *q = &c->flush[d];
 		uint8_t *dst = drill_flush_dst(w, c, m, d);
 		struct ibv_send_wr wr, *bad;
@@ -982,7 +1036,7 @@ static void drill_flush_post(struct drill_worker *w, struct drill_conn *c, struc
 		for (int i = 0; i < DRILL_FLUSH_NIC; i++)
 			dst[i] = (uint8_t)~want[i];
 		memset(&wr, 0, sizeof(wr));
-		wr.wr_id = m->seq % DRILL_SLOTS;
+		wr.wr_id = m->seq % drill_slots(w);
 		wr.wr.rdma.remote_addr = (uintptr_t)(c->buf + m->off);
 		wr.wr.rdma.rkey = c->buf_mr[d]->rkey;
 		sge.addr = (uintptr_t)dst;
@@ -1069,7 +1123,7 @@ static int drill_multi_send(struct drill_worker *w, struct drill_conn *c, uint32
 		struct drill_qp *q = &c->qps[c->qp_index];
 		int length = (int)size - offset < chunk ? (int)size - offset : chunk, rc;
 
-		wr->wr.rdma.rkey = e->rkeys[q->rem_dev];
+		wr->wr.rdma.rkey = e->rkeys[q->index % c->nnic];
 		if (length <= 0) {
 			wr->sg_list = NULL;
 			wr->num_sge = 0;
@@ -1097,16 +1151,15 @@ static bool drill_send_try(struct drill_worker *w, struct drill_conn *c)
 {
 	const struct drill_opts *o = w->o;
 	uint64_t seq = c->head, size, off, end;
-	uint32_t slot = (uint32_t)(seq % DRILL_SLOTS);
-	volatile struct drill_fifo_elem *v = &c->fifo[slot * DRILL_MAX_RECVS];
+	uint32_t slot = (uint32_t)(seq % drill_slots(w));
+	uint8_t *v = drill_fifo_slot(w, c, slot);
 	struct drill_fifo_elem e;
 
 	if (seq >= (uint64_t)o->messages || seq - c->retired >= (uint64_t)o->window)
 		return false;
-	if (v->idx != seq + 1)
+	if (drill_fifo_idx(o->pattern, v) != seq + 1)
 		return false;
-	atomic_thread_fence(memory_order_acquire);
-	memcpy(&e, (const void *)v, sizeof(e));
+	drill_fifo_get(o->pattern, v, &e);
 	size = drill_msg_size(o->seed, o->rank, c->peer, seq, o->max_size);
 	if (e.nreqs != 1 || e.tag != (uint32_t)o->rank || e.addr == 0 || e.rkeys[0] == 0 ||
 	    e.size != size) {
@@ -1125,7 +1178,7 @@ static bool drill_send_try(struct drill_worker *w, struct drill_conn *c)
 	if (drill_multi_send(w, c, slot, &e, c->buf + off, size))
 		return false;
 	/* NCCL clears the consumed element (and so must the receiver's next lap set idx). */
-	memset((void *)v, 0, sizeof(*v));
+	memset(v, 0, (size_t)o->pattern->elem);
 	c->head++;
 	return true;
 }
@@ -1135,7 +1188,7 @@ static bool drill_send_try(struct drill_worker *w, struct drill_conn *c)
 static void drill_retire(struct drill_worker *w, struct drill_conn *c)
 {
 	while (c->retired < c->head) {
-		struct drill_msg *m = &c->msgs[c->retired % DRILL_SLOTS];
+		struct drill_msg *m = &c->msgs[c->retired % drill_slots(w)];
 
 		if (!m->done)
 			break;
@@ -1166,8 +1219,8 @@ static void drill_flush_wc(struct drill_worker *w, struct drill_qp *q, const str
 		return;
 	}
 	seq = c->flush_seq[d][c->flush_tail[d] % DRILL_MAX_WINDOW];
-	m = &c->msgs[seq % DRILL_SLOTS];
-	if (wc->opcode != IBV_WC_RDMA_READ || (wc->wr_id & 0xff) != seq % DRILL_SLOTS ||
+	m = &c->msgs[seq % drill_slots(w)];
+	if (wc->opcode != IBV_WC_RDMA_READ || (wc->wr_id & 0xff) != seq % drill_slots(w) ||
 	    !m->inflight || m->seq != seq || !(m->flush_pending & (1u << d))) {
 		drill_fail_check(w,
 				 "unexpected flush completion on %s, connection from node%d "
@@ -1239,9 +1292,9 @@ static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
 		if (--m->events == 0)
 			m->done = true;
 	} else if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
-		m = &c->msgs[q->next % DRILL_SLOTS];
+		m = &c->msgs[q->next % drill_slots(w)];
 		if (q->next >= c->head || !m->inflight || m->seq != q->next ||
-		    slot != q->next % DRILL_SLOTS) {
+		    slot != q->next % drill_slots(w)) {
 			drill_fail_check(
 			    w,
 			    "unexpected receive completion on QP %d from node%d (wr_id "
@@ -1399,12 +1452,12 @@ static void drill_recheck(struct drill_worker *w)
 	for (int p = 0; p < o->procs; p++) {
 		struct drill_conn *c = w->recv[p];
 		uint64_t first =
-		    (uint64_t)o->messages > DRILL_SLOTS ? o->messages - DRILL_SLOTS : 0;
+		    (uint64_t)o->messages > drill_slots(w) ? o->messages - drill_slots(w) : 0;
 
 		if (p == o->rank || !c)
 			continue;
 		for (uint64_t seq = first; seq < (uint64_t)o->messages; seq++) {
-			struct drill_msg *m = &c->msgs[seq % DRILL_SLOTS];
+			struct drill_msg *m = &c->msgs[seq % drill_slots(w)];
 			uint64_t need = (m->size + DRILL_ALIGN - 1) / DRILL_ALIGN * DRILL_ALIGN;
 			uint64_t bad, off = 0;
 			uint8_t got = 0, want = 0;
