@@ -968,7 +968,8 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				double sus[1];
 				if (drill_scan_key(text, "suspected", sus, 1) == 1)
 					s->suspected += (uint64_t)sus[0];
-				/* a whole JSON report: written at exit, with or without incidents */
+				/* a whole JSON report: written at exit, with or without incidents
+				 */
 				if (k == 0 && strstr(text, "\"nics\":["))
 					found++;
 			}
