@@ -3,7 +3,7 @@
  * Every output line is one item, "kind field=value ...", for people and for awk.
  *
  *   softverbs-ctl [--fabric NAME] list
- *   softverbs-ctl [--fabric NAME] fault NODE NIC down|blackhole|up|flap PERIOD_MS|slow GBPS
+ *   softverbs-ctl [--fabric NAME] fault NODE NIC KIND [ARG]   (kinds: usage())
  *   softverbs-ctl [--fabric NAME] counters [--json]
  *   softverbs-ctl [--fabric NAME] reset
  */
@@ -21,7 +21,9 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: softverbs-ctl [--fabric NAME] list\n"
 			"       softverbs-ctl [--fabric NAME] fault NODE NIC "
-			"down|blackhole|up|flap PERIOD_MS|slow GBPS\n"
+			"down|blackhole|blackhole-tx|blackhole-rx|ackloss|fatal|up|\n"
+			"                                          "
+			"flap PERIOD_MS|slow GBPS|jitter MS\n"
 			"       softverbs-ctl [--fabric NAME] counters [--json]\n"
 			"       softverbs-ctl [--fabric NAME] reset\n"
 			"The fabric defaults to SOFTVERBS_FABRIC, else softverbs-<uid>.\n");
@@ -30,7 +32,17 @@ static int usage(void)
 
 static const char *link_name(enum sv_link l)
 {
-	return l == SV_LINK_UP ? "up" : l == SV_LINK_DOWN ? "down" : "blackhole";
+	static const char *const names[] = {
+	    [SV_LINK_UP] = "up",
+	    [SV_LINK_DOWN] = "down",
+	    [SV_LINK_BLACKHOLE] = "blackhole",
+	    [SV_LINK_BLACKHOLE_TX] = "blackhole-tx",
+	    [SV_LINK_BLACKHOLE_RX] = "blackhole-rx",
+	    [SV_LINK_ACKLOSS] = "ackloss",
+	    [SV_LINK_DEAD] = "dead",
+	};
+
+	return names[l];
 }
 
 static int peer_nic(struct sv_fabric *f, uint32_t dlid)
@@ -48,9 +60,12 @@ static void nic_line(struct sv_fabric *f, int i, int64_t now)
 	int fault = atomic_load(&n->fault);
 
 	printf("nic node=%s name=%s lid=%u gbps=%d port=%s fault=%s", f->nodes[n->node].name,
-	       n->name, n->lid, n->gbps, l == SV_LINK_DOWN ? "DOWN" : "ACTIVE",
+	       n->name, n->lid, n->gbps,
+	       l == SV_LINK_DOWN   ? "DOWN"
+	       : l == SV_LINK_DEAD ? "FATAL"
+				   : "ACTIVE",
 	       sv_fault_name(fault));
-	if (fault == SV_FAULT_FLAP || fault == SV_FAULT_SLOW)
+	if (sv_fault_takes_arg(fault))
 		printf(":%d", atomic_load(&n->fault_arg));
 	printf(" link=%s tx_bytes=%llu rx_bytes=%llu tx_packets=%llu rx_packets=%llu\n",
 	       link_name(l), (unsigned long long)atomic_load(&n->tx_bytes),
@@ -145,7 +160,7 @@ static int cmd_fault(struct sv_fabric *f, int argc, char **argv)
 
 	if (argc < 3 || sv_fault_parse(argv[2], &kind) != 0)
 		return usage();
-	if (kind == SV_FAULT_FLAP || kind == SV_FAULT_SLOW) {
+	if (sv_fault_takes_arg(kind)) {
 		if (argc != 4)
 			return usage();
 		arg = (int)strtol(argv[3], &end, 10);
