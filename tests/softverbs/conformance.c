@@ -159,6 +159,19 @@ static int async_event(struct peer *p, int ms)
 	return ctx_event(p, p->ctx, ms);
 }
 
+/* The QPs' transport timeout: TIMEOUT, or SVTEST_TIMEOUT for a test that needs longer. */
+static int qp_timeout(void)
+{
+	const char *v = getenv("SVTEST_TIMEOUT");
+
+	return v ? atoi(v) : TIMEOUT;
+}
+
+static double retry_ms(void)
+{
+	return 4.096e-3 * (1 << qp_timeout()) * (RETRY + 1) * SCALE;
+}
+
 static void connect_qp(struct peer *p, int i)
 {
 	struct ibv_qp_attr a;
@@ -178,7 +191,7 @@ static void connect_qp(struct peer *p, int i)
 				   IBV_QP_MIN_RNR_TIMER) == 0);
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = TIMEOUT;
+	a.timeout = (uint8_t)qp_timeout();
 	a.retry_cnt = RETRY;
 	a.rnr_retry = 7;
 	a.sq_psn = 0;
@@ -1341,10 +1354,11 @@ static void bh_rx(struct peer *p)
 
 /*
  * A's requests wait on a path whose far end is down; then the far end turns into a
- * black hole: what was posted (all of it on the wire, within SOFTVERBS_INFLIGHT)
- * lands as the seed draws it, in order, and A hears nothing: RETRY_EXC_ERR, flushes.
- * B reads what landed from its memory and its receive completions and writes it down
- * (W whole, Pn the first n bytes, - nothing) for the parent to compare across seeds.
+ * black hole (within the QPs' timeout, made long enough for a loaded machine): what was posted (all
+ * of it on the wire, within SOFTVERBS_INFLIGHT) lands as the seed draws it, in order, and A hears
+ * nothing: RETRY_EXC_ERR, flushes. B reads what landed from its memory and its receive completions
+ * and writes it down (W whole, Pn the first n bytes, - nothing) for the parent to compare across
+ * seeds.
  */
 #define BH_N	8
 #define BH_SLOT (256u << 10)
@@ -1381,7 +1395,7 @@ static void inflight_a(struct peer *p)
 	ctl(p, "fault B mlx5_0 blackhole");
 	expect_wc(p, 0, IBV_WC_RETRY_EXC_ERR, 5000, NULL);
 	dt = now_ms() - t0;
-	CHECK(p, dt >= RETRY_MS * 0.95 && dt < RETRY_MS * 1.5, "(after %.0f ms)", dt);
+	CHECK(p, dt >= retry_ms() * 0.95 && dt < retry_ms() * 1.5, "(after %.0f ms)", dt);
 	expect_wcs(p, (uint64_t[]){1, 2, 3, 4, 5, 6, 7}, BH_N - 1, IBV_WC_WR_FLUSH_ERR);
 	expect_no_wc(p, 10);
 	sync_send(p, 2);
@@ -1803,7 +1817,7 @@ static void jitter_b(struct peer *p)
 /* ---- QPs served like a NIC serves them ---- */
 
 /*
- * 20 QPs stream 1 MiB writes (two in flight each) through one NIC shaped at 5 Gb/s,
+ * 20 QPs stream 1 MiB writes (eight in flight each) through one NIC shaped at 5 Gb/s,
  * and one more QP posts a 64-byte signalled write, waits for it, and again. A NIC
  * interleaves its QPs a slice at a time: the small writes wait about one round (a
  * 64 KiB slice of each busy QP, 21 x 105 us = 2.2 ms), not for the bulk queued
@@ -1814,6 +1828,7 @@ static void jitter_b(struct peer *p)
 #define FAIR_SECS  1.0
 #define FAIR_SKIP  0.2 /* ramp-up not measured */
 #define FAIR_SMALL 4000
+#define FAIR_DEPTH 8 /* writes in flight per stream: the NIC stays busy if this thread is late */
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -1834,7 +1849,7 @@ static void fair_a(struct peer *p)
 	setup(p);
 	t0 = now_ms();
 	for (int q = 0; q < FAIR_BULK; q++)
-		for (int k = 0; k < 2; k++)
+		for (int k = 0; k < FAIR_DEPTH; k++)
 			post(p, q, IBV_WR_RDMA_WRITE, (uint64_t)q << 32 | seq[q]++,
 			     IBV_SEND_SIGNALED, 0, 1u << 20, 0, p->peer.rkey, 0);
 	while (now_ms() - t0 < FAIR_SECS * 1000) {
@@ -1939,16 +1954,16 @@ static const struct test tests[] = {
     {.name = "blackhole_inflight",
      .a = inflight_a,
      .b = inflight_b,
-     .env = "SOFTVERBS_SEED=27;SVTEST_SLOT=0",
+     .env = "SOFTVERBS_SEED=27;SVTEST_SLOT=0;SVTEST_TIMEOUT=16",
      .verdict = inflight_first_verdict},
     {.name = "blackhole_inflight_again",
      .a = inflight_a,
      .b = inflight_b,
-     .env = "SOFTVERBS_SEED=27;SVTEST_SLOT=1"},
+     .env = "SOFTVERBS_SEED=27;SVTEST_SLOT=1;SVTEST_TIMEOUT=16"},
     {.name = "blackhole_inflight_seed1",
      .a = inflight_a,
      .b = inflight_b,
-     .env = "SOFTVERBS_SEED=1;SVTEST_SLOT=2",
+     .env = "SOFTVERBS_SEED=1;SVTEST_SLOT=2;SVTEST_TIMEOUT=16",
      .verdict = inflight_verdict},
     {.name = "blackhole_stream", .a = bhstream_a, .b = bhstream_b, .env = SHAPED_2G},
     {.name = "fatal", .a = fatal_a, .b = fatal_b},

@@ -1575,14 +1575,18 @@ static void sv_engine_hand(struct sv_qp *qp)
 static void *sv_engine_main(void *arg)
 {
 	struct sv_engine *e = arg;
-	int busy = 0; /* QPs that still had work due after their step, last round */
+	int busy = 0; /* QPs that still had work after their step, last round */
 
 	/* Shaped slices land at their wire time: wake then, not 50 us later. */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 	for (;;) {
 		uint32_t seq = atomic_load(&e->seq);
 		int64_t now = sv_now_ns(), next = SV_NEVER, spin_end;
-		/* Copies are cheaper large: a QP alone with work gets SV_SOLO per round. */
+		/*
+		 * Copies are cheaper large: a QP alone with work gets SV_SOLO per round. With
+		 * others waiting (for their turn on the wire too), one slice each, or the QPs
+		 * first in the list would take more turns whenever the engine catches up.
+		 */
 		uint64_t budget = busy > 1 ? SV_SLICE : SV_SOLO;
 		bool handed = false;
 		struct timespec ts;
@@ -1598,7 +1602,7 @@ static void *sv_engine_main(void *arg)
 				pthread_mutex_unlock(&qp->lock);
 				now = sv_now_ns();
 				handed |= ready;
-				busy += qp->eng_wake <= now;
+				busy += qp->eng_wake != SV_NEVER;
 			}
 			if (qp->eng_wake < next)
 				next = qp->eng_wake;
