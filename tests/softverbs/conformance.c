@@ -1818,7 +1818,8 @@ static void jitter_b(struct peer *p)
 
 /*
  * 20 QPs stream 1 MiB writes (eight in flight each) through one NIC shaped at 5 Gb/s,
- * and one more QP posts a 64-byte signalled write, waits for it, and again. A NIC
+ * and one more QP posts a 64-byte signalled write, waits for it, and again (at most one
+ * a millisecond). A NIC
  * interleaves its QPs a slice at a time: the small writes wait about one round (a
  * 64 KiB slice of each busy QP, 21 x 105 us = 2.2 ms), not for the bulk queued
  * ahead of them, and the streams get equal shares.
@@ -1856,7 +1857,8 @@ static void fair_a(struct peer *p)
 		struct ibv_wc wc;
 		int q;
 
-		if (!small_out && nlat < FAIR_SMALL) {
+		/* At most one a millisecond: samples spread over time, not over idle moments. */
+		if (!small_out && nlat < FAIR_SMALL && now_ms() - small_t >= 1) {
 			small_t = now_ms();
 			post(p, FAIR_BULK, IBV_WR_RDMA_WRITE, (uint64_t)FAIR_BULK << 32,
 			     IBV_SEND_SIGNALED, 0, 64, 2u << 20, p->peer.rkey, 0);

@@ -1575,7 +1575,7 @@ static void sv_engine_hand(struct sv_qp *qp)
 static void *sv_engine_main(void *arg)
 {
 	struct sv_engine *e = arg;
-	int busy = 0; /* QPs that still had work after their step, last round */
+	int busy = 0; /* QPs with work after the last round */
 
 	/* Shaped slices land at their wire time: wake then, not 50 us later. */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
@@ -1602,8 +1602,8 @@ static void *sv_engine_main(void *arg)
 				pthread_mutex_unlock(&qp->lock);
 				now = sv_now_ns();
 				handed |= ready;
-				busy += qp->eng_wake != SV_NEVER;
 			}
+			busy += qp->eng_wake != SV_NEVER;
 			if (qp->eng_wake < next)
 				next = qp->eng_wake;
 		}
