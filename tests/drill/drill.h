@@ -30,6 +30,12 @@ enum drill_fault {
 	DRILL_FAULT_FLAP,
 	DRILL_FAULT_SLOW,
 	DRILL_FAULT_KILL, /* not a NIC fault: SIGKILL the node's worker (--kill-peer) */
+	/* Only by name (not in --fault all): softverbs-ctl's kinds of the same names. */
+	DRILL_FAULT_ACKLOSS,
+	DRILL_FAULT_BLACKHOLE_TX,
+	DRILL_FAULT_BLACKHOLE_RX,
+	DRILL_FAULT_FATAL,
+	DRILL_FAULT_JITTER,
 	DRILL_FAULT_KINDS,
 };
 

@@ -37,8 +37,9 @@
 
 extern char **environ;
 
-static const char *const drill_fault_names[] = {"none", "down", "blackhole",
-						"flap", "slow", "kill"};
+static const char *const drill_fault_names[] = {
+    "none",    "down",	       "blackhole",    "flap",	"slow",	 "kill",
+    "ackloss", "blackhole-tx", "blackhole-rx", "fatal", "jitter"};
 
 static volatile sig_atomic_t drill_stop;
 
@@ -113,7 +114,8 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: r2cc-verbs-drill [--procs N] [--nics K] "
-		"[--fault none|down|blackhole|flap|slow|kill|all]\n"
+		"[--fault none|down|blackhole|flap|slow|kill|all|\n"
+		"                         ackloss|blackhole-tx|blackhole-rx|fatal|jitter]\n"
 		"                        [--seeds S] [--first-seed B] [--messages M] [--window W]\n"
 		"                        [--max-size BYTES] [--timeout SEC] [--time-scale X]\n"
 		"                        [--ib-timeout T] [--retry-cnt R] [--no-preload] [--keep] "
@@ -320,7 +322,8 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			o->fault = drill_parse_fault(optarg);
 			ok = o->fault != -2;
 			fault_set = true;
-			name = "--fault (none, down, blackhole, flap, slow, kill or all)";
+			name = "--fault (none, down, blackhole, flap, slow, kill, all, ackloss, "
+			       "blackhole-tx, blackhole-rx, fatal or jitter)";
 			break;
 		case O_SEEDS:
 			ok = drill_num(optarg, 1, 100000, &v);
@@ -803,6 +806,9 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 			s->arg = 50;
 	} else if (s->kind == DRILL_FAULT_SLOW) {
 		s->arg = DRILL_SLOW_GBPS;
+	} else if (s->kind == DRILL_FAULT_JITTER) {
+		/* Delays up to half the QP timeout: congestion that must raise no alarm. */
+		s->arg = (int)ceil(0.5 * drill_qp_timeout_ms(o));
 	}
 }
 
@@ -815,7 +821,8 @@ static int drill_ctl_fault(const struct drill_paths *p, const struct drill_scena
 	snprintf(node, sizeof(node), "node%d", s->node);
 	snprintf(nic, sizeof(nic), "mlx5_%d", n);
 	snprintf(arg, sizeof(arg), "%d", s->arg);
-	if (s->kind != DRILL_FAULT_FLAP && s->kind != DRILL_FAULT_SLOW)
+	if (s->kind != DRILL_FAULT_FLAP && s->kind != DRILL_FAULT_SLOW &&
+	    s->kind != DRILL_FAULT_JITTER)
 		args[4] = NULL;
 	return drill_ctl(p, s, args);
 }
@@ -1356,6 +1363,8 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 		snprintf(kind, sizeof(kind), "flap:%dms", s->arg);
 	else if (s->kind == DRILL_FAULT_SLOW)
 		snprintf(kind, sizeof(kind), "slow:%dGbps", s->arg);
+	else if (s->kind == DRILL_FAULT_JITTER)
+		snprintf(kind, sizeof(kind), "jitter:%dms", s->arg);
 	else
 		snprintf(kind, sizeof(kind), "%s", drill_fault_names[s->kind]);
 	if (s->kind == DRILL_FAULT_KILL)

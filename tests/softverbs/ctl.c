@@ -3,7 +3,7 @@
  * Every output line is one item, "kind field=value ...", for people and for awk.
  *
  *   softverbs-ctl [--fabric NAME] list
- *   softverbs-ctl [--fabric NAME] fault NODE NIC down|blackhole|up|flap PERIOD_MS|slow GBPS
+ *   softverbs-ctl [--fabric NAME] fault NODE NIC KIND [ARG]   (kinds: usage())
  *   softverbs-ctl [--fabric NAME] counters [--json]
  *   softverbs-ctl [--fabric NAME] reset
  */
@@ -22,7 +22,9 @@ static int usage(void)
 {
 	fprintf(stderr, "usage: softverbs-ctl [--fabric NAME] list\n"
 			"       softverbs-ctl [--fabric NAME] fault NODE NIC "
-			"down|blackhole|up|flap PERIOD_MS|slow GBPS\n"
+			"down|blackhole|blackhole-tx|blackhole-rx|ackloss|fatal|up|\n"
+			"                                          "
+			"flap PERIOD_MS|slow GBPS|jitter MS\n"
 			"       softverbs-ctl [--fabric NAME] counters [--json]\n"
 			"       softverbs-ctl [--fabric NAME] reset\n"
 			"The fabric defaults to SOFTVERBS_FABRIC, else softverbs-<uid>.\n");
@@ -31,7 +33,17 @@ static int usage(void)
 
 static const char *link_name(enum sv_link l)
 {
-	return l == SV_LINK_UP ? "up" : l == SV_LINK_DOWN ? "down" : "blackhole";
+	static const char *const names[] = {
+	    [SV_LINK_UP] = "up",
+	    [SV_LINK_DOWN] = "down",
+	    [SV_LINK_BLACKHOLE] = "blackhole",
+	    [SV_LINK_BLACKHOLE_TX] = "blackhole-tx",
+	    [SV_LINK_BLACKHOLE_RX] = "blackhole-rx",
+	    [SV_LINK_ACKLOSS] = "ackloss",
+	    [SV_LINK_DEAD] = "dead",
+	};
+
+	return names[l];
 }
 
 static int peer_nic(struct sv_fabric *f, uint32_t dlid)
@@ -55,9 +67,12 @@ static void nic_line(struct sv_fabric *f, int i, int64_t now)
 
 		printf(" ip=%u.%u.%u.%u/24", ip >> 24, ip >> 16 & 0xff, ip >> 8 & 0xff, ip & 0xff);
 	}
-	printf(" gbps=%d port=%s fault=%s", n->gbps, l == SV_LINK_DOWN ? "DOWN" : "ACTIVE",
+	printf(" gbps=%d port=%s fault=%s", n->gbps,
+	       l == SV_LINK_DOWN   ? "DOWN"
+	       : l == SV_LINK_DEAD ? "FATAL"
+				   : "ACTIVE",
 	       sv_fault_name(fault));
-	if (fault == SV_FAULT_FLAP || fault == SV_FAULT_SLOW)
+	if (sv_fault_takes_arg(fault))
 		printf(":%d", atomic_load(&n->fault_arg));
 	printf(" link=%s tx_bytes=%llu rx_bytes=%llu tx_packets=%llu rx_packets=%llu "
 	       "lossy_bytes=%llu\n",
@@ -174,7 +189,7 @@ static int cmd_fault(struct sv_fabric *f, int argc, char **argv)
 
 	if (argc < 3 || sv_fault_parse(argv[2], &kind) != 0)
 		return usage();
-	if (kind == SV_FAULT_FLAP || kind == SV_FAULT_SLOW) {
+	if (sv_fault_takes_arg(kind)) {
 		if (argc != 4)
 			return usage();
 		arg = (int)strtol(argv[3], &end, 10);

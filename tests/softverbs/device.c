@@ -4,6 +4,11 @@
  * verbs_context with query_port, and a pipe as async_fd), async events, queries,
  * protection domains and memory regions. Every int-returning verb returns an errno
  * value, every pointer-returning one NULL with errno set, as libibverbs does.
+ *
+ * A NIC that died (fault `fatal`) raises IBV_EVENT_DEVICE_FATAL on every context opened
+ * on it; from then on those contexts answer EIO to everything but the calls that free
+ * resources (close, dealloc, dereg, destroy) and modify_qp to ERR or RESET, which
+ * succeed and do nothing, as mlx5 answers firmware commands after an internal error.
  */
 #include "tests/softverbs/internal.h"
 #include "tests/softverbs/softverbs.h"
@@ -103,6 +108,18 @@ int sv_init(void)
 	return sv_proc.f ? 0 : (sv_proc.init_err ? sv_proc.init_err : ENODEV);
 }
 
+struct sv_ctx *sv_ctx_of(struct ibv_context *context)
+{
+	return sv_container_of(context, struct sv_ctx, vctx.context);
+}
+
+bool sv_ctx_dead(struct ibv_context *context)
+{
+	struct sv_ctx *ctx = sv_ctx_of(context);
+
+	return sv_nic_dead(sv_proc.f, ctx->nic, ctx->epoch);
+}
+
 SV_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
 {
 	struct ibv_device **list;
@@ -170,6 +187,11 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 		errno = rc;
 		return NULL;
 	}
+	/* A dead device cannot be opened; after `up` it can, and that context works. */
+	if (atomic_load(&sv_proc.f->nics[d->nic].fault) == SV_FAULT_FATAL) {
+		errno = EIO;
+		return NULL;
+	}
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx) {
 		errno = ENOMEM;
@@ -178,6 +200,7 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	if (pipe2(fds, O_CLOEXEC) != 0)
 		goto err_free;
 	ctx->nic = d->nic;
+	ctx->epoch = atomic_load(&sv_proc.f->nics[d->nic].epoch);
 	ctx->ev_wfd = fds[1];
 	pthread_mutex_init(&ctx->ev_lock, NULL);
 	ctx->port_active = sv_nic_link(sv_proc.f, d->nic, sv_now_ns()) != SV_LINK_DOWN;
@@ -241,7 +264,10 @@ void sv_ctx_push_event(struct sv_ctx *ctx, struct ibv_async_event *ev)
 	pthread_mutex_unlock(&ctx->ev_lock);
 }
 
-/* Called by the progress thread: turns port state changes into async events. */
+/*
+ * Called by the progress thread: turns port state changes into async events, and a
+ * device's death into IBV_EVENT_DEVICE_FATAL (once; nothing follows it).
+ */
 void sv_ctx_check_ports(int64_t now)
 {
 	pthread_mutex_lock(&sv_proc.lock);
@@ -249,6 +275,15 @@ void sv_ctx_check_ports(int64_t now)
 		bool active = sv_nic_link(sv_proc.f, ctx->nic, now) != SV_LINK_DOWN;
 		struct ibv_async_event ev = {0};
 
+		if (ctx->fatal_told)
+			continue;
+		if (sv_nic_dead(sv_proc.f, ctx->nic, ctx->epoch)) {
+			ctx->fatal_told = true;
+			ev.event_type = IBV_EVENT_DEVICE_FATAL;
+			ev.element.port_num = 0; /* a device event names no element */
+			sv_ctx_push_event(ctx, &ev);
+			continue;
+		}
 		if (active == ctx->port_active)
 			continue;
 		ctx->port_active = active;
@@ -281,7 +316,7 @@ SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 {
 	struct ibv_srq *srq = event->element.srq;
 
-	/* Port events carry the port only; SRQ limit events count on their SRQ. */
+	/* Port and device events carry the port or nothing; SRQ limit events count on their SRQ. */
 	if (event->event_type != IBV_EVENT_SRQ_LIMIT_REACHED)
 		return;
 	pthread_mutex_lock(&srq->mutex);
@@ -371,6 +406,8 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 {
 	struct sv_nic *nic = sv_ctx_nic(context);
 
+	if (sv_ctx_dead(context))
+		return EIO;
 	memset(attr, 0, sizeof(*attr));
 	snprintf(attr->fw_ver, sizeof(attr->fw_ver), "softverbs-%d", SV_VERSION);
 	attr->node_guid = htobe64(nic->guid);
@@ -450,6 +487,8 @@ static int sv_port_fill(struct ibv_context *context, uint8_t port_num, struct ib
 	struct sv_nic *nic = &sv_proc.f->nics[ctx->nic];
 	bool down = sv_nic_link(sv_proc.f, ctx->nic, sv_now_ns()) == SV_LINK_DOWN;
 
+	if (sv_ctx_dead(context))
+		return EIO;
 	if (port_num != 1)
 		return EINVAL;
 	memset(a, 0, sizeof(*a));
@@ -513,6 +552,8 @@ static int sv_gid_entry(struct ibv_context *context, uint32_t port_num, uint32_t
 	enum ibv_gid_type type;
 	int rc;
 
+	if (sv_ctx_dead(context))
+		return EIO;
 	if (port_num != 1)
 		return EINVAL;
 	memset(e, 0, sizeof(*e));
@@ -574,6 +615,8 @@ SV_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_g
 	struct ibv_gid_entry e;
 	size_t n = 0;
 
+	if (sv_ctx_dead(context))
+		return -EIO;
 	if (flags)
 		return -EOPNOTSUPP;
 	if (!entry_size)
@@ -594,6 +637,8 @@ SV_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_g
 
 SV_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
 {
+	if (sv_ctx_dead(context))
+		return EIO;
 	if (port_num != 1 || index != 0)
 		return EINVAL;
 	*pkey = htobe16(0xffff);
@@ -612,8 +657,13 @@ SV_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, 
 
 SV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 {
-	struct sv_pd *pd = calloc(1, sizeof(*pd));
+	struct sv_pd *pd;
 
+	if (sv_ctx_dead(context)) {
+		errno = EIO;
+		return NULL;
+	}
+	pd = calloc(1, sizeof(*pd));
 	if (!pd) {
 		errno = ENOMEM;
 		return NULL;
@@ -650,6 +700,10 @@ SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_
 	uint32_t gen, key;
 	int i;
 
+	if (sv_ctx_dead(ibpd->context)) {
+		errno = EIO;
+		return NULL;
+	}
 	/* Remote write and atomics need local write, as the IB spec and every provider say. */
 	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
 	    !(access & IBV_ACCESS_LOCAL_WRITE)) {

@@ -19,8 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SV_DEFAULT_NICS "mlx5_0:100,mlx5_1:100,mlx5_2:100"
-#define SV_BURST_NS	1000000 /* idle wire time (ns) a sender may catch up on */
+#define SV_DEFAULT_NICS	    "mlx5_0:100,mlx5_1:100,mlx5_2:100"
+#define SV_DEFAULT_SEED	    1
+#define SV_DEFAULT_INFLIGHT (1u << 20)
 
 int64_t sv_now_ns(void)
 {
@@ -153,6 +154,10 @@ void sv_config_read(struct sv_config *cfg)
 	cfg->engines = !(v && *v && strcmp(v, "0") == 0);
 	cfg->faults = getenv("SOFTVERBS_FAULT");
 	sv_net_config_read(cfg);
+	v = getenv("SOFTVERBS_SEED");
+	cfg->seed = v && *v ? strtoull(v, NULL, 0) : SV_DEFAULT_SEED;
+	v = getenv("SOFTVERBS_INFLIGHT");
+	cfg->inflight = v && *v ? strtoull(v, NULL, 0) : SV_DEFAULT_INFLIGHT;
 }
 
 static void sv_fabric_init(struct sv_fabric *f)
@@ -430,16 +435,27 @@ int sv_fabric_reap(struct sv_fabric *f)
 	return n;
 }
 
-static const char *const sv_fault_names[] = {"up", "down", "blackhole", "flap", "slow"};
+static const char *const sv_fault_names[SV_FAULT_KINDS] = {
+    [SV_FAULT_UP] = "up",
+    [SV_FAULT_DOWN] = "down",
+    [SV_FAULT_BLACKHOLE] = "blackhole",
+    [SV_FAULT_FLAP] = "flap",
+    [SV_FAULT_SLOW] = "slow",
+    [SV_FAULT_ACKLOSS] = "ackloss",
+    [SV_FAULT_BLACKHOLE_TX] = "blackhole-tx",
+    [SV_FAULT_BLACKHOLE_RX] = "blackhole-rx",
+    [SV_FAULT_FATAL] = "fatal",
+    [SV_FAULT_JITTER] = "jitter",
+};
 
 const char *sv_fault_name(int kind)
 {
-	return kind >= 0 && kind <= SV_FAULT_SLOW ? sv_fault_names[kind] : "?";
+	return kind >= 0 && kind < SV_FAULT_KINDS ? sv_fault_names[kind] : "?";
 }
 
 int sv_fault_parse(const char *word, int *kind)
 {
-	for (int i = 0; i <= SV_FAULT_SLOW; i++)
+	for (int i = 0; i < SV_FAULT_KINDS; i++)
 		if (strcmp(word, sv_fault_names[i]) == 0) {
 			*kind = i;
 			return 0;
@@ -447,12 +463,27 @@ int sv_fault_parse(const char *word, int *kind)
 	return -EINVAL;
 }
 
+/* flap PERIOD_MS, slow GBPS and jitter MS take a positive number. */
+bool sv_fault_takes_arg(int kind)
+{
+	return kind == SV_FAULT_FLAP || kind == SV_FAULT_SLOW || kind == SV_FAULT_JITTER;
+}
+
+/*
+ * Every kind replaces the one before (`up` clears them all). The sequence number
+ * marks the moment, so each QP handles a black hole opening once; a fatal fault
+ * moves the NIC to a new epoch, which leaves every context opened before it dead
+ * even after `up`.
+ */
 void sv_fabric_set_fault(struct sv_fabric *f, int nic, int kind, int arg)
 {
 	struct sv_nic *n = &f->nics[nic];
 
 	atomic_store(&n->fault_arg, arg);
 	atomic_store(&n->fault_ns, sv_now_ns());
+	if (kind == SV_FAULT_FATAL)
+		atomic_fetch_add(&n->epoch, 1);
+	atomic_fetch_add(&n->fault_seq, 1);
 	atomic_store(&n->fault, kind);
 }
 
@@ -486,7 +517,7 @@ int sv_fabric_schedule(struct sv_fabric *f, const char *spec)
 		}
 		if (sv_fault_parse(what, &kind) != 0)
 			goto bad;
-		if ((kind == SV_FAULT_FLAP || kind == SV_FAULT_SLOW) && arg <= 0)
+		if (sv_fault_takes_arg(kind) ? arg <= 0 : colon != NULL)
 			goto bad;
 		sv_lock(&f->lock);
 		for (i = 0; i < SV_MAX_SCHED; i++) {
@@ -517,7 +548,8 @@ int sv_fabric_schedule(struct sv_fabric *f, const char *spec)
 	bad:
 		fprintf(stderr,
 			"softverbs: bad SOFTVERBS_FAULT entry '%s' (want "
-			"node/nic=down|blackhole|up|flap:MS|slow:GBPS@MS)\n",
+			"node/nic=KIND[:ARG]@MS, KIND down|blackhole|blackhole-tx|blackhole-rx|"
+			"ackloss|fatal|up|flap:MS|slow:GBPS|jitter:MS)\n",
 			tok);
 	}
 	return added;
@@ -554,6 +586,14 @@ enum sv_link sv_nic_link(struct sv_fabric *f, int nic, int64_t now)
 		return SV_LINK_DOWN;
 	case SV_FAULT_BLACKHOLE:
 		return SV_LINK_BLACKHOLE;
+	case SV_FAULT_BLACKHOLE_TX:
+		return SV_LINK_BLACKHOLE_TX;
+	case SV_FAULT_BLACKHOLE_RX:
+		return SV_LINK_BLACKHOLE_RX;
+	case SV_FAULT_ACKLOSS:
+		return SV_LINK_ACKLOSS;
+	case SV_FAULT_FATAL:
+		return SV_LINK_DEAD;
 	case SV_FAULT_FLAP:
 		period = (int64_t)atomic_load(&n->fault_arg) * 1000000;
 		if (period <= 0)
@@ -563,6 +603,20 @@ enum sv_link sv_nic_link(struct sv_fabric *f, int nic, int64_t now)
 	default:
 		return SV_LINK_UP;
 	}
+}
+
+bool sv_nic_dead(struct sv_fabric *f, int nic, uint32_t epoch)
+{
+	struct sv_nic *n = &f->nics[nic];
+
+	return atomic_load(&n->fault) == SV_FAULT_FATAL || atomic_load(&n->epoch) != epoch;
+}
+
+int sv_nic_jitter(struct sv_fabric *f, int nic)
+{
+	struct sv_nic *n = &f->nics[nic];
+
+	return atomic_load(&n->fault) == SV_FAULT_JITTER ? atomic_load(&n->fault_arg) : 0;
 }
 
 int sv_nic_rate(struct sv_fabric *f, int nic, bool shaping)
@@ -580,14 +634,14 @@ int sv_nic_rate(struct sv_fabric *f, int nic, bool shaping)
 }
 
 int64_t sv_nic_reserve(struct sv_fabric *f, int nic, enum sv_dir dir, int gbps, uint64_t bytes,
-		       int64_t now)
+		       int64_t from)
 {
 	_Atomic int64_t *clock = &f->nics[nic].shape_ns[dir];
 	int64_t dur = sv_wire_time(bytes, gbps);
 	int64_t next = atomic_load(clock), start;
 
 	do {
-		start = next > now - SV_BURST_NS ? next : now - SV_BURST_NS;
+		start = next > from ? next : from;
 	} while (!atomic_compare_exchange_weak(clock, &next, start + dur));
 	return start + dur;
 }

@@ -22,7 +22,7 @@
 #include <sys/types.h>
 
 #define SV_MAGIC	 0x534f465456524253ull /* "SOFTVRBS" */
-#define SV_VERSION	 6
+#define SV_VERSION	 7
 #define SV_NAME_LEN	 64
 #define SV_MAX_NODES	 32
 #define SV_MAX_NICS	 128
@@ -43,12 +43,19 @@
 _Static_assert(SV_MAX_MRS == 1 << SV_MR_SHIFT, "MR keys encode their slot");
 _Static_assert(SV_MAX_QPS == 1 << SV_QP_SHIFT, "QPNs encode their slot");
 
+/* Values are part of softverbs.h (enum softverbs_nic_state). */
 enum sv_fault {
 	SV_FAULT_UP = 0,
 	SV_FAULT_DOWN = 1,
 	SV_FAULT_BLACKHOLE = 2,
 	SV_FAULT_FLAP = 3,
 	SV_FAULT_SLOW = 4,
+	SV_FAULT_ACKLOSS = 5,	   /* acknowledgements (and READ responses) crossing it are lost */
+	SV_FAULT_BLACKHOLE_TX = 6, /* what it sends is lost */
+	SV_FAULT_BLACKHOLE_RX = 7, /* what it receives is lost */
+	SV_FAULT_FATAL = 8,	   /* the device died: IBV_EVENT_DEVICE_FATAL, EIO */
+	SV_FAULT_JITTER = 9,	   /* each request is delayed by up to `arg` ms */
+	SV_FAULT_KINDS
 };
 
 /* The fabric's link layer (SOFTVERBS_LINK): InfiniBand (LIDs) or RoCE (GIDs, roce.c). */
@@ -62,7 +69,45 @@ enum sv_link {
 	SV_LINK_UP,
 	SV_LINK_DOWN,
 	SV_LINK_BLACKHOLE,
+	SV_LINK_BLACKHOLE_TX,
+	SV_LINK_BLACKHOLE_RX,
+	SV_LINK_ACKLOSS,
+	SV_LINK_DEAD,
 };
+
+/*
+ * What a link loses, by direction and kind of packet: requests (and the data of
+ * writes and sends) and acknowledgements (ACKs, NAKs and the data of READ responses).
+ * A request from NIC a to NIC b gets there unless a loses REQ_TX or b REQ_RX; its
+ * acknowledgement comes back unless b loses ACK_TX or a ACK_RX.
+ */
+#define SV_LOSE_REQ_TX 1u
+#define SV_LOSE_REQ_RX 2u
+#define SV_LOSE_ACK_TX 4u
+#define SV_LOSE_ACK_RX 8u
+#define SV_LOSE_ALL    15u
+
+static inline unsigned sv_link_loss(enum sv_link l)
+{
+	switch (l) {
+	case SV_LINK_UP:
+		return 0;
+	case SV_LINK_BLACKHOLE_TX:
+		return SV_LOSE_REQ_TX | SV_LOSE_ACK_TX;
+	case SV_LINK_BLACKHOLE_RX:
+		return SV_LOSE_REQ_RX | SV_LOSE_ACK_RX;
+	case SV_LINK_ACKLOSS:
+		return SV_LOSE_ACK_TX | SV_LOSE_ACK_RX;
+	default: /* down, black hole, dead */
+		return SV_LOSE_ALL;
+	}
+}
+
+/* Black holes lose packets without the port noticing: what was on the wire may land. */
+static inline bool sv_link_is_blackhole(enum sv_link l)
+{
+	return l == SV_LINK_BLACKHOLE || l == SV_LINK_BLACKHOLE_TX || l == SV_LINK_BLACKHOLE_RX;
+}
 
 struct sv_node {
 	_Atomic int used;
@@ -79,9 +124,12 @@ struct sv_nic {
 	uint16_t lid;
 	uint8_t rail; /* index of the NIC in its node: its RoCE subnet (roce.c) */
 	uint64_t guid;
-	_Atomic int fault;	     /* enum sv_fault */
-	_Atomic int fault_arg;	     /* flap period in ms, or slow rate in Gb/s */
-	_Atomic int64_t fault_ns;    /* when the fault was set (flap phase origin) */
+	_Atomic int fault;	  /* enum sv_fault */
+	_Atomic int fault_arg;	  /* flap period in ms, slow rate in Gb/s, or jitter in ms */
+	_Atomic int64_t fault_ns; /* when the fault was set (flap phase origin) */
+	_Atomic uint32_t
+	    fault_seq;		/* faults set so far: tells one black-hole moment from the next */
+	_Atomic uint32_t epoch; /* fatal faults so far: contexts opened before the last are dead */
 	_Atomic int64_t shape_ns[2]; /* when the wire is free again: [SV_TX], [SV_RX] */
 	_Atomic uint64_t tx_bytes, rx_bytes, tx_packets, rx_packets;
 	_Atomic uint64_t lossy_bytes; /* sent outside SOFTVERBS_LOSSLESS_TC (RoCE) */
@@ -122,6 +170,7 @@ struct sv_qp_slot {
 	 */
 	struct ibv_global_route grh;
 	_Atomic int grh_peer;
+	uint32_t epoch;	  /* its NIC's epoch when its context was opened */
 	int rcq;	  /* CQ slot of the receive CQ */
 	uint32_t rcq_id;  /* its id, checked before use */
 	int srq;	  /* SRQ slot its receives come from, -1: its own rq */
@@ -162,6 +211,9 @@ struct sv_cq_slot {
 	_Atomic bool armed;
 	_Atomic uint32_t events; /* counted, not yet taken by ibv_get_cq_event */
 	pthread_mutex_t lock;	 /* producers */
+	int nic; /* of its context: a dead device's CQs take no completions */
+	uint32_t epoch;
+	pthread_mutex_t lock; /* producers */
 	_Atomic uint64_t head, tail;
 	_Atomic uint64_t overruns;
 	struct ibv_wc ring[SV_CQ_CAP];
@@ -215,6 +267,9 @@ struct sv_config {
 	const char *faults;
 	struct sv_net net; /* what this process asks for; the fabric's first process decides */
 	bool net_set;	   /* one of SOFTVERBS_LINK/ROUTED/LOSSLESS_TC/MTU was set */
+	uint64_t seed; /* SOFTVERBS_SEED: what lands at a black hole, jitter delays */
+	uint64_t
+	    inflight; /* SOFTVERBS_INFLIGHT: bytes per QP on the wire when a black hole opens */
 };
 
 void sv_config_read(struct sv_config *cfg);
@@ -242,10 +297,15 @@ int sv_fabric_reap(struct sv_fabric *f);
 
 /* Faults. */
 int sv_fault_parse(const char *word, int *kind);
+bool sv_fault_takes_arg(int kind);
 void sv_fabric_set_fault(struct sv_fabric *f, int nic, int kind, int arg);
 int sv_fabric_schedule(struct sv_fabric *f, const char *spec);
 void sv_fabric_sched_apply(struct sv_fabric *f, int64_t now);
 enum sv_link sv_nic_link(struct sv_fabric *f, int nic, int64_t now);
+/* A context (or QP, CQ) opened at `epoch` on a NIC that has died since, or is dead now. */
+bool sv_nic_dead(struct sv_fabric *f, int nic, uint32_t epoch);
+/* Jitter of a NIC in ms, 0 = none. */
+int sv_nic_jitter(struct sv_fabric *f, int nic);
 /* Rate cap of a NIC in Gb/s for its sender, 0 = unshaped. */
 int sv_nic_rate(struct sv_fabric *f, int nic, bool shaping);
 enum sv_dir {
@@ -258,9 +318,12 @@ static inline int64_t sv_wire_time(uint64_t bytes, int gbps)
 	return (int64_t)(bytes * 8 / (uint64_t)gbps);
 }
 
-/* Reserves one direction of a NIC's link for `bytes`; returns when their last bit passed. */
+/*
+ * Reserves one direction of a NIC's link for `bytes`, from `from` or when the turns
+ * taken before end; returns when their last bit passed.
+ */
 int64_t sv_nic_reserve(struct sv_fabric *f, int nic, enum sv_dir dir, int gbps, uint64_t bytes,
-		       int64_t now);
+		       int64_t from);
 void sv_nic_account(struct sv_fabric *f, int from, int to, uint64_t bytes);
 const char *sv_fault_name(int kind);
 

@@ -32,12 +32,14 @@ struct sv_device {
 struct sv_ctx {
 	struct verbs_context vctx;
 	int nic;
+	uint32_t epoch; /* the NIC's when opened: a fatal fault since leaves it dead */
 	int ev_wfd;
 	pthread_mutex_t ev_lock;
 	struct ibv_async_event evq[SV_EVQ_CAP];
 	unsigned ev_head, ev_tail;
 	unsigned ev_unacked;
 	bool port_active; /* what the last port event told */
+	bool fatal_told;  /* IBV_EVENT_DEVICE_FATAL delivered: no port events after it */
 	struct sv_ctx *next;
 };
 
@@ -69,7 +71,7 @@ struct sv_srq {
 	struct sv_srq *next;
 };
 
-/* A send work request, copied at post time. */
+/* A send work request, copied at post time; executed in slices of up to SV_SLICE bytes. */
 struct sv_swr {
 	uint64_t wr_id;
 	int opcode;
@@ -81,10 +83,14 @@ struct sv_swr {
 	uint64_t len;
 	struct ibv_sge *sge; /* into sv_qp.sge_pool */
 	uint8_t *inl;	     /* into sv_qp.inl_pool when IBV_SEND_INLINE */
+	int64_t post_ns;     /* posted (black-hole moments and jitter count from it) */
 	int64_t first_ns;    /* first attempt (retry timeout origin) */
-	int64_t wire_ns;     /* shaping, local NIC: when the last bit has passed, 0 = none */
-	int64_t start_ns;    /* shaping, local NIC: when the first bit went out */
-	int64_t far_ns;	     /* shaping, remote NIC: the same, 0 = not reserved yet */
+	int64_t due_ns;	     /* jitter: not before, 0 = not drawn */
+	uint64_t done;	     /* bytes landed at the target */
+	uint64_t slice;	     /* bytes of the slice whose wire time is reserved, 0 = none */
+	int64_t wire_ns;  /* shaping, local NIC: when the slice's last bit has passed, 0 = none */
+	int64_t start_ns; /* shaping, local NIC: when its first bit went out */
+	int64_t far_ns;	  /* shaping, remote NIC: when its last bit has passed, 0 = none */
 };
 
 struct sv_engine;
@@ -93,8 +99,10 @@ struct sv_engine;
  * The send queue is a ring with one producer side and one consumer side: posting
  * threads append under post_lock and publish sq_tail; whoever holds `lock` (the NIC's
  * engine, or a posting thread running small requests, or the progress thread when
- * engines are off) executes from sq_head. `lock` also guards the state and attributes,
- * so modify_qp never races a request being executed.
+ * engines are off) executes from sq_exec and completes from sq_head: the requests in
+ * [sq_head, sq_exec) have landed at the target and wait for their acknowledgement.
+ * `lock` also guards the state and attributes, so modify_qp never races a request
+ * being executed.
  */
 struct sv_qp {
 	union {
@@ -124,6 +132,15 @@ struct sv_qp {
 	uint8_t *inl_pool;
 	_Atomic uint32_t sq_head; /* free-running; written under lock */
 	_Atomic uint32_t sq_tail; /* free-running; written under post_lock */
+	uint32_t sq_exec;	  /* next to land; under lock */
+	int nak;		  /* what the responder answered sq_exec, waiting to be heard */
+	int64_t progress_ns;	  /* last acknowledged progress (the retry timer restarts) */
+	int64_t jitter_ns;	  /* due time of the last jittered request (order) */
+	int64_t wire_ready;	  /* shaped: when its next slice may take the wire */
+	uint32_t bh_seq[2];	  /* black holes handled: fault_seq of the local, remote NIC */
+	uint64_t key;		  /* identity in seeded draws: node, NIC, creation order */
+	bool srq_held;		  /* sq_exec took the SRQ receive below and has not all landed */
+	struct sv_rwqe srq_wqe;
 	struct sv_engine *eng;	  /* executes this QP; NULL with SOFTVERBS_ENGINES=0 */
 	_Atomic bool ready;	  /* handed to the engine since it last looked */
 	int64_t eng_wake;	  /* engine only: when to run it again */
@@ -151,11 +168,15 @@ struct sv_process {
 	struct sv_srq *srqs;
 	uint32_t pd_base;
 	_Atomic uint32_t next_pd;
+	_Atomic uint32_t qps_made; /* QPs created by this process (their draw identity) */
 };
 
 extern struct sv_process sv_proc;
 
 int sv_init(void);
+struct sv_ctx *sv_ctx_of(struct ibv_context *context);
+/* The context's device died (IBV_EVENT_DEVICE_FATAL): its verbs fail with EIO. */
+bool sv_ctx_dead(struct ibv_context *context);
 void sv_thread_start(void);
 void sv_kick(void);
 void sv_ctx_push_event(struct sv_ctx *ctx, struct ibv_async_event *ev);

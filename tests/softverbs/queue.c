@@ -4,22 +4,31 @@
  * A send work request is copied into the QP's process-local send queue at post
  * time and executed in order by the engine of the QP's NIC: one thread per NIC of
  * this process, so that the NICs of a process move data in parallel, as hardware
- * does, and the posting thread (NCCL's single proxy thread) does not copy. Requests of
- * up to SV_POST_RUN bytes run at once in the posting thread when the engine is not
- * busy with that QP, which keeps small-message latency free of a thread hand-over.
- * With SOFTVERBS_ENGINES=0 everything runs in the posting thread, and what has to
- * wait (shaping, a missing receive, a path that does not answer) in this process's
- * progress thread. Executing a write checks the target's rkey in the shared MR table,
- * moves the bytes with process_vm_writev (memcpy within one process), then consumes
- * the target's posted receive and places its completion in the target's CQ ring in
- * shared memory: the target process need not run. No lock shared between processes
- * or NICs is held while bytes move.
+ * does, and the posting thread (NCCL's single proxy thread) does not copy. The
+ * engine serves its QPs round-robin, a slice (up to SV_SLICE bytes: one slice of a
+ * large request, or several small requests) per QP with work per round, so a QP
+ * never waits behind another's bulk; when the NIC is shaped, each slice takes its turn
+ * on the NIC's clock in shared memory, which interleaves the processes of a node that
+ * share the NIC the same way. Requests of up to SV_POST_RUN bytes run at once in the
+ * posting thread when the engine is not busy with that QP, which keeps small-message
+ * latency free of a thread hand-over. With SOFTVERBS_ENGINES=0 everything runs in the
+ * posting thread, and what has to wait (shaping, a missing receive, a path that does
+ * not answer) in this process's progress thread. Executing a write checks the
+ * target's rkey in the shared MR table, moves the bytes with process_vm_writev
+ * (memcpy within one process), then consumes the target's posted receive and places
+ * its completion in the target's CQ ring in shared memory: the target process need
+ * not run. No lock shared between processes or NICs is held while bytes move.
  *
- * A path that does not deliver (local or remote port down or black-holed, remote QP
- * gone or not ready, remote process dead) is retried until the QP's own transport
- * timeout, 4.096 us * 2^timeout * (retry_cnt + 1) * SOFTVERBS_TIME_SCALE, has
- * passed; then the request completes with IBV_WC_RETRY_EXC_ERR, the QP moves to
- * ERR and everything still queued (send and receive) is flushed.
+ * Landing and completing are two steps, as on a wire: a request lands when its
+ * request packets get to the responder, and completes when the acknowledgement comes
+ * back (fabric.h says which faults lose which). A path that does not answer (local or
+ * remote port down or black-holed, remote QP gone or not ready, remote process or
+ * device dead, acknowledgements lost) is retried until the QP's own transport timeout,
+ * 4.096 us * 2^timeout * (retry_cnt + 1) * SOFTVERBS_TIME_SCALE, has passed; then the
+ * oldest request completes with IBV_WC_RETRY_EXC_ERR, the QP moves to ERR and
+ * everything still queued (send and receive, landed or not) is flushed. A request
+ * that landed is never executed again: the retransmission of a WRITE_WITH_IMM whose
+ * acknowledgement was lost only gets the acknowledgement, it consumes no receive.
  */
 #include "tests/softverbs/internal.h"
 
@@ -36,19 +45,28 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#define SV_SMALL_WRITE 1024    /* copied 8 bytes at a time, in order */
+#define SV_SMALL_WRITE 1024    /* lands in address order, 8-byte word by word */
 #define SV_RETRY_POLL  1000000 /* ns between attempts on a silent path */
 #define SV_RNR_POLL    100000  /* ns between attempts while no receive is posted */
 #define SV_RNR_DELAY   1000000 /* ns per RNR retry when rnr_retry < 7 */
-#define SV_IDLE_TICK   2000000 /* ns: port events and scheduled faults */
+#define SV_IDLE_TICK   2000000 /* ns: port events, scheduled faults, faults seen by engines */
 #define SV_REAP_PERIOD 200000000
-#define SV_WAIT	       (-1)
 #define SV_NEVER       INT64_MAX
-#define SV_POST_RUN    65536	   /* bytes a posting thread executes itself, per call */
-#define SV_ENG_BUDGET  (16u << 20) /* bytes of one QP before its engine looks at the others */
-#define SV_ENG_SPIN    50000	   /* ns an engine that just worked polls before sleeping */
+#define SV_POST_RUN    65536 /* bytes a posting thread executes itself, per call */
+#define SV_SLICE       65536 /* bytes of one QP per round of its engine, and per turn on a link */
+#define SV_SOLO	       (1u << 20) /* per round when no other QP of the engine has work */
+#define SV_AHEAD       100000	  /* ns: a shaped slice due this soon lands now (a wake-up saved) */
+#define SV_LATE	       1000000000 /* ns of its turns on the wire a late engine may catch up */
+#define SV_ENG_SPIN    50000	  /* ns an engine that just worked polls before sleeping */
+#define SV_DRAW_JITTER 0x6a6974746572ull /* "jitter": what a jitter draw is for */
 
-static int64_t sv_qp_run(struct sv_qp *qp, int64_t now, uint64_t max_len, uint64_t budget);
+/* What executing a request gives besides 0 (done) and an ibv_wc_status for the requester. */
+#define SV_WAIT	  (-1) /* not yet: look again at *wake */
+#define SV_RNR	  (-2) /* the responder has no receive posted */
+#define SV_SILENT (-3) /* the responder does not answer */
+#define SV_MORE	  (-4) /* a slice landed, the rest of the request has not */
+
+static int64_t sv_qp_step(struct sv_qp *qp, int64_t now, uint64_t max_len, uint64_t budget);
 static struct sv_engine *sv_engine_get(int nic);
 static void sv_engine_add(struct sv_qp *qp);
 static void sv_engine_remove(struct sv_qp *qp);
@@ -76,6 +94,42 @@ static uint32_t sv_next_gen(struct sv_fabric *f, unsigned bits)
 	return g ? g : 1;
 }
 
+/*
+ * Seeded draws (what lands at a black hole, jitter delays): a pure function of
+ * SOFTVERBS_SEED, the QP's identity, what the draw is for and the request's index in
+ * its send queue, so that a program that does the same things draws the same.
+ */
+static uint64_t sv_mix(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+static uint64_t sv_draw(uint64_t key, uint64_t what, uint32_t idx)
+{
+	return sv_mix(sv_proc.cfg.seed ^ sv_mix(key ^ sv_mix(what ^ sv_mix(idx))));
+}
+
+static uint64_t sv_str_hash(const char *s)
+{
+	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+	return h;
+}
+
+/* A QP is known by its node, its NIC and how many QPs this process created before it. */
+static uint64_t sv_qp_key(int nic, uint32_t ordinal)
+{
+	struct sv_fabric *f = sv_proc.f;
+
+	return sv_mix(sv_str_hash(f->nodes[f->nics[nic].node].name) ^
+		      sv_mix(sv_str_hash(f->nics[nic].name) ^ sv_mix(ordinal)));
+}
+
 /* ---- completion queues ---- */
 
 SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
@@ -85,6 +139,10 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 	struct sv_cq *cq;
 	int i;
 
+	if (sv_ctx_dead(context)) {
+		errno = EIO;
+		return NULL;
+	}
 	if (cqe < 1 || cqe > SV_CQ_CAP) {
 		errno = EINVAL;
 		return NULL;
@@ -106,6 +164,8 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 	cq->s = &f->cqs[i];
 	cq->slot = i;
 	cq->s->pid = getpid();
+	cq->s->nic = sv_ctx_of(context)->nic;
+	cq->s->epoch = sv_ctx_of(context)->epoch;
 	sv_mutex_init_shared(&cq->s->lock);
 	atomic_store(&cq->s->head, 0);
 	atomic_store(&cq->s->tail, 0);
@@ -235,7 +295,8 @@ bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc 
 	bool ok = false;
 
 	sv_lock(&s->lock);
-	if (atomic_load(&s->id) != id)
+	/* A dead device writes no more completions, not even flush errors. */
+	if (atomic_load(&s->id) != id || sv_nic_dead(f, s->nic, s->epoch))
 		goto out;
 	tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
 	if (tail - atomic_load(&s->head) >= SV_CQ_CAP) {
@@ -282,6 +343,8 @@ SV_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
 {
 	struct sv_cq_slot *s = to_cq(ibcq)->s;
 
+	if (sv_ctx_dead(ibcq->context))
+		return EIO;
 	if (cqe < 1 || cqe > SV_CQ_CAP ||
 	    (uint64_t)cqe < atomic_load(&s->tail) - atomic_load(&s->head))
 		return EINVAL;
@@ -293,8 +356,13 @@ SV_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
 
 SV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
 {
-	struct ibv_comp_channel *ch = calloc(1, sizeof(*ch));
+	struct ibv_comp_channel *ch;
 
+	if (sv_ctx_dead(context)) {
+		errno = EIO;
+		return NULL;
+	}
+	ch = calloc(1, sizeof(*ch));
 	if (!ch) {
 		errno = ENOMEM;
 		return NULL;
@@ -324,6 +392,8 @@ int sv_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 {
 	struct sv_cq *cq = to_cq(ibcq);
 
+	if (sv_ctx_dead(ibcq->context))
+		return EIO;
 	if (!ibcq->channel)
 		return EINVAL;
 	atomic_store(&cq->s->armed, true);
@@ -382,6 +452,7 @@ SV_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 /* ---- queue pairs: create, modify, query, destroy ---- */
 
 static void sv_qpx_init(struct sv_qp *qp);
+static void sv_srq_release(struct sv_qp *qp);
 
 /* Creates an RC QP; `init` is updated with the capacities it got, as rdma-core does. */
 static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *init, bool qpx)
@@ -395,6 +466,10 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	uint32_t nsq, nsge;
 	int i, err = EINVAL;
 
+	if (sv_ctx_dead(pd->context)) {
+		errno = EIO;
+		return NULL;
+	}
 	if (init->qp_type != IBV_QPT_RC) {
 		errno = EOPNOTSUPP;
 		return NULL;
@@ -450,6 +525,7 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	s->pid = getpid();
 	s->nic = sv_ctx_nic(pd->context);
 	s->pd = spd->id;
+	s->epoch = sv_ctx_of(pd->context)->epoch;
 	atomic_store(&s->state, IBV_QPS_RESET);
 	atomic_store(&s->access, 0);
 	atomic_store(&s->dest_qpn, 0);
@@ -468,6 +544,7 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 
 	qp->slot = i;
 	qp->s = s;
+	qp->key = sv_qp_key(s->nic, atomic_fetch_add(&sv_proc.qps_made, 1));
 	qp->attr.qp_state = IBV_QPS_RESET;
 	qp->qp.context = pd->context;
 	qp->qp.qp_context = init->qp_context;
@@ -649,13 +726,19 @@ static void sv_rq_flush(struct sv_qp *qp)
 	pthread_mutex_unlock(&s->rq_lock);
 }
 
-/* Under qp->lock: completes everything queued with a flush error. */
+/*
+ * Under qp->lock: completes everything queued with a flush error, what landed without
+ * its acknowledgement too (the requester cannot know it landed).
+ */
 static void sv_qp_flush(struct sv_qp *qp)
 {
 	uint32_t head = atomic_load_explicit(&qp->sq_head, memory_order_relaxed);
 
 	for (; head != atomic_load_explicit(&qp->sq_tail, memory_order_acquire); head++)
 		sv_sq_retire(qp, head, IBV_WC_WR_FLUSH_ERR);
+	qp->sq_exec = head;
+	qp->nak = 0;
+	sv_srq_release(qp);
 	sv_rq_flush(qp);
 }
 
@@ -675,6 +758,15 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	pthread_mutex_lock(&qp->lock);
 	cur = qp->attr.qp_state;
 	next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+	if (sv_ctx_dead(ibqp->context)) {
+		/* As mlx5 after an internal error: ERR and RESET "succeed", nothing is flushed. */
+		rc = EIO;
+		if ((mask & IBV_QP_STATE) && (next == IBV_QPS_ERR || next == IBV_QPS_RESET)) {
+			sv_qp_set_state(qp, next);
+			rc = 0;
+		}
+		goto out;
+	}
 	if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur)
 		goto out;
 	if (!sv_modify_ok(cur, next, mask))
@@ -735,7 +827,10 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		qp->attr.rnr_retry = attr->rnr_retry;
 	if (mask & IBV_QP_STATE) {
 		if (next == IBV_QPS_RESET) {
-			atomic_store(&qp->sq_head, atomic_load(&qp->sq_tail));
+			sv_srq_release(qp);
+			qp->sq_exec = atomic_load(&qp->sq_tail);
+			qp->nak = 0;
+			atomic_store(&qp->sq_head, qp->sq_exec);
 			sv_lock(&qp->s->rq_lock);
 			qp->s->rq_head = qp->s->rq_tail;
 			pthread_mutex_unlock(&qp->s->rq_lock);
@@ -755,6 +850,8 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int ma
 {
 	struct sv_qp *qp = to_qp(ibqp);
 
+	if (sv_ctx_dead(ibqp->context))
+		return EIO;
 	pthread_mutex_lock(&qp->lock);
 	*attr = qp->attr;
 	attr->cur_qp_state = qp->attr.qp_state;
@@ -786,6 +883,7 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	if (qp->eng)
 		sv_engine_remove(qp);
 	pthread_mutex_lock(&qp->lock);
+	sv_srq_release(qp);
 	atomic_store(&qp->s->state, IBV_QPS_ERR);
 	atomic_store(&qp->s->qpn, 0);
 	pthread_mutex_unlock(&qp->lock);
@@ -811,6 +909,10 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr
 	struct sv_qp_slot *s = qp->s;
 	int rc = 0;
 
+	if (sv_nic_dead(sv_proc.f, s->nic, s->epoch)) {
+		*bad_wr = wr;
+		return EIO;
+	}
 	/* A QP on an SRQ has no receive queue of its own. */
 	if (atomic_load(&s->state) == IBV_QPS_RESET || ibqp->srq) {
 		*bad_wr = wr;
@@ -844,30 +946,26 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr
 }
 
 /*
- * Under post_lock, for a request about to be published: a shaped request takes its
- * turn on the wire when posted, as a NIC queues it, so the rate does not depend on how
- * soon this process runs.
+ * Under post_lock, for a request about to be published at `now`: nothing of it has
+ * landed or taken the wire yet (shaping takes its turns slice by slice as it lands).
  */
-static void sv_swr_queue(struct sv_qp *qp, struct sv_swr *w, int st, int rate)
+static void sv_swr_queue(struct sv_swr *w, int64_t now)
 {
+	w->post_ns = now;
 	w->first_ns = 0;
-	w->wire_ns = rate && w->len && st == IBV_QPS_RTS
-			 ? sv_nic_reserve(sv_proc.f, qp->s->nic,
-					  w->opcode == IBV_WR_RDMA_READ ? SV_RX : SV_TX, rate,
-					  w->len, sv_now_ns())
-			 : 0;
-	w->start_ns = w->wire_ns ? w->wire_ns - sv_wire_time(w->len, rate) : 0;
-	w->far_ns = 0;
+	w->due_ns = 0;
+	w->done = 0;
+	w->slice = 0;
 }
 
 /* After publishing: small requests go at once unless the engine is running this QP. */
-static void sv_sq_kick(struct sv_qp *qp)
+static void sv_sq_kick(struct sv_qp *qp, int64_t now)
 {
 	int64_t wake = 0;
 
 	if (qp->eng) {
 		if (pthread_mutex_trylock(&qp->lock) == 0) {
-			wake = sv_qp_run(qp, sv_now_ns(), SV_POST_RUN, SV_POST_RUN);
+			wake = sv_qp_step(qp, now, SV_POST_RUN, SV_POST_RUN);
 			pthread_mutex_unlock(&qp->lock);
 		}
 		if (wake != SV_NEVER)
@@ -875,7 +973,7 @@ static void sv_sq_kick(struct sv_qp *qp)
 		return;
 	}
 	pthread_mutex_lock(&qp->lock);
-	wake = sv_qp_run(qp, sv_now_ns(), UINT64_MAX, UINT64_MAX);
+	wake = sv_qp_step(qp, now, UINT64_MAX, UINT64_MAX);
 	pthread_mutex_unlock(&qp->lock);
 	if (wake != SV_NEVER)
 		sv_kick();
@@ -892,16 +990,20 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 {
 	struct sv_qp *qp = to_qp(ibqp);
 	int st = atomic_load(&qp->s->state);
+	int64_t now = sv_now_ns();
 	uint32_t tail;
-	int rc = 0, rate;
+	int rc = 0;
 
+	if (sv_nic_dead(sv_proc.f, qp->s->nic, qp->s->epoch)) {
+		*bad_wr = wr;
+		return EIO;
+	}
 	if (st != IBV_QPS_RTS && st != IBV_QPS_ERR) {
 		*bad_wr = wr;
 		return EINVAL;
 	}
 	pthread_mutex_lock(&qp->post_lock);
 	tail = atomic_load_explicit(&qp->sq_tail, memory_order_relaxed);
-	rate = sv_nic_rate(sv_proc.f, qp->s->nic, sv_proc.cfg.shaping);
 	for (; wr; wr = wr->next) {
 		struct sv_swr *w;
 		uint64_t len = 0;
@@ -936,7 +1038,7 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 		w->rkey = wr->wr.rdma.rkey;
 		w->nsge = (uint32_t)wr->num_sge;
 		w->len = len;
-		sv_swr_queue(qp, w, st, rate);
+		sv_swr_queue(w, now);
 		if (wr->send_flags & IBV_SEND_INLINE) {
 			uint8_t *p = w->inl;
 
@@ -955,7 +1057,7 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 	pthread_mutex_unlock(&qp->post_lock);
 	if (rc)
 		*bad_wr = wr;
-	sv_sq_kick(qp);
+	sv_sq_kick(qp, now);
 	return rc;
 }
 
@@ -1105,21 +1207,24 @@ static void sv_wr_set_inline_data(struct ibv_qp_ex *qpx, void *addr, size_t leng
 static int sv_wr_complete(struct ibv_qp_ex *qpx)
 {
 	struct sv_qp *qp = qpx_to_qp(qpx);
-	int st = atomic_load(&qp->s->state), rc = qp->wr_err, rate;
+	int st = atomic_load(&qp->s->state), rc = qp->wr_err;
+	int64_t now = sv_now_ns();
 
+	/* A dead device refuses them, as ibv_post_send does. */
+	if (sv_nic_dead(sv_proc.f, qp->s->nic, qp->s->epoch))
+		rc = EIO;
 	if (!rc && st != IBV_QPS_RTS && st != IBV_QPS_ERR)
 		rc = EINVAL;
 	if (!rc) {
-		rate = sv_nic_rate(sv_proc.f, qp->s->nic, sv_proc.cfg.shaping);
 		for (uint32_t t = atomic_load_explicit(&qp->sq_tail, memory_order_relaxed);
 		     t != qp->wr_tail; t++)
-			sv_swr_queue(qp, &qp->sq[t % qp->cap.max_send_wr], st, rate);
+			sv_swr_queue(&qp->sq[t % qp->cap.max_send_wr], now);
 		atomic_store_explicit(&qp->sq_tail, qp->wr_tail, memory_order_release);
 	}
 	qp->wr_cur = NULL;
 	pthread_mutex_unlock(&qp->post_lock);
 	if (!rc)
-		sv_sq_kick(qp);
+		sv_sq_kick(qp, now);
 	return rc;
 }
 
@@ -1179,15 +1284,77 @@ static void sv_ordered_copy(void *dst, const void *src, size_t n, bool small)
 		*d++ = *s++;
 }
 
+/* The bytes [off, off + len) of an iovec list, as iovecs (none of length 0) into `out`. */
+static int sv_iov_range(const struct iovec *iov, int n, uint64_t off, uint64_t len,
+			struct iovec *out)
+{
+	int k = 0;
+
+	for (int i = 0; i < n && len; i++) {
+		uint64_t l = iov[i].iov_len;
+
+		if (off >= l) {
+			off -= l;
+			continue;
+		}
+		out[k].iov_base = (char *)iov[i].iov_base + off;
+		out[k].iov_len = l - off < len ? l - off : len;
+		len -= out[k].iov_len;
+		off = 0;
+		k++;
+	}
+	return k;
+}
+
+/*
+ * Cuts the local side of a small write so that no piece crosses an aligned 8-byte
+ * word of the target. process_vm_writev pins the target's pages once per target
+ * iovec and copies the local pieces into them one after the other, each a copy of
+ * its own, so the target's words land whole and in address order (NCCL's FIFO
+ * entries: `idx` at offset 40 after bytes 0-39) for about 1.6 times the cost of one
+ * copy; cutting the target side instead costs a page pin per word (40 times).
+ */
+static int sv_split_local(const struct iovec *liov, const struct iovec *riov, int nr,
+			  struct iovec *out)
+{
+	size_t lo = 0;
+	int k = 0, li = 0;
+
+	for (int ri = 0; ri < nr; ri++) {
+		uintptr_t ra = (uintptr_t)riov[ri].iov_base;
+		size_t rl = riov[ri].iov_len;
+
+		while (rl) {
+			size_t piece = 8 - ra % 8;
+
+			if (piece > rl)
+				piece = rl;
+			if (piece > liov[li].iov_len - lo)
+				piece = liov[li].iov_len - lo;
+			out[k].iov_base = (char *)liov[li].iov_base + lo;
+			out[k].iov_len = piece;
+			k++;
+			ra += piece;
+			rl -= piece;
+			lo += piece;
+			if (lo == liov[li].iov_len) {
+				li++;
+				lo = 0;
+			}
+		}
+	}
+	return k;
+}
+
 /*
  * Moves `len` bytes between local iovecs and iovecs of process `pid`: to it when
- * `write`, from it otherwise. Returns 0, -ESRCH (the process is gone) or -EFAULT.
+ * `write`, from it otherwise; `small` writes land in order, word by word. Returns 0,
+ * -ESRCH (the process is gone) or -EFAULT.
  */
 static int sv_xfer(int pid, bool write, struct iovec *liov, int nl, struct iovec *riov, int nr,
-		   uint64_t len)
+		   uint64_t len, bool small)
 {
-	bool small = len <= SV_SMALL_WRITE;
-	struct iovec split[SV_SMALL_WRITE / 8];
+	struct iovec split[SV_SMALL_WRITE / 8 + SV_MAX_SEND_SGE + SV_RQ_SGE + 2];
 	ssize_t n;
 
 	if (len == 0)
@@ -1223,15 +1390,9 @@ static int sv_xfer(int pid, bool write, struct iovec *liov, int nl, struct iovec
 		}
 		return 0;
 	}
-	/* The kernel copies iovec by iovec: 8-byte pieces land in order, untorn. */
-	if (write && small && nr == 1 && (uintptr_t)riov[0].iov_base % 8 == 0) {
-		nr = 0;
-		for (uint64_t off = 0; off < len; off += 8) {
-			split[nr].iov_base = (char *)riov[0].iov_base + off;
-			split[nr].iov_len = len - off < 8 ? len - off : 8;
-			nr++;
-		}
-		riov = split;
+	if (write && small) {
+		nl = sv_split_local(liov, riov, nr, split);
+		liov = split;
 	}
 	n = write ? process_vm_writev(pid, liov, (unsigned long)nl, riov, (unsigned long)nr, 0)
 		  : process_vm_readv(pid, liov, (unsigned long)nl, riov, (unsigned long)nr, 0);
@@ -1282,56 +1443,75 @@ static bool sv_remote_addr(struct sv_qp_slot *t, uint32_t rkey, uint64_t raddr, 
 	return true;
 }
 
-/* The remote QP if the path to it delivers right now, NULL if it does not answer. */
-static struct sv_qp_slot *sv_path(struct sv_qp *qp, int64_t now)
+/* What the path of a QP does right now, seen from the requester. */
+struct sv_pathv {
+	struct sv_qp_slot *t; /* the responder QP; NULL when there is none that could answer */
+	bool req;	      /* requests get there */
+	bool ack;	      /* acknowledgements and READ responses come back */
+	int jitter;	      /* ms, 0 = none */
+	int bh_side;	      /* a black hole just opened: on the local (0) or remote (1) NIC */
+	uint32_t bh_seq;      /* its fault_seq */
+	int64_t bh_ns;	      /* and when */
+};
+
+static void sv_path_view(struct sv_qp *qp, int64_t now, struct sv_pathv *pv)
 {
 	struct sv_fabric *f = sv_proc.f;
 	uint32_t dqpn = qp->attr.dest_qp_num;
 	struct sv_qp_slot *t = &f->qps[dqpn & (SV_MAX_QPS - 1)];
-	int st;
+	int nic[2] = {qp->s->nic, t->nic}, st, jit;
+	enum sv_link l[2];
+	unsigned loss[2], lost_req[2] = {SV_LOSE_REQ_TX, SV_LOSE_REQ_RX};
 
-	if (sv_nic_link(f, qp->s->nic, now) != SV_LINK_UP)
-		return NULL;
+	memset(pv, 0, sizeof(*pv));
+	pv->bh_side = -1;
 	if (!dqpn || atomic_load(&t->qpn) != dqpn)
-		return NULL;
-	if (sv_nic_link(f, t->nic, now) != SV_LINK_UP)
-		return NULL;
+		return;
+	st = atomic_load(&t->state);
+	if ((st != IBV_QPS_RTR && st != IBV_QPS_RTS) || sv_nic_dead(f, t->nic, t->epoch))
+		return;
 	/*
 	 * IB: the dlid names the target's NIC. RoCE: our GRH reaches it and its GRH
-	 * reaches us (the acknowledgements and read responses travel by it).
+	 * reaches us (the acknowledgements and read responses travel by it); a GRH that
+	 * leads elsewhere is silence both ways.
 	 */
 	if (f->net.link == SV_LL_ROCE
 		? atomic_load(&qp->s->grh_peer) != t->nic || atomic_load(&t->grh_peer) != qp->s->nic
 		: f->nics[t->nic].lid != qp->attr.ah_attr.dlid)
-		return NULL;
-	st = atomic_load(&t->state);
-	if ((st != IBV_QPS_RTR && st != IBV_QPS_RTS) || !sv_pid_alive(t->pid))
-		return NULL;
-	return t;
+		return;
+	pv->t = t;
+	for (int i = 0; i < 2; i++) {
+		l[i] = sv_nic_link(f, nic[i], now);
+		loss[i] = sv_link_loss(l[i]);
+	}
+	pv->req = !(loss[0] & SV_LOSE_REQ_TX) && !(loss[1] & SV_LOSE_REQ_RX);
+	pv->ack = !(loss[1] & SV_LOSE_ACK_TX) && !(loss[0] & SV_LOSE_ACK_RX);
+	pv->jitter = sv_nic_jitter(f, nic[0]);
+	jit = sv_nic_jitter(f, nic[1]);
+	if (jit > pv->jitter)
+		pv->jitter = jit;
+	for (int i = 0; i < 2; i++) {
+		uint32_t seq;
+
+		if (!sv_link_is_blackhole(l[i]) || !(loss[i] & lost_req[i]))
+			continue;
+		seq = atomic_load(&f->nics[nic[i]].fault_seq);
+		if (seq == qp->bh_seq[i])
+			continue;
+		qp->bh_seq[i] = seq;
+		pv->bh_side = i;
+		pv->bh_seq = seq;
+		pv->bh_ns = atomic_load(&f->nics[nic[i]].fault_ns);
+	}
 }
 
 static int64_t sv_retry_deadline(struct sv_qp *qp, struct sv_swr *w)
 {
 	double ns = 4096.0 * (double)(1ull << qp->attr.timeout) * (qp->attr.retry_cnt + 1) *
 		    sv_proc.cfg.time_scale;
+	int64_t from = w->first_ns > qp->progress_ns ? w->first_ns : qp->progress_ns;
 
-	return w->first_ns + (int64_t)ns;
-}
-
-/* Path silent: keep retrying until the transport timeout, then RETRY_EXC_ERR. */
-static int sv_silent(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wake)
-{
-	int64_t deadline;
-
-	if (qp->attr.timeout == 0) { /* 0 = infinite, per the IB spec */
-		*wake = now + SV_RETRY_POLL;
-		return SV_WAIT;
-	}
-	deadline = sv_retry_deadline(qp, w);
-	if (now >= deadline)
-		return IBV_WC_RETRY_EXC_ERR;
-	*wake = deadline < now + SV_RETRY_POLL ? deadline : now + SV_RETRY_POLL;
-	return SV_WAIT;
+	return from + (int64_t)ns;
 }
 
 /* Receiver not ready: rnr_retry 7 waits forever, otherwise gives up after the retries. */
@@ -1361,8 +1541,10 @@ static void sv_rq_consume(struct sv_qp_slot *t, uint32_t idx, const struct ibv_w
 
 /*
  * The receive a SEND or WRITE_WITH_IMM consumes: peeked at in the target QP's own
- * queue (and consumed when it completes), or taken from its SRQ, which other
- * requesters take from too (then it completes, in error if the request fails).
+ * queue at each slice (and consumed when the last one lands), or taken from its SRQ,
+ * which other requesters take from too: then at the first slice, under the SRQ's lock,
+ * and held by the requester QP until the last one completes it; a request that fails
+ * after taking it completes it in error.
  */
 struct sv_recv {
 	struct sv_rwqe wqe;
@@ -1371,14 +1553,18 @@ struct sv_recv {
 	uint32_t pd; /* the PD of its lkeys: the QP's, or the SRQ's */
 };
 
-static bool sv_recv_get(struct sv_qp_slot *t, struct sv_recv *r)
+static bool sv_recv_get(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *r)
 {
 	bool got;
 
 	if (t->srq >= 0) {
 		r->srq = true;
 		r->pd = sv_proc.f->srqs[t->srq].pd;
-		return sv_srq_take(sv_proc.f, t->srq, t->srq_id, &r->wqe);
+		if (!qp->srq_held && !sv_srq_take(sv_proc.f, t->srq, t->srq_id, &qp->srq_wqe))
+			return false;
+		qp->srq_held = true;
+		r->wqe = qp->srq_wqe;
+		return true;
 	}
 	r->srq = false;
 	r->pd = t->pd;
@@ -1391,84 +1577,86 @@ static bool sv_recv_get(struct sv_qp_slot *t, struct sv_recv *r)
 	return got;
 }
 
-static void sv_recv_done(struct sv_qp_slot *t, struct sv_recv *r, const struct ibv_wc *wc)
+static void sv_recv_done(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *r,
+			 const struct ibv_wc *wc)
 {
-	if (r->srq)
+	if (r->srq) {
+		qp->srq_held = false;
 		sv_cq_push(sv_proc.f, t->rcq, t->rcq_id, wc);
-	else
+	} else {
 		sv_rq_consume(t, r->idx, wc);
+	}
 }
 
 /* A request that failed after taking an SRQ receive: the receive completes in error. */
-static int sv_recv_fail(struct sv_qp_slot *t, struct sv_recv *r, int recv_status, int status)
+static int sv_recv_fail(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *r,
+			int recv_status, int status)
 {
 	struct ibv_wc wc;
 
 	if (r->srq) {
 		sv_wc_fill(&wc, r->wqe.wr_id, recv_status, IBV_WC_RECV, 0, atomic_load(&t->qpn));
-		sv_recv_done(t, r, &wc);
+		sv_recv_done(qp, t, r, &wc);
 	}
 	return status;
 }
 
 /*
- * Executes the WR at the head of the send queue. Returns 0 when done, SV_WAIT with
- * *wake set, or an ibv_wc_status for the requester.
+ * Under qp->lock: the request holding an SRQ receive will not land the rest (flushed,
+ * reset, destroyed). The receive, which may hold part of its data, completes with a
+ * flush error at the responder, unless that QP is gone (its receives went with it).
  */
-static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wake)
+static void sv_srq_release(struct sv_qp *qp)
+{
+	struct sv_fabric *f = sv_proc.f;
+	uint32_t dqpn = qp->attr.dest_qp_num;
+	struct sv_qp_slot *t = &f->qps[dqpn & (SV_MAX_QPS - 1)];
+	struct ibv_wc wc;
+
+	if (!qp->srq_held)
+		return;
+	qp->srq_held = false;
+	if (!dqpn || atomic_load(&t->qpn) != dqpn)
+		return;
+	sv_wc_fill(&wc, qp->srq_wqe.wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0, dqpn);
+	sv_cq_push(f, t->rcq, t->rcq_id, &wc);
+}
+
+/*
+ * Lands the bytes [w->done, w->done + n) of `w` at the responder `t`; with `last`,
+ * the request's receive is then consumed and completed. Checks are those of the whole
+ * request. Returns 0, SV_RNR, SV_SILENT or the requester's error status.
+ */
+static int sv_deliver(struct sv_qp *qp, struct sv_swr *w, struct sv_qp_slot *t, uint64_t n,
+		      bool last)
 {
 	struct sv_fabric *f = sv_proc.f;
 	struct iovec liov[SV_MAX_SEND_SGE], riov[SV_RQ_SGE];
-	struct sv_qp_slot *t = sv_path(qp, now);
-	struct sv_recv rcv = {0};
+	struct iovec lpart[SV_MAX_SEND_SGE], rpart[SV_RQ_SGE];
+	bool read = w->opcode == IBV_WR_RDMA_READ;
 	bool needs_recv = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w->opcode == IBV_WR_SEND ||
 			  w->opcode == IBV_WR_SEND_WITH_IMM;
+	struct sv_recv rcv = {0};
 	uint64_t addr = 0, cap = 0;
-	bool read = w->opcode == IBV_WR_RDMA_READ;
-	int nl = (int)w->nsge, nr = 1, rate, rc;
+	int nl = (int)w->nsge, nr = 1, rc;
 	struct ibv_wc wc;
 
-	if (!t)
-		return sv_silent(qp, w, now, wake);
-	/*
-	 * Both ends' links limit the transfer: the local one was reserved at post time
-	 * (unless the NIC turned slow since), the remote one is reserved here, once.
-	 */
-	rate = sv_nic_rate(f, qp->s->nic, sv_proc.cfg.shaping);
-	if (rate && w->len && !w->wire_ns) {
-		w->wire_ns = sv_nic_reserve(f, qp->s->nic, read ? SV_RX : SV_TX, rate, w->len, now);
-		w->start_ns = w->wire_ns - sv_wire_time(w->len, rate);
-	}
-	/*
-	 * The bytes cross the remote link while they cross the local one: when this
-	 * thread gets here late (it was copying the previous request), the turn is taken
-	 * from when they started out, or the copy time would be lost on every request.
-	 * Never from the future: the link's clock is shared and takes turns in order.
-	 */
-	rate = sv_nic_rate(f, t->nic, sv_proc.cfg.shaping);
-	if (rate && w->len && !w->far_ns)
-		w->far_ns = sv_nic_reserve(f, t->nic, read ? SV_TX : SV_RX, rate, w->len,
-					   w->wire_ns && w->start_ns < now ? w->start_ns : now);
-	if (w->wire_ns > now || w->far_ns > now) {
-		*wake = w->wire_ns > w->far_ns ? w->wire_ns : w->far_ns;
-		return SV_WAIT;
-	}
 	if (w->flags & IBV_SEND_INLINE) {
 		liov[0].iov_base = w->inl;
 		liov[0].iov_len = w->len;
 		nl = 1;
-	} else if (!sv_local_iov(qp, w, liov, w->opcode == IBV_WR_RDMA_READ)) {
+	} else if (!sv_local_iov(qp, w, liov, read)) {
 		return IBV_WC_LOC_PROT_ERR;
 	}
-	if (needs_recv && !sv_recv_get(t, &rcv))
-		return sv_rnr(qp, w, now, wake);
+	if (needs_recv && !sv_recv_get(qp, t, &rcv))
+		return SV_RNR;
 	switch (w->opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 		/* A zero-length write carries no address: the rkey is not checked. */
 		if (w->len &&
 		    !sv_remote_addr(t, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE, &addr))
-			return sv_recv_fail(t, &rcv, IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_ACCESS_ERR);
+			return sv_recv_fail(qp, t, &rcv, IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_ACCESS_ERR);
 		riov[0].iov_base = (void *)(uintptr_t)addr;
 		riov[0].iov_len = w->len;
 		break;
@@ -1487,7 +1675,7 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 			if (!m || m->pid != t->pid || m->pd != rcv.pd ||
 			    !(m->access & IBV_ACCESS_LOCAL_WRITE) || g->addr < m->iova ||
 			    g->addr - m->iova + g->length > m->len)
-				return sv_recv_fail(t, &rcv, IBV_WC_LOC_PROT_ERR,
+				return sv_recv_fail(qp, t, &rcv, IBV_WC_LOC_PROT_ERR,
 						    IBV_WC_REM_OP_ERR);
 			riov[nr].iov_base = (void *)(uintptr_t)(m->addr + (g->addr - m->iova));
 			riov[nr].iov_len = g->length;
@@ -1497,25 +1685,30 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 		if (cap < w->len) {
 			sv_wc_fill(&wc, rcv.wqe.wr_id, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0,
 				   atomic_load(&t->qpn));
-			sv_recv_done(t, &rcv, &wc);
+			sv_recv_done(qp, t, &rcv, &wc);
 			return IBV_WC_REM_INV_REQ_ERR;
 		}
 		break;
 	}
-	rc = sv_xfer(t->pid, w->opcode != IBV_WR_RDMA_READ, liov, nl, riov, nr, w->len);
+	/* Nothing to copy finds out whether the responder is alive: ask. */
+	if (n == 0 && t->pid != getpid() && !sv_pid_alive(t->pid))
+		return SV_SILENT;
+	nl = sv_iov_range(liov, nl, w->done, n, lpart);
+	nr = sv_iov_range(riov, nr, w->done, n, rpart);
+	rc = sv_xfer(t->pid, !read, lpart, nl, rpart, nr, n, w->len <= SV_SMALL_WRITE);
 	if (rc == -ESRCH)
-		return sv_silent(qp, w, now, wake);
+		return SV_SILENT;
 	if (rc)
-		return sv_recv_fail(t, &rcv, IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_ACCESS_ERR);
+		return sv_recv_fail(qp, t, &rcv, IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_ACCESS_ERR);
 	/* A read response travels in the responder's traffic class. */
-	if (w->opcode == IBV_WR_RDMA_READ) {
-		sv_nic_account(f, t->nic, qp->s->nic, w->len);
-		sv_nic_account_class(f, t->nic, t->grh.traffic_class, w->len);
+	if (read) {
+		sv_nic_account(f, t->nic, qp->s->nic, n);
+		sv_nic_account_class(f, t->nic, t->grh.traffic_class, n);
 	} else {
-		sv_nic_account(f, qp->s->nic, t->nic, w->len);
-		sv_nic_account_class(f, qp->s->nic, qp->attr.ah_attr.grh.traffic_class, w->len);
+		sv_nic_account(f, qp->s->nic, t->nic, n);
+		sv_nic_account_class(f, qp->s->nic, qp->attr.ah_attr.grh.traffic_class, n);
 	}
-	if (needs_recv) {
+	if (last && needs_recv) {
 		sv_wc_fill(&wc, rcv.wqe.wr_id, IBV_WC_SUCCESS,
 			   w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM
 								   : IBV_WC_RECV,
@@ -1526,49 +1719,277 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 		}
 		wc.src_qp = qp->qp.qp_num;
 		wc.slid = f->nics[qp->s->nic].lid;
-		sv_recv_done(t, &rcv, &wc);
+		sv_recv_done(qp, t, &rcv, &wc);
 	}
 	return 0;
 }
 
 /*
- * Under qp->lock: runs the send queue as far as it goes, stopping (and returning
- * `now`) before a request longer than `max_len` or once `budget` bytes went; returns
- * SV_NEVER when the queue is empty, otherwise when to look again.
+ * Lands what is due of `w`, in one copy of up to `max` bytes (at least one slice):
+ * unshaped, that is everything; shaped, each slice (SV_SLICE bytes) first takes its
+ * turn on both links and is due once its last bit has passed both. Each QP holds at
+ * most one turn that is not due yet, so the QPs sharing a link alternate on it slice
+ * by slice, while the copies stay large. The local turn starts where the QP's
+ * previous one ended, or when the request was posted (or its jitter let it go),
+ * whichever is later: an engine that gets the CPU late (by up to SV_LATE) does not lose
+ * link time, as a NIC would not. The remote turn starts when the first bit left the
+ * local link, or now if that is later (never from the future: a link's clock takes
+ * turns in order). Returns 0 when the request is all there, SV_MORE, SV_WAIT (*wake
+ * set), SV_RNR, SV_SILENT or an error status.
  */
-static int64_t sv_qp_run(struct sv_qp *qp, int64_t now, uint64_t max_len, uint64_t budget)
+static int sv_land(struct sv_qp *qp, struct sv_swr *w, struct sv_qp_slot *t, int64_t now,
+		   uint64_t max, int64_t *wake)
 {
-	int64_t wake = SV_NEVER;
-	uint64_t done = 0;
-	uint32_t head;
+	struct sv_fabric *f = sv_proc.f;
+	bool read = w->opcode == IBV_WR_RDMA_READ;
+	int rate_l = sv_nic_rate(f, qp->s->nic, sv_proc.cfg.shaping);
+	int rate_r = sv_nic_rate(f, t->nic, sv_proc.cfg.shaping);
+	uint64_t n = 0, left = w->len - w->done;
+	int rc;
 
-	while ((head = atomic_load_explicit(&qp->sq_head, memory_order_relaxed)) !=
-	       atomic_load_explicit(&qp->sq_tail, memory_order_acquire)) {
-		struct sv_swr *w = &qp->sq[head % qp->cap.max_send_wr];
-		int rc;
+	while (n < left && (n == 0 || n + SV_SLICE <= max)) {
+		uint64_t turn = left - n < SV_SLICE ? left - n : SV_SLICE;
+		int64_t due;
 
-		if (qp->attr.qp_state == IBV_QPS_ERR) {
-			sv_qp_flush(qp);
-			break;
+		if ((rate_l || rate_r) && !w->slice) {
+			int64_t from = qp->wire_ready;
+
+			if (from < w->post_ns)
+				from = w->post_ns;
+			if (from < w->due_ns)
+				from = w->due_ns;
+			if (from < now - SV_LATE)
+				from = now - SV_LATE;
+			w->wire_ns = rate_l ? sv_nic_reserve(f, qp->s->nic, read ? SV_RX : SV_TX,
+							     rate_l, turn, from)
+					    : 0;
+			w->start_ns = rate_l ? w->wire_ns - sv_wire_time(turn, rate_l) : from;
+			w->far_ns =
+			    rate_r ? sv_nic_reserve(f, t->nic, read ? SV_TX : SV_RX, rate_r, turn,
+						    w->start_ns < now ? w->start_ns : now)
+				   : 0;
+			w->slice = turn;
 		}
-		if (w->len > max_len || done >= budget)
-			return now;
+		if (w->slice) {
+			due = w->wire_ns > w->far_ns ? w->wire_ns : w->far_ns;
+			if (due > now + SV_AHEAD) {
+				*wake = due;
+				break;
+			}
+			qp->wire_ready = due;
+			w->slice = 0;
+		}
+		n += turn;
+	}
+	if (n == 0 && left)
+		return SV_WAIT;
+	rc = sv_deliver(qp, w, t, n, n == left);
+	if (rc)
+		return rc;
+	w->done += n;
+	return w->done == w->len ? 0 : SV_MORE;
+}
+
+/*
+ * A black hole just opened on the path. What was on the wire then (requests posted
+ * before it, up to SOFTVERBS_INFLIGHT bytes counted from the head of the send queue)
+ * may still land, in order: each request is drawn from the seed to land whole
+ * (1 in 2), land in part (1 in 4: its first packets of path_mtu bytes, when it has more
+ * than one), or be lost (1 in 4). Nothing behind a request that did not land whole
+ * gets there, nor behind a READ (its response would have to come back through the
+ * hole). What landed waits for acknowledgements that do not come.
+ */
+static void sv_inflight(struct sv_qp *qp, const struct sv_pathv *pv, int64_t now)
+{
+	uint64_t mtu = 128ull << qp->attr.path_mtu, from_head = 0;
+	uint64_t what = (uint64_t)pv->bh_side << 32 | pv->bh_seq;
+	uint32_t tail = atomic_load_explicit(&qp->sq_tail, memory_order_acquire);
+
+	for (uint32_t i = atomic_load_explicit(&qp->sq_head, memory_order_relaxed);
+	     i != qp->sq_exec; i++)
+		from_head += qp->sq[i % qp->cap.max_send_wr].len;
+	while (!qp->nak && qp->sq_exec != tail) {
+		struct sv_swr *w = &qp->sq[qp->sq_exec % qp->cap.max_send_wr];
+		uint64_t left = w->len - w->done, u, room, pk, fit;
+
+		from_head += w->done;
+		if (w->post_ns > pv->bh_ns || from_head >= sv_proc.cfg.inflight ||
+		    w->opcode == IBV_WR_RDMA_READ)
+			break;
+		room = sv_proc.cfg.inflight - from_head;
+		u = sv_draw(qp->key, what, qp->sq_exec);
 		if (!w->first_ns)
 			w->first_ns = now;
-		rc = sv_exec(qp, w, now, &wake);
-		if (rc == SV_WAIT)
-			return wake;
-		if (rc) {
-			sv_sq_retire(qp, head, rc);
-			sv_qp_set_state(qp, IBV_QPS_ERR);
-			sv_qp_flush(qp);
+		if (u % 4 < 2 && left <= room) {
+			if (sv_deliver(qp, w, pv->t, left, true))
+				break;
+			w->done = w->len;
+			w->slice = 0;
+			from_head += left;
+			qp->sq_exec++;
+			continue;
+		}
+		/* In part: whole packets, never the last one (that would be all of it). */
+		fit = (left < room ? left : room) / mtu;
+		if (fit >= (left + mtu - 1) / mtu)
+			fit = left ? (left + mtu - 1) / mtu - 1 : 0;
+		if (u % 4 == 3 || fit == 0)
+			break;
+		pk = u % 4 == 2 ? 1 + (u >> 8) % fit : fit;
+		if (sv_deliver(qp, w, pv->t, pk * mtu, false) == 0) {
+			w->done += pk * mtu;
+			w->slice = 0;
+		}
+		break;
+	}
+}
+
+/* Draws when a request may land, in order behind the request before it. */
+static void sv_jitter(struct sv_qp *qp, struct sv_swr *w, int ms)
+{
+	int64_t due = w->post_ns + (int64_t)(sv_draw(qp->key, SV_DRAW_JITTER, qp->sq_exec) %
+					     ((uint64_t)ms * 1000000));
+
+	if (due < qp->jitter_ns)
+		due = qp->jitter_ns;
+	w->due_ns = qp->jitter_ns = due;
+}
+
+/*
+ * Under qp->lock: completes what landed, as its acknowledgements come, oldest first;
+ * each slot is free before its completion can be polled (sv_sq_retire).
+ */
+static void sv_ack(struct sv_qp *qp, int64_t now)
+{
+	uint32_t head = atomic_load_explicit(&qp->sq_head, memory_order_relaxed);
+
+	for (; head != qp->sq_exec; head++) {
+		sv_sq_retire(qp, head, IBV_WC_SUCCESS);
+		qp->progress_ns = now;
+	}
+}
+
+/* Under qp->lock: the oldest request fails with `status`; the QP goes to ERR. */
+static void sv_qp_fail(struct sv_qp *qp, int status)
+{
+	sv_sq_retire(qp, atomic_load_explicit(&qp->sq_head, memory_order_relaxed), status);
+	sv_qp_set_state(qp, IBV_QPS_ERR);
+	sv_qp_flush(qp);
+}
+
+/*
+ * Under qp->lock: the oldest request waits for an answer that does not come (a
+ * silent path, an acknowledgement lost): the requester retries until its transport
+ * timeout, counted from its first attempt or the last acknowledged progress, then
+ * fails it with RETRY_EXC_ERR (timeout 0 = forever, as in the spec). No async event
+ * for that (as mlx5).
+ */
+static int64_t sv_stalled(struct sv_qp *qp, int64_t now, int64_t wake)
+{
+	struct sv_swr *w =
+	    &qp->sq[atomic_load_explicit(&qp->sq_head, memory_order_relaxed) % qp->cap.max_send_wr];
+	int64_t deadline = qp->attr.timeout ? sv_retry_deadline(qp, w) : SV_NEVER;
+
+	if (now >= deadline) {
+		sv_qp_fail(qp, IBV_WC_RETRY_EXC_ERR);
+		return SV_NEVER;
+	}
+	if (deadline < wake)
+		wake = deadline;
+	return wake < now + SV_RETRY_POLL ? wake : now + SV_RETRY_POLL;
+}
+
+/*
+ * Under qp->lock: moves the send queue on as far as it goes now: acknowledges what
+ * landed when the path answers, lands the following requests in order (a slice of a
+ * large one at a time), stopping before a request longer than `max_len` or once
+ * `budget` bytes went. Returns SV_NEVER when nothing is left to do (an empty queue, or
+ * a dead device, which does nothing at all), otherwise when to look again (`now`: at
+ * once).
+ */
+static int64_t sv_qp_step(struct sv_qp *qp, int64_t now, uint64_t max_len, uint64_t budget)
+{
+	uint32_t tail = atomic_load_explicit(&qp->sq_tail, memory_order_acquire);
+	int64_t wake = SV_NEVER;
+	bool stalled = false;
+	uint64_t spent = 0;
+	struct sv_pathv pv;
+
+	if (atomic_load_explicit(&qp->sq_head, memory_order_relaxed) == tail ||
+	    sv_nic_dead(sv_proc.f, qp->s->nic, qp->s->epoch))
+		return SV_NEVER;
+	if (qp->attr.qp_state == IBV_QPS_ERR) {
+		sv_qp_flush(qp);
+		return SV_NEVER;
+	}
+	sv_path_view(qp, now, &pv);
+	if (pv.bh_side >= 0)
+		sv_inflight(qp, &pv, now);
+	/* A retransmission of what landed gets through and is acknowledged. */
+	if (pv.req && pv.ack)
+		sv_ack(qp, now);
+	while (!qp->nak && qp->sq_exec != tail) {
+		struct sv_swr *w = &qp->sq[qp->sq_exec % qp->cap.max_send_wr];
+		uint64_t before = w->done;
+		int rc;
+
+		if (w->len > max_len || spent >= budget) {
+			wake = now;
 			break;
 		}
-		done += w->len + 64; /* a request costs something even when empty */
-		sv_sq_retire(qp, head, IBV_WC_SUCCESS);
+		if (!w->first_ns)
+			w->first_ns = now;
+		/* A READ's data is its response: it travels the acknowledgements' way. */
+		if (!pv.req || (!pv.ack && w->opcode == IBV_WR_RDMA_READ)) {
+			stalled = true;
+			break;
+		}
+		if (pv.jitter && !w->due_ns)
+			sv_jitter(qp, w, pv.jitter);
+		if (w->due_ns > now + SV_AHEAD) {
+			wake = w->due_ns;
+			break;
+		}
+		rc = sv_land(qp, w, pv.t, now, budget - spent, &wake);
+		if (rc == SV_WAIT)
+			break;
+		if (rc == SV_SILENT || (rc == SV_RNR && !pv.ack)) {
+			stalled = true; /* the RNR NAK is lost: a transport retry */
+			break;
+		}
+		if (rc == SV_RNR) {
+			qp->wire_ready = now; /* its stream on the wire starts again later */
+			rc = sv_rnr(qp, w, now, &wake);
+			if (rc == SV_WAIT)
+				break;
+		}
+		spent += w->done - before;
+		if (pv.ack)
+			qp->progress_ns = now;
+		if (rc == SV_MORE) {
+			now = sv_now_ns();
+			continue;
+		}
+		if (rc) {
+			qp->nak = rc; /* the responder refused it; heard when the path answers */
+			break;
+		}
+		spent += 64; /* a request costs something even when empty */
+		qp->sq_exec++;
+		if (pv.ack)
+			sv_ack(qp, now);
 		now = sv_now_ns();
 	}
-	return SV_NEVER;
+	if (qp->nak && pv.req && pv.ack) {
+		sv_qp_fail(qp, qp->nak);
+		return SV_NEVER;
+	}
+	if (stalled)
+		qp->wire_ready = now;
+	if (stalled || qp->nak ||
+	    atomic_load_explicit(&qp->sq_head, memory_order_relaxed) != qp->sq_exec)
+		return sv_stalled(qp, now, wake);
+	return wake;
 }
 
 int64_t sv_progress_all(int64_t now)
@@ -1583,7 +2004,7 @@ int64_t sv_progress_all(int64_t now)
 		if (pthread_mutex_trylock(&qp->lock) != 0) {
 			w = now + SV_RNR_POLL;
 		} else {
-			w = sv_qp_run(qp, now, UINT64_MAX, UINT64_MAX);
+			w = sv_qp_step(qp, now, UINT64_MAX, UINT64_MAX);
 			pthread_mutex_unlock(&qp->lock);
 		}
 		if (w < wake)
@@ -1596,12 +2017,14 @@ int64_t sv_progress_all(int64_t now)
 /*
  * ---- engines ----
  *
- * One thread per NIC of this process runs the send queues of that NIC's QPs. A
- * posting thread hands a QP over by setting its `ready` flag and bumping the
- * engine's futex word; the engine sleeps on that word when it has nothing to do,
- * with a timeout at the earliest time one of its QPs waits for (shaping, RNR, a
- * silent path), after polling it briefly when it just worked, so a stream of
- * requests needs no wake-up system call.
+ * One thread per NIC of this process runs the send queues of that NIC's QPs in
+ * rounds: each QP that is due gets one step (SV_SLICE bytes) per round, so they are
+ * served round-robin. A posting thread hands a QP over by setting its `ready` flag and
+ * bumping the engine's futex word; the engine sleeps on that word when it has nothing
+ * to do, with a timeout at the earliest time one of its QPs waits for (shaping, RNR,
+ * jitter, a silent path) but no longer than SV_IDLE_TICK while any QP has work: faults
+ * are set by other processes and wake nobody. After a hand-over it polls the word
+ * briefly, so a stream of requests needs no wake-up system call.
  */
 struct sv_engine {
 	pthread_mutex_t lock; /* qps; held while running them */
@@ -1637,32 +2060,43 @@ static void sv_engine_hand(struct sv_qp *qp)
 static void *sv_engine_main(void *arg)
 {
 	struct sv_engine *e = arg;
+	int busy = 0; /* QPs with work after the last round */
 
-	/* Shaped requests complete at their wire time: wake then, not 50 us later. */
+	/* Shaped slices land at their wire time: wake then, not 50 us later. */
 	prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 	for (;;) {
 		uint32_t seq = atomic_load(&e->seq);
 		int64_t now = sv_now_ns(), next = SV_NEVER, spin_end;
+		/*
+		 * Copies are cheaper large: a QP alone with work gets SV_SOLO per round. With
+		 * others waiting (for their turn on the wire too), one slice each, or the QPs
+		 * first in the list would take more turns whenever the engine catches up.
+		 */
+		uint64_t budget = busy > 1 ? SV_SLICE : SV_SOLO;
 		bool handed = false;
 		struct timespec ts;
 
+		busy = 0;
 		pthread_mutex_lock(&e->lock);
 		for (struct sv_qp *qp = e->qps; qp; qp = qp->eng_next) {
 			bool ready = atomic_exchange(&qp->ready, false);
 
 			if (ready || qp->eng_wake <= now) {
 				pthread_mutex_lock(&qp->lock);
-				qp->eng_wake = sv_qp_run(qp, now, UINT64_MAX, SV_ENG_BUDGET);
+				qp->eng_wake = sv_qp_step(qp, now, UINT64_MAX, budget);
 				pthread_mutex_unlock(&qp->lock);
 				now = sv_now_ns();
 				handed |= ready;
 			}
+			busy += qp->eng_wake != SV_NEVER;
 			if (qp->eng_wake < next)
 				next = qp->eng_wake;
 		}
 		pthread_mutex_unlock(&e->lock);
 		if (next <= now)
 			continue;
+		if (next != SV_NEVER && next > now + SV_IDLE_TICK)
+			next = now + SV_IDLE_TICK;
 		spin_end = handed ? now + SV_ENG_SPIN : now;
 		while (atomic_load(&e->seq) == seq && now < spin_end && now < next) {
 			sv_cpu_relax();

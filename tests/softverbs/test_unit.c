@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <dlfcn.h>
+#include <poll.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
@@ -576,4 +577,96 @@ Test(softverbs_inline, no_engines, .init = setup_inline, .fini = teardown)
 	cr_expect(dst[len - 1] == 0x5a, "copied before post_send returned");
 	cr_expect(ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == 3 && wc.status == IBV_WC_SUCCESS);
 	cr_expect(threads_named("sv-mlx5_0") == 0);
+}
+
+/* Faults scheduled with SOFTVERBS_FAULT from the start (or soon after) of the process. */
+static void setup_ackloss(void)
+{
+	setenv("SOFTVERBS_FAULT", "unit/mlx5_0=ackloss@0", 1);
+	setup();
+}
+
+/* Lost acknowledgements on a loopback pair: the receive completes, the send times out. */
+Test(softverbs_ackloss, lands_unheard, .init = setup_ackloss, .fini = teardown)
+{
+	static char buf[4096];
+	struct ibv_mr *mr =
+	    ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey};
+	struct ibv_send_wr wr = {.wr_id = 1,
+				 .sg_list = &sge,
+				 .num_sge = 1,
+				 .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+				 .send_flags = IBV_SEND_SIGNALED,
+				 .imm_data = 5},
+			   *bad;
+	struct ibv_recv_wr rwr = {.wr_id = 2}, *rbad;
+	struct softverbs_nic_stat st[4];
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc;
+
+	loop_pair(&a, &b, 7);
+	cr_assert(softverbs_nic_stats("unit", st, 4) == 3 && st[0].state == SOFTVERBS_NIC_ACKLOSS);
+	wr.wr.rdma.remote_addr = (uintptr_t)buf + 1024;
+	wr.wr.rdma.rkey = mr->rkey;
+	cr_assert(ibv_post_recv(b, &rwr, &rbad) == 0);
+	cr_assert(ibv_post_send(a, &wr, &bad) == 0);
+	wc = wait_wc();
+	cr_expect(wc.wr_id == 2 && wc.status == IBV_WC_SUCCESS && wc.imm_data == 5);
+	wc = wait_wc();
+	cr_expect(wc.wr_id == 1 && wc.status == IBV_WC_RETRY_EXC_ERR, "wr %llu status %d",
+		  (unsigned long long)wc.wr_id, wc.status);
+	cr_expect(state_of(a) == IBV_QPS_ERR && state_of(b) == IBV_QPS_RTS);
+}
+
+static void setup_bad_schedule(void)
+{
+	setenv("SOFTVERBS_FAULT",
+	       "unit/mlx5_0=jitter@0;unit/mlx5_2=down:5@0;unit/mlx5_3=jitter:7@0", 1);
+	setup();
+}
+
+/* Kinds that take a number need one, the others take none; good entries still apply. */
+Test(softverbs_schedule, kinds_and_args, .init = setup_bad_schedule, .fini = teardown)
+{
+	struct softverbs_nic_stat st[4];
+
+	my_lid(); /* a port query applies what is due */
+	cr_assert(softverbs_nic_stats("unit", st, 4) == 3);
+	cr_expect(st[0].state == SOFTVERBS_NIC_UP && st[1].state == SOFTVERBS_NIC_UP);
+	cr_expect(st[2].state == SOFTVERBS_NIC_JITTER);
+}
+
+static void setup_fatal(void)
+{
+	setenv("SOFTVERBS_FAULT", "unit/mlx5_0=fatal@200", 1);
+	setup();
+}
+
+/* The device dies under a posted receive and a queued send: an event, EIO, no flush. */
+Test(softverbs_fatal, dies_silently, .init = setup_fatal, .fini = teardown)
+{
+	struct pollfd pfd = {.fd = ctx->async_fd, .events = POLLIN};
+	struct ibv_qp_attr at = {.qp_state = IBV_QPS_ERR};
+	struct ibv_recv_wr rwr = {.wr_id = 2}, *rbad;
+	struct ibv_send_wr wr = {.wr_id = 1, .opcode = IBV_WR_RDMA_WRITE_WITH_IMM}, *bad;
+	struct ibv_async_event ev;
+	struct ibv_port_attr pa;
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc;
+
+	loop_pair(&a, &b, 7); /* a's WRITE_WITH_IMM waits for a receive: RNR, forever */
+	cr_assert(ibv_post_send(a, &wr, &bad) == 0);
+	cr_assert(poll(&pfd, 1, 2000) == 1);
+	cr_assert(ibv_get_async_event(ctx, &ev) == 0);
+	cr_expect(ev.event_type == IBV_EVENT_DEVICE_FATAL, "event %d", ev.event_type);
+	ibv_ack_async_event(&ev);
+	cr_expect(ibv_query_port(ctx, 1, &pa) == EIO);
+	cr_expect(ibv_post_recv(b, &rwr, &rbad) == EIO && rbad == &rwr);
+	cr_expect(ibv_post_send(a, &wr, &bad) == EIO && bad == &wr);
+	cr_expect(ibv_modify_qp(a, &at, IBV_QP_STATE) == 0 &&
+		  ibv_modify_qp(b, &at, IBV_QP_STATE) == 0);
+	usleep(20000);
+	cr_expect(ibv_poll_cq(cq, 1, &wc) == 0, "a completion from a dead device");
+	cr_expect(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0);
 }
