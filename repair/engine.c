@@ -406,7 +406,9 @@ static int peer_candidates(uint16_t lid, struct cand *out, int max)
 		for (int d = 0; d < eng.ndirs; d++) {
 			const struct r2cc_ctl_dir *dir = eng.dirs[d];
 			for (int r = 0; r < dir->nranks && n < max; r++) {
-				const struct r2cc_ctl_member *m = &dir->members[r];
+				const struct r2cc_ctl_member *m = r2cc_ctl_dir_member(dir, r);
+				if (!m)
+					continue;
 				bool match = pass == 1;
 				for (int i = 0; i < m->nnics && !match; i++)
 					match = lid && m->nics[i].lid == lid;
@@ -414,8 +416,9 @@ static int peer_candidates(uint16_t lid, struct cand *out, int max)
 					continue;
 				bool dup = false;
 				for (int j = 0; j < n && !dup; j++)
-					dup = same_addr(&out[j].dir->members[out[j].rank].ctl_addr,
-							&m->ctl_addr);
+					dup = same_addr(
+					    &r2cc_ctl_dir_member(out[j].dir, out[j].rank)->ctl_addr,
+					    &m->ctl_addr);
 				if (!dup)
 					out[n++] = (struct cand){dir, r};
 			}
@@ -2071,8 +2074,8 @@ static bool peer_gone(const struct cand *c, int nc)
 	bool have_self = r2cc_ctl_local_addr(&self) == 0;
 	int asked = 0;
 	for (int i = 0; i < nc; i++) {
-		const struct r2cc_ctl_member *m = &c[i].dir->members[c[i].rank];
-		if (have_self && same_addr(&m->ctl_addr, &self))
+		const struct r2cc_ctl_member *m = r2cc_ctl_dir_member(c[i].dir, c[i].rank);
+		if (!m || (have_self && same_addr(&m->ctl_addr, &self)))
 			continue;
 		uint8_t ping = 0;
 		unsigned char reply[8];

@@ -2,9 +2,9 @@
 
 # Control plane (repair/ctl*.c): the control thread, rendezvous, directory and
 # authenticated peer messages. Its tests compile these sources directly.
-REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_iface.c \
+REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_iface.c repair/hmap.c \
 		   repair/ctl_dir.c
-REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h
+REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h repair/hmap.h
 LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c repair/engine.c repair/qp_shadow.c repair/ledger.c
 LIBR2CC_LIBS += -lcrypto
 

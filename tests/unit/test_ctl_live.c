@@ -642,7 +642,7 @@ Test(ctl_live, oob_root_is_where_the_rendezvous_listens)
 	cr_assert_neq(r2cc_ctl_addr_port(&local), r2cc_ctl_addr_port(&job.rdv));
 	struct r2cc_ctl_dir *dir = solo_dir(&job);
 	/* Peers still talk to each other's own listeners. */
-	cr_assert(r2cc_ctl_addr_equal(&dir->members[0].ctl_addr, &local));
+	cr_assert(r2cc_ctl_addr_equal(&r2cc_ctl_dir_member(dir, 0)->ctl_addr, &local));
 	/* A second job of this process shares the root listener. */
 	struct r2cc_ctl_job job2 = new_job();
 	struct r2cc_ctl_dir *dir2 = solo_dir(&job2);
