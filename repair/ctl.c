@@ -2124,20 +2124,25 @@ static void send_cancel(const struct r2cc_ctl_job *job, int rank, uint32_t req_i
 	queue_out(&job->rdv, job->secret, &h, b, sizeof(b));
 }
 
-int r2cc_ctl_register_ranks(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *self,
-			    const int *ranks, int nlocal, int nranks, int timeout_ms,
-			    struct r2cc_ctl_dir **dirs_p)
+/* Registers ranks[i] as member selves[i * stride] (stride 0: all the same). */
+static int register_impl(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *selves,
+			 size_t stride, const int *ranks, int nlocal, int nranks, int timeout_ms,
+			 struct r2cc_ctl_dir **dirs_p)
 {
-	if (!job || !self || !ranks || !dirs_p || nlocal < 1 || nranks < 1 ||
+	if (!job || !selves || !ranks || !dirs_p || nlocal < 1 || nranks < 1 ||
 	    nranks > R2CC_CTL_MAX_RANKS || nlocal > nranks || timeout_ms < 0)
 		return -EINVAL;
+	unsigned char *seen = calloc((size_t)nranks, 1);
+	if (!seen)
+		return -ENOMEM;
 	for (int i = 0; i < nlocal; i++) {
-		if (ranks[i] < 0 || ranks[i] >= nranks)
+		if (ranks[i] < 0 || ranks[i] >= nranks || seen[ranks[i]]) {
+			free(seen);
 			return -EINVAL;
-		for (int k = 0; k < i; k++)
-			if (ranks[k] == ranks[i])
-				return -EINVAL;
+		}
+		seen[ranks[i]] = 1;
 	}
+	free(seen);
 	if (on_ctl_thread())
 		return -EDEADLK;
 	int rc = ctl_start();
@@ -2145,22 +2150,29 @@ int r2cc_ctl_register_ranks(const struct r2cc_ctl_job *job, struct r2cc_ctl_memb
 		rc = job_ensure(job, false);
 	if (rc)
 		return rc;
-	r2cc_ctl_local_addr(&self->ctl_addr);
 	unsigned char *msg = malloc(8 + R2CC_CTL_MEMBER_MAX_ENC);
 	struct pending *p = calloc((size_t)nlocal, sizeof(*p));
+	int mlen = -EINVAL;
 	if (!msg || !p) {
 		rc = -ENOMEM;
-		goto out_free;
-	}
-	int mlen = r2cc_ctl_member_encode(self, msg + 8, R2CC_CTL_MEMBER_MAX_ENC);
-	if (mlen < 0) {
-		rc = mlen;
 		goto out_free;
 	}
 	put_u32(msg + 4, (uint32_t)nranks);
 	struct timespec deadline;
 	deadline_after(&deadline, timeout_ms);
 	for (int i = 0; i < nlocal; i++) {
+		struct r2cc_ctl_member *self =
+		    (struct r2cc_ctl_member *)((char *)selves + (size_t)i * stride);
+		if (i == 0 || stride) {
+			r2cc_ctl_local_addr(&self->ctl_addr);
+			mlen = r2cc_ctl_member_encode(self, msg + 8, R2CC_CTL_MEMBER_MAX_ENC);
+		}
+		if (mlen < 0) {
+			rc = mlen;
+			p[i].done = true;
+			p[i].status = rc;
+			continue;
+		}
 		put_u32(msg, (uint32_t)ranks[i]);
 		p[i].peer_rank = -1;
 		p[i].grow = true;
@@ -2168,7 +2180,6 @@ int r2cc_ctl_register_ranks(const struct r2cc_ctl_job *job, struct r2cc_ctl_memb
 		    .type = CTL_T_REGISTER, .from_rank = ranks[i], .to_rank = -1};
 		request_begin(&p[i], &job->rdv, job, &h, msg, 8 + (size_t)mlen);
 	}
-	rc = 0;
 	for (int i = 0; i < nlocal; i++) {
 		int r = request_wait(&p[i], &deadline);
 		if (r == -ETIMEDOUT)
@@ -2195,6 +2206,21 @@ out_free:
 	free(p);
 	free(msg);
 	return rc;
+}
+
+int r2cc_ctl_register_ranks(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *self,
+			    const int *ranks, int nlocal, int nranks, int timeout_ms,
+			    struct r2cc_ctl_dir **dirs_p)
+{
+	return register_impl(job, self, 0, ranks, nlocal, nranks, timeout_ms, dirs_p);
+}
+
+int r2cc_ctl_register_each(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *members,
+			   const int *ranks, int nlocal, int nranks, int timeout_ms,
+			   struct r2cc_ctl_dir **dirs_p)
+{
+	return register_impl(job, members, sizeof(*members), ranks, nlocal, nranks, timeout_ms,
+			     dirs_p);
 }
 
 int r2cc_ctl_register(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *self, int rank,

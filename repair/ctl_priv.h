@@ -132,6 +132,12 @@ int r2cc_ctl_rdir_nics(struct r2cc_ctl_rdir *rd, int from_rank, const unsigned c
 /* rank left; true once every rank has. */
 bool r2cc_ctl_rdir_leave(struct r2cc_ctl_rdir *rd, int rank);
 
+/* r2cc_ctl_register_ranks() with a member of its own for each local rank
+ * (members[i] for ranks[i]): simulated ranks of several nodes in one process. */
+int r2cc_ctl_register_each(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *members,
+			   const int *ranks, int nlocal, int nranks, int timeout_ms,
+			   struct r2cc_ctl_dir **dirs_p);
+
 /* Tests and the load generator: one outgoing connection per sending rank
  * instead of one per destination process, so that ranks simulated in one
  * process reach the rendezvous as separate processes would. */

@@ -21,6 +21,14 @@ $(CTL_MULTI): tests/ctl/ctl_multi.c $(CTL_TEST_SRCS) $(REPAIR_CTL_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -o $@ $< $(CTL_TEST_SRCS) $(CTL_TEST_LIBS)
 
+# r2cc-ctl-load: many simulated ranks against this control plane (tests/ctl/ctl_load.c).
+CTL_LOAD := $(BUILD)/bin/r2cc-ctl-load
+$(CTL_LOAD): tests/ctl/ctl_load.c $(CTL_TEST_SRCS) $(REPAIR_CTL_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< $(CTL_TEST_SRCS) $(CTL_TEST_LIBS)
+ALL_TARGETS += $(CTL_LOAD)
+CPU_TESTS += 120@$(CTL_LOAD):--ranks:1024
+
 # The live test measures latencies and CPU time: one test at a time.
 TEST_DEPS += $(CTL_UNIT_TESTS) $(CTL_MULTI)
 CPU_TESTS += 60@$(BUILD)/tests/unit/test_ctl_msg:--jobs=2 \
