@@ -19,7 +19,7 @@
  * completions of the new QP under the old QP's number.
  *
  * Exchange, per QP pair, initiated by whichever side found the failure (both may;
- * the pair with the lower (lid, qpn) identity wins, the other serves it):
+ * the pair with the lower identity wins, the other serves it):
  *   A: fence + drain old QP, count k_A, new QP on NIC B (INIT)
  *   A -> P  REQ  {ids, k_A, A's new QP, A's NIC names}
  *   P: fence + drain, k_P, new QP on B' (B's rail if healthy), RTR/RTS to A's,
@@ -28,9 +28,15 @@
  *   A: RTR/RTS, re-post receives, then sends (plan with k_P), then held posts
  *   A -> P  GO
  *   P: re-post sends (plan with k_A), then held posts
- * A side that cannot repair answers NACK; an exchange that does not finish within
- * R2CC_REPAIR_TIMEOUT_MS ends with an error completion handed to NCCL for that QP
- * (the log says why): never a hang.
+ * P is exactly the process that owns the peer QP, known since RTS
+ * (repair/peer.h); ids are both ends' exact identities (GID or LID, and QP
+ * number). Every queue pair the repair thread takes up at once is fenced at
+ * once, and all those with one peer process travel in one message per step
+ * (one REQ, one REP, one GO per peer, not per QP), so a NIC with hundreds of
+ * QPs over many peers is repaired in parallel. A side that cannot repair
+ * answers NACK; an exchange that does not finish within R2CC_REPAIR_BASE_MS
+ * plus R2CC_REPAIR_PER_QP_US for every queue pair of its message ends with an
+ * error completion handed to NCCL for that QP (the log says why): never a hang.
  */
 #ifndef R2CC_REPAIR_ENGINE_H
 #define R2CC_REPAIR_ENGINE_H
@@ -43,8 +49,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define R2CC_REPAIR_MSG	       40
-#define R2CC_REPAIR_TIMEOUT_MS 5000
+#define R2CC_REPAIR_MSG	      40
+#define R2CC_REPAIR_BASE_MS   5000 /* an exchange's deadline: this, */
+#define R2CC_REPAIR_PER_QP_US 2000 /* plus this per queue pair of its message */
 
 /* The real verbs functions the engine calls (intercept/verbs.c fills them). */
 struct r2cc_repair_verbs {
@@ -65,6 +72,8 @@ void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v);
 /* A communicator's directory, kept for finding and reaching peers (the engine
  * takes ownership). */
 void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir);
+/* Its communicator is gone: the directory is left and freed once unused. */
+void r2cc_repair_release_dir(struct r2cc_ctl_dir *dir);
 
 /* Control path. */
 void r2cc_repair_cq_created(struct r2cc_cq *c);

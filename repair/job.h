@@ -23,6 +23,10 @@ struct r2cc_job_reg *r2cc_job_register_begin(const unsigned char id[128], int ra
  * when the init failed). Consumes reg. */
 void r2cc_job_register_end(struct r2cc_job_reg *reg, void *comm);
 
+/* The communicator is being destroyed: its directory is released (hot repair
+ * frees it once no repair uses it). */
+void r2cc_job_comm_gone(void *comm);
+
 /* Wait until no registration is in flight (tests, exit), at most ms. */
 void r2cc_job_quiesce(int ms);
 
