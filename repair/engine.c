@@ -137,7 +137,7 @@ struct r2cc_rqp {
 	bool tracked;
 	const struct r2cc_ctl_dir *dir;
 	int peer_rank;
-	int batch; /* queue pairs in the exchange message this one went in */
+	int batch; /* queue pairs repaired at once with this one, here or by the peer */
 	char peer_orig_nic[R2CC_NIC_NAME_MAX];
 	char peer_cur_nic[R2CC_NIC_NAME_MAX];
 	uint64_t k_local, k_peer;
@@ -202,6 +202,7 @@ struct rep_wire {
 	uint8_t src[R2CC_PEER_EP_WIRE]; /* NCCL's QPs: the sender's end, */
 	uint8_t dst[R2CC_PEER_EP_WIRE]; /* the addressee's */
 	uint64_t count; /* the sender's successful receive completions on the old path */
+	uint32_t work;	/* queue pairs the sender repairs at once (its deadlines follow) */
 	uint32_t new_qpn;
 	uint16_t new_lid;
 	uint8_t new_port, new_mtu;
@@ -2022,6 +2023,7 @@ static void localise(struct r2cc_rqp *r)
 struct selftest {
 	struct r2cc_nic *a, *b;
 	struct r2cc_ctx *ca, *cb;
+	bool b_suspected; /* b's own self-test ran during this one */
 };
 
 /* Short transport timeouts: the test is over in SELFTEST_NS anyway. */
@@ -2077,6 +2079,8 @@ static void *selftest_main(void *arg)
 			struct ibv_wc wc;
 			verdict = 1;
 			while (now_ns() < until) {
+				t->b_suspected |=
+				    __atomic_load_n(&t->b->selftest, __ATOMIC_ACQUIRE);
 				int n = t->ca->poll_cq(cqa, 1, &wc);
 				if (n > 0) {
 					verdict = wc.status == IBV_WC_SUCCESS ? 0 : 1;
@@ -2086,6 +2090,12 @@ static void *selftest_main(void *arg)
 			}
 		}
 	}
+	/* No answer through a sibling that is itself suspected (its own self-test
+	 * ran meanwhile, or it failed) says nothing about this NIC: with two NICs,
+	 * one dead and the other's paths slow, each would condemn the other. */
+	if (verdict == 1 && (__atomic_load_n(&t->b->selftest, __ATOMIC_ACQUIRE) || t->b_suspected ||
+			     t->b->state != R2CC_NIC_UP))
+		verdict = -1;
 	if (verdict == 1) {
 		char why[128];
 		snprintf(why, sizeof(why), "self-test through %.40s got no answer", t->b->name);
@@ -2112,11 +2122,15 @@ static void selftest_start(struct r2cc_nic *a)
 		return;
 	struct selftest *t = calloc(1, sizeof(*t));
 	int n = r2cc_nic_count();
-	for (int i = 0; t && i < n && !t->b; i++) {
-		struct r2cc_nic *b = r2cc_nic_by_index(i);
-		if (b != a && b->state == R2CC_NIC_UP && r2cc_mr_mirror_pd(b) && ctx_of_nic(b))
-			t->b = b;
-	}
+	/* A sibling not under a self-test of its own, if there is one. */
+	for (int pass = 0; pass < 2; pass++)
+		for (int i = 0; t && i < n && !t->b; i++) {
+			struct r2cc_nic *b = r2cc_nic_by_index(i);
+			if (b != a && b->state == R2CC_NIC_UP && r2cc_mr_mirror_pd(b) &&
+			    ctx_of_nic(b) &&
+			    (pass || !__atomic_load_n(&b->selftest, __ATOMIC_ACQUIRE)))
+				t->b = b;
+		}
 	pthread_t th;
 	if (t && t->b && r2cc_mr_mirror_pd(a) && (t->ca = ctx_of_nic(a)) &&
 	    (t->cb = ctx_of_nic(t->b))) {
@@ -2390,10 +2404,11 @@ static void initiate_batch(struct batch *b)
 		for (int i = first; i < first + k; i++) {
 			struct r2cc_rqp *r = w.r[i];
 			pthread_mutex_lock(&r->mu);
-			r->batch = k;
+			r->batch = n;
 			r->t_sent = dir ? t : 0; /* 0: waits for its peer to be found */
-			r->t_deadline = t + exchange_ns(k);
+			r->t_deadline = t + exchange_ns(n);
 			pthread_mutex_unlock(&r->mu);
+			m[i - first].work = htole32((uint32_t)n);
 			incident_event(r->incident, "qp 0x%x: fenced (k=%llu), new path on %s, %s",
 				       r->qpn, (unsigned long long)r->k_local,
 				       r->new_ctx->nic->name,
@@ -2504,20 +2519,28 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 	r->peer_rank = in->from_rank;
 	r->pair_id = le64toh(m->pair_id);
 	r->k_peer = le64toh(m->count);
-	r->batch = in->n;
+	/* The initiator answers with its GO once it has been through everything
+	 * it repairs, not just this message. */
+	int work = (int)le32toh(m->work);
+	r->batch = work > in->n ? work : in->n;
 	if (!r->peer_orig_nic[0] || !r->migrations)
 		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
 	wire_fill(&rep, OP_REP, r);
 	rep.pair_id = m->pair_id;
 	rep.count = htole64(r->k_local);
 	wire_path(&rep, r);
-	r->t_deadline = now_ns() + exchange_ns(in->n);
+	r->t_deadline = now_ns() + exchange_ns(r->batch);
 	pthread_mutex_unlock(&r->mu);
-	if (!rc) /* sends wait for the initiator's GO */
+	const char *step = "connect";
+	if (!rc) { /* sends wait for the initiator's GO */
+		step = "re-post on";
 		rc = commit_path(r, &p, false, NULL);
+	}
 	if (rc) {
+		char why[96];
+		snprintf(why, sizeof(why), "cannot %s the new path (%s)", step, strerror(-rc));
 		nack(out, dir, in->from_rank, m, rc);
-		fail(r, "cannot connect or re-post on the new path");
+		fail(r, why);
 		return;
 	}
 	struct rep_wire *e = out_add(out, dir, in->from_rank);
@@ -2603,7 +2626,10 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 			snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
 		pthread_mutex_unlock(&r->mu);
 		if (rc) {
-			fail(r, "cannot connect or re-post on the new path");
+			char why[96];
+			snprintf(why, sizeof(why), "cannot connect the new path (%s)",
+				 strerror(-rc));
+			fail(r, why);
 			continue;
 		}
 		refresh_once(&rs, dir, in->from_rank, r->peer_orig_nic, p[i].nic);
@@ -2614,8 +2640,12 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 			continue;
 		struct r2cc_rqp *r = rq[i];
 		uint64_t held = 0;
-		if (commit_path(r, &p[i], true, &held)) {
-			fail(r, "cannot connect or re-post on the new path");
+		int rc = commit_path(r, &p[i], true, &held);
+		if (rc) {
+			char why[96];
+			snprintf(why, sizeof(why), "cannot re-post on the new path (%s)",
+				 strerror(-rc));
+			fail(r, why);
 			continue;
 		}
 		struct rep_wire *e = out_add(&out, dir, in->from_rank);
@@ -2774,9 +2804,9 @@ static void exchanges_tick(int64_t t)
 			pthread_mutex_lock(&r->mu);
 			wire_fill(&m[k], OP_REQ, r);
 			m[k].count = htole64(r->k_local);
+			m[k].work = htole32((uint32_t)r->batch);
 			wire_path(&m[k], r);
 			r->t_sent = now_ns();
-			r->batch = last - first;
 			pthread_mutex_unlock(&r->mu);
 			k++;
 		}
