@@ -17,8 +17,9 @@
  * side, which only needs to know whether errors are to be hidden.
  */
 #include "repair/engine.h"
-#include "repair/ledger.h"
 #include "repair/hmap.h"
+#include "repair/job.h"
+#include "repair/ledger.h"
 #include "repair/mr_mirror.h"
 #include "repair/peer.h"
 #include "repair/qp_shadow.h"
@@ -85,12 +86,31 @@ struct held_recv {
 	struct ibv_sge sge[];
 };
 
+/*
+ * A CQ of R2CC's own, shared by the new paths of the QPs of one NCCL CQ on one
+ * NIC (one per path would cost a CQ, and its pinned ring, per migrated QP:
+ * hundreds per NIC failure). Each path takes room for its queues when it is
+ * built and gives it back when it goes; completions are told apart by QP
+ * number (unique on a device), registered when a path becomes current. No
+ * completion arrives on a path before that: nothing is posted on it, and its
+ * receives only come with the switch.
+ */
+struct pcq {
+	struct pcq *next;
+	struct ibv_cq *cq;
+	struct r2cc_ctx *ctx;
+	int room;		 /* entries not taken by a path yet */
+	int users;		 /* paths on it */
+	struct r2cc_hmap by_qpn; /* QP number of a current path -> its record */
+};
+
+#define PCQ_PATHS 16 /* a shared CQ is made with room for this many paths if it can */
+
 struct r2cc_vcq {
 	pthread_mutex_t mu;
 	struct ibv_wc *stash;
 	size_t cap, head, count;
-	struct r2cc_rqp **att; /* QPs of this CQ whose current path is R2CC's */
-	size_t natt, attcap;
+	struct pcq *pcqs; /* R2CC's CQs behind this one */
 };
 
 /* The peer's end of a migrating pair, as its messages describe it. */
@@ -117,6 +137,7 @@ struct r2cc_rqp {
 	/* current path */
 	struct ibv_qp *cur_qp;
 	struct ibv_cq *cur_cq; /* NULL while the current path is NCCL's QP */
+	struct pcq *cur_pcq;
 	struct r2cc_ctx *cur_ctx;
 	struct r2cc_nic *cur_nic;
 	struct r2cc_qp_shadow *cur_sh;
@@ -127,6 +148,7 @@ struct r2cc_rqp {
 	/* path being built */
 	struct ibv_qp *new_qp;
 	struct ibv_cq *new_cq;
+	struct pcq *new_pcq;
 	struct r2cc_ctx *new_ctx;
 	struct r2cc_qp_shadow *new_sh;
 	/* drain */
@@ -477,8 +499,9 @@ static const struct r2cc_ctl_dir *dir_of_job(uint64_t job_id, int rank)
 /*
  * The process that owns r's peer QP, as repair/peer.c found it when the QP
  * reached RTS: 0 and r->dir / r->peer_rank set; -EAGAIN while it is still
- * being searched (the search is hurried); -ENOENT when there is nobody to ask
- * (no communicator with a directory, or the QP is not tracked).
+ * being searched (the search is hurried), also when no directory is here yet
+ * but a registration is on its way; -ENOENT when there is nobody to ask (no
+ * communicator with a directory, or the QP is not tracked).
  */
 static int peer_of(struct r2cc_rqp *r)
 {
@@ -487,7 +510,7 @@ static int peer_of(struct r2cc_rqp *r)
 	pthread_mutex_lock(&eng.mu);
 	bool dirs = eng.ndirs > 0;
 	pthread_mutex_unlock(&eng.mu);
-	if (!r->tracked || !dirs)
+	if (!r->tracked || (!dirs && !r2cc_job_registering()))
 		return -ENOENT;
 	int rc = r2cc_peer_of(&r->ep_local, &dir, &rank);
 	if (rc == -EAGAIN)
@@ -837,14 +860,16 @@ static void vcq_pump(struct r2cc_cq *c)
 		if (n < 32)
 			break;
 	}
-	for (size_t a = 0; a < v->natt; a++) {
-		struct r2cc_rqp *r = v->att[a];
-		if (!r->cur_cq)
-			continue;
+	for (struct pcq *pc = v->pcqs; pc; pc = pc->next) {
 		for (;;) {
-			int n = r->cur_ctx->poll_cq(r->cur_cq, 32, buf);
-			for (int i = 0; i < n; i++)
-				route(v, r, &buf[i]);
+			int n = pc->ctx->poll_cq(pc->cq, 32, buf);
+			for (int i = 0; i < n; i++) {
+				struct r2cc_rqp *r = r2cc_hmap_get(&pc->by_qpn, buf[i].qp_num);
+				if (r)
+					route(v, r, &buf[i]);
+				else /* a path already gone: it was drained before */
+					count_wc(pc->ctx->nic, &buf[i]);
+			}
 			if (n < 32)
 				break;
 		}
@@ -1240,13 +1265,80 @@ void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *at
 	__atomic_store_n(&q->rep, r, __ATOMIC_RELEASE);
 }
 
-static void vcq_detach(struct r2cc_vcq *v, struct r2cc_rqp *r)
+/* Entries a path of r takes in a shared CQ: both queues, the markers. */
+static int path_need(const struct r2cc_rqp *r)
 {
-	for (size_t i = 0; i < v->natt; i++)
-		if (v->att[i] == r) {
-			v->att[i] = v->att[--v->natt];
-			return;
-		}
+	return (int)(r->cap.max_send_wr + r->cap.max_recv_wr) + 64;
+}
+
+/* A shared CQ on c with room for a path of r (made if none has room). */
+static struct pcq *pcq_get(struct r2cc_rqp *r, struct r2cc_ctx *c)
+{
+	struct r2cc_vcq *v = r->vcq->v;
+	int need = path_need(r);
+	pthread_mutex_lock(&v->mu);
+	struct pcq *pc = v->pcqs;
+	while (pc && (pc->ctx != c || pc->room < need))
+		pc = pc->next;
+	if (pc) {
+		pc->room -= need;
+		pc->users++;
+	}
+	pthread_mutex_unlock(&v->mu);
+	if (pc)
+		return pc;
+	pc = calloc(1, sizeof(*pc));
+	if (!pc)
+		return NULL;
+	/* As large as the device takes, up to PCQ_PATHS paths. */
+	for (int depth = need * PCQ_PATHS; depth >= need && !pc->cq; depth /= 2) {
+		pc->cq = eng.v.create_cq(c->ctx, depth, NULL, NULL, 0);
+		pc->room = depth;
+	}
+	if (!pc->cq) {
+		free(pc);
+		return NULL;
+	}
+	own_add(pc->cq);
+	pc->ctx = c;
+	pc->room -= need;
+	pc->users = 1;
+	pthread_mutex_lock(&v->mu);
+	pc->next = v->pcqs;
+	v->pcqs = pc;
+	pthread_mutex_unlock(&v->mu);
+	return pc;
+}
+
+/* A path of r on pc goes (its QP destroyed first); the CQ with its last path. */
+static void path_put(struct r2cc_rqp *r, struct ibv_qp *qp, struct pcq *pc)
+{
+	struct r2cc_vcq *v = r->vcq->v;
+	uint32_t qpn = qp ? qp->qp_num : 0;
+	if (qp) {
+		eng.v.destroy_qp(qp);
+		own_remove(qp);
+	}
+	if (!pc)
+		return;
+	pthread_mutex_lock(&v->mu);
+	if (qp && r2cc_hmap_get(&pc->by_qpn, qpn) == r)
+		r2cc_hmap_del(&pc->by_qpn, qpn);
+	pc->room += path_need(r);
+	bool last = --pc->users == 0;
+	if (last)
+		for (struct pcq **pp = &v->pcqs; *pp; pp = &(*pp)->next)
+			if (*pp == pc) {
+				*pp = pc->next;
+				break;
+			}
+	pthread_mutex_unlock(&v->mu);
+	if (last) {
+		eng.v.destroy_cq(pc->cq);
+		own_remove(pc->cq);
+		r2cc_hmap_free(&pc->by_qpn);
+		free(pc);
+	}
 }
 
 static void destroy_private(struct ibv_qp *qp, struct ibv_cq *cq)
@@ -1266,9 +1358,10 @@ static void destroy_private(struct ibv_qp *qp, struct ibv_cq *cq)
 static void drop_new_path(struct r2cc_rqp *r)
 {
 	if (r->new_qp)
-		destroy_private(r->new_qp, r->new_cq);
+		path_put(r, r->new_qp, r->new_pcq);
 	r->new_qp = NULL;
 	r->new_cq = NULL;
+	r->new_pcq = NULL;
 	if (r->new_sh)
 		r2cc_qp_shadow_destroy(r->new_sh);
 	r->new_sh = NULL;
@@ -1290,13 +1383,11 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	if (r->tracked)
 		r2cc_peer_forget(&r->ep_local);
 	pthread_mutex_lock(&r->mu);
-	pthread_mutex_lock(&r->vcq->v->mu);
-	vcq_detach(r->vcq->v, r);
-	pthread_mutex_unlock(&r->vcq->v->mu);
 	if (r->cur_cq)
-		destroy_private(r->cur_qp, r->cur_cq);
+		path_put(r, r->cur_qp, r->cur_pcq);
 	r->cur_qp = NULL;
 	r->cur_cq = NULL;
+	r->cur_pcq = NULL;
 	drop_new_path(r);
 	ledger_move(r, NULL, 0);
 	if (r->cur_sh != q->shadow)
@@ -1582,11 +1673,10 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	struct ibv_pd *pd = pd_on(r, nic);
 	if (!c || !pd)
 		return -ENODEV;
-	int depth = (int)(r->cap.max_send_wr + r->cap.max_recv_wr) + 64;
-	struct ibv_cq *cq = eng.v.create_cq(c->ctx, depth, NULL, NULL, 0);
-	if (!cq)
+	struct pcq *pc = pcq_get(r, c);
+	if (!pc)
 		return -errno ? -errno : -ENOMEM;
-	own_add(cq);
+	struct ibv_cq *cq = pc->cq;
 	struct ibv_qp_init_attr ia = {
 	    .send_cq = cq,
 	    .recv_cq = cq,
@@ -1599,15 +1689,17 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	struct ibv_qp *qp = eng.v.create_qp(pd, &ia);
 	if (!qp) {
 		int e = errno ? errno : ENOMEM;
-		destroy_private(NULL, cq);
+		path_put(r, NULL, pc);
 		return -e;
 	}
 	own_add(qp);
 	int rc = qp_init(qp, nic,
 			 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	/* The shadow records NCCL's requests only (markers and probes go around
+	 * it): NCCL's caps, not the QP's, which would double its rings. */
 	struct r2cc_qp_shadow_attr sa = {
-	    .max_send_wr = ia.cap.max_send_wr,
-	    .max_recv_wr = ia.cap.max_recv_wr,
+	    .max_send_wr = r->cap.max_send_wr,
+	    .max_recv_wr = r->cap.max_recv_wr,
 	    .max_send_sge = r->cap.max_send_sge,
 	    .max_recv_sge = r->cap.max_recv_sge,
 	    .max_inline_data = r->cap.max_inline_data,
@@ -1617,11 +1709,12 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	if (!rc)
 		rc = -r2cc_qp_shadow_create(&sa, &sh);
 	if (rc) {
-		destroy_private(qp, cq);
+		path_put(r, qp, pc);
 		return -rc;
 	}
 	r->new_qp = qp;
 	r->new_cq = cq;
+	r->new_pcq = pc;
 	r->new_ctx = c;
 	r->new_sh = sh;
 	return 0;
@@ -1668,33 +1761,28 @@ static int make_plan(struct r2cc_rqp *r)
 
 /* The new path becomes the current one. Under r->mu. */
 static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ibv_qp **old_qp,
-			struct ibv_cq **old_cq, struct r2cc_qp_shadow **old_sh)
+			struct pcq **old_pcq, struct r2cc_qp_shadow **old_sh)
 {
 	struct r2cc_vcq *v = r->vcq->v;
 	*old_qp = r->cur_cq ? r->cur_qp : NULL;
-	*old_cq = r->cur_cq;
+	*old_pcq = r->cur_pcq;
 	*old_sh = r->cur_sh != (r->q ? r->q->shadow : NULL) ? r->cur_sh : NULL;
 	pthread_mutex_lock(&v->mu);
-	if (!r->cur_cq) {
-		if (v->natt == v->attcap) {
-			size_t cap = v->attcap ? 2 * v->attcap : 8;
-			struct r2cc_rqp **n = realloc(v->att, cap * sizeof(*n));
-			if (n) {
-				v->att = n;
-				v->attcap = cap;
-			}
-		}
-		if (v->natt < v->attcap)
-			v->att[v->natt++] = r;
-	}
+	if (*old_qp && r2cc_hmap_get(&r->cur_pcq->by_qpn, (*old_qp)->qp_num) == r)
+		r2cc_hmap_del(&r->cur_pcq->by_qpn, (*old_qp)->qp_num);
+	if (r2cc_hmap_put(&r->new_pcq->by_qpn, r->new_qp->qp_num, r))
+		R2CC_WARN("repair: qp 0x%x: out of memory; its new path's completions are lost",
+			  r->qpn);
 	r->cur_qp = r->new_qp;
 	r->cur_cq = r->new_cq;
+	r->cur_pcq = r->new_pcq;
 	r->cur_ctx = r->new_ctx;
 	r->cur_nic = r->new_ctx->nic;
 	r->cur_sh = r->new_sh;
 	pthread_mutex_unlock(&v->mu);
 	r->new_qp = NULL;
 	r->new_cq = NULL;
+	r->new_pcq = NULL;
 	r->new_sh = NULL;
 	snprintf(r->peer_cur_nic, sizeof(r->peer_cur_nic), "%s", p->nic);
 	r->recv_live = r->send_live = false;
@@ -1746,7 +1834,7 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 static int commit_path(struct r2cc_rqp *r, const struct peer_path *p, bool sends, uint64_t *held)
 {
 	struct ibv_qp *oq = NULL;
-	struct ibv_cq *oc = NULL;
+	struct pcq *oc = NULL;
 	struct r2cc_qp_shadow *osh = NULL;
 	pthread_mutex_lock(&r->mu);
 	int rc = make_plan(r);
@@ -1761,7 +1849,7 @@ static int commit_path(struct r2cc_rqp *r, const struct peer_path *p, bool sends
 	}
 	pthread_mutex_unlock(&r->mu);
 	if (oq || oc)
-		destroy_private(oq, oc);
+		path_put(r, oq, oc);
 	if (osh)
 		r2cc_qp_shadow_destroy(osh);
 	return rc;

@@ -203,6 +203,14 @@ void r2cc_job_register_end(struct r2cc_job_reg *reg, void *comm)
 	pthread_mutex_unlock(&reg_lock);
 }
 
+bool r2cc_job_registering(void)
+{
+	pthread_mutex_lock(&reg_lock);
+	bool any = in_flight > 0;
+	pthread_mutex_unlock(&reg_lock);
+	return any;
+}
+
 void r2cc_job_quiesce(int ms)
 {
 	struct timespec until;

@@ -17,9 +17,12 @@
  * Printed per run: detection (fault to R2CC's first detection), repair (from
  * node0's detection to the last queue pair migrated in any process, from the
  * R2CC reports), node0's own migration time, the time from the fault until
- * every write was delivered, and node0's peak resident memory. --no-preload
- * runs the same set-up without R2CC and without the fault: the memory
- * baseline. Exit 0 when every run delivered everything (2: usage).
+ * every write was delivered, node0's peak resident memory (which counts the
+ * pages of the soft device's shared region it touched, so it varies from run
+ * to run) and node0's heap in use at the end (malloc'd bytes). --no-preload
+ * runs the same set-up without R2CC and without the fault: the baseline, so
+ * that the heap difference is what R2CC holds. Exit 0 when every run
+ * delivered everything (2: usage).
  *
  * The soft device holds 4096 QPs and 2048 CQs in all; R2CC rebuilds both ends
  * of every queue pair (a QP and a CQ each), so N is at most 1000.
@@ -32,6 +35,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -69,6 +73,7 @@ struct done_file {
 	int got;
 	double t_all; /* CLOCK_REALTIME when the last completion came */
 	long hwm_kb;
+	double heap_mib; /* malloc'd and in use (R2CC's share: with minus without it) */
 	char err[160];
 };
 
@@ -391,8 +396,9 @@ static int worker(const char *nccl_lib)
 			}
 			d.got++;
 		}
+		/* node0 polls as NCCL does; 64 peers doing so would starve 2 cores. */
 		if (!k)
-			usleep(50);
+			usleep(rank ? 1000 : 50);
 	}
 	d.t_all = real_s();
 	if (d.got < n)
@@ -404,6 +410,8 @@ static int worker(const char *nccl_lib)
 			usleep(2000);
 out:
 	d.hwm_kb = hwm_kb();
+	struct mallinfo2 mi = mallinfo2();
+	d.heap_mib = (double)(mi.uordblks + mi.hblkhd) / (1 << 20);
 	put("done", rank, &d, sizeof(d));
 	return d.status ? 1 : 0;
 }
@@ -520,6 +528,7 @@ static int run_once(const char *self, int q, int peers, double *out)
 	out[2] = mig0;
 	out[3] = (t_all - t_fault) * 1e3;
 	out[4] = dn[0].hwm_kb / 1024.0;
+	out[5] = dn[0].heap_mib;
 	snprintf(cmd, sizeof(cmd), "%s/bin/softverbs-ctl --fabric %s reset >/dev/null 2>&1; %s %s",
 		 build, fabric, keep ? "echo kept" : "rm -rf", d);
 	if (system(cmd) != 0)
@@ -606,9 +615,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	int ok = 1;
-	printf("%6s %6s %9s %10s %10s %12s %10s\n", "qps", "peers", "detect", "repair", "node0",
-	       "delivered", "node0 RSS");
-	printf("%6s %6s %9s %10s %10s %12s %10s\n", "", "", "ms", "ms (all)", "ms", "ms", "MiB");
+	printf("%6s %6s %9s %10s %10s %12s %10s %10s\n", "qps", "peers", "detect", "repair",
+	       "node0", "delivered", "node0 RSS", "node0 heap");
+	printf("%6s %6s %9s %10s %10s %12s %10s %10s\n", "", "", "ms", "ms (all)", "ms", "ms",
+	       "MiB", "MiB");
 	for (char *t = strtok(qlist, ","); t; t = strtok(NULL, ",")) {
 		int q = atoi(t);
 		int p = peers ? peers : (q / 8 < 1 ? 1 : q / 8 > MAX_PEERS ? MAX_PEERS : q / 8);
@@ -618,7 +628,7 @@ int main(int argc, char **argv)
 				MAX_QPS);
 			return 2;
 		}
-		double v[16][5];
+		double v[16][6];
 		int got = 0;
 		for (int i = 0; i < reps && i < 16; i++)
 			if (run_once(self, q, p, v[got]) == 0)
@@ -629,8 +639,8 @@ int main(int argc, char **argv)
 			printf("%6d %6d  failed\n", q, p);
 			continue;
 		}
-		double m[5];
-		for (int k = 0; k < 5; k++) {
+		double m[6];
+		for (int k = 0; k < 6; k++) {
 			double col[16];
 			for (int i = 0; i < got; i++)
 				col[i] = v[i][k];
@@ -638,11 +648,11 @@ int main(int argc, char **argv)
 			m[k] = col[got / 2];
 		}
 		if (preload)
-			printf("%6d %6d %9.1f %10.1f %10.1f %12.1f %10.1f\n", q, p, m[0], m[1],
-			       m[2], m[3], m[4]);
+			printf("%6d %6d %9.1f %10.1f %10.1f %12.1f %10.1f %10.1f\n", q, p, m[0],
+			       m[1], m[2], m[3], m[4], m[5]);
 		else
-			printf("%6d %6d %9s %10s %10s %12s %10.1f\n", q, p, "-", "-", "-", "-",
-			       m[4]);
+			printf("%6d %6d %9s %10s %10s %12s %10.1f %10.1f\n", q, p, "-", "-", "-",
+			       "-", m[4], m[5]);
 		fflush(stdout);
 	}
 	return ok ? 0 : 1;
