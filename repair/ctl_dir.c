@@ -457,29 +457,36 @@ int r2cc_ctl_dir_node_ranks(const struct r2cc_ctl_dir *dir, int node, int *ranks
 	return n;
 }
 
-/* Under p->mu. */
+/* Under p->mu. A member replaced is kept until the directory goes: callers may
+ * still hold it. */
 static int put_locked(struct r2cc_ctl_dir_priv *p, int rank, const struct r2cc_ctl_member *m)
 {
 	size_t size = member_size(m->nnics);
 	struct r2cc_ctl_member *c = malloc(size);
-	struct retired_member *o = NULL;
-	struct r2cc_ctl_member *prev = r2cc_hmap_get(&p->members, (uint64_t)rank);
-	if (!c || (prev && !(o = malloc(sizeof(*o))))) {
-		free(c);
+	if (!c)
 		return -ENOMEM;
-	}
 	memcpy(c, m, size);
-	if (r2cc_hmap_put(&p->members, (uint64_t)rank, c)) {
-		free(c);
-		free(o);
-		return -ENOMEM;
-	}
-	p->member_bytes += size;
+	struct r2cc_ctl_member *prev = r2cc_hmap_get(&p->members, (uint64_t)rank);
 	if (prev) {
+		struct retired_member *o = malloc(sizeof(*o));
+		if (!o) {
+			free(c);
+			return -ENOMEM;
+		}
 		o->m = prev;
 		o->next = p->old;
 		p->old = o;
 	}
+	if (r2cc_hmap_put(&p->members, (uint64_t)rank, c)) {
+		if (prev) { /* still in the map: not retired after all */
+			struct retired_member *o = p->old;
+			p->old = o->next;
+			free(o);
+		}
+		free(c);
+		return -ENOMEM;
+	}
+	p->member_bytes += size;
 	return 0;
 }
 
