@@ -602,6 +602,45 @@ Test(ctl_live, several_local_ranks_and_reregistration)
 	r2cc_ctl_shutdown();
 }
 
+/* The rendezvous keeps a round's directory while any of its ranks remains:
+ * members are fetched, NICs reported and found; once every rank has left, the
+ * round is gone and lookups get -ENOENT. */
+Test(ctl_live, round_lives_until_every_rank_left)
+{
+	struct r2cc_ctl_job job = new_job();
+	struct r2cc_ctl_member m[2];
+	self_member(&m[0], "node-a");
+	self_member(&m[1], "node-b");
+	m[0].nnics = m[1].nnics = 0;
+	int ranks[2] = {0, 1};
+	struct r2cc_ctl_dir *dirs[2] = {0};
+	cr_assert_eq(r2cc_ctl_register_each(&job, m, ranks, 2, 2, 5000, dirs), 0);
+	cr_assert_null(r2cc_ctl_dir_member(dirs[0], 1), "another node's member is not sent");
+	struct r2cc_ctl_nic nic = {.name = "soft1", .lid = 33, .port = 1};
+	cr_assert_eq(r2cc_ctl_dir_report_nics(dirs[1], &nic, 1, 3000), 0);
+	struct r2cc_ctl_nicaddr a = {.kind = R2CC_CTL_NICADDR_LID, .bytes = {0, 33}};
+	int owners[4], nowners = 0;
+	cr_assert_eq(r2cc_ctl_dir_owners(dirs[0], &a, 1, owners, 4, &nowners, 3000), 0);
+	cr_assert_eq(nowners, 1);
+	cr_assert_eq(owners[0], 1);
+	cr_assert_eq(r2cc_ctl_dir_member(dirs[0], 1)->nnics, 1, "the reported NIC is in it");
+	cr_assert_str_eq(r2cc_ctl_dir_member(dirs[0], 1)->nics[0].name, "soft1");
+	r2cc_ctl_dir_leave(dirs[1]);
+	/* One rank left: the round still serves the other. */
+	usleep(100000);
+	cr_assert_eq(r2cc_ctl_dir_owners(dirs[0], &a, 1, owners, 4, &nowners, 3000), 0);
+	r2cc_ctl_dir_leave(dirs[0]);
+	int rc = 0;
+	for (int i = 0; i < 100 && rc != -ENOENT; i++) {
+		usleep(20000);
+		rc = r2cc_ctl_dir_owners(dirs[0], &a, 1, owners, 4, &nowners, 3000);
+	}
+	cr_assert_eq(rc, -ENOENT, "every rank left: the round is freed");
+	r2cc_ctl_dir_free(dirs[0]);
+	r2cc_ctl_dir_free(dirs[1]);
+	r2cc_ctl_shutdown();
+}
+
 Test(ctl_live, two_jobs_at_once)
 {
 	struct r2cc_ctl_job a = new_job(), b = new_job();
