@@ -2551,6 +2551,11 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 			return false; /* ours wins; the peer serves our REQ */
 		if (!r->initiator && r->pair_id == le64toh(m->pair_id))
 			return false; /* a re-sent REQ we already answered */
+		/* Serving another exchange that has not seen its GO: the current path
+		 * is live, not fenced, so this REQ waits (the initiator asks again)
+		 * until that one ends. */
+		if (!r->initiator)
+			return false;
 		/* theirs wins: drop our new path, serve theirs (already fenced) */
 		pthread_mutex_lock(&r->mu);
 		drop_new_path(r);
