@@ -1471,6 +1471,53 @@ static int fence(struct r2cc_rqp *r)
 	return fence_end(r, now_ns() + DRAIN_NS);
 }
 
+/*
+ * Fences every record of list[0..n) (NULL ones skipped) and sets rc[i], at once
+ * as far as each CQ allows: moving a QP to ERR flushes everything outstanding on
+ * it, and two markers, into its CQ, and one of NCCL's CQs shared by many QPs holds
+ * only so much (half its depth is given to a wave of fences, at least one QP). A
+ * migrated QP's own CQ has room for its flush by construction (path_need()).
+ */
+#define FENCE_WAVE_CQS 64
+
+static void fence_all(struct r2cc_rqp **list, int n, int *rc)
+{
+	for (int first = 0; first < n;) {
+		struct cq_load {
+			const struct r2cc_cq *cq;
+			int used;
+		} load[FENCE_WAVE_CQS];
+		int ncq = 0, last = first;
+		for (; last < n; last++) {
+			struct r2cc_rqp *r = list[last];
+			if (!r || r->cur_cq) {
+				if (r)
+					fence_begin(r);
+				continue;
+			}
+			int need = 2 + (int)r2cc_qp_shadow_send_outstanding(r->cur_sh) +
+				   (int)r2cc_qp_shadow_recv_outstanding(r->cur_sh);
+			int k = 0;
+			while (k < ncq && load[k].cq != r->vcq)
+				k++;
+			if (k == ncq) {
+				if (ncq == FENCE_WAVE_CQS)
+					break;
+				load[ncq++] = (struct cq_load){r->vcq, 0};
+			}
+			if (load[k].used && r->vcq->depth > 0 &&
+			    load[k].used + need > r->vcq->depth / 2)
+				break;
+			load[k].used += need;
+			fence_begin(r);
+		}
+		int64_t until = now_ns() + DRAIN_NS;
+		for (int i = first; i < last; i++)
+			rc[i] = list[i] ? fence_end(list[i], until) : 0;
+		first = last;
+	}
+}
+
 static const char *fence_failure(int rc)
 {
 	return rc == -ETIMEDOUT ? "the old path did not drain" : "shadow inconsistent";
@@ -2462,17 +2509,19 @@ static void initiate_batch(struct batch *b)
 		if (b->n == checked)
 			break;
 	}
-	for (int i = 0; i < w.n; i++)
-		fence_begin(w.r[i]);
-	int64_t until = now_ns() + DRAIN_NS;
+	int *frc = calloc((size_t)(w.n ? w.n : 1), sizeof(*frc));
 	int n = 0;
+	if (frc)
+		fence_all(w.r, w.n, frc);
 	for (int i = 0; i < w.n; i++) {
-		int rc = fence_end(w.r[i], until);
+		int rc = frc ? frc[i] : -ENOMEM;
 		if (rc)
-			fail(w.r[i], fence_failure(rc));
+			fail(w.r[i],
+			     rc == -ENOMEM ? "out of memory for the exchange" : fence_failure(rc));
 		else
 			w.r[n++] = w.r[i];
 	}
+	free(frc);
 	qsort(w.r, (size_t)n, sizeof(*w.r), cmp_by_peer);
 	struct rep_wire *m = n ? malloc(sizeof(*m) * (size_t)n) : NULL;
 	if (n && !m) {
@@ -2648,21 +2697,21 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 {
 	struct outboxes out = {0};
 	bool *serve = calloc((size_t)in->n, sizeof(*serve));
-	bool *fenced = calloc((size_t)in->n, sizeof(*fenced));
-	if (!serve || !fenced) {
+	struct r2cc_rqp **fence_list = calloc((size_t)in->n, sizeof(*fence_list));
+	int *frc = calloc((size_t)in->n, sizeof(*frc));
+	if (!serve || !fence_list || !frc) {
 		free(serve);
-		free(fenced);
+		free(fence_list);
+		free(frc);
 		return; /* the initiator asks again */
 	}
 	for (int i = 0; i < in->n; i++)
 		if (rq[i] && in->m[i].op == OP_REQ &&
-		    serve_check(rq[i], in, &in->m[i], &out, dir, &serve[i])) {
-			fence_begin(rq[i]);
-			fenced[i] = true;
-		}
-	int64_t until = now_ns() + DRAIN_NS;
+		    serve_check(rq[i], in, &in->m[i], &out, dir, &serve[i]))
+			fence_list[i] = rq[i];
+	fence_all(fence_list, in->n, frc);
 	for (int i = 0; i < in->n; i++) {
-		int rc = fenced[i] ? fence_end(rq[i], until) : 0;
+		int rc = frc[i];
 		if (rc) {
 			nack(&out, dir, in->from_rank, &in->m[i], rc);
 			fail(rq[i], fence_failure(rc));
@@ -2686,7 +2735,8 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 	}
 	r2cc_hmap_free(&rs.seen);
 	free(serve);
-	free(fenced);
+	free(fence_list);
+	free(frc);
 }
 
 /* Initiator, every REP entry of one message: connect each, the peer's keys
