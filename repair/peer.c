@@ -68,6 +68,7 @@ static struct {
 	struct dir_ent *dirs;
 	int ndirs, dircap;
 	void (*notify)(void *cookie);
+	bool fetch_due; /* peers found by their PAIR: their members are not here yet */
 	struct r2cc_peer_stats st;
 	size_t bytes;
 } peer = {
@@ -485,6 +486,8 @@ static void pair_handler(void *arg, int from_rank, const void *payload, size_t l
 			found_locked(e, dir, from_rank);
 			peer.st.by_pair_request++;
 			notify[nn++] = e->cookie;
+			peer.fetch_due = true;
+			pthread_cond_broadcast(&peer.cond);
 		}
 	}
 	pthread_mutex_unlock(&peer.mu);
@@ -701,9 +704,52 @@ static int cmp_size(const void *a, const void *b)
 	return (y->dir->nranks > x->dir->nranks) - (y->dir->nranks < x->dir->nranks);
 }
 
+/*
+ * The members of peers found by their own PAIR request, fetched now rather than
+ * at the first repair message: then a repair needs nothing from the rendezvous,
+ * even if its process is gone by then. snap holds the directories in use.
+ */
+static void fetch_members(const struct dir_ent *snap, int nd)
+{
+	pthread_mutex_lock(&peer.mu);
+	bool due = peer.fetch_due;
+	peer.fetch_due = false;
+	int total = due ? (int)peer.st.found : 0, *ranks = NULL, *which = NULL, n = 0;
+	if (total) {
+		ranks = malloc(sizeof(int) * (size_t)total);
+		which = malloc(sizeof(int) * (size_t)total);
+	}
+	for (size_t s = 0; ranks && which && s < peer.by_local.cap; s++)
+		for (const struct entry *e = peer.by_local.vals[s]; e && n < total; e = e->next) {
+			int d = 0;
+			while (d < nd && snap[d].dir != e->dir)
+				d++;
+			if (d < nd && !r2cc_ctl_dir_member(e->dir, e->rank)) {
+				ranks[n] = e->rank;
+				which[n++] = d;
+			}
+		}
+	pthread_mutex_unlock(&peer.mu);
+	int *mine = n ? malloc(sizeof(int) * (size_t)n) : NULL;
+	for (int d = 0; d < nd && mine; d++) {
+		int k = 0;
+		for (int i = 0; i < n; i++)
+			if (which[i] == d)
+				mine[k++] = ranks[i];
+		if (k && r2cc_ctl_dir_fetch(snap[d].dir, mine, k, REQ_TIMEOUT_MS))
+			R2CC_INFO("repair: cannot fetch %d peer member(s) of job %016llx now; a "
+				  "repair will ask again",
+				  k, (unsigned long long)snap[d].dir->job.id);
+	}
+	free(mine);
+	free(ranks);
+	free(which);
+}
+
 /* One pass: report NICs, then search what is due, through every job (the
- * largest first: the world communicator's job has every peer). Returns when the
- * next entry falls due. */
+ * largest first: the world communicator's job has every peer), and fetch the
+ * members of peers that found this process. Returns when the next entry falls
+ * due. */
 static int64_t search_pass(void)
 {
 	int64_t now = now_ns(), next = now + MAX_RETRY_NS;
@@ -751,6 +797,7 @@ static int64_t search_pass(void)
 		find_owners(snap[i].dir, it, n);
 		ask_owners(snap[i].dir, it, n);
 	}
+	fetch_members(snap, nd);
 
 	void **notify = n ? malloc(sizeof(*notify) * (size_t)n) : NULL;
 	int nn = 0;
@@ -793,6 +840,8 @@ static int64_t search_pass(void)
 
 static bool work_due_locked(int64_t now)
 {
+	if (peer.fetch_due && peer.ndirs)
+		return true;
 	for (int i = 0; i < peer.ndirs; i++)
 		if (!peer.dirs[i].gone && peer.dirs[i].reported < peer.nnics)
 			return true;

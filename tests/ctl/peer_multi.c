@@ -39,7 +39,7 @@
 
 struct res {
 	int status;
-	int found, wrong_peer;
+	int found, wrong_peer, missing_members;
 	int got_good, got_bad;
 	int expected;
 	char err[128];
@@ -203,6 +203,17 @@ static int child(int p)
 			break;
 		usleep(2000);
 	}
+	/* The members of every peer come too (a repair then needs nothing from the
+	 * rendezvous), also of peers that found this process first. */
+	for (;;) {
+		int missing = 0;
+		for (int q = 0; q < nproc; q++)
+			missing += node_of(q) != node_of(p) && !r2cc_ctl_dir_member(dir, q);
+		r->missing_members = missing;
+		if (!missing || now_s() > until)
+			break;
+		usleep(2000);
+	}
 	__atomic_fetch_add(&sh->resolved, 1, __ATOMIC_RELEASE);
 	while (__atomic_load_n(&sh->resolved, __ATOMIC_ACQUIRE) < nproc && now_s() < until)
 		usleep(1000);
@@ -235,16 +246,18 @@ static int child(int p)
 	struct r2cc_peer_stats st;
 	r2cc_peer_stats(&st);
 	printf("process %d: %d connections, found %d (%llu by its own search, %llu by the peer's "
-	       "PAIR), %d wrong; requests received %d right, %d wrong\n",
+	       "PAIR), %d wrong, %d peer members missing; requests received %d right, %d "
+	       "wrong\n",
 	       p, r->expected, r->found, (unsigned long long)(st.found - st.by_pair_request),
-	       (unsigned long long)st.by_pair_request, r->wrong_peer, r->got_good, r->got_bad);
+	       (unsigned long long)st.by_pair_request, r->wrong_peer, r->missing_members,
+	       r->got_good, r->got_bad);
 	fflush(stdout);
 	/* Others may still send to this process: stay until all are done. */
 	__atomic_fetch_add(&sh->resolved, 1, __ATOMIC_RELEASE);
 	while (__atomic_load_n(&sh->resolved, __ATOMIC_ACQUIRE) < 2 * nproc && now_s() < until)
 		usleep(1000);
-	bool ok =
-	    r->found == r->expected && !r->wrong_peer && r->got_good == r->expected && !r->got_bad;
+	bool ok = r->found == r->expected && !r->wrong_peer && !r->missing_members &&
+		  r->got_good == r->expected && !r->got_bad;
 	r2cc_ctl_shutdown();
 	return ok ? 0 : 1;
 }
