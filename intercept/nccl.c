@@ -135,6 +135,7 @@ const struct r2cc_nccl_real *r2cc_nccl_real(void)
 	t.CommUserRank = (void *)REAL(CommUserRank);
 	t.GroupStart = (void *)REAL(GroupStart);
 	t.GroupEnd = (void *)REAL(GroupEnd);
+	t.CommGetAsyncError = (void *)REAL(CommGetAsyncError);
 	return &t;
 }
 
@@ -330,8 +331,9 @@ R2CC_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexcl
 
 /* --- destruction ------------------------------------------------------------ */
 
-/* Strategy state first (its sub-communicators), then the record. */
-static void unregister_comm(ncclComm_t comm)
+/* Strategy state first (its sub-communicators: aborted with the parent), then
+ * the record. */
+static void unregister_comm(ncclComm_t comm, bool abort)
 {
 	struct r2cc_comm *c = r2cc_comm_find(comm);
 	if (!c)
@@ -339,11 +341,12 @@ static void unregister_comm(ncclComm_t comm)
 	r2cc_job_comm_gone(comm);
 	r2cc_comm_release_fn rel = __atomic_load_n(&r2cc_comm_release_hook, __ATOMIC_ACQUIRE);
 	if (rel && c->strategy)
-		rel(c);
+		rel(c, abort);
 	r2cc_comm_remove(comm);
 }
 
 r2cc_comm_release_fn r2cc_comm_release_hook;
+r2cc_comm_async_error_fn r2cc_comm_async_error_hook;
 
 R2CC_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
@@ -352,14 +355,35 @@ R2CC_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm)
 
 R2CC_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
 {
-	unregister_comm(comm);
+	unregister_comm(comm, false);
 	FORWARD(CommDestroy, (comm));
 }
 
 R2CC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
-	unregister_comm(comm);
+	unregister_comm(comm, true);
 	FORWARD(CommAbort, (comm));
+}
+
+/* A job waits for its collectives by polling this (nccl-tests, PyTorch's
+ * watchdog) and aborts the communicator on an error. R2CC-AllReduce's work runs
+ * partly on communicators of R2CC's own: their errors are the parent's, or the
+ * job would wait forever on a collective whose sub-communicator gave up. */
+R2CC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
+{
+	real_ncclCommGetAsyncError_fn f = REAL(CommGetAsyncError);
+	if (!f)
+		return ncclInvalidUsage;
+	ncclResult_t rc = f(comm, err);
+	r2cc_comm_async_error_fn hook =
+	    __atomic_load_n(&r2cc_comm_async_error_hook, __ATOMIC_ACQUIRE);
+	if (rc == ncclSuccess && err && *err == ncclSuccess && hook) {
+		struct r2cc_comm *c = r2cc_comm_find(comm);
+		int sub = c && c->strategy ? hook(c) : 0;
+		if (sub)
+			*err = (ncclResult_t)sub;
+	}
+	return rc;
 }
 
 /* --- collectives ------------------------------------------------------------ */

@@ -23,6 +23,7 @@
 #include "repair/mr_mirror.h"
 #include "repair/peer.h"
 #include "repair/qp_shadow.h"
+#include "repair/stall.h"
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/failspec.h"
@@ -46,8 +47,9 @@
 #define MARK_R 0x5232434346454e52ull /* "R2CCFENR" */
 
 #define SCAN_NS		 5000000ll   /* stall scan period */
-#define STALL_FLOOR_NS	 100000000ll /* adaptive threshold never below this */
-#define PROBE_IDLE_NS	 20000000ll  /* trailing unsignalled requests probed after this */
+#define SUSPECT_AGAIN_NS 200000000ll /* a stall that outlives its confirmation: first back-off */
+#define SUSPECT_MAX_NS	 5000000000ll
+#define PROBE_IDLE_NS	 20000000ll /* trailing unsignalled requests probed after this */
 #define DRAIN_NS	 1000000000ll
 #define RESEND_NS	 100000000ll /* REQ re-sent while unanswered */
 #define INCIDENT_JOIN_NS 2000000000ll
@@ -56,9 +58,9 @@
 #define WIRE_MAX_ENTRIES 4096	      /* queue pairs per exchange message */
 #define RESEND_PER_QP_NS 200000ll     /* a batch's REQ is re-sent later the larger it is */
 #define DIR_SWEEP_NS	 1000000000ll /* released directories are freed when unused */
-#define CHURN_MAX	 3	      /* migrations of one QP ... */
-#define CHURN_NS	 5000000000ll /* ... within this long: the path is unrecoverable */
-#define CHURN_WHY	 "the path keeps failing (3 migrations within 5 s)"
+#define CHURN_RING	 16	      /* migrations of one QP remembered */
+#define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
+#define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
 
 enum rq_state {
 	RQ_HEALTHY,
@@ -69,10 +71,12 @@ enum rq_state {
 	RQ_FAILED, /* repair impossible: NCCL gets the error */
 };
 
-enum { OP_REQ = 1, OP_REP, OP_GO, OP_NACK };
+enum { OP_REQ = 1, OP_REP, OP_GO, OP_NACK, OP_SUSPECT };
 /* rep_wire.flags: the REQ's sender knows its own NIC failed (declared, port down,
  * self-test failed): the responder's side is healthy and keeps its NIC. */
 #define WIRE_F_SENDER_NIC_FAILED 0x1
+/* ... because it was declared failed (R2CC_FAILED_NODE/HCA): nothing was detected. */
+#define WIRE_F_DECLARED 0x2
 
 struct held_send {
 	struct held_send *next;
@@ -176,16 +180,19 @@ struct r2cc_rqp {
 	struct held_recv *hr_head, **hr_tail;
 	/* stall scan */
 	uint64_t scan_retired, scan_posted;
-	int64_t scan_progress, max_gap, scan_idle;
+	int64_t scan_progress, scan_idle;
+	uint64_t wait_ahead;   /* the most the node had queued on the NIC during this wait */
+	int64_t suspect_after; /* this wait is suspected again only beyond this long */
+	const struct r2cc_qp_shadow *acct_sh; /* the load model's baseline: shadow, bytes */
+	uint64_t acct_retired;
 	int64_t probe_at;	     /* a probe is out since then (0: none) */
-	bool scan_off;		     /* no peer to repair with: not stall-scanned */
 	int probe_done;		     /* atomic: its completion came */
 	uint64_t probed;	     /* send_posted when the last probe was posted */
 	struct r2cc_nic *ledger_nic; /* the node ledger counts this QP on it (placement) */
 	int ledger_dir;
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
-	int64_t recent[CHURN_MAX]; /* when the last migrations finished (ring) */
+	int64_t recent[CHURN_RING]; /* when the last migrations finished (ring) */
 };
 
 struct incident {
@@ -194,6 +201,7 @@ struct incident {
 	int64_t t_detect, t_done;
 	int qps, migrated, failed;
 	uint64_t bytes_reposted, bytes_saved, synth, held;
+	bool declared; /* a declared failure moved these QPs, not a detected one */
 	int nevents;
 	struct {
 		int64_t t;
@@ -265,7 +273,10 @@ static struct {
 	int ninc;
 	void **own; /* R2CC's own QPs and CQs */
 	int nown, owncap;
-	int64_t last_progress;	       /* latest retirement seen by the stall scan */
+	int64_t last_progress; /* latest retirement seen by the stall scan */
+	/* stall suspicions (scan), and how the confirmations ended (self-tests) */
+	uint64_t stalls_suspected, stalls_node_wide;
+	uint64_t selftests_passed, selftests_failed, selftests_inconclusive;
 	struct r2cc_failspec declared; /* R2CC_FAILED_NODE / R2CC_FAILED_HCA */
 	int node_index;		       /* this process's node in the job, -1 unknown */
 	uint64_t next_pair;
@@ -318,6 +329,7 @@ static int incident_get(const char *nic, const char *evidence, int64_t t)
 	memset(in, 0, sizeof(*in));
 	snprintf(in->nic, sizeof(in->nic), "%s", nic);
 	snprintf(in->evidence, sizeof(in->evidence), "%s", evidence);
+	in->declared = strstr(evidence, "declared") != NULL;
 	in->t_detect = t;
 	return eng.ninc++;
 }
@@ -534,8 +546,10 @@ static void wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
 	r2cc_peer_ep_put(&r->ep_local, m->src);
 	r2cc_peer_ep_put(&r->ep_remote, m->dst);
 	snprintf(m->orig_nic, sizeof(m->orig_nic), "%s", r->orig_nic->name);
-	if (op == OP_REQ && __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
-		m->flags = htole16(WIRE_F_SENDER_NIC_FAILED);
+	int st = __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED);
+	if (op == OP_REQ && st != R2CC_NIC_UP)
+		m->flags = htole16(WIRE_F_SENDER_NIC_FAILED |
+				   (st == R2CC_NIC_DECLARED ? WIRE_F_DECLARED : 0));
 }
 
 static void wire_path(struct rep_wire *m, const struct r2cc_rqp *r)
@@ -669,7 +683,7 @@ static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 		return;
 	memcpy(in->m, (const unsigned char *)payload + sizeof(h), (size_t)n * sizeof(in->m[0]));
 	for (int i = 0; i < n; i++) {
-		if (in->m[i].op < OP_REQ || in->m[i].op > OP_NACK) {
+		if (in->m[i].op < OP_REQ || in->m[i].op > OP_SUSPECT) {
 			free(in);
 			return;
 		}
@@ -690,6 +704,8 @@ static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 /* --- the repair thread ------------------------------------------------------------ */
 
 static void *repair_main(void *arg);
+static void nic_failure_seen(const struct r2cc_nic *nic);
+static void report_stalls(FILE *text, FILE *json);
 
 /* Under eng.mu. */
 static void start_locked(void)
@@ -698,6 +714,7 @@ static void start_locked(void)
 		return;
 	eng.started = true;
 	__atomic_store_n(&r2cc_report_incidents_hook, r2cc_repair_report, __ATOMIC_RELEASE);
+	__atomic_store_n(&r2cc_report_stalls_hook, report_stalls, __ATOMIC_RELEASE);
 	eng.in_tail = &eng.in_head;
 	r2cc_peer_set_notify(peer_found);
 	if (r2cc_ctl_set_handler(R2CC_REPAIR_MSG, on_msg, NULL) || r2cc_mr_mirror_serve())
@@ -754,6 +771,16 @@ static void detect(struct r2cc_rqp *r, const char *cause, int status)
 	start_locked();
 	pthread_cond_signal(&eng.cond);
 	pthread_mutex_unlock(&eng.mu);
+}
+
+/* A failure seen on nic, for a QP found on it: it counts only while the QP is still
+ * there. A list of QPs is collected, then each is detected; one may have moved off
+ * the NIC meanwhile (another detection got there first), and its new path has not
+ * failed. */
+static void detect_on(struct r2cc_rqp *r, const struct r2cc_nic *nic, const char *cause, int status)
+{
+	if (__atomic_load_n(&r->cur_nic, __ATOMIC_ACQUIRE) == nic)
+		detect(r, cause, status);
 }
 
 /* --- gates ------------------------------------------------------------------------ */
@@ -914,6 +941,7 @@ int r2cc_repair_poll_errors(struct r2cc_cq *c, struct ibv_wc *wc, int got)
 			char why[128];
 			snprintf(why, sizeof(why), "error completion (status %d) on %.64s",
 				 wc[i].status, c->ctx->nic->name);
+			nic_failure_seen(c->ctx->nic);
 			detect(r, why, wc[i].status);
 			continue; /* hidden */
 		}
@@ -1811,6 +1839,9 @@ static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ib
 			struct pcq **old_pcq, struct r2cc_qp_shadow **old_sh)
 {
 	struct r2cc_vcq *v = r->vcq->v;
+	/* Off the declared NIC now (the peer may have moved it first): NCCL's
+	 * first post has nothing left to move. */
+	r->declared_pending = false;
 	*old_qp = r->cur_cq ? r->cur_qp : NULL;
 	*old_pcq = r->cur_pcq;
 	*old_sh = r->cur_sh != (r->q ? r->q->shadow : NULL) ? r->cur_sh : NULL;
@@ -1824,7 +1855,7 @@ static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ib
 	r->cur_cq = r->new_cq;
 	r->cur_pcq = r->new_pcq;
 	r->cur_ctx = r->new_ctx;
-	r->cur_nic = r->new_ctx->nic;
+	__atomic_store_n(&r->cur_nic, r->new_ctx->nic, __ATOMIC_RELEASE);
 	r->cur_sh = r->new_sh;
 	pthread_mutex_unlock(&v->mu);
 	r->new_qp = NULL;
@@ -1961,7 +1992,7 @@ static void fail(struct r2cc_rqp *r, const char *why)
 static void done(struct r2cc_rqp *r, uint64_t held)
 {
 	int64_t t = now_ns();
-	r->recent[r->migrations % CHURN_MAX] = t;
+	r->recent[r->migrations % CHURN_RING] = t;
 	r->migrations++;
 	pthread_mutex_lock(&eng.mu);
 	if (r->incident >= 0) {
@@ -2063,7 +2094,7 @@ static void refresh_once(struct refresh_set *rs, const struct r2cc_ctl_dir *dir,
 	r2cc_mr_mirror_remote_refresh(dir, rank, from, to, 2000);
 }
 
-static void selftest_start(struct r2cc_nic *a);
+static void selftest_start(struct r2cc_nic *a, const char *why, bool stall);
 
 /* The live records pred picks, copied out under eng.mu so that the caller acts on
  * them without it; *list is malloc'd (NULL when none, or out of memory: logged). */
@@ -2136,32 +2167,72 @@ static void localise(struct r2cc_rqp *r)
 	snprintf(why, sizeof(why), "%s as qp 0x%x (%s)", port_down ? "same NIC" : "same path",
 		 r->qpn, r->cause);
 	for (int i = 0; i < n; i++)
-		detect(list[i], why, r->status_seen);
+		detect_on(list[i], nic, why, r->status_seen);
 	free(list);
 	incident_event(r->incident, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move", r->qpn,
 		       port_down ? "NIC" : "path from", nic->name, port_down ? "" : " to its peer",
 		       n);
 	if (!port_down)
-		selftest_start(nic);
+		selftest_start(nic, why, false);
 }
 
 /*
  * NIC self-test. A failure with the port up is a dead path (or a dead NIC on the
- * other side), or a dead NIC here whose port still says active (a black hole).
- * The test tells them apart: a signalled zero-byte write from the suspect NIC to
- * a sibling NIC of this process, through the fabric, on a QP pair of R2CC's own.
- * No completion within SELFTEST_NS: the NIC itself is dead, and every QP on it
- * moves. Runs on a short-lived thread, at most one per NIC at a time.
+ * other side), or a dead NIC here whose port still says active (a black hole);
+ * a stall may also be no failure at all, only a loaded fabric. The test tells
+ * them apart: a signalled zero-byte write from the suspect NIC to a sibling NIC
+ * of this process, through the fabric, on a QP pair of R2CC's own. It queues
+ * behind what the node has queued on both NICs, so it is given SELFTEST_NS plus
+ * what those queues explain (repair/stall.h). Without an answer by then, the NIC
+ * is dead only if it also completed nothing at all while it had work: a NIC that
+ * drains is alive however slowly (the test is extended, up to SELFTEST_MAX_NS,
+ * then called inconclusive), and congestion cannot make a NIC that has work
+ * complete nothing while its test goes unanswered. A dead NIC has every QP on it
+ * moved. Runs on a short-lived thread, at most one per NIC at a time; a NIC that
+ * passed is not tested again for a back-off that doubles while the suspicions
+ * go on (a healthy, loaded NIC is not tested on every scan).
  */
-#define SELFTEST_NS 60000000ll
+#define SELFTEST_NS	     60000000ll
+#define SELFTEST_MAX_NS	     5000000000ll
+#define SELFTEST_BACKOFF_NS  100000000ll
+#define SELFTEST_BACKOFF_MAX 2000000000ll
+#define SELFTEST_SIBLINGS    3		  /* tested through at once */
+#define SUSPECT_NIC_NS	     2000000000ll /* a NIC with a failure this recent is no witness */
 
 struct selftest {
-	struct r2cc_nic *a, *b;
-	struct r2cc_ctx *ca, *cb;
-	bool b_suspected; /* b's own self-test ran during this one */
+	struct r2cc_nic *a;
+	struct r2cc_ctx *ca;
+	int nb;
+	struct r2cc_nic *b[SELFTEST_SIBLINGS];
+	struct r2cc_ctx *cb[SELFTEST_SIBLINGS];
+	struct ibv_qp *qa[SELFTEST_SIBLINGS], *qb[SELFTEST_SIBLINGS];
+	struct ibv_cq *cqa, *cqb[SELFTEST_SIBLINGS];
+	char why[128];
 };
 
-/* Short transport timeouts: the test is over in SELFTEST_NS anyway. */
+/* Per NIC (registry index): no new self-test before next, the back-off, and
+ * the last time a failure was seen on it (it is then a poor witness for its
+ * siblings' tests). */
+static struct {
+	int64_t next, backoff, failure_at;
+} st_nic[R2CC_STALL_MAX_NICS];
+
+static void nic_failure_seen(const struct r2cc_nic *nic)
+{
+	if (nic && nic->index >= 0 && nic->index < R2CC_STALL_MAX_NICS)
+		__atomic_store_n(&st_nic[nic->index].failure_at, now_ns(), __ATOMIC_RELAXED);
+}
+
+static bool nic_failed_lately(const struct r2cc_nic *nic)
+{
+	if (!nic || nic->index < 0 || nic->index >= R2CC_STALL_MAX_NICS)
+		return false;
+	int64_t t = __atomic_load_n(&st_nic[nic->index].failure_at, __ATOMIC_RELAXED);
+	return t && now_ns() - t < SUSPECT_NIC_NS;
+}
+
+/* Transport timeouts long enough for a loaded fabric (about 0.5 s on hardware);
+ * the verdict is the test's own, from its answer and the NIC's progress. */
 static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2cc_nic *peer,
 			    uint32_t peer_qpn)
 {
@@ -2171,105 +2242,217 @@ static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2c
 	struct qp_link l = {.qpn = peer_qpn,
 			    .lid = peer->lid,
 			    .mtu = IBV_MTU_1024,
-			    .timeout = 12,
-			    .retry_cnt = 2,
+			    .timeout = 14,
+			    .retry_cnt = 7,
 			    .rnr_retry = 7};
 	return qp_connect(qp, self, &l);
 }
 
 static void nic_failed(struct r2cc_nic *nic, const char *why);
 
-static void *selftest_main(void *arg)
+/* How long the test waits for its answer before the NIC's progress is looked at:
+ * the base time, and what the largest request in service on the NICs may take
+ * (a NIC busy with one long request completes nothing meanwhile). What is queued
+ * ahead does not count: a NIC that completes anything at all is alive. */
+static int64_t selftest_window(const struct selftest *t)
 {
-	struct selftest *t = arg;
-	struct ibv_cq *cqa = eng.v.create_cq(t->ca->ctx, 8, NULL, NULL, 0);
-	struct ibv_cq *cqb = eng.v.create_cq(t->cb->ctx, 8, NULL, NULL, 0);
-	struct ibv_qp *qa = NULL, *qb = NULL;
-	int verdict = -1; /* -1 inconclusive, 0 alive, 1 dead */
-	if (cqa)
-		own_add(cqa);
-	if (cqb)
-		own_add(cqb);
-	struct ibv_qp_init_attr ia = {
-	    .qp_type = IBV_QPT_RC,
-	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
-	if (cqa && cqb) {
-		ia.send_cq = ia.recv_cq = cqa;
-		qa = eng.v.create_qp(r2cc_mr_mirror_pd(t->a), &ia);
-		ia.send_cq = ia.recv_cq = cqb;
-		qb = eng.v.create_qp(r2cc_mr_mirror_pd(t->b), &ia);
+	int64_t w = 0;
+	for (int i = 0; i < t->nb; i++) {
+		int64_t x = r2cc_stall_explained_ns(t->b[i], 0, 0);
+		w = x > w ? x : w;
 	}
-	if (qa)
-		own_add(qa);
-	if (qb)
-		own_add(qb);
-	if (qa && qb && !selftest_connect(qa, t->a, t->b, qb->qp_num) &&
-	    !selftest_connect(qb, t->b, t->a, qa->qp_num)) {
-		struct ibv_send_wr w = {.wr_id = 1,
+	return SELFTEST_NS + r2cc_stall_explained_ns(t->a, 0, 0) + w;
+}
+
+/*
+ * One signalled zero-byte write from a to every sibling at once; an answer from
+ * any of them means a is alive. -1 inconclusive, 0 alive, 1 dead.
+ */
+static int selftest_run(struct selftest *t)
+{
+	int posted = 0;
+	for (int i = 0; i < t->nb; i++) {
+		struct ibv_send_wr w = {.wr_id = (uint64_t)i + 1,
 					.opcode = IBV_WR_RDMA_WRITE,
 					.send_flags = IBV_SEND_SIGNALED},
 				   *bad;
-		if (t->ca->post_send(qa, &w, &bad) == 0) {
-			int64_t until = now_ns() + SELFTEST_NS;
-			struct ibv_wc wc;
-			verdict = 1;
-			while (now_ns() < until) {
-				t->b_suspected |=
-				    __atomic_load_n(&t->b->selftest, __ATOMIC_ACQUIRE);
-				int n = t->ca->poll_cq(cqa, 1, &wc);
-				if (n > 0) {
-					verdict = wc.status == IBV_WC_SUCCESS ? 0 : 1;
-					break;
-				}
-				usleep(200);
-			}
+		if (t->qa[i] && t->ca->post_send(t->qa[i], &w, &bad) == 0)
+			posted |= 1 << i;
+	}
+	if (!posted)
+		return -1;
+	int64_t start = now_ns(), until = start + selftest_window(t);
+	uint64_t da = r2cc_stall_drained(t->a), db[SELFTEST_SIBLINGS];
+	bool b_busy[SELFTEST_SIBLINGS];
+	for (int i = 0; i < t->nb; i++) {
+		db[i] = r2cc_stall_drained(t->b[i]);
+		b_busy[i] = r2cc_stall_queued(t->b[i]) > 0;
+	}
+	int answered = 0; /* with an error: a congested fabric can give one too */
+	for (;;) {
+		bool late = now_ns() >= until;
+		/* polled once more after the deadline: this thread may have been
+		 * off the CPU while an answer came */
+		struct ibv_wc wc[SELFTEST_SIBLINGS];
+		int n = answered == posted ? 0 : t->ca->poll_cq(t->cqa, SELFTEST_SIBLINGS, wc);
+		for (int k = 0; k < n; k++) {
+			if (wc[k].status == IBV_WC_SUCCESS)
+				return 0;
+			if (wc[k].wr_id >= 1 && wc[k].wr_id <= SELFTEST_SIBLINGS)
+				answered |= 1 << (wc[k].wr_id - 1);
 		}
+		if (!late) {
+			usleep(200);
+			continue;
+		}
+		/* No answer by the deadline: the NIC's own progress decides, once
+		 * the load model has been brought up to date meanwhile. A sibling that
+		 * had work and completed none, or failed lately, is no witness. */
+		uint64_t da2 = r2cc_stall_drained(t->a);
+		bool fresh = r2cc_stall_updated() > until - SELFTEST_NS / 2, witness = false;
+		for (int i = 0; i < t->nb; i++) {
+			uint64_t d2 = r2cc_stall_drained(t->b[i]);
+			b_busy[i] = b_busy[i] || r2cc_stall_queued(t->b[i]) > 0;
+			witness = witness || ((posted >> i & 1) && !(b_busy[i] && d2 == db[i]) &&
+					      !nic_failed_lately(t->b[i]));
+			db[i] = d2;
+		}
+		if (fresh && da2 == da && witness)
+			return 1; /* it completed nothing (busy or idle) and its tests went
+				   * unanswered by siblings that are not stuck themselves */
+		if (now_ns() - start >= SELFTEST_MAX_NS || (fresh && answered == posted))
+			return -1;
+		/* it drains, alive and busy (or the model lags): wait a while longer */
+		da = da2;
+		until = now_ns() + selftest_window(t);
 	}
-	/* No answer through a sibling that is itself suspected (its own self-test
-	 * ran meanwhile, or it failed) says nothing about this NIC: with two NICs,
-	 * one dead and the other's paths slow, each would condemn the other. */
-	if (verdict == 1 && (__atomic_load_n(&t->b->selftest, __ATOMIC_ACQUIRE) || t->b_suspected ||
-			     t->b->state != R2CC_NIC_UP))
-		verdict = -1;
-	if (verdict == 1) {
-		char why[128];
-		snprintf(why, sizeof(why), "self-test through %.40s got no answer", t->b->name);
-		nic_failed(t->a, why);
-	} else {
-		R2CC_INFO("repair: %s: self-test through %s %s", t->a->name, t->b->name,
-			  verdict == 0 ? "passed: the failure is the path or the other side"
-				       : "inconclusive");
+}
+
+static void selftest_free(struct selftest *t)
+{
+	for (int i = 0; i < t->nb; i++) {
+		destroy_private(t->qa[i], NULL);
+		destroy_private(t->qb[i], t->cqb[i]);
 	}
-	destroy_private(qa, cqa);
-	destroy_private(qb, cqb);
+	destroy_private(NULL, t->cqa);
 	__atomic_store_n(&t->a->selftest, 0, __ATOMIC_RELEASE);
 	free(t);
+}
+
+static void *selftest_main(void *arg)
+{
+	struct selftest *t = arg;
+	int verdict = -1;
+	struct ibv_qp_init_attr ia = {
+	    .qp_type = IBV_QPT_RC,
+	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+	t->cqa = eng.v.create_cq(t->ca->ctx, 4 * SELFTEST_SIBLINGS, NULL, NULL, 0);
+	if (t->cqa)
+		own_add(t->cqa);
+	for (int i = 0; i < t->nb && t->cqa; i++) {
+		t->cqb[i] = eng.v.create_cq(t->cb[i]->ctx, 8, NULL, NULL, 0);
+		if (!t->cqb[i])
+			continue;
+		own_add(t->cqb[i]);
+		ia.send_cq = ia.recv_cq = t->cqa;
+		t->qa[i] = eng.v.create_qp(r2cc_mr_mirror_pd(t->a), &ia);
+		ia.send_cq = ia.recv_cq = t->cqb[i];
+		t->qb[i] = eng.v.create_qp(r2cc_mr_mirror_pd(t->b[i]), &ia);
+		if (t->qa[i])
+			own_add(t->qa[i]);
+		if (t->qb[i])
+			own_add(t->qb[i]);
+		if (!t->qa[i] || !t->qb[i] ||
+		    selftest_connect(t->qa[i], t->a, t->b[i], t->qb[i]->qp_num) ||
+		    selftest_connect(t->qb[i], t->b[i], t->a, t->qa[i]->qp_num)) {
+			destroy_private(t->qa[i], NULL);
+			destroy_private(t->qb[i], NULL);
+			t->qa[i] = t->qb[i] = NULL;
+		}
+	}
+	if (t->cqa)
+		verdict = selftest_run(t);
+	char through[3 * R2CC_NIC_NAME_MAX] = "";
+	for (int i = 0; i < t->nb; i++)
+		snprintf(through + strlen(through), sizeof(through) - strlen(through), "%s%s",
+			 i ? "," : "", t->b[i]->name);
+	int i = t->a->index;
+	bool indexed = i >= 0 && i < R2CC_STALL_MAX_NICS;
+	if (verdict == 1) {
+		__atomic_add_fetch(&eng.selftests_failed, 1, __ATOMIC_RELAXED);
+		char why[256];
+		snprintf(why, sizeof(why),
+			 "self-test through %.60s got no answer and the NIC completed nothing "
+			 "(%.100s)",
+			 through, t->why);
+		nic_failed(t->a, why);
+	} else {
+		__atomic_add_fetch(verdict ? &eng.selftests_inconclusive : &eng.selftests_passed, 1,
+				   __ATOMIC_RELAXED);
+		R2CC_INFO("repair: %s: self-test through %s %s (%s)", t->a->name, through,
+			  verdict == 0 ? "passed: the NIC is alive" : "inconclusive", t->why);
+		if (indexed) {
+			int64_t b = st_nic[i].backoff;
+			b = b ? 2 * b : SELFTEST_BACKOFF_NS;
+			st_nic[i].backoff = b < SELFTEST_BACKOFF_MAX ? b : SELFTEST_BACKOFF_MAX;
+			st_nic[i].next = now_ns() + st_nic[i].backoff;
+		}
+	}
+	selftest_free(t);
 	return NULL;
 }
 
-static void selftest_start(struct r2cc_nic *a)
+/* The siblings to test through: UP NICs of this process with their mirror,
+ * those that completed work most recently first, and none with a failure seen
+ * lately while there are others (a sibling that is itself dead would fail the
+ * test of a healthy NIC). */
+static void selftest_siblings(struct selftest *t)
+{
+	int n = r2cc_nic_count();
+	for (int pass = 0; pass < 2 && t->nb < SELFTEST_SIBLINGS; pass++)
+		while (t->nb < SELFTEST_SIBLINGS) {
+			struct r2cc_nic *best = NULL;
+			for (int i = 0; i < n; i++) {
+				struct r2cc_nic *b = r2cc_nic_by_index(i);
+				bool taken = false;
+				for (int j = 0; j < t->nb; j++)
+					taken = taken || t->b[j] == b;
+				if (taken || b == t->a || b->state != R2CC_NIC_UP ||
+				    (pass == 0 && nic_failed_lately(b)) || !r2cc_mr_mirror_pd(b) ||
+				    !ctx_of_nic(b))
+					continue;
+				if (!best || r2cc_stall_last_drain(b) > r2cc_stall_last_drain(best))
+					best = b;
+			}
+			if (!best)
+				break;
+			t->cb[t->nb] = ctx_of_nic(best);
+			t->b[t->nb++] = best;
+		}
+}
+
+/* stall: the test confirms a suspected stall, and a NIC that passed one lately
+ * is left alone; evidence of a failure (an error, the peer's request) is always
+ * tested. */
+static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 {
 	if (a->link_layer == IBV_LINK_LAYER_ETHERNET || a->state != R2CC_NIC_UP)
 		return; /* RoCE needs a GID index NCCL chose: not tested */
+	int i = a->index;
+	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS && now_ns() < st_nic[i].next)
+		return;
 	int zero = 0;
 	if (!__atomic_compare_exchange_n(&a->selftest, &zero, 1, false, __ATOMIC_ACQ_REL,
 					 __ATOMIC_RELAXED))
 		return;
 	struct selftest *t = calloc(1, sizeof(*t));
-	int n = r2cc_nic_count();
-	/* A sibling not under a self-test of its own, if there is one. */
-	for (int pass = 0; pass < 2; pass++)
-		for (int i = 0; t && i < n && !t->b; i++) {
-			struct r2cc_nic *b = r2cc_nic_by_index(i);
-			if (b != a && b->state == R2CC_NIC_UP && r2cc_mr_mirror_pd(b) &&
-			    ctx_of_nic(b) &&
-			    (pass || !__atomic_load_n(&b->selftest, __ATOMIC_ACQUIRE)))
-				t->b = b;
-		}
-	pthread_t th;
-	if (t && t->b && r2cc_mr_mirror_pd(a) && (t->ca = ctx_of_nic(a)) &&
-	    (t->cb = ctx_of_nic(t->b))) {
+	if (t) {
 		t->a = a;
+		selftest_siblings(t);
+		snprintf(t->why, sizeof(t->why), "%s", why ? why : "");
+	}
+	pthread_t th;
+	if (t && t->nb && r2cc_mr_mirror_pd(a) && (t->ca = ctx_of_nic(a))) {
 		pthread_attr_t at;
 		pthread_attr_init(&at);
 		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -2284,14 +2467,18 @@ static void selftest_start(struct r2cc_nic *a)
 	__atomic_store_n(&a->selftest, 0, __ATOMIC_RELEASE);
 }
 
-/* CHURN_MAX migrations of this QP within CHURN_NS: every NIC it could use keeps
- * failing (e.g. every NIC of a node black-holed); give NCCL the error instead of
- * migrating forever. */
+/* As many migrations of this QP within CHURN_NS as the process has NICs (at
+ * least 3): every NIC it could use keeps failing (e.g. every NIC of a node
+ * black-holed); give NCCL the error instead of migrating forever. Every
+ * migration had evidence of a failure (a stall alone moves nothing), and NICs
+ * failing one after the other may each take a QP along once. */
 static bool churning(const struct r2cc_rqp *r)
 {
-	if (r->migrations < CHURN_MAX)
+	int k = r2cc_nic_count();
+	k = k < 3 ? 3 : k > CHURN_RING ? CHURN_RING : k;
+	if (r->migrations < k)
 		return false;
-	int64_t oldest = r->recent[r->migrations % CHURN_MAX];
+	int64_t oldest = r->recent[(r->migrations - k) % CHURN_RING];
 	return now_ns() - oldest < CHURN_NS;
 }
 
@@ -2415,16 +2602,6 @@ static bool initiate_check(struct r2cc_rqp *r)
 		return false;
 	}
 	if (peer_of(r) == -ENOENT) {
-		if (!strncmp(r->cause, "stall", 5)) {
-			/* Only a stall, and nobody to repair with: leave the QP to its
-			 * transport, which tells a real failure, and stop watching it. */
-			set_state(r, r->migrations ? RQ_MIGRATED : RQ_HEALTHY);
-			r->scan_off = true;
-			R2CC_INFO("repair: qp 0x%x: %s, but no control-plane peer to repair with; "
-				  "left to the transport",
-				  r->qpn, r->cause);
-			return false;
-		}
 		fail(r, "no control-plane peer for this QP (communicator without a directory)");
 		return false;
 	}
@@ -2574,6 +2751,22 @@ static bool peer_gone(const struct r2cc_ctl_dir *dir, int rank)
 	return rc == -ECONNREFUSED || rc == -ECONNRESET;
 }
 
+/* A stall this side suspects: the peer's NIC may be the dead one, and only the
+ * peer can test it. A notice, not a request: nothing is fenced. Sent only when
+ * the peer is known already (the search is hurried otherwise). */
+static void peer_suspect(struct r2cc_rqp *r)
+{
+	if (r->loopback || !r->q || r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote) || peer_of(r))
+		return;
+	struct rep_wire m;
+	pthread_mutex_lock(&r->mu);
+	wire_fill(&m, OP_SUSPECT, r);
+	const struct r2cc_ctl_dir *dir = r->dir;
+	int rank = r->peer_rank;
+	pthread_mutex_unlock(&r->mu);
+	send_entries(dir, rank, &m, 1);
+}
+
 /* Responder, one REQ entry, before the fence: true when it is to be fenced
  * here; *serve when it is served at all. */
 static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct rep_wire *m,
@@ -2614,7 +2807,9 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 	}
 	if (s == RQ_HEALTHY || s == RQ_MIGRATED) {
 		char why[64];
-		snprintf(why, sizeof(why), "peer notice from rank %d", in->from_rank);
+		snprintf(why, sizeof(why), "peer notice from rank %d%s", in->from_rank,
+			 le16toh(m->flags) & WIRE_F_DECLARED ? " (its NIC is declared failed)"
+							     : "");
 		pthread_mutex_lock(&eng.mu);
 		note_detection(r, why, r->status_seen);
 		pthread_mutex_unlock(&eng.mu);
@@ -2626,7 +2821,7 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 	 * can say (a port that is down says so itself), unless the peer knows its
 	 * own NIC is the failed one. */
 	if (!peer_nic_failed)
-		selftest_start(r->cur_nic);
+		selftest_start(r->cur_nic, "the peer asks to migrate", false);
 	*serve = true;
 	return true;
 }
@@ -2825,6 +3020,22 @@ static void on_go_batch(const struct inbox *in, struct r2cc_rqp **rq)
 	}
 }
 
+/* Stalls the peer suspects on these QPs: this side's NIC is tested. */
+static void on_suspects(const struct inbox *in, struct r2cc_rqp **rq)
+{
+	for (int i = 0; i < in->n; i++) {
+		struct r2cc_rqp *r = rq[i];
+		if (!r || in->m[i].op != OP_SUSPECT)
+			continue;
+		int st = load_state(r);
+		if (st == RQ_HEALTHY || st == RQ_MIGRATED) {
+			char why[64];
+			snprintf(why, sizeof(why), "rank %d suspects the path", in->from_rank);
+			selftest_start(r->cur_nic, why, true);
+		}
+	}
+}
+
 static void on_nacks(const struct inbox *in, struct r2cc_rqp **rq)
 {
 	for (int i = 0; i < in->n; i++) {
@@ -2850,7 +3061,7 @@ static void handle_msg(struct inbox *in)
 	struct r2cc_rqp **rq = calloc((size_t)in->n, sizeof(*rq));
 	if (!rq)
 		return;
-	bool ops[OP_NACK + 1] = {false};
+	bool ops[OP_SUSPECT + 1] = {false};
 	pthread_mutex_lock(&eng.mu);
 	for (int i = 0; i < in->n; i++) {
 		struct r2cc_rqp *r = rqp_of_msg(&in->m[i]);
@@ -2871,6 +3082,8 @@ static void handle_msg(struct inbox *in)
 		on_go_batch(in, rq);
 	if (ops[OP_NACK])
 		on_nacks(in, rq);
+	if (ops[OP_SUSPECT])
+		on_suspects(in, rq);
 	pthread_mutex_lock(&eng.mu);
 	for (int i = 0; i < in->n; i++)
 		if (rq[i])
@@ -2974,16 +3187,12 @@ static void peer_found(void *cookie)
 
 /* --- stall scan ------------------------------------------------------------------------ */
 
-static int64_t stall_threshold(const struct r2cc_rqp *r)
+static int64_t stall_floor(void)
 {
-	if (r2cc_param.stall_ms > 0)
-		return (int64_t)r2cc_param.stall_ms * 1000000;
-	int64_t t = 4 * r->max_gap;
-	return t > STALL_FLOOR_NS ? t : STALL_FLOOR_NS;
+	return r2cc_param.stall_ms > 0 ? (int64_t)r2cc_param.stall_ms * 1000000
+				       : R2CC_STALL_FLOOR_NS;
 }
 
-/* A QP whose oldest signalled request has not completed for the threshold while
- * other paths of this process progressed after it last did. Under eng.mu. */
 /* A signalled zero-byte write behind trailing unsignalled ones: their fate shows
  * in its completion. Repair thread; the provider serialises it with NCCL's posts. */
 static void probe(struct r2cc_rqp *r, int64_t t, uint64_t posted_now)
@@ -3003,16 +3212,80 @@ static void probe(struct r2cc_rqp *r, int64_t t, uint64_t posted_now)
 	pthread_mutex_unlock(&r->mu);
 }
 
+/* The load model (repair/stall.h): every live QP's queued bytes and what it
+ * retired since the last scan, on the NIC it uses now. Under eng.mu. */
+static void account(int64_t t)
+{
+	r2cc_stall_scan_begin();
+	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
+		int s = load_state(r);
+		if (r->dead || !r->cur_sh ||
+		    (s != RQ_HEALTHY && s != RQ_MIGRATED && s != RQ_DETECTED))
+			continue;
+		uint64_t posted, retired, sig_posted, sig_retired;
+		uint32_t big;
+		r2cc_qp_shadow_bytes(r->cur_sh, &posted, &retired, &big);
+		r2cc_qp_shadow_signalled(r->cur_sh, &sig_posted, &sig_retired);
+		if (r->acct_sh != r->cur_sh || retired < r->acct_retired) {
+			r->acct_sh = r->cur_sh;
+			r->acct_retired = retired;
+		}
+		/* Queued is what a completion is still owed for: trailing unsignalled
+		 * requests (NCCL's clear-to-send writes) retire only with a later
+		 * signalled one, and most of them left the NIC long ago. */
+		bool owed = sig_posted != sig_retired;
+		r2cc_stall_account(r->cur_nic, owed && posted > retired ? posted - retired : 0,
+				   retired - r->acct_retired, big);
+		r->acct_retired = retired;
+	}
+	r2cc_stall_scan_end(t);
+}
+
+static void peer_suspect(struct r2cc_rqp *r);
+
 /*
- * Stall scan, every SCAN_NS. A QP is stalled when its oldest signalled request
- * (NCCL's, or R2CC's probe) has waited longer than the threshold while other
- * paths of this process completed work after it last did. Under eng.mu.
+ * A wait the queue does not explain: suspected, never acted on by itself. The
+ * NIC's self-test (and, through the peer's notice, the peer NIC's) decides; only a
+ * failed self-test moves anything. The wait is suspected again after a growing
+ * back-off while it lasts. Repair thread, without eng.mu.
+ */
+static void suspect(struct r2cc_rqp *r, int64_t waited, int64_t explained)
+{
+	static unsigned long logged;
+	if (__atomic_fetch_add(&logged, 1, __ATOMIC_RELAXED) < 32)
+		R2CC_INFO(
+		    "repair: qp 0x%x on %s: no completion for %lld ms, while %.1f MB queued on "
+		    "the NIC at %.0f MB/s explain %lld ms; confirming",
+		    r->qpn, r->cur_nic->name, (long long)(waited / 1000000),
+		    (double)r->wait_ahead / 1e6, r2cc_stall_rate(r->cur_nic) / 1e6,
+		    (long long)(explained / 1000000));
+	__atomic_add_fetch(&eng.stalls_suspected, 1, __ATOMIC_RELAXED);
+	char why[128];
+	snprintf(why, sizeof(why), "qp 0x%x waited %lld ms", r->qpn, (long long)(waited / 1000000));
+	selftest_start(r->cur_nic, why, true);
+	peer_suspect(r);
+}
+
+/*
+ * Stall scan, every SCAN_NS. A QP whose oldest signalled request (NCCL's, or
+ * R2CC's probe) has waited longer than what the node had queued ahead of it on
+ * its NIC explains at the NIC's drain rate (repair/stall.h), while other paths of
+ * this process completed work after it last did, is suspected. When every NIC of
+ * this process that has work (two or more) waits at once, that is the whole node slowing down
+ * (congestion, or this process not getting a CPU), not a failure: nothing is
+ * suspected. Under eng.mu.
  */
 static void scan(int64_t t)
 {
+	account(t);
+	int64_t floor = stall_floor();
+	bool busy[R2CC_STALL_MAX_NICS] = {false}, hit[R2CC_STALL_MAX_NICS] = {false};
+	struct r2cc_rqp *sus[16];
+	int64_t sus_wait[16], sus_expl[16];
+	int nsus = 0;
 	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
 		int s = load_state(r);
-		if (r->dead || (s != RQ_HEALTHY && s != RQ_MIGRATED) || !r->cur_sh || r->scan_off)
+		if (r->dead || (s != RQ_HEALTHY && s != RQ_MIGRATED) || !r->cur_sh)
 			continue;
 		uint64_t posted, retired;
 		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
@@ -3023,16 +3296,16 @@ static void scan(int64_t t)
 			eng.last_progress = t;
 		}
 		bool waiting = posted != retired || r->probe_at;
+		int ni = r->cur_nic->index;
+		if (waiting && ni >= 0 && ni < R2CC_STALL_MAX_NICS)
+			busy[ni] = true;
 		if (!waiting || retired != r->scan_retired || !r->scan_progress) {
-			if (retired != r->scan_retired && r->scan_progress) {
-				/* the longest wait for a completion that did come */
-				int64_t gap = t - r->scan_progress;
-				if (gap > r->max_gap && gap < 2 * STALL_FLOOR_NS)
-					r->max_gap = gap;
+			if (retired != r->scan_retired && r->scan_progress)
 				eng.last_progress = t;
-			}
 			r->scan_retired = retired;
 			r->scan_progress = t;
+			r->wait_ahead = r2cc_stall_queued(r->cur_nic);
+			r->suspect_after = 0;
 			/* Trailing unsignalled requests, nothing posted for a while, not
 			 * probed since: probe them. */
 			if (st.send_posted != r->scan_posted) {
@@ -3052,19 +3325,47 @@ static void scan(int64_t t)
 			}
 			continue;
 		}
-		if (t - r->scan_progress > stall_threshold(r) &&
-		    eng.last_progress > r->scan_progress) {
-			char why[128];
-			snprintf(why, sizeof(why), "stall of %lld ms on %.64s%s",
-				 (long long)((t - r->scan_progress) / 1000000), r->cur_nic->name,
-				 r->probe_at ? " (probe)" : "");
-			r->scan_progress = t; /* once */
-			r->probe_at = 0;
-			pthread_mutex_unlock(&eng.mu);
-			detect(r, why, IBV_WC_RETRY_EXC_ERR);
-			pthread_mutex_lock(&eng.mu);
+		/* What was queued ahead of this request: at least what the node
+		 * had queued on the NIC when the wait began, or since. */
+		uint64_t q = r2cc_stall_queued(r->cur_nic);
+		if (q > r->wait_ahead)
+			r->wait_ahead = q;
+		int64_t waited = t - r->scan_progress;
+		int64_t explained = r2cc_stall_explained_ns(r->cur_nic, r->wait_ahead, floor);
+		if (waited <= explained + r->suspect_after || eng.last_progress <= r->scan_progress)
+			continue;
+		r->suspect_after = r->suspect_after ? 2 * r->suspect_after : SUSPECT_AGAIN_NS;
+		if (r->suspect_after > SUSPECT_MAX_NS)
+			r->suspect_after = SUSPECT_MAX_NS;
+		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS)
+			hit[ni] = true;
+		if (nsus < (int)(sizeof(sus) / sizeof(sus[0]))) {
+			sus_wait[nsus] = waited;
+			sus_expl[nsus] = explained;
+			sus[nsus++] = r;
 		}
 	}
+	if (!nsus)
+		return;
+	bool all = true;
+	int nbusy = 0;
+	for (int i = 0; i < R2CC_STALL_MAX_NICS; i++) {
+		nbusy += busy[i];
+		all = all && (!busy[i] || hit[i]);
+	}
+	if (all && nbusy > 1) {
+		static unsigned long logged;
+		if (__atomic_fetch_add(&logged, 1, __ATOMIC_RELAXED) < 8)
+			R2CC_INFO(
+			    "repair: every NIC with work waits longer than its queue explains: "
+			    "the node is slow (congestion or CPU), not failed; nothing moves");
+		__atomic_add_fetch(&eng.stalls_node_wide, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	pthread_mutex_unlock(&eng.mu);
+	for (int i = 0; i < nsus; i++)
+		suspect(sus[i], sus_wait[i], sus_expl[i]);
+	pthread_mutex_lock(&eng.mu);
 }
 
 static void *repair_main(void *arg)
@@ -3073,12 +3374,15 @@ static void *repair_main(void *arg)
 	int64_t next_scan = now_ns() + SCAN_NS;
 	pthread_mutex_lock(&eng.mu);
 	while (!eng.stop) {
+		/* The scan runs between pieces of work too: the load model the
+		 * self-tests judge by must stay current during a repair. */
+		int64_t t0 = now_ns();
+		if (t0 >= next_scan) {
+			scan(t0);
+			next_scan = t0 + SCAN_NS;
+		}
 		if (!eng.work_head && !eng.in_head) {
 			int64_t t = now_ns();
-			if (t >= next_scan) {
-				scan(t);
-				next_scan = t + SCAN_NS;
-			}
 			if (t - eng.last_dir_sweep > DIR_SWEEP_NS) {
 				dirs_sweep_locked();
 				eng.last_dir_sweep = t;
@@ -3206,13 +3510,14 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 
 static void nic_failed(struct r2cc_nic *nic, const char *why)
 {
+	nic_failure_seen(nic);
 	if (nic->state == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
 	nic->state = R2CC_NIC_DOWN;
 	struct r2cc_rqp **list;
 	int n = collect(&list, on_nic, nic);
 	for (int i = 0; i < n; i++)
-		detect(list[i], why, IBV_WC_RETRY_EXC_ERR);
+		detect_on(list[i], nic, why, IBV_WC_RETRY_EXC_ERR);
 	free(list);
 }
 
@@ -3282,6 +3587,32 @@ static void json_str(FILE *f, const char *s)
 	fputc('"', f);
 }
 
+/* The stall scan's suspicions and how their confirmations ended. */
+static void report_stalls(FILE *text, FILE *json)
+{
+	uint64_t v[5] = {
+	    __atomic_load_n(&eng.stalls_suspected, __ATOMIC_RELAXED),
+	    __atomic_load_n(&eng.stalls_node_wide, __ATOMIC_RELAXED),
+	    __atomic_load_n(&eng.selftests_passed, __ATOMIC_RELAXED),
+	    __atomic_load_n(&eng.selftests_failed, __ATOMIC_RELAXED),
+	    __atomic_load_n(&eng.selftests_inconclusive, __ATOMIC_RELAXED),
+	};
+	if (text)
+		fprintf(text,
+			"stall scan: %llu suspected, %llu node-wide slowdowns ignored; self-tests "
+			"%llu passed, %llu failed, %llu inconclusive\n",
+			(unsigned long long)v[0], (unsigned long long)v[1],
+			(unsigned long long)v[2], (unsigned long long)v[3],
+			(unsigned long long)v[4]);
+	if (json)
+		fprintf(json,
+			"{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
+			"\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu}",
+			(unsigned long long)v[0], (unsigned long long)v[1],
+			(unsigned long long)v[2], (unsigned long long)v[3],
+			(unsigned long long)v[4]);
+}
+
 void r2cc_repair_report(FILE *text, FILE *json)
 {
 	/* Wall-clock times too, for tools that injected the fault and only know
@@ -3299,11 +3630,12 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			double mig = in->t_done ? (in->t_done - in->t_detect) / 1e6 : -1;
 			fprintf(
 			    text,
-			    "incident %d: %s, %s: detected_ns=%lld qps=%d migrated=%d failed=%d "
+			    "incident %d: %s, %s%s: detected_ns=%lld qps=%d migrated=%d failed=%d "
 			    "migrate_ms=%.3f bytes_reposted=%llu bytes_saved=%llu "
 			    "completions_synthesised=%llu posts_held=%llu\n",
-			    i + 1, in->nic, in->evidence, (long long)in->t_detect, in->qps,
-			    in->migrated, in->failed, mig, (unsigned long long)in->bytes_reposted,
+			    i + 1, in->nic, in->declared ? "[declared] " : "", in->evidence,
+			    (long long)in->t_detect, in->qps, in->migrated, in->failed, mig,
+			    (unsigned long long)in->bytes_reposted,
 			    (unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
 			    (unsigned long long)in->held);
 			for (int e = 0; e < in->nevents; e++)
@@ -3316,7 +3648,8 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			const struct incident *in = &eng.inc[i];
 			fprintf(json, "%s{\"nic\":", i ? "," : "");
 			json_str(json, in->nic);
-			fprintf(json, ",\"evidence\":");
+			fprintf(json,
+				",\"declared\":%s,\"evidence\":", in->declared ? "true" : "false");
 			json_str(json, in->evidence);
 			fprintf(json,
 				",\"detected_ns\":%lld,\"detected_unix\":%.6f,\"qps\":%d,"

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define LEDGER_MAGIC 0x5232504cu /* "R2PL" */
+#define LEDGER_MAGIC 0x5232504du /* "R2PM": the table with load rows */
 #define LEDGER_SLOTS 64
+#define LEDGER_ROWS  64		  /* processes of one node that publish their load */
+#define LIVE_NS	     1000000000ll /* how long a row's liveness check is trusted */
 
 enum { SLOT_FREE = 0, SLOT_CLAIMING, SLOT_NAMED };
 
@@ -26,16 +29,31 @@ struct slot {
 	int32_t moved[2];
 };
 
+/* One process's load, per NIC slot; pid 0 is a free row. */
+struct row {
+	uint32_t pid;
+	uint32_t pad;
+	uint64_t queued[LEDGER_SLOTS];
+	uint64_t drained[LEDGER_SLOTS];
+};
+
 struct table {
 	uint32_t magic;
 	uint32_t users;
 	struct slot slot[LEDGER_SLOTS];
+	struct row row[LEDGER_ROWS];
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct table *tab;
 static int open_rc = 1; /* 1: not tried yet */
 static char path[128];
+/* The repair thread's own: this process's row, and when each row was last seen alive. */
+static struct row *own_row;
+static bool own_row_tried;
+static int64_t row_alive_at[LEDGER_ROWS];
+static uint32_t row_alive_pid[LEDGER_ROWS];
+static bool row_alive[LEDGER_ROWS];
 
 int r2cc_ledger_open(uint64_t job_id, const char *node_key)
 {
@@ -126,6 +144,81 @@ void r2cc_ledger_add(const char *nic, int dir, int delta)
 		__atomic_add_fetch(&s->moved[dir != 0], delta, __ATOMIC_ACQ_REL);
 }
 
+static bool pid_alive(uint32_t pid)
+{
+	return pid && (kill((pid_t)pid, 0) == 0 || errno != ESRCH);
+}
+
+/* A row for this process: a free one, or one a dead process left. */
+static struct row *row_claim(struct table *t)
+{
+	uint32_t me = (uint32_t)getpid();
+	for (int pass = 0; pass < 2; pass++)
+		for (int i = 0; i < LEDGER_ROWS; i++) {
+			struct row *w = &t->row[i];
+			uint32_t pid = __atomic_load_n(&w->pid, __ATOMIC_ACQUIRE);
+			if (pid == me)
+				return w;
+			if (pass == 0 ? pid != 0 : pid_alive(pid))
+				continue;
+			if (!__atomic_compare_exchange_n(&w->pid, &pid, me, false, __ATOMIC_ACQ_REL,
+							 __ATOMIC_ACQUIRE))
+				continue;
+			for (int k = 0; k < LEDGER_SLOTS; k++) {
+				__atomic_store_n(&w->queued[k], 0, __ATOMIC_RELAXED);
+				__atomic_store_n(&w->drained[k], 0, __ATOMIC_RELAXED);
+			}
+			return w;
+		}
+	return NULL;
+}
+
+void r2cc_ledger_load_put(const char *nic, uint64_t queued, uint64_t drained)
+{
+	struct table *t = __atomic_load_n(&tab, __ATOMIC_ACQUIRE);
+	struct slot *s = find(nic, true);
+	if (!t || !s)
+		return;
+	if (!own_row_tried) {
+		own_row_tried = true;
+		own_row = row_claim(t);
+	}
+	if (!own_row)
+		return;
+	int k = (int)(s - t->slot);
+	__atomic_store_n(&own_row->queued[k], queued, __ATOMIC_RELAXED);
+	__atomic_store_n(&own_row->drained[k], drained, __ATOMIC_RELAXED);
+}
+
+bool r2cc_ledger_load_get(const char *nic, uint64_t *queued, uint64_t *drained)
+{
+	struct table *t = __atomic_load_n(&tab, __ATOMIC_ACQUIRE);
+	struct slot *s = find(nic, false);
+	*queued = *drained = 0;
+	if (!t || !s)
+		return false;
+	int k = (int)(s - t->slot);
+	int64_t now = (int64_t)r2cc_now_ns();
+	for (int i = 0; i < LEDGER_ROWS; i++) {
+		struct row *w = &t->row[i];
+		uint32_t pid = __atomic_load_n(&w->pid, __ATOMIC_ACQUIRE);
+		if (!pid)
+			continue;
+		/* A process killed before it could free its row must not hold its
+		 * last queue forever: rows are checked once a second. */
+		if (w != own_row && (pid != row_alive_pid[i] || now - row_alive_at[i] > LIVE_NS)) {
+			row_alive[i] = pid_alive(pid);
+			row_alive_pid[i] = pid;
+			row_alive_at[i] = now;
+		}
+		if (w != own_row && !row_alive[i])
+			continue;
+		*queued += __atomic_load_n(&w->queued[k], __ATOMIC_RELAXED);
+		*drained += __atomic_load_n(&w->drained[k], __ATOMIC_RELAXED);
+	}
+	return true;
+}
+
 /* The mapping stays: the repair thread may still be reading it while the
  * process exits. */
 void r2cc_ledger_close(void)
@@ -133,6 +226,8 @@ void r2cc_ledger_close(void)
 	pthread_mutex_lock(&mu);
 	struct table *t = tab;
 	__atomic_store_n(&tab, NULL, __ATOMIC_RELEASE);
+	if (own_row)
+		__atomic_store_n(&own_row->pid, 0, __ATOMIC_RELEASE);
 	if (t && __atomic_sub_fetch(&t->users, 1, __ATOMIC_ACQ_REL) == 0)
 		shm_unlink(path);
 	pthread_mutex_unlock(&mu);

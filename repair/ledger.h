@@ -5,6 +5,12 @@
  * its own queue pairs can leave the node unbalanced (two processes each
  * putting their odd one on the same NIC). Placement reads these counts first.
  *
+ * The same table carries the node's load for the stall scan: every process
+ * publishes, per NIC, the bytes it has posted and not seen complete and the
+ * bytes it has seen complete, in a row of its own, and reads the node's sums. A
+ * request waits for what the whole node queued ahead of it on the NIC, not
+ * only for what its own process did.
+ *
  * A small shared-memory table named by the user, the job and the node
  * (/dev/shm/r2cc-place-<uid>-<job>-<node>); its counters change with atomic
  * adds, so a choice made in one process is seen by the next placement in any
@@ -17,6 +23,7 @@
 #ifndef R2CC_REPAIR_LEDGER_H
 #define R2CC_REPAIR_LEDGER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Opens (creating if needed) the table of job_id on the node called node_key.
@@ -29,6 +36,15 @@ int r2cc_ledger_get(const char *nic, int dir);
 
 /* Adds delta (+1 when a queue pair is placed on nic, -1 when it leaves). */
 void r2cc_ledger_add(const char *nic, int dir, int delta);
+
+/* This process's bytes queued on nic and drained through it so far (cumulative).
+ * The repair thread, every stall scan. */
+void r2cc_ledger_load_put(const char *nic, uint64_t queued, uint64_t drained);
+
+/* The node's sums over the processes that are alive; false without a table.
+ * drained drops when a process leaves: callers take differences and must
+ * re-baseline on a decrease. */
+bool r2cc_ledger_load_get(const char *nic, uint64_t *queued, uint64_t *drained);
 
 /* Drops this process's use; the last user removes the table. Idempotent. */
 void r2cc_ledger_close(void);

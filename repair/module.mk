@@ -5,7 +5,7 @@
 REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_iface.c repair/hmap.c \
 		   repair/ctl_dir.c
 REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h repair/hmap.h
-LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c repair/engine.c repair/qp_shadow.c repair/ledger.c \
+LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c repair/engine.c repair/qp_shadow.c repair/ledger.c repair/stall.c \
 		repair/peer.c
 LIBR2CC_LIBS += -lcrypto
 
@@ -45,7 +45,7 @@ CPU_TESTS += 60@$(BUILD)/tests/unit/test_ctl_msg:--jobs=2 \
 	     60@$(BUILD)/tests/unit/test_ctl_live:--jobs=1 \
 	     60@$(CTL_MULTI):dir:2 60@$(CTL_MULTI):dir:4 60@$(CTL_MULTI):dir:8 \
 	     60@$(CTL_MULTI):badkey 60@$(CTL_MULTI):garbage 60@$(CTL_MULTI):timeout
-FORMAT_SRCS += $(REPAIR_CTL_SRCS) $(REPAIR_CTL_HDRS) repair/engine.c repair/engine.h \
+FORMAT_SRCS += $(REPAIR_CTL_SRCS) $(REPAIR_CTL_HDRS) repair/engine.c repair/engine.h repair/stall.c repair/stall.h \
 	       repair/peer.c repair/peer.h \
 	       $(wildcard tests/unit/test_ctl_*.c) \
 	       $(wildcard tests/ctl/*.c)

@@ -39,8 +39,10 @@ struct r2cc_qp_shadow {
 	/* poller */
 	uint64_t msgs_retired;
 	uint64_t send_retired, recv_imm;
-	uint64_t sig_retired; /* signalled send requests retired */
-	int error;	      /* sticky, written by either side */
+	uint64_t sig_retired;	     /* signalled send requests retired */
+	uint64_t send_bytes_retired; /* atomic: bytes_upto of the last retired request */
+	uint32_t max_request;	     /* atomic: the largest request recorded */
+	int error;		     /* sticky, written by either side */
 };
 
 static uint64_t load_acq(const uint64_t *p)
@@ -199,6 +201,9 @@ int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr
 			bytes += w->sg_list[i].length;
 		}
 		e->byte_len = (uint32_t)bytes;
+		e->bytes_upto = sh->send_bytes_posted + bytes_all + bytes;
+		if (e->byte_len > sh->max_request)
+			__atomic_store_n(&sh->max_request, e->byte_len, __ATOMIC_RELAXED);
 		e->inline_len = 0;
 		e->inline_data = NULL;
 		if (w->send_flags & IBV_SEND_INLINE) {
@@ -217,7 +222,7 @@ int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr
 			store_rel(&sh->sig_posted, sh->sig_posted + 1);
 	}
 	sh->send_posted += n;
-	sh->send_bytes_posted += bytes_all;
+	store_rel(&sh->send_bytes_posted, sh->send_bytes_posted + bytes_all);
 	store_rel(&sh->sq.head, head);
 	return 0;
 }
@@ -295,7 +300,7 @@ int r2cc_qp_shadow_unpost_send(struct r2cc_qp_shadow *sh, const struct ibv_send_
 		return set_broken(sh, -EINVAL);
 	for (uint64_t seq = head - (uint64_t)m + 1; seq <= head; seq++) {
 		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
-		sh->send_bytes_posted -= e->byte_len;
+		store_rel(&sh->send_bytes_posted, sh->send_bytes_posted - e->byte_len);
 		sh->msgs_posted -= is_consumer(e->opcode);
 		if (e->send_flags & IBV_SEND_SIGNALED)
 			store_rel(&sh->sig_posted, sh->sig_posted - 1);
@@ -335,6 +340,7 @@ int r2cc_qp_shadow_send_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 			return set_broken(sh, -EPROTO);
 		sh->msgs_retired = e->msgs;
 		sh->send_retired += seq - sh->sq.tail;
+		store_rel(&sh->send_bytes_retired, e->bytes_upto);
 		store_rel(&sh->sig_retired, sh->sig_retired + 1);
 		store_rel(&sh->sq.tail, seq);
 		return 0;
@@ -404,6 +410,14 @@ void r2cc_qp_shadow_get_stats(const struct r2cc_qp_shadow *sh, struct r2cc_qp_sh
 	st->send_retired = sh->send_retired;
 	st->recv_retired = load_acq(&sh->rq.tail);
 	st->recv_imm = sh->recv_imm;
+}
+
+void r2cc_qp_shadow_bytes(const struct r2cc_qp_shadow *sh, uint64_t *posted, uint64_t *retired,
+			  uint32_t *max_request)
+{
+	*retired = load_acq(&sh->send_bytes_retired);
+	*posted = load_acq(&sh->send_bytes_posted);
+	*max_request = __atomic_load_n(&sh->max_request, __ATOMIC_RELAXED);
 }
 
 /* --- the plan --------------------------------------------------------------- */

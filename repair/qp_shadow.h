@@ -150,6 +150,7 @@ struct r2cc_shadow_send {
 	uint32_t rkey;
 	uint32_t imm_data;   /* as posted (network order) */
 	uint32_t byte_len;   /* sum of the SGE lengths */
+	uint64_t bytes_upto; /* bytes of this QP's requests up to and including this one */
 	uint32_t inline_len; /* bytes held in inline_data when IBV_SEND_INLINE */
 	enum ibv_wr_opcode opcode;
 	unsigned int send_flags;
@@ -236,6 +237,13 @@ uint32_t r2cc_qp_shadow_recv_outstanding(const struct r2cc_qp_shadow *sh);
  * (the stall scan: only a signalled request is owed a completion). */
 void r2cc_qp_shadow_signalled(const struct r2cc_qp_shadow *sh, uint64_t *posted, uint64_t *retired);
 void r2cc_qp_shadow_get_stats(const struct r2cc_qp_shadow *sh, struct r2cc_qp_shadow_stats *st);
+/*
+ * Bytes of send requests recorded and retired so far, and the largest single
+ * request recorded; readable from any thread. posted - retired is what this QP
+ * has queued on its NIC: the stall scan weighs a wait against it.
+ */
+void r2cc_qp_shadow_bytes(const struct r2cc_qp_shadow *sh, uint64_t *posted, uint64_t *retired,
+			  uint32_t *max_request);
 
 /* --- repair path (allocates) --------------------------------------------------- */
 

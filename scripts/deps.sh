@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs, when missing, what R2CC's build and CPU tests need on Debian/Ubuntu:
 # rdma-core's verbs headers, Criterion, libunwind, OpenSSL's libcrypto, bc,
-# g++ (the benchmark's host emulation test). Also makes sure
+# g++ (the benchmark's host emulation test), perftest, ibverbs-utils, rdmacm-utils
+# and pyverbs (run over the software RDMA device). Also makes sure
 # nccl.h is reachable (from CUDA_HOME, the system, or the nvidia-nccl-cu12 wheel
 # unpacked under build/deps). Quiet when everything is already there.
 set -eu
@@ -17,6 +18,10 @@ command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
 command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3)
+# rdma-core's own programs, run over the software RDMA device (tests/softverbs).
+for p in perftest ibverbs-utils rdmacm-utils python3-pyverbs ibverbs-providers; do
+	dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
 # Debian's matplotlib, for scripts/plot.py (it falls back to /usr/bin/python3).
 python3 -c 'import matplotlib' 2>/dev/null || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ||
 	need+=(python3-matplotlib)

@@ -22,6 +22,7 @@ static const char *state_name(int s)
 }
 
 void (*r2cc_report_incidents_hook)(FILE *text, FILE *json);
+void (*r2cc_report_stalls_hook)(FILE *text, FILE *json);
 
 void r2cc_report_write(FILE *text, FILE *json)
 {
@@ -54,6 +55,10 @@ void r2cc_report_write(FILE *text, FILE *json)
 			inc(text, NULL);
 		else
 			fprintf(text, "incidents: none\n");
+		void (*stalls)(FILE *, FILE *) =
+		    __atomic_load_n(&r2cc_report_stalls_hook, __ATOMIC_ACQUIRE);
+		if (stalls)
+			stalls(text, NULL);
 	}
 	if (json) {
 		fprintf(
@@ -74,7 +79,14 @@ void r2cc_report_write(FILE *text, FILE *json)
 		    __atomic_load_n(&r2cc_report_incidents_hook, __ATOMIC_ACQUIRE);
 		if (inc)
 			inc(NULL, json);
-		fprintf(json, "]}\n");
+		fprintf(json, "]");
+		void (*stalls)(FILE *, FILE *) =
+		    __atomic_load_n(&r2cc_report_stalls_hook, __ATOMIC_ACQUIRE);
+		if (stalls) {
+			fprintf(json, ",\"stall_scan\":");
+			stalls(NULL, json);
+		}
+		fprintf(json, "}\n");
 	}
 }
 

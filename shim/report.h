@@ -12,6 +12,8 @@
  * text, the members of the JSON "incidents" array to json (either may be NULL).
  * Unset: "incidents: none" and an empty array. */
 extern void (*r2cc_report_incidents_hook)(FILE *text, FILE *json);
+/* Hot repair's stall-scan summary: one text line, or one JSON object. */
+extern void (*r2cc_report_stalls_hook)(FILE *text, FILE *json);
 
 /* Write the text and JSON forms to the two streams (either may be NULL). */
 void r2cc_report_write(FILE *text, FILE *json);

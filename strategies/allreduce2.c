@@ -541,7 +541,12 @@ int r2cc_ar2_comm_set_view(struct r2cc_ar2_comm *c, const struct r2cc_ar2_view *
 	}
 	if (lay.degraded != c->lay.degraded || lay.helper != c->lay.helper ||
 	    memcmp(lay.rank_node_idx, c->lay.rank_node_idx, sizeof(int) * (size_t)lay.nranks)) {
-		release(c, false);
+		/* Sub-communicators that failed are aborted: destroying one waits for
+		 * work that will never complete. */
+		int perr = 0;
+		if (c->ops->comm_async_error)
+			c->ops->comm_async_error(c->ops->ctx, c->parent, &perr);
+		release(c, perr || r2cc_ar2_comm_async_error(c));
 		c->setup = SETUP_NONE;
 	}
 	r2cc_ar2_layout_fini(&c->lay);
@@ -556,6 +561,22 @@ void r2cc_ar2_comm_destroy(struct r2cc_ar2_comm *c, bool abort)
 	release(c, abort);
 	r2cc_ar2_layout_fini(&c->lay);
 	free(c);
+}
+
+int r2cc_ar2_comm_async_error(const struct r2cc_ar2_comm *c)
+{
+	void *subs[3];
+	int err = 0;
+
+	if (!c || !c->ops->comm_async_error)
+		return 0;
+	subs[0] = c->healthy;
+	subs[1] = c->aplush;
+	subs[2] = c->bcast;
+	for (int i = 0; i < 3; i++)
+		if (subs[i] && c->ops->comm_async_error(c->ops->ctx, subs[i], &err) == 0 && err)
+			return err;
+	return 0;
 }
 
 const struct r2cc_ar2_layout *r2cc_ar2_comm_layout(const struct r2cc_ar2_comm *c)

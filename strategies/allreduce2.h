@@ -165,6 +165,8 @@ struct r2cc_ar2_ops {
 	int (*comm_split)(void *ctx, void *comm, int color, int key, void **newcomm);
 	int (*comm_destroy)(void *ctx, void *comm);
 	int (*comm_abort)(void *ctx, void *comm); /* may be NULL: comm_destroy is used */
+	/* may be NULL: sub-communicator errors are then not reported */
+	int (*comm_async_error)(void *ctx, void *comm, int *err);
 	int (*comm_count)(void *ctx, void *comm, int *count);
 	int (*comm_user_rank)(void *ctx, void *comm, int *rank);
 	int (*stream_create)(void *ctx, void **stream);
@@ -234,6 +236,8 @@ int r2cc_ar2_comm_set_view(struct r2cc_ar2_comm *c, const struct r2cc_ar2_view *
  * Call before the parent's ncclCommDestroy / ncclCommAbort. NULL is fine.
  */
 void r2cc_ar2_comm_destroy(struct r2cc_ar2_comm *c, bool abort);
+/* The first asynchronous error (an ncclResult_t) of the sub-communicators, or 0. */
+int r2cc_ar2_comm_async_error(const struct r2cc_ar2_comm *c);
 
 /* Pure eligibility check of one call (no setup state involved). */
 enum r2cc_ar2_reason r2cc_ar2_check(const struct r2cc_ar2_layout *lay,

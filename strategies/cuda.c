@@ -45,6 +45,8 @@ static void load(void)
 	S(MemsetD32Async, "cuMemsetD32Async", NULL);
 	S(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync");
 	S(EventSynchronize, "cuEventSynchronize", NULL);
+	S(StreamQuery, "cuStreamQuery", NULL);
+	S(EventQuery, "cuEventQuery", NULL);
 #undef S
 	void **f = (void **)&cuda;
 	for (size_t i = 0; i < sizeof(cuda) / sizeof(void *); i++) {

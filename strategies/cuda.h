@@ -27,6 +27,8 @@ struct r2cc_cuda {
 	int (*MemsetD32Async)(unsigned long long dst, unsigned value, size_t n, void *stream);
 	int (*MemcpyDtoHAsync)(void *dst, unsigned long long src, size_t bytes, void *stream);
 	int (*EventSynchronize)(void *event);
+	int (*StreamQuery)(void *stream); /* 0 done, 600 (CUDA_ERROR_NOT_READY) not yet */
+	int (*EventQuery)(void *event);
 };
 
 #define R2CC_CU_STREAM_NON_BLOCKING  0x1

@@ -34,6 +34,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +87,7 @@ typedef ncclResult_t (*allgather_fn)(const void *, void *, size_t, ncclDataType_
 typedef ncclResult_t (*split_fn)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
 typedef ncclResult_t (*comm_fn)(ncclComm_t);
 typedef ncclResult_t (*comm_int_fn)(const ncclComm_t, int *);
+typedef ncclResult_t (*async_fn)(ncclComm_t, ncclResult_t *);
 
 static const struct r2cc_nccl_real *nccl;
 static const struct r2cc_cuda *cu;
@@ -131,6 +133,14 @@ static int op_abort(void *ctx, void *comm)
 	return ((comm_fn)nccl->CommAbort)(comm);
 }
 
+static int op_async_error(void *ctx, void *comm, int *err)
+{
+	ncclResult_t e = ncclSuccess;
+	int rc = ((async_fn)nccl->CommGetAsyncError)(comm, &e);
+	*err = (int)e;
+	return rc;
+}
+
 static int op_count(void *ctx, void *comm, int *n)
 {
 	return ((comm_int_fn)nccl->CommCount)(comm, n);
@@ -171,11 +181,49 @@ static int op_wait(void *ctx, void *s, void *e)
 	return cu_rc(cu->StreamWaitEvent(s, e, 0));
 }
 
+#define R2CC_CU_NOT_READY 600 /* CUDA_ERROR_NOT_READY */
+
+static int async_error_hook(struct r2cc_comm *c);
+
 /*
- * All-gather of `n` ints per rank on comm, on a private stream, blocking.
- * Used for the view and for agree(); every rank calls it at the same point.
+ * Waits for a stream (or an event) of ours without ever blocking on the GPU
+ * alone: while the work is not done, the parent's and the sub-communicators'
+ * asynchronous errors are looked at, and one ends the wait with that error. A
+ * collective whose peer died never completes; a wait that only synchronised
+ * would hold the application's thread inside its NCCL call forever, where it
+ * can neither see the error nor abort.
  */
-static int gather_ints(void *comm, int nranks, const int *mine, int n, int *all)
+static int gpu_wait(struct r2cc_comm *c, void *stream, void *event)
+{
+	for (unsigned spin = 0;; spin++) {
+		int q = stream ? cu->StreamQuery(stream) : cu->EventQuery(event);
+		if (q != R2CC_CU_NOT_READY)
+			return cu_rc(q);
+		ncclResult_t e = ncclSuccess;
+		if (((async_fn)nccl->CommGetAsyncError)(c->comm, &e) == ncclSuccess &&
+		    e == ncclSuccess)
+			e = (ncclResult_t)async_error_hook(c);
+		if (e != ncclSuccess && e != ncclInProgress) {
+			R2CC_WARN(
+			    "comm %p: a collective of R2CC's will not complete (NCCL error %d); "
+			    "the call returns it",
+			    c->comm, (int)e);
+			return (int)e;
+		}
+		if (spin < 1000)
+			sched_yield();
+		else
+			usleep(50);
+	}
+}
+
+/*
+ * All-gather of `n` ints per rank on comm (c's or one of its own), on a private stream,
+ * waited for with gpu_wait(). Used for the view and for agree(); every rank
+ * calls it at the same point.
+ */
+static int gather_ints(struct r2cc_comm *c, void *comm, int nranks, const int *mine, int n,
+		       int *all)
 {
 	void *stream = NULL;
 	unsigned long long dbuf = 0;
@@ -191,9 +239,14 @@ static int gather_ints(void *comm, int nranks, const int *mine, int n, int *all)
 					     (size_t)n, ncclInt32, comm, stream);
 	if (rc)
 		goto err_mem;
-	rc = cu_rc(cu->StreamSynchronize(stream));
-	if (!rc)
-		rc = cu_rc(cu->MemcpyDtoH(all, dbuf, bytes));
+	rc = gpu_wait(c, stream, NULL);
+	if (rc) {
+		/* The all-gather will never end: freeing its buffer would wait for it
+		 * (cuMemFree synchronises), so the few bytes stay allocated. */
+		cu->StreamDestroy(stream);
+		return rc;
+	}
+	rc = cu_rc(cu->MemcpyDtoH(all, dbuf, bytes));
 err_mem:
 	cu->MemFree(dbuf);
 err_stream:
@@ -207,7 +260,7 @@ static int op_agree(void *ctx, void *comm, int ok, int *all_ok)
 	int *all = calloc((size_t)c->nranks, sizeof(int));
 	if (!all)
 		return ncclSystemError;
-	int rc = gather_ints(comm, c->nranks, &ok, 1, all);
+	int rc = gather_ints(c, comm, c->nranks, &ok, 1, all);
 	*all_ok = 1;
 	for (int i = 0; i < c->nranks && !rc; i++)
 		if (!all[i])
@@ -228,6 +281,7 @@ static struct r2cc_ar2_ops ops_for(struct r2cc_comm *c)
 	    .comm_split = op_split,
 	    .comm_destroy = op_destroy,
 	    .comm_abort = op_abort,
+	    .comm_async_error = op_async_error,
 	    .comm_count = op_count,
 	    .comm_user_rank = op_rank,
 	    .stream_create = op_stream_create,
@@ -255,7 +309,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 	int rc = -ENOMEM;
 	if (!all || !rank_node || !node_nics || !node_failed)
 		goto out;
-	rc = gather_ints(c->comm, n, mine, 2, all);
+	rc = gather_ints(c, c->comm, n, mine, 2, all);
 	if (rc)
 		goto out;
 	/* Nodes numbered in order of first appearance in rank order. */
@@ -275,7 +329,7 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 	}
 	int f = r2cc_nic_mark_declared(&spec, my_node, key) + nics_down_here();
 	int *fails = all; /* reuse: n ints */
-	rc = gather_ints(c->comm, n, &f, 1, fails);
+	rc = gather_ints(c, c->comm, n, &f, 1, fails);
 	if (rc)
 		goto out;
 	for (int node = 0; node < nnodes; node++)
@@ -364,17 +418,23 @@ static int after_repair(void)
 #define WATCH_BYTES (1024.0 * 1024 * 1024)
 #define WATCH_LAG   4
 
-static void watch_free(struct watch *w)
+/* abort: never wait on the GPU. The check may sit behind a collective that will
+ * never end, and the communicators are aborted only after this returns: an
+ * event synchronisation, or a cuMemFree (which synchronises the device), would
+ * wait for kernels that only the abort can stop. Its buffers (4 bytes per rank,
+ * device and host) then stay allocated; events and streams are released by
+ * CUDA once their work is done. */
+static void watch_free(struct watch *w, bool abort)
 {
-	if (w->pending && w->event)
+	if (w->pending && w->event && !abort)
 		cu->EventSynchronize(w->event);
 	if (w->event)
 		cu->EventDestroy(w->event);
 	if (w->stream)
 		cu->StreamDestroy(w->stream);
-	if (w->dbuf)
+	if (w->dbuf && !abort)
 		cu->MemFree(w->dbuf);
-	if (w->hbuf)
+	if (w->hbuf && !abort)
 		cu->MemFreeHost(w->hbuf);
 	memset(w, 0, sizeof(*w));
 }
@@ -400,7 +460,7 @@ static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t b
 		int all_ok = 0;
 		bool ok = watch_make(w, c->nranks);
 		if (op_agree(c, c->comm, ok, &all_ok) || !all_ok) {
-			watch_free(w);
+			watch_free(w, false);
 			w->broken = true;
 			R2CC_WARN(
 			    "comm %p: cannot watch for repairs (CUDA resources on some rank); "
@@ -415,7 +475,7 @@ static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t b
 	w->bytes += (double)bytes;
 	if (w->pending && (w->calls >= WATCH_LAG || w->bytes >= WATCH_BYTES)) {
 		w->pending = false;
-		if (cu->EventSynchronize(w->event) == 0)
+		if (gpu_wait(c, NULL, w->event) == 0)
 			for (int r = 0; r < c->nranks; r++)
 				if (w->hbuf[r] > 0)
 					return true;
@@ -543,19 +603,25 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 	return rc;
 }
 
-static void release_hook(struct r2cc_comm *c)
+static void release_hook(struct r2cc_comm *c, bool abort)
 {
 	struct comm_strategy *st = c->strategy;
 	if (!st)
 		return;
 	c->strategy = NULL;
-	watch_free(&st->w);
+	watch_free(&st->w, abort);
 	if (st->state == VIEW_READY)
 		R2CC_INFO(
 		    "comm %p rank %d: R2CC-AllReduce ran %lu times, %lu AllReduces ran as Balance",
 		    c->comm, c->rank, st->ran, st->fell_back);
-	r2cc_ar2_comm_destroy(st->ar2, false);
+	r2cc_ar2_comm_destroy(st->ar2, abort);
 	free(st);
+}
+
+static int async_error_hook(struct r2cc_comm *c)
+{
+	const struct comm_strategy *st = c->strategy;
+	return st && st->ar2 ? r2cc_ar2_comm_async_error(st->ar2) : 0;
 }
 
 int r2cc_strategies_init(void)
@@ -574,6 +640,7 @@ int r2cc_strategies_init(void)
 	if (!now && after != 3 && !(base_ar2 && after == 2))
 		return 0;
 	__atomic_store_n(&r2cc_comm_release_hook, release_hook, __ATOMIC_RELEASE);
+	__atomic_store_n(&r2cc_comm_async_error_hook, async_error_hook, __ATOMIC_RELEASE);
 	__atomic_store_n(&r2cc_allreduce_hook, allreduce_hook, __ATOMIC_RELEASE);
 	R2CC_INFO("R2CC-AllReduce armed (mode %s, %s, after a repair: %s; K=%d, schedule %d, min "
 		  "%llu bytes)",

@@ -19,10 +19,14 @@ $(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/ledger.c shim/l
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-UNIT_TESTS := test_params test_registry test_log test_ledger
+$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/stall.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c strategies/cost.c
+	@mkdir -p $(@D)
+	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
+
+UNIT_TESTS := test_params test_registry test_log test_ledger test_stall
 TEST_DEPS += $(UNIT_TESTS:%=$(BUILD)/tests/unit/%)
 CPU_TESTS += $(UNIT_TESTS:%=120@$(BUILD)/tests/unit/%:--jobs=2)
-FORMAT_SRCS += $(wildcard tests/unit/test_params.c tests/unit/test_registry.c tests/unit/test_log.c tests/unit/test_ledger.c)
+FORMAT_SRCS += $(wildcard tests/unit/test_params.c tests/unit/test_registry.c tests/unit/test_log.c tests/unit/test_ledger.c tests/unit/test_stall.c)
 
 # Preload test: needs the software RDMA device and libr2cc.so.
 $(BUILD)/tests/preload/verbs_preload: tests/preload/verbs_preload.c

@@ -18,8 +18,10 @@
 #define DRILL_FULL_PROCS    4 /* above this many workers the defaults scale down (main.c) */
 #define DRILL_MANY_MAX_SIZE (64u << 10) /* --max-size then */
 #define DRILL_MAX_NICS	    4		/* NCCL_IB_MAX_DEVS_PER_NIC: rkeys per FIFO element */
-#define DRILL_SLOTS	    256		/* MAX_REQUESTS: request slots, FIFO slots, wr_id space */
-#define DRILL_MAX_RECVS	    8		/* NCCL_NET_IB_MAX_RECVS: FIFO elements per slot */
+#define DRILL_MAX_QPN	    8 /* --qps: QPs per NIC per connection (NCCL_IB_QPS_PER_CONNECTION) */
+#define DRILL_MAX_QPS	    (DRILL_MAX_NICS * DRILL_MAX_QPN)
+#define DRILL_SLOTS	    256 /* MAX_REQUESTS: request slots, FIFO slots, wr_id space */
+#define DRILL_MAX_RECVS	    8	/* NCCL_NET_IB_MAX_RECVS: FIFO elements per slot */
 #define DRILL_MAX_WINDOW    64
 #define DRILL_ERR_LEN	    320
 
@@ -48,14 +50,20 @@ enum drill_hold {
 
 /* What a scenario must end with (--expect). */
 enum drill_expect {
-	DRILL_EXPECT_PASS,  /* every message exactly once, no error */
-	DRILL_EXPECT_CLEAN, /* an error reaches the application in bounded time, no hang */
+	DRILL_EXPECT_PASS,	/* every message exactly once, no error */
+	DRILL_EXPECT_CLEAN,	/* an error reaches the application in bounded time, no hang */
+	DRILL_EXPECT_NO_REPAIR, /* as PASS, and no incident in any report (declared moves aside) */
 };
 
 /* Settings shared by the parent and the workers (workers get them on the command line). */
 struct drill_opts {
 	int procs;
 	int nics;
+	int qps;	  /* --qps: QPs per NIC per connection */
+	int per_node;	  /* --per-node: processes sharing each emulated node's NICs */
+	double gbps;	  /* --gbps: every NIC shaped to this rate (0: 100 Gb/s, unshaped) */
+	int declare_node; /* --declare NODE:NIC (R2CC_FAILED_NODE/HCA); -1 none */
+	int declare_nic;
 	int fault; /* enum drill_fault, or -1 = all kinds */
 	int seeds;
 	int first_seed;

@@ -86,6 +86,9 @@ struct drill_scenario {
 	int not_interposed; /* workers whose data path was not libr2cc's */
 	bool timed_out, pass;
 	int ndetect, nmigrate;
+	int reports;	    /* workers whose R2CC report was read */
+	int repairs;	    /* incidents that were not declared failures */
+	uint64_t suspected; /* stalls R2CC's scan suspected (and confirmed or cleared) */
 	char why[DRILL_ERR_LEN + 64];
 	char stall[256]; /* each node's phase and progress at the deadline */
 	double secs;
@@ -118,8 +121,9 @@ static void usage(FILE *f)
 		"                        [--nccl-stub] [--fault-phase traffic|connect] "
 		"[--fault-nics one|all]\n"
 		"                        [--second-fault MS] [--kill-peer] "
-		"[--expect pass|clean-error] [--bound SEC]\n"
-		"                        [--flush]\n"
+		"[--expect pass|clean-error|no-repair] [--bound SEC]\n"
+		"                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
+		"[--declare NODE:NIC]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -129,6 +133,10 @@ static void usage(FILE *f)
 		"within --bound (10 s) of the fault, no worker hangs and nothing is corrupt.\n"
 		"--flush: NCCL's GPU Direct flush too: each received message is read back with\n"
 		"an RDMA READ on a loopback QP per NIC before it counts as delivered.\n"
+		"--gbps G: every NIC shaped to G Gb/s; --qps Q: Q QPs per NIC per connection\n"
+		"(NCCL_IB_QPS_PER_CONNECTION); --per-node P: P processes share each node's NICs;\n"
+		"--declare NODE:NIC: R2CC_FAILED_NODE/HCA; --expect no-repair: as pass, and no\n"
+		"incident in any R2CC report but declared moves (a migration is a false repair).\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -159,8 +167,13 @@ static int drill_check_opts(const struct drill_opts *o)
 
 	if (o->fault == DRILL_FAULT_NONE &&
 	    (o->fault_phase != DRILL_AT_TRAFFIC || o->fault_all_nics || o->second_ms >= 0 ||
-	     o->expect != DRILL_EXPECT_PASS))
-		bad = "--fault-phase, --fault-nics, --second-fault and --expect need a fault";
+	     o->expect == DRILL_EXPECT_CLEAN))
+		bad = "--fault-phase, --fault-nics, --second-fault and --expect clean-error need a "
+		      "fault";
+	else if (o->procs % o->per_node || o->procs / o->per_node < 2)
+		bad = "--procs must be a multiple of --per-node, with 2 nodes or more";
+	else if (o->declare_node >= o->procs / o->per_node || o->declare_nic >= o->nics)
+		bad = "--declare names a node or NIC the drill does not have";
 	else if (o->fault == DRILL_FAULT_KILL && o->expect != DRILL_EXPECT_CLEAN)
 		bad = "--kill-peer needs --expect clean-error (a dead process cannot be repaired)";
 	else if (!nic_fault &&
@@ -210,6 +223,10 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_KILL,
 		O_HOLD,
 		O_FLUSH,
+		O_QPS,
+		O_PER_NODE,
+		O_GBPS,
+		O_DECLARE,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -243,6 +260,10 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"kill-peer", no_argument, NULL, O_KILL},
 	    {"hold-connect", required_argument, NULL, O_HOLD},
 	    {"flush", no_argument, NULL, O_FLUSH},
+	    {"qps", required_argument, NULL, O_QPS},
+	    {"per-node", required_argument, NULL, O_PER_NODE},
+	    {"gbps", required_argument, NULL, O_GBPS},
+	    {"declare", required_argument, NULL, O_DECLARE},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
@@ -254,6 +275,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	*o = (struct drill_opts){
 	    .procs = 2,
 	    .nics = 3,
+	    .qps = 1,
+	    .per_node = 1,
+	    .declare_node = -1,
 	    .fault = -1,
 	    .seeds = 20,
 	    .first_seed = 1,
@@ -389,10 +413,42 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			name = "--fault-nics (one or all)";
 			break;
 		case O_EXPECT:
-			ok = !strcmp(optarg, "pass") || !strcmp(optarg, "clean-error");
-			o->expect = strcmp(optarg, "pass") ? DRILL_EXPECT_CLEAN : DRILL_EXPECT_PASS;
-			name = "--expect (pass or clean-error)";
+			ok = !strcmp(optarg, "pass") || !strcmp(optarg, "clean-error") ||
+			     !strcmp(optarg, "no-repair");
+			o->expect = !strcmp(optarg, "pass")	   ? DRILL_EXPECT_PASS
+				    : !strcmp(optarg, "no-repair") ? DRILL_EXPECT_NO_REPAIR
+								   : DRILL_EXPECT_CLEAN;
+			name = "--expect (pass, clean-error or no-repair)";
 			break;
+		case O_QPS:
+			ok = drill_num(optarg, 1, DRILL_MAX_QPN, &v);
+			o->qps = (int)v;
+			name = "--qps (1..8, QPs per NIC per connection)";
+			break;
+		case O_PER_NODE:
+			ok = drill_num(optarg, 1, DRILL_MAX_PROCS, &v);
+			o->per_node = (int)v;
+			name = "--per-node (1..16, processes per emulated node)";
+			break;
+		case O_GBPS:
+			ok = drill_num(optarg, 1, 400, &v) && v == (int)v;
+			o->gbps = v;
+			name = "--gbps (whole Gb/s, 1..400)";
+			break;
+		case O_DECLARE: {
+			char *end;
+			long node = strtol(optarg, &end, 10);
+			ok = end != optarg && *end == ':' && node >= 0 && node < DRILL_MAX_PROCS;
+			if (ok) {
+				char *nend;
+				long nic = strtol(end + 1, &nend, 10);
+				ok = nend != end + 1 && !*nend && nic >= 0 && nic < DRILL_MAX_NICS;
+				o->declare_node = (int)node;
+				o->declare_nic = (int)nic;
+			}
+			name = "--declare (NODE:NIC, e.g. 0:2 for node0's mlx5_2)";
+			break;
+		}
 		case O_BOUND:
 			ok = drill_num(optarg, 0.001, 86400, &v);
 			o->bound_s = v;
@@ -535,9 +591,9 @@ static void drill_on_signal(int sig)
 static bool drill_env_ours(const char *kv)
 {
 	static const char *const keys[] = {
-	    "LD_LIBRARY_PATH=", "LD_PRELOAD=",	   "SOFTVERBS_FABRIC=",
-	    "SOFTVERBS_NODE=",	"SOFTVERBS_NICS=", "SOFTVERBS_TIME_SCALE=",
-	    "SOFTVERBS_FAULT=", "R2CC_REPORT=",	   "NCCL_HOSTID=",
+	    "LD_LIBRARY_PATH=", "LD_PRELOAD=",		 "SOFTVERBS_FABRIC=", "SOFTVERBS_NODE=",
+	    "SOFTVERBS_NICS=",	"SOFTVERBS_TIME_SCALE=", "SOFTVERBS_FAULT=",  "R2CC_REPORT=",
+	    "NCCL_HOSTID=",	"SOFTVERBS_SHAPING=",	 "R2CC_FAILED_NODE=", "R2CC_FAILED_HCA=",
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -557,7 +613,7 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 
 	for (char **e = environ; *e; e++)
 		n++;
-	env = calloc(n + 16, sizeof(*env));
+	env = calloc(n + 20, sizeof(*env));
 	if (!env)
 		return NULL;
 	n = 0;
@@ -565,8 +621,8 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 		if (!drill_env_ours(*e))
 			env[n++] = *e;
 	for (int k = 0; k < o->nics; k++)
-		snprintf(nics + strlen(nics), sizeof(nics) - strlen(nics), "%smlx5_%d:100",
-			 k ? "," : "", k);
+		snprintf(nics + strlen(nics), sizeof(nics) - strlen(nics), "%smlx5_%d:%d",
+			 k ? "," : "", k, o->gbps > 0 ? (int)o->gbps : 100);
 #define DRILL_ENV(...)                                                                             \
 	do {                                                                                       \
 		int w_ = snprintf(store + used, len - used, __VA_ARGS__);                          \
@@ -581,9 +637,15 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 	if (o->preload)
 		DRILL_ENV("LD_PRELOAD=%s", p->libr2cc);
 	DRILL_ENV("SOFTVERBS_FABRIC=%s", s->fabric);
-	DRILL_ENV("SOFTVERBS_NODE=node%d", rank);
-	DRILL_ENV("NCCL_HOSTID=node%d", rank);
+	DRILL_ENV("SOFTVERBS_NODE=node%d", rank / o->per_node);
+	DRILL_ENV("NCCL_HOSTID=node%d", rank / o->per_node);
 	DRILL_ENV("SOFTVERBS_NICS=%s", nics);
+	if (o->gbps > 0)
+		DRILL_ENV("SOFTVERBS_SHAPING=1");
+	if (o->declare_node >= 0) {
+		DRILL_ENV("R2CC_FAILED_NODE=%d", o->declare_node);
+		DRILL_ENV("R2CC_FAILED_HCA=mlx5_%d", o->declare_nic);
+	}
 	DRILL_ENV("SOFTVERBS_TIME_SCALE=%g", o->time_scale);
 	DRILL_ENV("R2CC_REPORT=%s/r2cc-report.%d", s->dir, rank);
 #undef DRILL_ENV
@@ -594,8 +656,8 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_paths *p,
 				const struct drill_scenario *s, int rank)
 {
-	char a[12][40], log[PATH_MAX + 32], store[32768];
-	char *argv[32];
+	char a[13][40], log[PATH_MAX + 32], store[32768];
+	char *argv[40];
 	char **env;
 	int n = 0, fd;
 	pid_t pid;
@@ -613,6 +675,7 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 	snprintf(a[7], sizeof(a[7]), "%g", o->timeout_s);
 	snprintf(a[8], sizeof(a[8]), "%d", o->qp_timeout);
 	snprintf(a[9], sizeof(a[9]), "%d", o->retry_cnt);
+	snprintf(a[10], sizeof(a[10]), "%d", o->qps);
 	argv[n++] = (char *)"r2cc-verbs-drill";
 	argv[n++] = (char *)"--worker";
 	argv[n++] = (char *)"--rank";
@@ -635,6 +698,8 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 	argv[n++] = a[8];
 	argv[n++] = (char *)"--retry-cnt";
 	argv[n++] = a[9];
+	argv[n++] = (char *)"--qps";
+	argv[n++] = a[10];
 	argv[n++] = (char *)"--dir";
 	argv[n++] = (char *)s->dir;
 	if (o->selftest_corrupt)
@@ -717,7 +782,7 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 	uint64_t expected = (uint64_t)o->procs * (uint64_t)(o->procs - 1) * (uint64_t)o->messages;
 	double frac = 0.15 + (double)(drill_mix(h) % 1000) / 1000.0 * 0.5;
 
-	s->node = (int)(h % (uint64_t)o->procs);
+	s->node = (int)(h % (uint64_t)(o->procs / o->per_node));
 	s->nic = (int)((h >> 20) % (uint64_t)o->nics);
 	s->nic2 = o->nics > 1 ? (s->nic + 1 + (int)((h >> 32) % (uint64_t)(o->nics - 1))) % o->nics
 			      : s->nic;
@@ -774,8 +839,9 @@ static void drill_inject(const struct drill_opts *o, const struct drill_paths *p
 	s->injected_at = delivered;
 	s->injected_ns = drill_now_ns();
 	if (s->kind == DRILL_FAULT_KILL) {
-		if (pids[s->node] > 0 && kill(pids[s->node], SIGKILL) == 0)
-			s->killed = s->node;
+		int victim = s->node * o->per_node; /* the node's first process */
+		if (pids[victim] > 0 && kill(pids[victim], SIGKILL) == 0)
+			s->killed = victim;
 		else
 			s->inject_failed = true;
 		return;
@@ -893,11 +959,22 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				t->nmigrate += n;
 				s->nmigrate += n;
 				found += n;
+				for (const char *q = text; (q = strstr(q, "\"declared\":false"));
+				     q++)
+					s->repairs++;
+				double sus[1];
+				if (drill_scan_key(text, "suspected", sus, 1) == 1)
+					s->suspected += (uint64_t)sus[0];
+				/* a whole JSON report, at exit, with or without incidents */
+				if (k == 0 && strstr(text, "\"nics\":["))
+					found++;
 			}
 			free(text);
 			fclose(f);
-			if (found)
+			if (found) {
+				s->reports++;
 				break; /* the JSON said it; the text copy would count twice */
+			}
 		}
 	}
 }
@@ -1231,6 +1308,21 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		if (!s->pass && !s->why[0])
 			drill_explain(o, s, st, failed_exit,
 				      failed_exit >= 0 ? status[failed_exit] : 0, missed);
+		/* Nothing failed, so nothing may have been repaired: a migration here is a
+		 * false repair, whatever the data say. */
+		if (s->pass && o->expect == DRILL_EXPECT_NO_REPAIR && o->preload &&
+		    s->reports < o->procs) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "only %d of %d R2CC reports found: no-repair cannot be judged",
+				 s->reports, o->procs);
+		}
+		if (s->pass && o->expect == DRILL_EXPECT_NO_REPAIR && s->repairs) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "false repair: %d incident(s) in R2CC's reports with no failure",
+				 s->repairs);
+		}
 	}
 	munmap(st, st_len);
 }
@@ -1276,6 +1368,8 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 		printf(" app-error none");
 	if (s->ndetect || s->nmigrate)
 		printf(" incidents %d", s->ndetect > s->nmigrate ? s->ndetect : s->nmigrate);
+	if (s->suspected)
+		printf(" suspected %llu", (unsigned long long)s->suspected);
 	if (!s->pass)
 		printf(" -- %s", s->why);
 	printf("\n");

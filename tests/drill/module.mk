@@ -54,3 +54,10 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3:--flush:--nccl-stub \
 	       120@$(DRILL):--fault:down:--seeds:20:--flush:--nccl-stub \
 	       120@$(DRILL):--fault:blackhole:--seeds:20:--flush:--nccl-stub
 FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
+# A healthy job is never taken down (tests/drill/stall-matrix.sh): slow NICs, many QPs,
+# several processes per node, large messages with a declared failure; no repair at all
+# without a fault, every message exactly once through a black hole or a link down. The
+# bench runs the no-fault rows 64 times over (960 scenarios) beside these 75.
+CPU_TESTS   += 400@$(DRILL_DIR)/stall-matrix.sh:$(BUILD):5
+BENCHES     += $(DRILL_DIR)/stall-matrix.sh:$(BUILD):64:none
+BENCH_TARGETS += $(DRILL) $(DRILL_RUNTIME)

@@ -43,7 +43,7 @@
 #include <unistd.h>
 
 #define DRILL_EP_MAGIC	   0x4452494c4c455031ull /* "DRILLEP1" */
-#define DRILL_QP_MAP	   512
+#define DRILL_QP_MAP	   4096
 #define DRILL_POLL_BATCH   16
 #define DRILL_ALIGN	   128 /* NCCL: IB writes are multiples of 128 B across QPs */
 #define DRILL_DRAIN_NS	   300000000
@@ -96,7 +96,7 @@ struct drill_conn {
 	bool send;
 	int peer;
 	int nqps;
-	struct drill_qp qps[DRILL_MAX_NICS];
+	struct drill_qp qps[DRILL_MAX_QPS];
 	int qp_index;  /* NCCL base.qpIndex */
 	int dev_index; /* NCCL base.devIndex: the QP of the next clear-to-send */
 	uint8_t *buf;
@@ -129,7 +129,7 @@ struct drill_conn {
 };
 
 struct drill_ep_conn {
-	uint32_t qpn[DRILL_MAX_NICS];
+	uint32_t qpn[DRILL_MAX_QPS];
 	uint64_t fifo_addr;
 	uint32_t fifo_rkey[DRILL_MAX_NICS];
 };
@@ -367,7 +367,7 @@ static int drill_devs_open(struct drill_worker *w)
 {
 	const struct drill_opts *o = w->o;
 	struct ibv_device **list;
-	int n = 0, cqe = 512 * 2 * (o->procs - 1);
+	int n = 0, cqe = 512 * 2 * (o->procs - 1) * o->qps;
 	const char *env;
 
 	drill_ibv.fork_init();
@@ -513,7 +513,7 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 		w->recv[peer] = c;
 	c->send = send;
 	c->peer = peer;
-	c->nqps = o->nics;
+	c->nqps = o->nics * o->qps;
 	c->buf_len = 2 * max > (1u << 20) ? 2 * max : (1u << 20);
 	c->ring.size = c->buf_len;
 	c->buf = mmap(NULL, c->buf_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -820,7 +820,7 @@ static int drill_setup(struct drill_worker *w)
 		if (p == o->rank)
 			continue;
 		/* My send connection to p meets p's receive connection from me, QP q to QP q. */
-		for (int q = 0; q < o->nics; q++) {
+		for (int q = 0; q < s->nqps; q++) {
 			if (drill_qp_connect(w, &s->qps[q], w->peers[p].recv[o->rank].qpn[q],
 					     &w->peers[p]) ||
 			    drill_qp_connect(w, &r->qps[q], w->peers[p].send[o->rank].qpn[q],

@@ -2,7 +2,9 @@
  * Multi-process conformance tests of the software RDMA device. Each test forks two
  * processes, node "A" and node "B" on a private fabric, which open their NICs,
  * connect RC QPs over a socketpair and check data, completions, QP states, async
- * events, counters, shaping and faults. Any mismatch exits non-zero.
+ * events, counters, shaping and faults, shared receive queues, send queue slots that
+ * are free once their completion is polled, and completion channels woken by the
+ * other process. Any mismatch exits non-zero.
  *
  *   conformance [TEST...]     run all tests, or the named ones
  */
@@ -10,6 +12,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <limits.h>
 #include <poll.h>
@@ -48,6 +51,10 @@ struct peer {
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_cq *cq;
+	bool want_srq;	   /* set before setup(): the QPs take receives from p->srq */
+	bool want_channel; /* set before setup(): p->cq reports to p->ch */
+	struct ibv_srq *srq;
+	struct ibv_comp_channel *ch;
 	struct ibv_qp *qp[NQP];
 	struct ibv_mr *mr;
 	uint8_t *buf;
@@ -177,10 +184,15 @@ static struct ibv_qp *make_qp(struct peer *p)
 		    .max_recv_sge = 4,
 		    .max_inline_data = 128},
 	    .qp_type = IBV_QPT_RC,
+	    .srq = p->srq,
 	};
 	struct ibv_qp_attr a = {
 	    .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = ACCESS_RW};
-	struct ibv_qp *qp = ibv_create_qp(p->pd, &init);
+	struct ibv_qp *qp;
+
+	if (p->srq)
+		init.cap.max_recv_wr = init.cap.max_recv_sge = 0;
+	qp = ibv_create_qp(p->pd, &init);
 
 	CHECK(p, qp != NULL, "(errno %d)", errno);
 	CHECK(p, ibv_modify_qp(qp, &a,
@@ -200,8 +212,19 @@ static void setup(struct peer *p)
 	CHECK(p, p->ctx != NULL);
 	ibv_free_device_list(devs);
 	p->pd = ibv_alloc_pd(p->ctx);
-	p->cq = ibv_create_cq(p->ctx, 512, NULL, NULL, 0);
+	if (p->want_channel) {
+		p->ch = ibv_create_comp_channel(p->ctx);
+		CHECK(p, p->ch != NULL);
+	}
+	p->cq = ibv_create_cq(p->ctx, 512, p, p->ch, 0);
 	CHECK(p, p->pd && p->cq);
+	if (p->want_srq) {
+		struct ibv_srq_init_attr si = {.attr = {.max_wr = 16, .max_sge = 1}};
+
+		p->srq = ibv_create_srq(p->pd, &si);
+		CHECK(p, p->srq != NULL, "(errno %d)", errno);
+		CHECK(p, si.attr.max_wr == 16 && si.attr.max_sge == 1);
+	}
 	p->buf = mmap(NULL, BUF_LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	CHECK(p, p->buf != MAP_FAILED);
 	memset(p->buf, p->role, BUF_LEN);
@@ -1137,6 +1160,294 @@ static void find_fresh(struct peer *p)
 	sync_wait(p, 1);
 }
 
+/* ---- shared receive queue: two QPs take from one, limit event, RNR on an empty one ---- */
+
+static void post_srq(struct peer *p, uint64_t wr_id, uint64_t off, uint32_t len)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)p->buf + off, .length = len, .lkey = p->mr->lkey};
+	struct ibv_recv_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = 1}, *bad = NULL;
+
+	CHECK(p, ibv_post_srq_recv(p->srq, &wr, &bad) == 0);
+}
+
+static void srq_a(struct peer *p)
+{
+	uint64_t ids[6] = {0, 1, 2, 3, 4, 5};
+
+	setup(p);
+	sync_wait(p, 1);
+	/* Six SEND_WITH_IMMs, alternating between the two QPs, each 1000 bytes of seed k. */
+	for (int k = 0; k < 6; k++) {
+		fill(p->buf + (uint64_t)k * 4096, 1000, (unsigned)k);
+		post(p, k % 2, IBV_WR_SEND_WITH_IMM, (uint64_t)k, IBV_SEND_SIGNALED,
+		     (uint64_t)k * 4096, 1000, 0, 0, htonl((uint32_t)k));
+	}
+	expect_wcs(p, ids, 6, IBV_WC_SUCCESS);
+	sync_wait(p, 2);
+	/* Three WRITE_WITH_IMMs to an SRQ that holds two receives: the third waits for one. */
+	for (int k = 0; k < 3; k++)
+		post(p, k % 2, IBV_WR_RDMA_WRITE_WITH_IMM, 10 + (uint64_t)k, IBV_SEND_SIGNALED, 0,
+		     64, 1 << 20, p->peer.rkey, (uint32_t)k);
+	for (int k = 0; k < 3; k++)
+		ids[k] = 10 + (uint64_t)k;
+	expect_wcs(p, ids, 3, IBV_WC_SUCCESS);
+	sync_send(p, 3);
+	sync_wait(p, 4);
+}
+
+static void srq_b(struct peer *p)
+{
+	struct ibv_srq_attr sa = {.srq_limit = 4};
+	struct pollfd pfd;
+	struct ibv_async_event ev;
+	struct ibv_recv_wr rwr = {.wr_id = 1}, *bad;
+	int per_qp[NQP] = {0};
+	bool used[8] = {false};
+	struct ibv_wc wc;
+
+	p->want_srq = true;
+	setup(p);
+	for (int i = 0; i < 8; i++)
+		post_srq(p, 100 + (uint64_t)i, (uint64_t)i * 4096, 4096);
+	CHECK(p, ibv_modify_srq(p->srq, &sa, IBV_SRQ_LIMIT) == 0);
+	memset(&sa, 0, sizeof(sa));
+	CHECK(p, ibv_query_srq(p->srq, &sa) == 0 && sa.max_wr == 16 && sa.max_sge == 1 &&
+		     sa.srq_limit == 4);
+	sync_send(p, 1);
+	for (int k = 0; k < 6; k++) {
+		int q, i;
+
+		CHECK(p, poll_one(p->cq, &wc, 2000) == 1, "(%d of 6 receives)", k);
+		i = (int)wc.wr_id - 100;
+		CHECK(p,
+		      wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV &&
+			  wc.byte_len == 1000 && (wc.wc_flags & IBV_WC_WITH_IMM) && i >= 0 &&
+			  i < 8 && !used[i],
+		      "(wr_id %llu status %d)", (unsigned long long)wc.wr_id, wc.status);
+		used[i] = true;
+		for (q = 0; q < NQP && p->qp[q]->qp_num != wc.qp_num; q++)
+			;
+		CHECK(p, q < NQP && wc.src_qp == p->peer.qpn[q], "(qp 0x%x from 0x%x)", wc.qp_num,
+		      wc.src_qp);
+		CHECK(p, (int)ntohl(wc.imm_data) % 2 == q, "(message %u on QP %d)",
+		      ntohl(wc.imm_data), q);
+		CHECK(p, check_fill(p->buf + (uint64_t)i * 4096, 1000, ntohl(wc.imm_data)));
+		per_qp[q]++;
+	}
+	CHECK(p, per_qp[0] == 3 && per_qp[1] == 3);
+	/* Two receives left, fewer than the limit of 4: one event, and the limit disarms. */
+	pfd = (struct pollfd){.fd = p->ctx->async_fd, .events = POLLIN};
+	CHECK(p, poll(&pfd, 1, 1000) == 1, "(no SRQ limit event)");
+	CHECK(p, ibv_get_async_event(p->ctx, &ev) == 0);
+	CHECK(p, ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED && ev.element.srq == p->srq,
+	      "(event %d)", ev.event_type);
+	ibv_ack_async_event(&ev);
+	CHECK(p, p->srq->events_completed == 1);
+	CHECK(p, ibv_query_srq(p->srq, &sa) == 0 && sa.srq_limit == 0);
+	CHECK(p, poll(&pfd, 1, 50) == 0, "(a second limit event)");
+	/* What an SRQ and its QPs refuse. */
+	CHECK(p, ibv_post_recv(p->qp[0], &rwr, &bad) == EINVAL && bad == &rwr);
+	CHECK(p, ibv_destroy_srq(p->srq) == EBUSY);
+	sa.max_wr = 32;
+	CHECK(p, ibv_modify_srq(p->srq, &sa, IBV_SRQ_MAX_WR) == EINVAL);
+	sa.srq_limit = 16;
+	CHECK(p, ibv_modify_srq(p->srq, &sa, IBV_SRQ_LIMIT) == EINVAL);
+	sync_send(p, 2);
+	/* The two left take two WRITE_WITH_IMMs; the third waits (RNR) until one is posted. */
+	for (int k = 0; k < 2; k++) {
+		CHECK(p, poll_one(p->cq, &wc, 2000) == 1, "(write_imm %d)", k);
+		CHECK(p, wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM &&
+			     wc.byte_len == 64 && wc.wr_id >= 100 && wc.wr_id < 108 &&
+			     !used[wc.wr_id - 100]);
+		used[wc.wr_id - 100] = true;
+	}
+	expect_no_wc(p, 100);
+	post_srq(p, 200, 0, 4096);
+	expect_wc(p, 200, IBV_WC_SUCCESS, 2000, &wc);
+	CHECK(p, wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM && wc.imm_data == 2);
+	sync_wait(p, 3);
+	for (int q = 0; q < NQP; q++)
+		CHECK(p, ibv_destroy_qp(p->qp[q]) == 0);
+	CHECK(p, ibv_destroy_srq(p->srq) == 0);
+	sync_send(p, 4);
+}
+
+/*
+ * ---- a send queue slot is free once its completion can be polled ----
+ *
+ * As ib_write_bw does: the queue is kept full of writes large enough for the engine
+ * to execute them, one in SQ_SIG signalled, and each time a completion is polled
+ * SQ_SIG more are posted at once, which a queue that frees its slots after the
+ * completion refuses (ENOMEM) whenever the engine is preempted between the two.
+ */
+#define SQ_DEPTH  512 /* make_qp's max_send_wr */
+#define SQ_SIG	  1
+#define SQ_LEN	  (65536 + 4096)
+#define SQ_ROUNDS 20000
+
+static void sq_post_batch(struct peer *p, uint64_t *n)
+{
+	for (int k = 0; k < SQ_SIG; k++, (*n)++) {
+		struct ibv_sge sge = {
+		    .addr = (uintptr_t)p->buf, .length = SQ_LEN, .lkey = p->mr->lkey};
+		struct ibv_send_wr wr = {.wr_id = *n,
+					 .sg_list = &sge,
+					 .num_sge = 1,
+					 .opcode = IBV_WR_RDMA_WRITE,
+					 .send_flags = k == SQ_SIG - 1 ? IBV_SEND_SIGNALED : 0};
+		struct ibv_send_wr *bad = NULL;
+		int rc;
+
+		wr.wr.rdma.remote_addr = p->peer.addr + (*n % 64) * SQ_LEN;
+		wr.wr.rdma.rkey = p->peer.rkey;
+		rc = ibv_post_send(p->qp[0], &wr, &bad);
+		CHECK(p, rc == 0, "(request %llu: %s, after a completion freed its slots)",
+		      (unsigned long long)*n, strerror(rc));
+	}
+}
+
+static void sq_refill_a(struct peer *p)
+{
+	uint64_t n = 0;
+	struct ibv_wc wc;
+
+	setup(p);
+	for (int b = 0; b < SQ_DEPTH / SQ_SIG; b++)
+		sq_post_batch(p, &n);
+	for (int r = 0; r < SQ_ROUNDS; r++) {
+		int got;
+
+		do
+			got = ibv_poll_cq(p->cq, 1, &wc);
+		while (got == 0);
+		CHECK(p, got == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id % SQ_SIG == SQ_SIG - 1,
+		      "(wr_id %llu status %d)", (unsigned long long)wc.wr_id, wc.status);
+		sq_post_batch(p, &n);
+	}
+	for (int b = 0; b < SQ_DEPTH / SQ_SIG; b++)
+		expect_wc(p, (SQ_ROUNDS + (uint64_t)b) * SQ_SIG + SQ_SIG - 1, IBV_WC_SUCCESS, 5000,
+			  NULL);
+	sync_send(p, 1);
+}
+
+/* ---- completion channels: armed, woken by the other process's completion, at once ---- */
+
+#define CH_ITERS 300
+
+static void ch_post_recv(struct peer *p, uint64_t wr_id)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)p->buf, .length = 64, .lkey = p->mr->lkey};
+	struct ibv_recv_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = 1}, *bad = NULL;
+
+	CHECK(p, ibv_post_recv(p->qp[0], &wr, &bad) == 0);
+}
+
+/* Waits up to `ms` for the channel's next event: 1 (its CQ is p->cq) or 0. */
+static int ch_event(struct peer *p, int ms)
+{
+	struct pollfd pfd = {.fd = p->ch->fd, .events = POLLIN};
+	struct ibv_cq *cq;
+	void *cq_ctx;
+
+	if (poll(&pfd, 1, ms) != 1)
+		return 0;
+	CHECK(p, ibv_get_cq_event(p->ch, &cq, &cq_ctx) == 0);
+	CHECK(p, cq == p->cq && cq_ctx == p);
+	ibv_ack_cq_events(cq, 1);
+	return 1;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static void channel_a(struct peer *p)
+{
+	static double lat[CH_ITERS];
+	struct ibv_cq *cq;
+	struct ibv_wc wc;
+	void *cq_ctx;
+	double med, sent;
+
+	p->want_channel = true;
+	setup(p);
+	for (int i = 0; i < 3; i++)
+		ch_post_recv(p, (uint64_t)i);
+	/* Not armed: a completion raises no event, nor does arming after it. */
+	sync_send(p, 1);
+	sync_wait(p, 1);
+	CHECK(p, ch_event(p, 50) == 0, "(event while not armed)");
+	CHECK(p, ibv_req_notify_cq(p->cq, 0) == 0);
+	CHECK(p, ch_event(p, 50) == 0, "(event for a completion before arming)");
+	expect_wc(p, 0, IBV_WC_SUCCESS, 100, NULL);
+	/* Armed: the next completion raises one event, however many follow. */
+	sync_send(p, 2);
+	CHECK(p, ch_event(p, 2000) == 1, "(no event)");
+	sync_wait(p, 2);
+	CHECK(p, ch_event(p, 50) == 0, "(second event for one arming)");
+	expect_wc(p, 1, IBV_WC_SUCCESS, 100, NULL);
+	expect_wc(p, 2, IBV_WC_SUCCESS, 100, NULL);
+	/* A non-blocking channel answers EAGAIN when there is no event. */
+	CHECK(p, fcntl(p->ch->fd, F_SETFL, fcntl(p->ch->fd, F_GETFL) | O_NONBLOCK) == 0);
+	errno = 0;
+	CHECK(p, ibv_get_cq_event(p->ch, &cq, &cq_ctx) == -1 && errno == EAGAIN);
+	CHECK(p, fcntl(p->ch->fd, F_SETFL, fcntl(p->ch->fd, F_GETFL) & ~O_NONBLOCK) == 0);
+	expect_no_wc(p, 1);
+	/*
+	 * How soon the event wakes this process after the peer posted the SEND that
+	 * completes here (its post time travels in the message): an owner that watched its
+	 * armed CQs every 100 us would take 50 us or more at the median.
+	 */
+	for (int i = 0; i < CH_ITERS; i++) {
+		ch_post_recv(p, 10 + (uint64_t)i);
+		CHECK(p, ibv_req_notify_cq(p->cq, 0) == 0);
+		sync_send(p, 3);
+		CHECK(p, ibv_get_cq_event(p->ch, &cq, &cq_ctx) == 0 && cq == p->cq);
+		lat[i] = now_ms();
+		ibv_ack_cq_events(cq, 1);
+		expect_wc(p, 10 + (uint64_t)i, IBV_WC_SUCCESS, 100, &wc);
+		memcpy(&sent, p->buf, sizeof(sent));
+		lat[i] = (lat[i] - sent) * 1e3;
+	}
+	qsort(lat, CH_ITERS, sizeof(lat[0]), cmp_double);
+	med = lat[CH_ITERS / 2];
+	fprintf(stderr, "  channel wake: median %.1f us, 90th %.1f us\n", med,
+		lat[CH_ITERS * 9 / 10]);
+	CHECK(p, med < 40, "(median wake %.1f us)", med);
+	sync_send(p, 4);
+	CHECK(p, ibv_destroy_qp(p->qp[0]) == 0 && ibv_destroy_qp(p->qp[1]) == 0);
+	CHECK(p, ibv_destroy_comp_channel(p->ch) == EBUSY, "(a CQ still uses it)");
+	CHECK(p, ibv_destroy_cq(p->cq) == 0 && ibv_destroy_comp_channel(p->ch) == 0);
+}
+
+static void channel_b(struct peer *p)
+{
+	setup(p);
+	sync_wait(p, 1);
+	post(p, 0, IBV_WR_SEND, 1, IBV_SEND_SIGNALED, 0, 8, 0, 0, 0);
+	expect_wc(p, 1, IBV_WC_SUCCESS, 2000, NULL);
+	sync_send(p, 1);
+	sync_wait(p, 2);
+	post(p, 0, IBV_WR_SEND, 2, IBV_SEND_SIGNALED, 0, 8, 0, 0, 0);
+	post(p, 0, IBV_WR_SEND, 3, IBV_SEND_SIGNALED, 0, 8, 0, 0, 0);
+	expect_wc(p, 2, IBV_WC_SUCCESS, 2000, NULL);
+	expect_wc(p, 3, IBV_WC_SUCCESS, 2000, NULL);
+	sync_send(p, 2);
+	for (int i = 0; i < CH_ITERS; i++) {
+		double t;
+
+		sync_wait(p, 3);
+		t = now_ms();
+		memcpy(p->buf, &t, sizeof(t));
+		post(p, 0, IBV_WR_SEND, 10, IBV_SEND_SIGNALED, 0, 8, 0, 0, 0);
+		expect_wc(p, 10, IBV_WC_SUCCESS, 2000, NULL);
+	}
+	sync_wait(p, 4);
+}
+
 struct test {
 	const char *name;
 	role_fn a, b;
@@ -1173,6 +1484,9 @@ static const struct test tests[] = {
     {.name = "shared_nic", .a = shared_nic, .b = shared_nic, .env = SHAPED_2G, .node_b = "A"},
     {.name = "reuse_left_down", .a = leave_down, .b = idle_b, .keep = true},
     {.name = "reuse_starts_fresh", .a = find_fresh, .b = find_fresh, .node_b = "A"},
+    {.name = "srq", .a = srq_a, .b = srq_b},
+    {.name = "sq_refill", .a = sq_refill_a, .b = idle_b},
+    {.name = "channel", .a = channel_a, .b = channel_b},
 };
 
 static void child_env(const struct test *t, char role)

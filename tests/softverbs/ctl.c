@@ -10,6 +10,7 @@
 #include "tests/softverbs/fabric.h"
 #include "tests/softverbs/softverbs.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,16 +48,35 @@ static void nic_line(struct sv_fabric *f, int i, int64_t now)
 	enum sv_link l = sv_nic_link(f, i, now);
 	int fault = atomic_load(&n->fault);
 
-	printf("nic node=%s name=%s lid=%u gbps=%d port=%s fault=%s", f->nodes[n->node].name,
-	       n->name, n->lid, n->gbps, l == SV_LINK_DOWN ? "DOWN" : "ACTIVE",
+	printf("nic node=%s name=%s lid=%u", f->nodes[n->node].name, n->name,
+	       f->net.link == SV_LL_ROCE ? 0u : (unsigned)n->lid);
+	if (f->net.link == SV_LL_ROCE) {
+		uint32_t ip = sv_nic_ipv4(f, i);
+
+		printf(" ip=%u.%u.%u.%u/24", ip >> 24, ip >> 16 & 0xff, ip >> 8 & 0xff, ip & 0xff);
+	}
+	printf(" gbps=%d port=%s fault=%s", n->gbps, l == SV_LINK_DOWN ? "DOWN" : "ACTIVE",
 	       sv_fault_name(fault));
 	if (fault == SV_FAULT_FLAP || fault == SV_FAULT_SLOW)
 		printf(":%d", atomic_load(&n->fault_arg));
-	printf(" link=%s tx_bytes=%llu rx_bytes=%llu tx_packets=%llu rx_packets=%llu\n",
+	printf(" link=%s tx_bytes=%llu rx_bytes=%llu tx_packets=%llu rx_packets=%llu "
+	       "lossy_bytes=%llu\n",
 	       link_name(l), (unsigned long long)atomic_load(&n->tx_bytes),
 	       (unsigned long long)atomic_load(&n->rx_bytes),
 	       (unsigned long long)atomic_load(&n->tx_packets),
-	       (unsigned long long)atomic_load(&n->rx_packets));
+	       (unsigned long long)atomic_load(&n->rx_packets),
+	       (unsigned long long)atomic_load(&n->lossy_bytes));
+}
+
+/* A QP's GRH (RoCE); peer=- above when it reaches no NIC. */
+static void grh_fields(const struct ibv_global_route *g)
+{
+	char dgid[INET6_ADDRSTRLEN];
+
+	if (!inet_ntop(AF_INET6, g->dgid.raw, dgid, sizeof(dgid)))
+		snprintf(dgid, sizeof(dgid), "?");
+	printf(" sgid_index=%u dgid=%s traffic_class=%u flow_label=%u hop_limit=%u", g->sgid_index,
+	       dgid, g->traffic_class, g->flow_label, g->hop_limit);
 }
 
 static int cmd_list(struct sv_fabric *f)
@@ -64,7 +84,9 @@ static int cmd_list(struct sv_fabric *f)
 	int64_t now = sv_now_ns();
 
 	sv_fabric_reap(f);
-	printf("fabric age_ms=%lld\n", (long long)((now - f->start_ns) / 1000000));
+	printf("fabric age_ms=%lld link_layer=%s routed=%d lossless_tc=%d mtu=%d\n",
+	       (long long)((now - f->start_ns) / 1000000), sv_link_layer_name(f->net.link),
+	       f->net.routed, f->net.lossless_tc, 128 << f->net.active_mtu);
 	for (int i = 0; i < SV_MAX_NODES; i++)
 		if (atomic_load(&f->nodes[i].used))
 			printf("node name=%s nics=%d\n", f->nodes[i].name, f->nodes[i].nnics);
@@ -84,14 +106,18 @@ static int cmd_list(struct sv_fabric *f)
 
 		if (!qpn)
 			continue;
-		peer = peer_nic(f, atomic_load(&q->dlid));
+		peer = f->net.link == SV_LL_ROCE ? atomic_load(&q->grh_peer)
+						 : peer_nic(f, atomic_load(&q->dlid));
 		printf("qp qpn=0x%06x pid=%d node=%s nic=%s state=%s dest_qpn=0x%06x peer=%s/%s "
-		       "rq=%u/%u\n",
+		       "rq=%u/%u",
 		       qpn, q->pid, f->nodes[f->nics[q->nic].node].name, f->nics[q->nic].name,
 		       st >= 0 && st <= IBV_QPS_ERR ? sv_qp_states[st] : "?",
 		       atomic_load(&q->dest_qpn),
 		       peer < 0 ? "-" : f->nodes[f->nics[peer].node].name,
 		       peer < 0 ? "-" : f->nics[peer].name, q->rq_tail - q->rq_head, q->rq_size);
+		if (f->net.link == SV_LL_ROCE)
+			grh_fields(&q->grh);
+		printf("\n");
 	}
 	for (int i = 0; i < SV_MAX_SCHED; i++) {
 		struct sv_sched *s = &f->sched[i];
@@ -114,24 +140,27 @@ static int cmd_counters(struct sv_fabric *f, bool json)
 	if (json)
 		printf("[\n");
 	for (int i = 0; i < n; i++) {
+		int k = sv_fabric_find_nic(f, st[i].node, st[i].name);
+		unsigned long long lossy = k < 0 ? 0 : atomic_load(&f->nics[k].lossy_bytes);
+
 		if (json)
 			printf("  {\"node\": \"%s\", \"nic\": \"%s\", \"gbps\": %d, \"fault\": "
 			       "\"%s\", "
 			       "\"tx_bytes\": %llu, \"rx_bytes\": %llu, \"tx_packets\": %llu, "
-			       "\"rx_packets\": %llu}%s\n",
+			       "\"rx_packets\": %llu, \"lossy_bytes\": %llu}%s\n",
 			       st[i].node, st[i].name, st[i].gbps, sv_fault_name(st[i].state),
 			       (unsigned long long)st[i].tx_bytes,
 			       (unsigned long long)st[i].rx_bytes,
 			       (unsigned long long)st[i].tx_packets,
-			       (unsigned long long)st[i].rx_packets, i + 1 < n ? "," : "");
+			       (unsigned long long)st[i].rx_packets, lossy, i + 1 < n ? "," : "");
 		else
 			printf(
 			    "counters node=%s nic=%s tx_bytes=%llu rx_bytes=%llu tx_packets=%llu "
-			    "rx_packets=%llu\n",
+			    "rx_packets=%llu lossy_bytes=%llu\n",
 			    st[i].node, st[i].name, (unsigned long long)st[i].tx_bytes,
 			    (unsigned long long)st[i].rx_bytes,
 			    (unsigned long long)st[i].tx_packets,
-			    (unsigned long long)st[i].rx_packets);
+			    (unsigned long long)st[i].rx_packets, lossy);
 	}
 	if (json)
 		printf("]\n");

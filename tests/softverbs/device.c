@@ -37,10 +37,10 @@ static void sv_atfork_child(void)
 	sv_proc.qps = NULL;
 	sv_proc.ctxs = NULL;
 	sv_proc.cqs = NULL;
+	sv_proc.srqs = NULL;
 	sv_engines_forget();
 	sv_proc.pd_base = (uint32_t)getpid() << 12;
-	if (sv_proc.f &&
-	    sv_fabric_join(sv_proc.f, sv_proc.cfg.node, sv_proc.cfg.nics, &sv_proc.proc_slot) < 0)
+	if (sv_proc.f && sv_fabric_join(sv_proc.f, &sv_proc.cfg, &sv_proc.proc_slot) < 0)
 		fprintf(stderr, "softverbs: forked child %d cannot join the fabric\n",
 			(int)getpid());
 }
@@ -61,7 +61,7 @@ static void sv_init_once(void)
 					: "");
 		return;
 	}
-	n = sv_fabric_join(f, sv_proc.cfg.node, sv_proc.cfg.nics, &sv_proc.proc_slot);
+	n = sv_fabric_join(f, &sv_proc.cfg, &sv_proc.proc_slot);
 	if (n < 0) {
 		sv_proc.init_err = -n;
 		fprintf(stderr, "softverbs: cannot join node %s to fabric %s: %s\n",
@@ -141,6 +141,14 @@ SV_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device)
 	return htobe64(sv_proc.f->nics[d->nic].guid);
 }
 
+/* The kernel's index of the device; here its place in the device list. */
+SV_EXPORT int ibv_get_device_index(struct ibv_device *device)
+{
+	struct sv_device *d = sv_container_of(device, struct sv_device, dev);
+
+	return (int)(d - sv_proc.devs);
+}
+
 SV_EXPORT int ibv_fork_init(void)
 {
 	return 0;
@@ -148,6 +156,9 @@ SV_EXPORT int ibv_fork_init(void)
 
 static int sv_query_port_op(struct ibv_context *context, uint8_t port_num,
 			    struct ibv_port_attr *port_attr, size_t len);
+static int sv_query_device_ex_op(struct ibv_context *context,
+				 const struct ibv_query_device_ex_input *input,
+				 struct ibv_device_attr_ex *attr, size_t attr_size);
 
 SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
@@ -172,6 +183,8 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->port_active = sv_nic_link(sv_proc.f, d->nic, sv_now_ns()) != SV_LINK_DOWN;
 	ctx->vctx.sz = sizeof(struct verbs_context);
 	ctx->vctx.query_port = sv_query_port_op;
+	ctx->vctx.query_device_ex = sv_query_device_ex_op;
+	ctx->vctx.create_qp_ex = sv_create_qp_ex;
 	ctx->vctx.context.device = device;
 	ctx->vctx.context.cmd_fd = -1;
 	ctx->vctx.context.async_fd = fds[0];
@@ -182,6 +195,7 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->vctx.context.ops.req_notify_cq = sv_req_notify_cq;
 	ctx->vctx.context.ops.post_send = sv_post_send;
 	ctx->vctx.context.ops.post_recv = sv_post_recv;
+	ctx->vctx.context.ops.post_srq_recv = sv_post_srq_recv;
 	pthread_mutex_lock(&sv_proc.lock);
 	ctx->next = sv_proc.ctxs;
 	sv_proc.ctxs = ctx;
@@ -265,8 +279,15 @@ SV_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_
 
 SV_EXPORT void ibv_ack_async_event(struct ibv_async_event *event)
 {
-	/* Port events are the only ones generated; they carry the port, not a context. */
-	(void)event;
+	struct ibv_srq *srq = event->element.srq;
+
+	/* Port events carry the port only; SRQ limit events count on their SRQ. */
+	if (event->event_type != IBV_EVENT_SRQ_LIMIT_REACHED)
+		return;
+	pthread_mutex_lock(&srq->mutex);
+	srq->events_completed++;
+	pthread_cond_signal(&srq->cond);
+	pthread_mutex_unlock(&srq->mutex);
 }
 
 SV_EXPORT const char *ibv_event_type_str(enum ibv_event_type event)
@@ -368,6 +389,9 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 	attr->max_cqe = SV_CQ_CAP;
 	attr->max_mr = SV_MAX_MRS;
 	attr->max_pd = 1 << 16;
+	attr->max_srq = SV_MAX_SRQS;
+	attr->max_srq_wr = SV_SRQ_CAP;
+	attr->max_srq_sge = SV_RQ_SGE;
 	attr->max_qp_rd_atom = 16;
 	attr->max_res_rd_atom = 16 * SV_MAX_QPS;
 	attr->max_qp_init_rd_atom = 16;
@@ -375,6 +399,28 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 	attr->max_pkeys = 1;
 	attr->local_ca_ack_delay = 16;
 	attr->phys_port_cnt = 1;
+	return 0;
+}
+
+/*
+ * The extended query: what ibv_query_device answers, and zero for every capability
+ * the device lacks (no ODP, TSO, RSS, tag matching, device memory, timestamps).
+ */
+static int sv_query_device_ex_op(struct ibv_context *context,
+				 const struct ibv_query_device_ex_input *input,
+				 struct ibv_device_attr_ex *attr, size_t attr_size)
+{
+	struct ibv_device_attr_ex a = {0};
+
+	if (input && input->comp_mask)
+		return EINVAL;
+	if (attr_size < sizeof(a.orig_attr))
+		return EINVAL;
+	ibv_query_device(context, &a.orig_attr);
+	a.device_cap_flags_ex = a.orig_attr.device_cap_flags;
+	a.phys_port_cnt_ex = a.orig_attr.phys_port_cnt;
+	memset(attr, 0, attr_size);
+	memcpy(attr, &a, attr_size < sizeof(a) ? attr_size : sizeof(a));
 	return 0;
 }
 
@@ -410,16 +456,22 @@ static int sv_port_fill(struct ibv_context *context, uint8_t port_num, struct ib
 	a->state = down ? IBV_PORT_DOWN : IBV_PORT_ACTIVE;
 	a->phys_state = down ? 3 /* disabled */ : 5 /* link up */;
 	a->max_mtu = IBV_MTU_4096;
-	a->active_mtu = IBV_MTU_4096;
-	a->gid_tbl_len = 1;
+	a->active_mtu = sv_proc.f->net.active_mtu;
+	a->gid_tbl_len = sv_port_gid_tbl_len(sv_proc.f);
 	a->max_msg_sz = 1u << 31;
 	a->pkey_tbl_len = 1;
+	sv_speed_width(nic->gbps, &a->active_speed, &a->active_width);
+	if (sv_proc.f->net.link == SV_LL_ROCE) {
+		/* As a ConnectX port on Ethernet: no LID, no subnet manager, IP-based GIDs. */
+		a->link_layer = IBV_LINK_LAYER_ETHERNET;
+		a->port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
+		return 0;
+	}
 	a->lid = nic->lid;
 	a->sm_lid = 1;
 	a->max_vl_num = 1;
 	a->subnet_timeout = 18;
 	a->link_layer = IBV_LINK_LAYER_INFINIBAND;
-	sv_speed_width(nic->gbps, &a->active_speed, &a->active_width);
 	return 0;
 }
 
@@ -449,14 +501,95 @@ SV_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
 				offsetof(struct ibv_port_attr, link_layer) + 1);
 }
 
+/*
+ * The GID query family, as rdma-core 44-50 answers it: ibv_query_gid gives zeros for
+ * an empty entry and -1 with errno for an index past the table; ibv_query_gid_ex
+ * returns ENODATA / EINVAL; ibv_query_gid_table lists the populated entries.
+ */
+static int sv_gid_entry(struct ibv_context *context, uint32_t port_num, uint32_t index,
+			struct ibv_gid_entry *e)
+{
+	struct sv_ctx *ctx = sv_container_of(context, struct sv_ctx, vctx.context);
+	enum ibv_gid_type type;
+	int rc;
+
+	if (port_num != 1)
+		return EINVAL;
+	memset(e, 0, sizeof(*e));
+	rc = sv_nic_gid(sv_proc.f, ctx->nic, index, &e->gid, &type);
+	if (rc)
+		return -rc;
+	e->gid_index = index;
+	e->port_num = port_num;
+	e->gid_type = type;
+	e->ndev_ifindex = 0; /* there is no netdev behind a soft NIC */
+	return 0;
+}
+
 SV_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index,
 			    union ibv_gid *gid)
 {
-	if (port_num != 1 || index != 0)
-		return EINVAL;
-	gid->global.subnet_prefix = htobe64(0xfe80000000000000ull);
-	gid->global.interface_id = htobe64(sv_ctx_nic(context)->guid);
+	struct ibv_gid_entry e;
+	int rc = index < 0 ? EINVAL : sv_gid_entry(context, port_num, (uint32_t)index, &e);
+
+	if (rc == ENODATA) {
+		memset(gid, 0, sizeof(*gid));
+		return 0;
+	}
+	if (rc) {
+		errno = rc;
+		return -1;
+	}
+	*gid = e.gid;
 	return 0;
+}
+
+int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+		      struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size);
+SV_EXPORT int _ibv_query_gid_ex(struct ibv_context *context, uint32_t port_num, uint32_t gid_index,
+				struct ibv_gid_entry *entry, uint32_t flags, size_t entry_size)
+{
+	struct ibv_gid_entry e;
+	int rc;
+
+	if (flags)
+		return EOPNOTSUPP; /* no flag is defined */
+	if (!entry_size)
+		return EINVAL;
+	rc = sv_gid_entry(context, port_num, gid_index, &e);
+	if (rc)
+		return rc;
+	/* A caller built against a larger entry gets zeros past ours, a smaller one a prefix. */
+	memset(entry, 0, entry_size);
+	memcpy(entry, &e, entry_size < sizeof(e) ? entry_size : sizeof(e));
+	return 0;
+}
+
+ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+			     size_t max_entries, uint32_t flags, size_t entry_size);
+SV_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv_gid_entry *entries,
+				       size_t max_entries, uint32_t flags, size_t entry_size)
+{
+	int len = sv_port_gid_tbl_len(sv_proc.f);
+	struct ibv_gid_entry e;
+	size_t n = 0;
+
+	if (flags)
+		return -EOPNOTSUPP;
+	if (!entry_size)
+		return -EINVAL;
+	for (int i = 0; i < len; i++) {
+		char *slot = (char *)entries + n * entry_size;
+
+		if (sv_gid_entry(context, 1, (uint32_t)i, &e) != 0)
+			continue;
+		if (n == max_entries)
+			return -EINVAL; /* more valid entries than room, as the kernel says */
+		memset(slot, 0, entry_size);
+		memcpy(slot, &e, entry_size < sizeof(e) ? entry_size : sizeof(e));
+		n++;
+	}
+	return (ssize_t)n;
 }
 
 SV_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey)
@@ -464,6 +597,16 @@ SV_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int 
 	if (port_num != 1 || index != 0)
 		return EINVAL;
 	*pkey = htobe16(0xffff);
+	return 0;
+}
+
+/* The one P_Key is the default full-membership key at index 0; -1 for any other. */
+SV_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)
+{
+	__be16 p;
+
+	if (ibv_query_pkey(context, port_num, 0, &p) != 0 || p != pkey)
+		return -1;
 	return 0;
 }
 
@@ -574,6 +717,55 @@ SV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, s
 	return NULL;
 }
 
+/*
+ * Changes an MR in place, keeping its keys: the new range (iova = address, as
+ * rdma-core passes it), PD or access. Errors follow rdma-core: bad input is
+ * IBV_REREG_MR_ERR_INPUT, an access the device refuses IBV_REREG_MR_ERR_CMD, with errno.
+ */
+SV_EXPORT int ibv_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd, void *addr,
+			   size_t length, int access)
+{
+	struct sv_mr *mr = sv_container_of(ibmr, struct sv_mr, mr);
+	struct sv_mr_slot *m = &sv_proc.f->mrs[mr->slot];
+	struct sv_pd *old_pd = sv_container_of(ibmr->pd, struct sv_pd, pd), *pd = old_pd;
+
+	if ((flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) ||
+	    ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (!addr || !length)) ||
+	    (access && !(flags & IBV_REREG_MR_CHANGE_ACCESS)) ||
+	    ((flags & IBV_REREG_MR_CHANGE_PD) && !ibpd)) {
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_INPUT;
+	}
+	if ((flags & IBV_REREG_MR_CHANGE_ACCESS) &&
+	    (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+	    !(access & IBV_ACCESS_LOCAL_WRITE)) {
+		errno = EINVAL;
+		return IBV_REREG_MR_ERR_CMD;
+	}
+	if (flags & IBV_REREG_MR_CHANGE_PD)
+		pd = sv_container_of(ibpd, struct sv_pd, pd);
+	sv_lock(&sv_proc.f->lock);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		m->addr = (uintptr_t)addr;
+		m->iova = (uintptr_t)addr;
+		m->len = length;
+	}
+	m->pd = pd->id;
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
+		m->access = (uint32_t)access;
+	pthread_mutex_unlock(&sv_proc.f->lock);
+	if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+		ibmr->addr = addr;
+		ibmr->length = length;
+	}
+	if (pd != old_pd) {
+		atomic_fetch_add(&pd->users, 1);
+		atomic_fetch_sub(&old_pd->users, 1);
+		ibmr->pd = ibpd;
+	}
+	return 0;
+}
+
 SV_EXPORT int ibv_dereg_mr(struct ibv_mr *ibmr)
 {
 	struct sv_mr *mr = sv_container_of(ibmr, struct sv_mr, mr);
@@ -603,22 +795,46 @@ SV_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, 
 	return -1;
 }
 
-SV_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp)
-{
-	errno = EOPNOTSUPP; /* the extended send API is not emulated */
-	return NULL;
-}
-
-/* Private to rdma-core's tools; every GID here is an InfiniBand one (type 0). */
+/*
+ * Private to rdma-core's tools (ibv_devinfo): rdma-core's enum ibv_gid_type_sysfs, 0 for
+ * IB and RoCE v1 (and an empty entry), 1 for RoCE v2; -1 with errno past the table.
+ */
 int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
 		       int *type);
 SV_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
 				 int *type)
 {
-	if (port_num != 1 || index != 0)
-		return EINVAL;
-	*type = 0;
+	struct ibv_gid_entry e;
+	int rc = sv_gid_entry(context, port_num, index, &e);
+
+	if (rc && rc != ENODATA) {
+		errno = rc;
+		return -1;
+	}
+	*type = !rc && e.gid_type == IBV_GID_TYPE_ROCE_V2;
 	return 0;
+}
+
+SV_EXPORT int softverbs_nic_lossy_bytes(const char *node, const char *nic, uint64_t *bytes)
+{
+	struct sv_config cfg;
+	struct sv_fabric *f = sv_proc.f;
+	int i;
+
+	if (!node || !nic || !bytes)
+		return -EINVAL;
+	if (!f) {
+		sv_config_read(&cfg);
+		f = sv_fabric_attach(cfg.fabric, false);
+		if (!f)
+			return -errno;
+	}
+	i = sv_fabric_find_nic(f, node, nic);
+	if (i >= 0)
+		*bytes = atomic_load(&f->nics[i].lossy_bytes);
+	if (f != sv_proc.f)
+		sv_fabric_detach(f);
+	return i < 0 ? i : 0;
 }
 
 SV_EXPORT int softverbs_nic_stats(const char *node, struct softverbs_nic_stat *out, int max)

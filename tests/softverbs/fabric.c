@@ -73,6 +73,57 @@ void sv_mutex_init_shared(pthread_mutex_t *m)
 	pthread_mutexattr_destroy(&a);
 }
 
+/* The network settings; a bad value is named on stderr and the default taken. */
+static void sv_net_config_read(struct sv_config *cfg)
+{
+	const char *v;
+	char *end;
+	long n;
+
+	cfg->net.link = SV_LL_IB;
+	cfg->net.lossless_tc = -1;
+	cfg->net.active_mtu = IBV_MTU_4096;
+	v = getenv("SOFTVERBS_LINK");
+	if (v && *v) {
+		cfg->net_set = true;
+		if (strcmp(v, "roce") == 0)
+			cfg->net.link = SV_LL_ROCE;
+		else if (strcmp(v, "ib") != 0)
+			fprintf(stderr, "softverbs: SOFTVERBS_LINK=%s: want ib or roce; using ib\n",
+				v);
+	}
+	v = getenv("SOFTVERBS_ROUTED");
+	if (v && *v) {
+		cfg->net_set = true;
+		cfg->net.routed = strcmp(v, "0") != 0;
+	}
+	v = getenv("SOFTVERBS_LOSSLESS_TC");
+	if (v && *v) {
+		cfg->net_set = true;
+		n = strtol(v, &end, 0);
+		if (*end || n < 0 || n > 255)
+			fprintf(stderr,
+				"softverbs: SOFTVERBS_LOSSLESS_TC=%s: want a traffic class 0-255; "
+				"ignored\n",
+				v);
+		else
+			cfg->net.lossless_tc = (int)n;
+	}
+	v = getenv("SOFTVERBS_MTU");
+	if (v && *v) {
+		cfg->net_set = true;
+		n = strtol(v, &end, 10);
+		if (*end || n < 256 || n > 4096 || (n & (n - 1)))
+			fprintf(stderr,
+				"softverbs: SOFTVERBS_MTU=%s: want 256, 512, 1024, 2048 or 4096; "
+				"using 4096\n",
+				v);
+		else
+			for (cfg->net.active_mtu = IBV_MTU_256; 128l << cfg->net.active_mtu < n;)
+				cfg->net.active_mtu++;
+	}
+}
+
 void sv_config_read(struct sv_config *cfg)
 {
 	const char *v;
@@ -101,6 +152,7 @@ void sv_config_read(struct sv_config *cfg)
 	v = getenv("SOFTVERBS_ENGINES");
 	cfg->engines = !(v && *v && strcmp(v, "0") == 0);
 	cfg->faults = getenv("SOFTVERBS_FAULT");
+	sv_net_config_read(cfg);
 }
 
 static void sv_fabric_init(struct sv_fabric *f)
@@ -110,6 +162,7 @@ static void sv_fabric_init(struct sv_fabric *f)
 	sv_mutex_init_shared(&f->lock);
 	f->start_ns = sv_now_ns();
 	f->next_lid = 1;
+	f->net = (struct sv_net){.link = SV_LL_IB, .lossless_tc = -1, .active_mtu = IBV_MTU_4096};
 	atomic_store(&f->gen, 1);
 	atomic_store_explicit(&f->magic, SV_MAGIC, memory_order_release);
 }
@@ -220,6 +273,7 @@ static int sv_nic_add(struct sv_fabric *f, int node, const char *name, int gbps)
 	snprintf(f->nics[i].name, SV_NAME_LEN, "%s", name);
 	f->nics[i].gbps = gbps;
 	f->nics[i].lid = (uint16_t)f->next_lid++;
+	f->nics[i].rail = (uint8_t)nd->nnics;
 	f->nics[i].guid = 0x5efe000000000000ull | ((uint64_t)node << 16) | f->nics[i].lid;
 	atomic_store(&f->nics[i].used, 1);
 	nd->nics[nd->nnics++] = i;
@@ -281,6 +335,9 @@ static void sv_free_pid(struct sv_fabric *f, int pid)
 			atomic_store(&f->qps[i].state, IBV_QPS_ERR);
 			atomic_store(&f->qps[i].qpn, 0);
 		}
+	for (int i = 0; i < SV_MAX_SRQS; i++)
+		if (atomic_load(&f->srqs[i].id) && f->srqs[i].pid == pid)
+			atomic_store(&f->srqs[i].id, 0);
 	for (int i = 0; i < SV_MAX_CQS; i++)
 		if (atomic_load(&f->cqs[i].id) && f->cqs[i].pid == pid)
 			atomic_store(&f->cqs[i].id, 0);
@@ -291,8 +348,9 @@ static void sv_free_pid(struct sv_fabric *f, int pid)
  * job (time origin, schedule, faults, counters, nodes), so that a fabric name used
  * again never hands a new run the NIC left down by the last one.
  */
-static void sv_fabric_restart(struct sv_fabric *f)
+static void sv_fabric_restart(struct sv_fabric *f, const struct sv_net *net)
 {
+	f->net = *net;
 	for (int i = 0; i < SV_MAX_NODES; i++)
 		atomic_store(&f->nodes[i].used, 0);
 	for (int i = 0; i < SV_MAX_NICS; i++)
@@ -304,13 +362,15 @@ static void sv_fabric_restart(struct sv_fabric *f)
 		atomic_store(&f->mrs[i].key, 0);
 	for (int i = 0; i < SV_MAX_QPS; i++)
 		atomic_store(&f->qps[i].qpn, 0);
+	for (int i = 0; i < SV_MAX_SRQS; i++)
+		atomic_store(&f->srqs[i].id, 0);
 	for (int i = 0; i < SV_MAX_CQS; i++)
 		atomic_store(&f->cqs[i].id, 0);
 	f->next_lid = 1;
 	f->start_ns = sv_now_ns();
 }
 
-int sv_fabric_join(struct sv_fabric *f, const char *node, const char *spec, int *proc_p)
+int sv_fabric_join(struct sv_fabric *f, const struct sv_config *cfg, int *proc_p)
 {
 	bool empty = true;
 	int n, i;
@@ -327,8 +387,15 @@ int sv_fabric_join(struct sv_fabric *f, const char *node, const char *spec, int 
 		}
 	}
 	if (empty)
-		sv_fabric_restart(f);
-	n = sv_fabric_node(f, node, spec);
+		sv_fabric_restart(f, &cfg->net);
+	else if (cfg->net_set && memcmp(&cfg->net, &f->net, sizeof(f->net)) != 0)
+		fprintf(stderr,
+			"softverbs: fabric %s keeps the network of its first process (link %s, "
+			"routed %d, lossless_tc %d, mtu %d); this process's SOFTVERBS_LINK/ROUTED/"
+			"LOSSLESS_TC/MTU differ and are ignored\n",
+			cfg->fabric, sv_link_layer_name(f->net.link), f->net.routed,
+			f->net.lossless_tc, 128 << f->net.active_mtu);
+	n = sv_fabric_node(f, cfg->node, cfg->nics);
 	if (n < 0)
 		goto out;
 	for (i = 0; i < SV_MAX_PROCS && atomic_load(&f->procs[i].pid); i++)
@@ -538,7 +605,8 @@ int64_t sv_nic_reserve(struct sv_fabric *f, int nic, enum sv_dir dir, int gbps, 
 
 void sv_nic_account(struct sv_fabric *f, int from, int to, uint64_t bytes)
 {
-	uint64_t pkts = bytes ? (bytes + 4095) / 4096 : 1; /* 4096-byte MTU */
+	uint64_t mtu = 128u << f->net.active_mtu;
+	uint64_t pkts = bytes ? (bytes + mtu - 1) / mtu : 1;
 
 	atomic_fetch_add_explicit(&f->nics[from].tx_bytes, bytes, memory_order_relaxed);
 	atomic_fetch_add_explicit(&f->nics[from].tx_packets, pkts, memory_order_relaxed);

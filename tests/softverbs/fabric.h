@@ -2,13 +2,13 @@
  * The shared fabric of the software RDMA device: one POSIX shared-memory region
  * (SOFTVERBS_FABRIC) that every process of a test maps. It holds the emulated nodes
  * and their NICs (faults, shaping clock, counters), the processes attached, and the
- * tables of memory regions, queue pairs (with their receive queues) and completion
- * queues, so that the process that executes a work request can check the target's
- * keys, consume its posted receive and place its completion without the target
- * process running, as an RDMA NIC does.
+ * tables of memory regions, queue pairs (with their receive queues), shared receive
+ * queues and completion queues, so that the process that executes a work request can check the
+ * target's keys, consume its posted receive and place its completion without the target process
+ * running, as an RDMA NIC does.
  *
- * Locks: fabric->lock (tables, registration, reaping) -> rq_lock of a QP -> lock of a
- * CQ. All are robust and process-shared; a holder that died is recovered with
+ * Locks: fabric->lock (tables, registration, reaping) -> rq_lock of a QP or lock of an
+ * SRQ -> lock of a CQ. All are robust and process-shared; a holder that died is recovered with
  * pthread_mutex_consistent(). Hot fields are read through atomics without locks.
  */
 #ifndef SOFTVERBS_FABRIC_H
@@ -22,7 +22,7 @@
 #include <sys/types.h>
 
 #define SV_MAGIC	 0x534f465456524253ull /* "SOFTVRBS" */
-#define SV_VERSION	 4
+#define SV_VERSION	 6
 #define SV_NAME_LEN	 64
 #define SV_MAX_NODES	 32
 #define SV_MAX_NICS	 128
@@ -36,6 +36,8 @@
 #define SV_RQ_SGE	 4
 #define SV_MAX_CQS	 2048
 #define SV_CQ_CAP	 2048
+#define SV_MAX_SRQS	 256
+#define SV_SRQ_CAP	 4096
 #define SV_MAX_SCHED	 32
 /* Sizes are fabric-wide; the region is sparse, only what is used takes memory. */
 _Static_assert(SV_MAX_MRS == 1 << SV_MR_SHIFT, "MR keys encode their slot");
@@ -47,6 +49,12 @@ enum sv_fault {
 	SV_FAULT_BLACKHOLE = 2,
 	SV_FAULT_FLAP = 3,
 	SV_FAULT_SLOW = 4,
+};
+
+/* The fabric's link layer (SOFTVERBS_LINK): InfiniBand (LIDs) or RoCE (GIDs, roce.c). */
+enum sv_link_layer {
+	SV_LL_IB = 0,
+	SV_LL_ROCE = 1,
 };
 
 /* What the wire does right now (a flapping NIC is DOWN or UP depending on the time). */
@@ -69,12 +77,14 @@ struct sv_nic {
 	char name[SV_NAME_LEN];
 	int gbps;
 	uint16_t lid;
+	uint8_t rail; /* index of the NIC in its node: its RoCE subnet (roce.c) */
 	uint64_t guid;
 	_Atomic int fault;	     /* enum sv_fault */
 	_Atomic int fault_arg;	     /* flap period in ms, or slow rate in Gb/s */
 	_Atomic int64_t fault_ns;    /* when the fault was set (flap phase origin) */
 	_Atomic int64_t shape_ns[2]; /* when the wire is free again: [SV_TX], [SV_RX] */
 	_Atomic uint64_t tx_bytes, rx_bytes, tx_packets, rx_packets;
+	_Atomic uint64_t lossy_bytes; /* sent outside SOFTVERBS_LOSSLESS_TC (RoCE) */
 };
 
 struct sv_proc {
@@ -106,18 +116,52 @@ struct sv_qp_slot {
 	_Atomic uint32_t access;
 	_Atomic uint32_t dest_qpn;
 	_Atomic uint32_t dlid;
+	/*
+	 * RoCE: the GRH of the last modify_qp with IBV_QP_AV, and the NIC it reaches
+	 * (roce.c), -1 if none; grh is written before grh_peer is stored.
+	 */
+	struct ibv_global_route grh;
+	_Atomic int grh_peer;
 	int rcq;	  /* CQ slot of the receive CQ */
 	uint32_t rcq_id;  /* its id, checked before use */
+	int srq;	  /* SRQ slot its receives come from, -1: its own rq */
+	uint32_t srq_id;  /* its id, checked before use */
 	uint32_t rq_size; /* max_recv_wr */
 	pthread_mutex_t rq_lock;
 	uint32_t rq_head, rq_tail; /* under rq_lock */
 	struct sv_rwqe rq[SV_RQ_CAP];
 };
 
+/*
+ * A shared receive queue: its receives are taken (removed under `lock`) by whichever
+ * process executes a SEND or WRITE_WITH_IMM to one of its QPs; the owner's progress
+ * thread turns limit_hit into IBV_EVENT_SRQ_LIMIT_REACHED.
+ */
+struct sv_srq_slot {
+	_Atomic uint32_t id; /* 0 = free */
+	int pid;
+	uint32_t pd;
+	uint32_t size; /* max_wr */
+	uint32_t max_sge;
+	pthread_mutex_t lock;
+	uint32_t head, tail; /* under lock */
+	uint32_t limit;	     /* armed limit, 0 = not armed; under lock */
+	_Atomic bool limit_hit;
+	struct sv_rwqe rq[SV_SRQ_CAP];
+};
+
+/*
+ * A completion queue. Completion events: the owner arms it (req_notify_cq); whoever
+ * places the next completion disarms it, counts an event and adds 1 to the owner's
+ * channel, an eventfd (ch_fd in process pid), which it reaches through pidfd_getfd.
+ */
 struct sv_cq_slot {
 	_Atomic uint32_t id; /* 0 = free */
 	int pid;
-	pthread_mutex_t lock; /* producers */
+	int ch_fd; /* the channel's eventfd in the owner, -1 = none */
+	_Atomic bool armed;
+	_Atomic uint32_t events; /* counted, not yet taken by ibv_get_cq_event */
+	pthread_mutex_t lock;	 /* producers */
 	_Atomic uint64_t head, tail;
 	_Atomic uint64_t overruns;
 	struct ibv_wc ring[SV_CQ_CAP];
@@ -132,12 +176,21 @@ struct sv_sched {
 	int64_t at_ns;
 };
 
+/* What kind of network the fabric is: set by the first process of a fabric. */
+struct sv_net {
+	int link;	 /* enum sv_link_layer, SOFTVERBS_LINK */
+	int routed;	 /* SOFTVERBS_ROUTED: RoCE v2 over IPv4 crosses rails */
+	int lossless_tc; /* SOFTVERBS_LOSSLESS_TC, -1 = none */
+	int active_mtu;	 /* enum ibv_mtu of every port, SOFTVERBS_MTU */
+};
+
 struct sv_fabric {
 	_Atomic uint64_t magic;
 	uint32_t version;
 	uint64_t size;
 	pthread_mutex_t lock;
 	int64_t start_ns;
+	struct sv_net net;
 	uint32_t next_lid;
 	_Atomic uint32_t gen;
 	_Atomic int sched_pending;
@@ -147,6 +200,7 @@ struct sv_fabric {
 	struct sv_proc procs[SV_MAX_PROCS];
 	struct sv_mr_slot mrs[SV_MAX_MRS];
 	struct sv_qp_slot qps[SV_MAX_QPS];
+	struct sv_srq_slot srqs[SV_MAX_SRQS];
 	struct sv_cq_slot cqs[SV_MAX_CQS];
 };
 
@@ -159,6 +213,8 @@ struct sv_config {
 	bool shaping;
 	bool engines; /* SOFTVERBS_ENGINES: a thread per NIC executes the send queues */
 	const char *faults;
+	struct sv_net net; /* what this process asks for; the fabric's first process decides */
+	bool net_set;	   /* one of SOFTVERBS_LINK/ROUTED/LOSSLESS_TC/MTU was set */
 };
 
 void sv_config_read(struct sv_config *cfg);
@@ -173,12 +229,12 @@ void sv_fabric_detach(struct sv_fabric *f);
 int sv_fabric_remove(const char *name);
 
 /*
- * Attaches this process as a member of node `node`, registering the node with the
- * NICs of `spec` ("name:gbps,...") when it is new; reaps dead processes first and
- * restarts a fabric that has no live member. Returns the node index (proc slot in
- * *proc_p) or -errno.
+ * Attaches this process as a member of node cfg->node, registering the node with the
+ * NICs of cfg->nics ("name:gbps,...") when it is new; reaps dead processes first and
+ * restarts a fabric that has no live member (taking cfg->net as its network). Returns
+ * the node index (proc slot in *proc_p) or -errno.
  */
-int sv_fabric_join(struct sv_fabric *f, const char *node, const char *spec, int *proc_p);
+int sv_fabric_join(struct sv_fabric *f, const struct sv_config *cfg, int *proc_p);
 int sv_fabric_find_node(struct sv_fabric *f, const char *name);
 int sv_fabric_find_nic(struct sv_fabric *f, const char *node, const char *nic);
 /* Frees the slots of processes that died; returns how many processes were reaped. */
@@ -207,5 +263,22 @@ int64_t sv_nic_reserve(struct sv_fabric *f, int nic, enum sv_dir dir, int gbps, 
 		       int64_t now);
 void sv_nic_account(struct sv_fabric *f, int from, int to, uint64_t bytes);
 const char *sv_fault_name(int kind);
+
+/* roce.c: addresses, GID tables, reachability and traffic classes of RoCE mode. */
+#define SV_ROCE_GID_TBL_LEN 255 /* what a ConnectX port reports on Ethernet */
+int sv_port_gid_tbl_len(const struct sv_fabric *f);
+uint32_t sv_nic_ipv4(const struct sv_fabric *f, int nic);
+/* GID `index` of a NIC's port: 0, -ENODATA (an empty entry) or -EINVAL (past the table). */
+int sv_nic_gid(const struct sv_fabric *f, int nic, unsigned index, union ibv_gid *gid,
+	       enum ibv_gid_type *type);
+/* The NIC owning a GID, -1 if none. */
+int sv_gid_owner(const struct sv_fabric *f, const union ibv_gid *gid);
+/* 0, or the errno modify_qp fails with for an address vector of a QP on NIC `nic`. */
+int sv_roce_check_av(const struct sv_fabric *f, int nic, const struct ibv_ah_attr *ah);
+/* The NIC a GRH sent from NIC `nic` reaches, -1 if it goes nowhere. */
+int sv_roce_route(const struct sv_fabric *f, int nic, const struct ibv_global_route *grh);
+/* Counts bytes a NIC sent with traffic class `tc` when that is not the lossless one. */
+void sv_nic_account_class(struct sv_fabric *f, int nic, int tc, uint64_t bytes);
+const char *sv_link_layer_name(int link);
 
 #endif

@@ -1,10 +1,12 @@
 /*
  * Process-local objects of the software RDMA device and what device.c (devices,
- * contexts, async events, PDs, MRs) and queue.c (CQs, QPs, the data path, engines, the
- * progress thread) share.
+ * contexts, async events, PDs, MRs), queue.c (CQs, completion channels, QPs, the data
+ * path, engines, the progress thread), srq.c (shared receive queues) and compat.c
+ * (the rest of libibverbs' ABI) share.
  *
  * Lock order: sv_process.lock -> sv_engine.lock -> sv_qp.lock -> shared-memory locks
- * (fabric.h). sv_qp.post_lock, sv_ctx.ev_lock and sv_cq.poll_lock are leaves.
+ * (fabric.h). sv_qp.post_lock (held from ibv_wr_start to ibv_wr_complete by the
+ * extended send API), sv_ctx.ev_lock and sv_cq.poll_lock are leaves.
  */
 #ifndef SOFTVERBS_INTERNAL_H
 #define SOFTVERBS_INTERNAL_H
@@ -50,21 +52,21 @@ struct sv_mr {
 	int slot;
 };
 
-struct sv_channel {
-	struct ibv_comp_channel ch;
-	int wfd;
-};
-
 struct sv_cq {
 	struct ibv_cq cq;
 	int slot;
 	struct sv_cq_slot *s;
 	pthread_mutex_t poll_lock;
 	_Atomic int users;
-	/* Completion events: armed by req_notify_cq, fired by the progress thread. */
-	_Atomic bool armed;
-	_Atomic uint64_t arm_tail;
 	struct sv_cq *next; /* sv_process.cqs, CQs with a channel */
+};
+
+struct sv_srq {
+	struct ibv_srq srq;
+	int slot;
+	struct sv_srq_slot *s;
+	_Atomic int users; /* QPs that take their receives from it */
+	struct sv_srq *next;
 };
 
 /* A send work request, copied at post time. */
@@ -95,7 +97,21 @@ struct sv_engine;
  * so modify_qp never races a request being executed.
  */
 struct sv_qp {
-	struct ibv_qp qp;
+	union {
+		struct ibv_qp qp;
+		struct ibv_qp_ex qpx; /* begins with the ibv_qp (qp_base) */
+	};
+	/*
+	 * rdma-core 45+ appended wr_flush to struct ibv_qp_ex: a program built with
+	 * those headers reads it here and finds NULL, as mlx5 leaves it for a QP
+	 * created without IBV_QP_EX_WITH_FLUSH (which the device refuses).
+	 */
+	void (*wr_flush)(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t remote_addr, size_t len,
+			 uint8_t type, uint8_t level);
+	bool has_qpx;	       /* created with send_ops_flags: ibv_qp_to_qp_ex answers it */
+	uint32_t wr_tail;      /* extended send API, under post_lock: the next slot to fill */
+	int wr_err;	       /* the first error since ibv_wr_start, ibv_wr_complete's answer */
+	struct sv_swr *wr_cur; /* the request the ibv_wr_set_* calls fill */
 	int slot;
 	struct sv_qp_slot *s;
 	pthread_mutex_t lock;
@@ -132,6 +148,7 @@ struct sv_process {
 	struct sv_qp *qps;
 	struct sv_ctx *ctxs;
 	struct sv_cq *cqs;
+	struct sv_srq *srqs;
 	uint32_t pd_base;
 	_Atomic uint32_t next_pd;
 };
@@ -149,12 +166,19 @@ int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 int sv_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
-void sv_cq_events(void);
+struct ibv_qp *sv_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *init);
 /* Forgets the engines of the parent in a forked child (its threads do not exist there). */
 void sv_engines_forget(void);
 /* Runs the send queues of QPs without an engine once; returns when to look again. */
 int64_t sv_progress_all(int64_t now);
 bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc);
 struct sv_mr_slot *sv_mr_find(struct sv_fabric *f, uint32_t key);
+
+/* srq.c */
+int sv_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+/* Takes the next receive of SRQ `slot` (id checked) into *out; false when it has none. */
+bool sv_srq_take(struct sv_fabric *f, int slot, uint32_t id, struct sv_rwqe *out);
+/* Progress thread: turns SRQ limits reached into IBV_EVENT_SRQ_LIMIT_REACHED. */
+void sv_srq_events(void);
 
 #endif

@@ -1,7 +1,7 @@
 # tests/softverbs: the software RDMA device (see tests/softverbs/README.md).
 #   $(BUILD)/softverbs/libibverbs.so.1 (+ libibverbs.so)  the device, soname libibverbs.so.1
 #   $(BUILD)/bin/softverbs-ctl                            fabric listing and fault injection
-#   $(BUILD)/tests/softverbs/{unit,conformance}           its tests
+#   $(BUILD)/tests/softverbs/{unit,compat,conformance,roce}  its tests
 #   $(BUILD)/bin/softverbs-bw                             its bandwidth and latency benchmark
 
 SV_DIR   := tests/softverbs
@@ -13,9 +13,12 @@ SV_CTL   := $(BUILD)/bin/softverbs-ctl
 SV_TDIR  := $(BUILD)/tests/softverbs
 SV_UNIT  := $(SV_TDIR)/unit
 SV_CONF  := $(SV_TDIR)/conformance
+SV_ROCE  := $(SV_TDIR)/roce
+SV_COMPAT := $(SV_TDIR)/compat
 SV_BW    := $(BUILD)/bin/softverbs-bw
 
-SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o
+SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o \
+               $(SV_OBJ)/srq.o $(SV_OBJ)/compat.o
 SV_CFLAGS   := $(BIN_CFLAGS) -fvisibility=hidden
 # Test programs link against the device itself and find it next to them at run time.
 SV_TLIBS    := -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../../softverbs' -ldl
@@ -32,7 +35,7 @@ $(SV_LIB): $(SV_LIB_OBJS) $(SV_DIR)/libibverbs.map
 $(SV_LINK): $(SV_LIB)
 	ln -sf libibverbs.so.1 $@
 
-$(SV_CTL): $(SV_OBJ)/ctl.o $(SV_OBJ)/fabric.o
+$(SV_CTL): $(SV_OBJ)/ctl.o $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ -pthread
 
@@ -40,9 +43,17 @@ $(SV_UNIT): $(SV_OBJ)/test_unit.o $(SV_LINK)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(SV_OBJ)/test_unit.o $(SV_TLIBS) -lcriterion -pthread
 
+$(SV_COMPAT): $(SV_OBJ)/test_compat.o $(SV_LINK)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(SV_OBJ)/test_compat.o $(SV_TLIBS) -lcriterion -pthread
+
 $(SV_CONF): $(SV_OBJ)/conformance.o $(SV_LINK) $(SV_CTL)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(SV_OBJ)/conformance.o $(SV_TLIBS) -pthread
+
+$(SV_ROCE): $(SV_OBJ)/roce_test.o $(SV_LINK) $(SV_CTL)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(SV_OBJ)/roce_test.o $(SV_TLIBS) -pthread
 
 $(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
 	@mkdir -p $(@D)
@@ -51,10 +62,16 @@ $(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
 -include $(SV_OBJ)/*.d
 
 ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW)
-TEST_DEPS   += $(SV_UNIT) $(SV_CONF)
-CPU_TESTS   += 60@$(SV_UNIT) 150@$(SV_CONF)
-# rdma-core's own test program over the device, where ibverbs-utils is installed.
-ifneq ($(shell command -v ibv_rc_pingpong 2>/dev/null),)
-CPU_TESTS   += 60@$(SV_DIR)/pingpong.sh:$(BUILD)
-endif
+TEST_DEPS   += $(SV_UNIT) $(SV_COMPAT) $(SV_CONF) $(SV_ROCE)
+CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF) 60@$(SV_ROCE) 30@$(SV_DIR)/topo_check.py
+# rdma-core's own programs over the device (scripts/deps.sh installs them): every one
+# loads, ibv_*_pingpong and perftest between two emulated nodes.
+CPU_TESTS   += 60@$(SV_DIR)/abi.sh:$(BUILD) 60@$(SV_DIR)/pingpong.sh:$(BUILD) \
+               240@$(SV_DIR)/perftest.sh:$(BUILD)
+
+# More perftest runs than make test makes: make softverbs-perftest SV_PERFTEST_RUNS=20
+SV_PERFTEST_RUNS ?= 10
+.PHONY: softverbs-perftest
+softverbs-perftest: $(SV_LINK) $(SV_CTL)
+	$(SV_DIR)/perftest.sh $(BUILD) $(SV_PERFTEST_RUNS)
 FORMAT_SRCS += $(wildcard $(SV_DIR)/*.c $(SV_DIR)/*.h)

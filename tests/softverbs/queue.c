@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <linux/futex.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -140,6 +141,9 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 	atomic_store(&cq->s->head, 0);
 	atomic_store(&cq->s->tail, 0);
 	atomic_store(&cq->s->overruns, 0);
+	cq->s->ch_fd = channel ? channel->fd : -1;
+	atomic_store(&cq->s->armed, false);
+	atomic_store(&cq->s->events, 0);
 	atomic_store(&cq->s->id, sv_next_gen(f, 31));
 	pthread_mutex_unlock(&f->lock);
 	pthread_mutex_init(&cq->poll_lock, NULL);
@@ -183,6 +187,78 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 	return 0;
 }
 
+/*
+ * Completion events. The channel is an eventfd in semaphore mode: one count per
+ * event. The process that places the first completion after req_notify_cq (the
+ * owner's engine, or another process executing a SEND to it) disarms the CQ, counts
+ * an event on it and adds 1 to the channel, which it holds a duplicate of, taken
+ * once from the owner with pidfd_getfd (the permission process_vm_writev already
+ * needs) and kept per CQ slot. So the owner's thread wakes when the completion is
+ * there, as with a NIC's interrupt, and the eventfd can be poll()ed like rdma-core's
+ * channel fd. Every completion counts as solicited.
+ */
+static struct {
+	pthread_mutex_t lock;		  /* fetching */
+	_Atomic bool warned;		  /* once per process */
+	_Atomic uint64_t key[SV_MAX_CQS]; /* the CQ id and fd below, as id << 32 | fd */
+} sv_chfds = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/* This process's descriptor for the channel of CQ slot `slot` (id `id`); -1 if none. */
+static int sv_channel_fd(struct sv_cq_slot *s, int slot, uint32_t id)
+{
+	uint64_t key = atomic_load(&sv_chfds.key[slot]);
+	int pidfd, fd;
+
+	if (s->pid == getpid())
+		return s->ch_fd;
+	if (key >> 32 == id)
+		return (int)(uint32_t)key;
+	pthread_mutex_lock(&sv_chfds.lock);
+	key = atomic_load(&sv_chfds.key[slot]);
+	if (key >> 32 == id) {
+		fd = (int)(uint32_t)key;
+		goto out;
+	}
+	if (key)
+		close((int)(uint32_t)key);
+	atomic_store(&sv_chfds.key[slot], 0);
+	fd = -1;
+	pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+	if (pidfd >= 0) {
+		fd = (int)syscall(SYS_pidfd_getfd, pidfd, s->ch_fd, 0);
+		close(pidfd);
+	}
+	/*
+	 * The CQ (so its channel, which cannot be destroyed before it) was still there
+	 * after the descriptor was taken: it is the channel's, not a reused number.
+	 */
+	if (fd >= 0 && atomic_load(&s->id) != id) {
+		close(fd);
+		fd = -1;
+	}
+	if (fd < 0 && !atomic_exchange(&sv_chfds.warned, true))
+		fprintf(stderr,
+			"softverbs: cannot reach the completion channel of pid %d: %s (its "
+			"events are lost; run as root)\n",
+			s->pid, strerror(errno));
+	else
+		atomic_store(&sv_chfds.key[slot], (uint64_t)id << 32 | (uint32_t)fd);
+out:
+	pthread_mutex_unlock(&sv_chfds.lock);
+	return fd;
+}
+
+static void sv_cq_fire(struct sv_cq_slot *s, int slot, uint32_t id)
+{
+	uint64_t one = 1;
+	int fd;
+
+	atomic_fetch_add(&s->events, 1);
+	fd = sv_channel_fd(s, slot, id);
+	if (fd >= 0 && write(fd, &one, sizeof(one)) != sizeof(one))
+		fprintf(stderr, "softverbs: completion event lost: %s\n", strerror(errno));
+}
+
 bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc)
 {
 	struct sv_cq_slot *s = &f->cqs[slot];
@@ -203,6 +279,12 @@ bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc 
 	ok = true;
 out:
 	pthread_mutex_unlock(&s->lock);
+	/* Pairs with req_notify_cq's fence: either it sees this completion or this sees it armed.
+	 */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (ok && atomic_load_explicit(&s->armed, memory_order_relaxed) &&
+	    atomic_exchange(&s->armed, false))
+		sv_cq_fire(s, slot, id);
 	return ok;
 }
 
@@ -226,40 +308,46 @@ int sv_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 	return k;
 }
 
-/*
- * Completion channels. Completions are placed by whichever process executes the
- * work request, so the owner's progress thread watches armed CQs and writes the CQ
- * pointer to the channel's pipe when one grew after it was armed. Every completion
- * counts as solicited.
- */
+/* Entries beyond what is queued now, up to the ring's fixed size. */
+SV_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
+{
+	struct sv_cq_slot *s = to_cq(ibcq)->s;
+
+	if (cqe < 1 || cqe > SV_CQ_CAP ||
+	    (uint64_t)cqe < atomic_load(&s->tail) - atomic_load(&s->head))
+		return EINVAL;
+	pthread_mutex_lock(&ibcq->mutex);
+	ibcq->cqe = cqe;
+	pthread_mutex_unlock(&ibcq->mutex);
+	return 0;
+}
+
 SV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
 {
-	struct sv_channel *c = calloc(1, sizeof(*c));
-	int fds[2];
+	struct ibv_comp_channel *ch = calloc(1, sizeof(*ch));
 
-	if (!c) {
+	if (!ch) {
 		errno = ENOMEM;
 		return NULL;
 	}
-	if (pipe2(fds, O_CLOEXEC) != 0) {
-		free(c);
+	ch->fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+	if (ch->fd < 0) {
+		int err = errno;
+
+		free(ch);
+		errno = err;
 		return NULL;
 	}
-	c->ch.context = context;
-	c->ch.fd = fds[0];
-	c->wfd = fds[1];
-	return &c->ch;
+	ch->context = context;
+	return ch;
 }
 
 SV_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *channel)
 {
-	struct sv_channel *c = sv_container_of(channel, struct sv_channel, ch);
-
 	if (channel->refcnt)
 		return EBUSY;
 	close(channel->fd);
-	close(c->wfd);
-	free(c);
+	free(channel);
 	return 0;
 }
 
@@ -269,43 +357,49 @@ int sv_req_notify_cq(struct ibv_cq *ibcq, int solicited_only)
 
 	if (!ibcq->channel)
 		return EINVAL;
-	atomic_store(&cq->arm_tail, atomic_load(&cq->s->tail));
-	atomic_store(&cq->armed, true);
-	sv_kick();
+	atomic_store(&cq->s->armed, true);
+	/* Completions placed before this count as before arming: the caller polls again. */
+	atomic_thread_fence(memory_order_seq_cst);
 	return 0;
 }
 
-void sv_cq_events(void)
+/* Takes one event of one of the channel's CQs; NULL if none is counted. */
+static struct sv_cq *sv_channel_take(struct ibv_comp_channel *channel)
 {
-	pthread_mutex_lock(&sv_proc.lock);
-	for (struct sv_cq *cq = sv_proc.cqs; cq; cq = cq->next) {
-		struct sv_channel *c = sv_container_of(cq->cq.channel, struct sv_channel, ch);
-		void *p = &cq->cq;
-		bool expect = true;
+	struct sv_cq *found = NULL;
 
-		if (!atomic_load(&cq->armed) ||
-		    atomic_load(&cq->s->tail) == atomic_load(&cq->arm_tail))
-			continue;
-		if (atomic_compare_exchange_strong(&cq->armed, &expect, false) &&
-		    write(c->wfd, &p, sizeof(p)) != sizeof(p))
-			fprintf(stderr, "softverbs: completion event lost\n");
+	pthread_mutex_lock(&sv_proc.lock);
+	for (struct sv_cq *cq = sv_proc.cqs; cq && !found; cq = cq->next) {
+		uint32_t n = atomic_load(&cq->s->events);
+
+		while (cq->cq.channel == channel && n &&
+		       !atomic_compare_exchange_weak(&cq->s->events, &n, n - 1))
+			;
+		if (cq->cq.channel == channel && n)
+			found = cq;
 	}
 	pthread_mutex_unlock(&sv_proc.lock);
+	return found;
 }
 
 SV_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq,
 			       void **cq_context)
 {
-	void *p;
+	struct sv_cq *found;
+	uint64_t v;
 	ssize_t n;
 
-	do
-		n = read(channel->fd, &p, sizeof(p));
-	while (n < 0 && errno == EINTR);
-	if (n != sizeof(p))
-		return -1;
-	*cq = p;
-	*cq_context = (*cq)->cq_context;
+	/* A count without a CQ belonged to a CQ destroyed with its event unread. */
+	do {
+		do
+			n = read(channel->fd, &v, sizeof(v));
+		while (n < 0 && errno == EINTR);
+		if (n != sizeof(v))
+			return -1; /* errno from read (EAGAIN on a non-blocking fd), as rdma-core */
+		found = sv_channel_take(channel);
+	} while (!found);
+	*cq = &found->cq;
+	*cq_context = found->cq.cq_context;
 	return 0;
 }
 
@@ -318,9 +412,13 @@ SV_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 
 /* ---- queue pairs: create, modify, query, destroy ---- */
 
-SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
+static void sv_qpx_init(struct sv_qp *qp);
+
+/* Creates an RC QP; `init` is updated with the capacities it got, as rdma-core does. */
+static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *init, bool qpx)
 {
 	struct sv_pd *spd = sv_container_of(pd, struct sv_pd, pd);
+	struct sv_srq *srq = init->srq ? sv_container_of(init->srq, struct sv_srq, srq) : NULL;
 	struct sv_fabric *f = sv_proc.f;
 	struct ibv_qp_cap *cap = &init->cap;
 	struct sv_qp *qp;
@@ -328,13 +426,13 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	uint32_t nsq, nsge;
 	int i, err = EINVAL;
 
-	if (init->qp_type != IBV_QPT_RC || init->srq) {
+	if (init->qp_type != IBV_QPT_RC) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
 	if (!init->send_cq || !init->recv_cq || cap->max_send_wr > SV_MAX_SEND_WR ||
-	    cap->max_recv_wr > SV_RQ_CAP || cap->max_send_sge > SV_MAX_SEND_SGE ||
-	    cap->max_recv_sge > SV_RQ_SGE || cap->max_inline_data > SV_MAX_INLINE) {
+	    (!srq && (cap->max_recv_wr > SV_RQ_CAP || cap->max_recv_sge > SV_RQ_SGE)) ||
+	    cap->max_send_sge > SV_MAX_SEND_SGE || cap->max_inline_data > SV_MAX_INLINE) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -357,9 +455,15 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 		qp->sq[k].inl =
 		    qp->inl_pool ? &qp->inl_pool[(size_t)k * cap->max_inline_data] : NULL;
 	}
+	cap->max_send_wr = nsq;
+	cap->max_send_sge = nsge;
+	if (srq) {
+		cap->max_recv_wr = 0;
+		cap->max_recv_sge = 0;
+	} else {
+		cap->max_recv_wr = cap->max_recv_wr ? cap->max_recv_wr : 1;
+	}
 	qp->cap = *cap;
-	qp->cap.max_send_wr = nsq;
-	qp->cap.max_send_sge = nsge;
 	qp->sig_all = init->sq_sig_all;
 	pthread_mutex_init(&qp->lock, NULL);
 	pthread_mutex_init(&qp->post_lock, NULL);
@@ -380,9 +484,13 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	atomic_store(&s->access, 0);
 	atomic_store(&s->dest_qpn, 0);
 	atomic_store(&s->dlid, 0);
+	memset(&s->grh, 0, sizeof(s->grh));
+	atomic_store(&s->grh_peer, -1);
 	s->rcq = to_cq(init->recv_cq)->slot;
 	s->rcq_id = atomic_load(&to_cq(init->recv_cq)->s->id);
-	s->rq_size = cap->max_recv_wr ? cap->max_recv_wr : 1;
+	s->srq = srq ? srq->slot : -1;
+	s->srq_id = srq ? atomic_load(&srq->s->id) : 0;
+	s->rq_size = cap->max_recv_wr;
 	sv_mutex_init_shared(&s->rq_lock);
 	s->rq_head = s->rq_tail = 0;
 	atomic_store(&s->qpn, (sv_next_gen(f, 24 - SV_QP_SHIFT) << SV_QP_SHIFT) | (uint32_t)i);
@@ -396,15 +504,20 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
 	qp->qp.pd = pd;
 	qp->qp.send_cq = init->send_cq;
 	qp->qp.recv_cq = init->recv_cq;
+	qp->qp.srq = init->srq;
 	qp->qp.qp_num = atomic_load(&s->qpn);
 	qp->qp.handle = qp->qp.qp_num;
 	qp->qp.state = IBV_QPS_RESET;
 	qp->qp.qp_type = IBV_QPT_RC;
 	pthread_mutex_init(&qp->qp.mutex, NULL);
 	pthread_cond_init(&qp->qp.cond, NULL);
+	if (qpx)
+		sv_qpx_init(qp);
 	atomic_fetch_add(&to_cq(init->send_cq)->users, 1);
 	atomic_fetch_add(&to_cq(init->recv_cq)->users, 1);
 	atomic_fetch_add(&spd->users, 1);
+	if (srq)
+		atomic_fetch_add(&srq->users, 1);
 
 	pthread_mutex_lock(&sv_proc.lock);
 	qp->next = sv_proc.qps;
@@ -424,6 +537,50 @@ err_free:
 	free(qp);
 	errno = err;
 	return NULL;
+}
+
+SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *init)
+{
+	return sv_qp_create(pd, init, false);
+}
+
+/* The opcodes of the extended send API the device executes (as ibv_post_send's). */
+#define SV_QPX_OPS                                                                                 \
+	(IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_SEND |    \
+	 IBV_QP_EX_WITH_SEND_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ)
+
+/* context->create_qp_ex: an RC QP, with the ibv_wr_* API when send_ops_flags are given. */
+struct ibv_qp *sv_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *init)
+{
+	uint32_t mask = init->comp_mask;
+	struct ibv_qp *qp;
+
+	if (!(mask & IBV_QP_INIT_ATTR_PD) || !init->pd) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if ((mask & ~(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+		      IBV_QP_INIT_ATTR_CREATE_FLAGS)) ||
+	    ((mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && init->create_flags) ||
+	    ((mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) && (init->send_ops_flags & ~SV_QPX_OPS))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	/* The basic attributes are the first members of the extended ones, as rdma-core uses. */
+	qp = sv_qp_create(init->pd, (struct ibv_qp_init_attr *)init,
+			  mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS);
+	return qp;
+}
+
+SV_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *ibqp)
+{
+	struct sv_qp *qp = to_qp(ibqp);
+
+	if (!qp->has_qpx) {
+		errno = EOPNOTSUPP; /* created without send_ops_flags */
+		return NULL;
+	}
+	return &qp->qpx;
 }
 
 /* Attributes each transition requires and allows (IB spec, as the kernel checks them). */
@@ -488,13 +645,23 @@ static int sv_wc_opcode(int wr_opcode)
 	}
 }
 
-static void sv_send_complete(struct sv_qp *qp, struct sv_swr *w, int status)
+/*
+ * Under qp->lock: frees the send queue slot at `head`, then completes its request
+ * when it is signalled or failed. The slot is free before the completion can be
+ * polled, as on a NIC: a program that posts as soon as it polled one never finds the
+ * queue full, and the unsignalled requests before it are free too.
+ */
+static void sv_sq_retire(struct sv_qp *qp, uint32_t head, int status)
 {
-	struct ibv_wc wc;
+	struct sv_swr *w = &qp->sq[head % qp->cap.max_send_wr];
 	struct sv_cq *cq = to_cq(qp->qp.send_cq);
+	bool signal = status != IBV_WC_SUCCESS || (w->flags & IBV_SEND_SIGNALED) || qp->sig_all;
+	struct ibv_wc wc;
 
 	sv_wc_fill(&wc, w->wr_id, status, sv_wc_opcode(w->opcode), (uint32_t)w->len, qp->qp.qp_num);
-	sv_cq_push(sv_proc.f, cq->slot, atomic_load(&cq->s->id), &wc);
+	atomic_store_explicit(&qp->sq_head, head + 1, memory_order_release);
+	if (signal)
+		sv_cq_push(sv_proc.f, cq->slot, atomic_load(&cq->s->id), &wc);
 }
 
 /* Flushes the receive queue of a QP in ERR (may run in any thread). */
@@ -517,10 +684,8 @@ static void sv_qp_flush(struct sv_qp *qp)
 {
 	uint32_t head = atomic_load_explicit(&qp->sq_head, memory_order_relaxed);
 
-	for (; head != atomic_load_explicit(&qp->sq_tail, memory_order_acquire); head++) {
-		sv_send_complete(qp, &qp->sq[head % qp->cap.max_send_wr], IBV_WC_WR_FLUSH_ERR);
-		atomic_store_explicit(&qp->sq_head, head + 1, memory_order_release);
-	}
+	for (; head != atomic_load_explicit(&qp->sq_tail, memory_order_acquire); head++)
+		sv_sq_retire(qp, head, IBV_WC_WR_FLUSH_ERR);
 	sv_rq_flush(qp);
 }
 
@@ -555,6 +720,12 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	    ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > 16) ||
 	    ((mask & IBV_QP_AV) && attr->ah_attr.port_num > 1))
 		goto out;
+	/* A RoCE port needs a GRH from a GID of its own (EINVAL, ENODATA for an empty one). */
+	if ((mask & IBV_QP_AV) && sv_proc.f->net.link == SV_LL_ROCE) {
+		rc = sv_roce_check_av(sv_proc.f, qp->s->nic, &attr->ah_attr);
+		if (rc)
+			goto out;
+	}
 	if (mask & IBV_QP_ACCESS_FLAGS) {
 		qp->attr.qp_access_flags = attr->qp_access_flags;
 		atomic_store(&qp->s->access, attr->qp_access_flags);
@@ -566,6 +737,9 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	if (mask & IBV_QP_AV) {
 		qp->attr.ah_attr = attr->ah_attr;
 		atomic_store(&qp->s->dlid, attr->ah_attr.dlid);
+		/* Where the GRH leads is resolved now, as the kernel resolves the MAC here. */
+		qp->s->grh = attr->ah_attr.grh;
+		atomic_store(&qp->s->grh_peer, sv_roce_route(sv_proc.f, qp->s->nic, &qp->s->grh));
 	}
 	if (mask & IBV_QP_PATH_MTU)
 		qp->attr.path_mtu = attr->path_mtu;
@@ -621,6 +795,7 @@ SV_EXPORT int ibv_query_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int ma
 	init->qp_context = ibqp->qp_context;
 	init->send_cq = ibqp->send_cq;
 	init->recv_cq = ibqp->recv_cq;
+	init->srq = ibqp->srq;
 	init->cap = qp->cap;
 	init->qp_type = IBV_QPT_RC;
 	init->sq_sig_all = qp->sig_all;
@@ -647,6 +822,8 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *ibqp)
 	atomic_fetch_sub(&to_cq(ibqp->send_cq)->users, 1);
 	atomic_fetch_sub(&to_cq(ibqp->recv_cq)->users, 1);
 	atomic_fetch_sub(&sv_container_of(ibqp->pd, struct sv_pd, pd)->users, 1);
+	if (ibqp->srq)
+		atomic_fetch_sub(&sv_container_of(ibqp->srq, struct sv_srq, srq)->users, 1);
 	pthread_mutex_destroy(&qp->lock);
 	pthread_mutex_destroy(&qp->post_lock);
 	free(qp->inl_pool);
@@ -664,7 +841,8 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr
 	struct sv_qp_slot *s = qp->s;
 	int rc = 0;
 
-	if (atomic_load(&s->state) == IBV_QPS_RESET) {
+	/* A QP on an SRQ has no receive queue of its own. */
+	if (atomic_load(&s->state) == IBV_QPS_RESET || ibqp->srq) {
 		*bad_wr = wr;
 		return EINVAL;
 	}
@@ -695,12 +873,56 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr
 	return rc;
 }
 
+/*
+ * Under post_lock, for a request about to be published: a shaped request takes its
+ * turn on the wire when posted, as a NIC queues it, so the rate does not depend on how
+ * soon this process runs.
+ */
+static void sv_swr_queue(struct sv_qp *qp, struct sv_swr *w, int st, int rate)
+{
+	w->first_ns = 0;
+	w->wire_ns = rate && w->len && st == IBV_QPS_RTS
+			 ? sv_nic_reserve(sv_proc.f, qp->s->nic,
+					  w->opcode == IBV_WR_RDMA_READ ? SV_RX : SV_TX, rate,
+					  w->len, sv_now_ns())
+			 : 0;
+	w->start_ns = w->wire_ns ? w->wire_ns - sv_wire_time(w->len, rate) : 0;
+	w->far_ns = 0;
+}
+
+/* After publishing: small requests go at once unless the engine is running this QP. */
+static void sv_sq_kick(struct sv_qp *qp)
+{
+	int64_t wake = 0;
+
+	if (qp->eng) {
+		if (pthread_mutex_trylock(&qp->lock) == 0) {
+			wake = sv_qp_run(qp, sv_now_ns(), SV_POST_RUN, SV_POST_RUN);
+			pthread_mutex_unlock(&qp->lock);
+		}
+		if (wake != SV_NEVER)
+			sv_engine_hand(qp);
+		return;
+	}
+	pthread_mutex_lock(&qp->lock);
+	wake = sv_qp_run(qp, sv_now_ns(), UINT64_MAX, UINT64_MAX);
+	pthread_mutex_unlock(&qp->lock);
+	if (wake != SV_NEVER)
+		sv_kick();
+}
+
+static bool sv_opcode_ok(int opcode)
+{
+	return opcode == IBV_WR_RDMA_WRITE || opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+	       opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM ||
+	       opcode == IBV_WR_RDMA_READ;
+}
+
 int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr)
 {
 	struct sv_qp *qp = to_qp(ibqp);
 	int st = atomic_load(&qp->s->state);
 	uint32_t tail;
-	int64_t wake;
 	int rc = 0, rate;
 
 	if (st != IBV_QPS_RTS && st != IBV_QPS_ERR) {
@@ -714,9 +936,7 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 		struct sv_swr *w;
 		uint64_t len = 0;
 
-		if (wr->opcode != IBV_WR_RDMA_WRITE && wr->opcode != IBV_WR_RDMA_WRITE_WITH_IMM &&
-		    wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
-		    wr->opcode != IBV_WR_RDMA_READ) {
+		if (!sv_opcode_ok(wr->opcode)) {
 			rc = EINVAL;
 			break;
 		}
@@ -746,18 +966,7 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 		w->rkey = wr->wr.rdma.rkey;
 		w->nsge = (uint32_t)wr->num_sge;
 		w->len = len;
-		w->first_ns = 0;
-		/*
-		 * A shaped request takes its turn on the wire when posted, as a NIC
-		 * queues it, so the rate does not depend on how soon this process runs.
-		 */
-		w->wire_ns = rate && len && st == IBV_QPS_RTS
-				 ? sv_nic_reserve(sv_proc.f, qp->s->nic,
-						  wr->opcode == IBV_WR_RDMA_READ ? SV_RX : SV_TX,
-						  rate, len, sv_now_ns())
-				 : 0;
-		w->start_ns = w->wire_ns ? w->wire_ns - sv_wire_time(len, rate) : 0;
-		w->far_ns = 0;
+		sv_swr_queue(qp, w, st, rate);
 		if (wr->send_flags & IBV_SEND_INLINE) {
 			uint8_t *p = w->inl;
 
@@ -776,23 +985,204 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr
 	pthread_mutex_unlock(&qp->post_lock);
 	if (rc)
 		*bad_wr = wr;
-	if (qp->eng) {
-		/* Small requests go at once unless the engine is running this QP. */
-		wake = 0;
-		if (pthread_mutex_trylock(&qp->lock) == 0) {
-			wake = sv_qp_run(qp, sv_now_ns(), SV_POST_RUN, SV_POST_RUN);
-			pthread_mutex_unlock(&qp->lock);
-		}
-		if (wake != SV_NEVER)
-			sv_engine_hand(qp);
-		return rc;
-	}
-	pthread_mutex_lock(&qp->lock);
-	wake = sv_qp_run(qp, sv_now_ns(), UINT64_MAX, UINT64_MAX);
-	pthread_mutex_unlock(&qp->lock);
-	if (wake != SV_NEVER)
-		sv_kick();
+	sv_sq_kick(qp);
 	return rc;
+}
+
+/*
+ * ---- the extended send API (ibv_wr_*) ----
+ *
+ * As on mlx5, ibv_wr_start takes the send queue, each opcode call fills the next
+ * slot (with the ibv_qp_ex's wr_id and wr_flags of that moment) and the ibv_wr_set_*
+ * calls complete it; ibv_wr_complete publishes them all, or none when any call
+ * failed (its error is the answer), and ibv_wr_abort drops them.
+ */
+static struct sv_qp *qpx_to_qp(struct ibv_qp_ex *qpx)
+{
+	return sv_container_of(qpx, struct sv_qp, qpx);
+}
+
+static void sv_wr_fail(struct sv_qp *qp, int err)
+{
+	if (!qp->wr_err)
+		qp->wr_err = err;
+	qp->wr_cur = NULL;
+}
+
+static void sv_wr_start(struct ibv_qp_ex *qpx)
+{
+	struct sv_qp *qp = qpx_to_qp(qpx);
+
+	pthread_mutex_lock(&qp->post_lock);
+	qp->wr_tail = atomic_load_explicit(&qp->sq_tail, memory_order_relaxed);
+	qp->wr_err = 0;
+	qp->wr_cur = NULL;
+}
+
+static void sv_wr_new(struct ibv_qp_ex *qpx, int opcode, uint32_t rkey, uint64_t raddr, __be32 imm)
+{
+	struct sv_qp *qp = qpx_to_qp(qpx);
+	struct sv_swr *w;
+
+	if (qp->wr_err)
+		return;
+	if (qp->wr_tail - atomic_load_explicit(&qp->sq_head, memory_order_acquire) >=
+	    qp->cap.max_send_wr) {
+		sv_wr_fail(qp, ENOMEM);
+		return;
+	}
+	w = &qp->sq[qp->wr_tail++ % qp->cap.max_send_wr];
+	w->wr_id = qpx->wr_id;
+	w->opcode = opcode;
+	w->flags = qpx->wr_flags & ~IBV_SEND_INLINE; /* inline is ibv_wr_set_inline_data's */
+	w->imm = imm;
+	w->raddr = raddr;
+	w->rkey = rkey;
+	w->nsge = 0;
+	w->len = 0;
+	qp->wr_cur = w;
+}
+
+static void sv_wr_rdma_write(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t raddr)
+{
+	sv_wr_new(qpx, IBV_WR_RDMA_WRITE, rkey, raddr, 0);
+}
+
+static void sv_wr_rdma_write_imm(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t raddr, __be32 imm)
+{
+	sv_wr_new(qpx, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, raddr, imm);
+}
+
+static void sv_wr_rdma_read(struct ibv_qp_ex *qpx, uint32_t rkey, uint64_t raddr)
+{
+	sv_wr_new(qpx, IBV_WR_RDMA_READ, rkey, raddr, 0);
+}
+
+static void sv_wr_send(struct ibv_qp_ex *qpx)
+{
+	sv_wr_new(qpx, IBV_WR_SEND, 0, 0, 0);
+}
+
+static void sv_wr_send_imm(struct ibv_qp_ex *qpx, __be32 imm)
+{
+	sv_wr_new(qpx, IBV_WR_SEND_WITH_IMM, 0, 0, imm);
+}
+
+static void sv_wr_set_sge_list(struct ibv_qp_ex *qpx, size_t n, const struct ibv_sge *sg)
+{
+	struct sv_qp *qp = qpx_to_qp(qpx);
+	struct sv_swr *w = qp->wr_cur;
+	uint64_t len = 0;
+
+	if (!w || n > qp->cap.max_send_sge) {
+		sv_wr_fail(qp, EINVAL);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		len += sg[i].length;
+	if (len > (1ull << 31)) {
+		sv_wr_fail(qp, EINVAL);
+		return;
+	}
+	if (n)
+		memcpy(w->sge, sg, n * sizeof(*sg));
+	w->nsge = (uint32_t)n;
+	w->len = len;
+	w->flags &= ~IBV_SEND_INLINE;
+}
+
+static void sv_wr_set_sge(struct ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t length)
+{
+	struct ibv_sge sge = {.addr = addr, .length = length, .lkey = lkey};
+
+	sv_wr_set_sge_list(qpx, 1, &sge);
+}
+
+static void sv_wr_set_inline_data_list(struct ibv_qp_ex *qpx, size_t n,
+				       const struct ibv_data_buf *buf)
+{
+	struct sv_qp *qp = qpx_to_qp(qpx);
+	struct sv_swr *w = qp->wr_cur;
+	uint64_t len = 0;
+
+	if (!w || w->opcode == IBV_WR_RDMA_READ) {
+		sv_wr_fail(qp, EINVAL);
+		return;
+	}
+	for (size_t i = 0; i < n; i++)
+		len += buf[i].length;
+	if (len > qp->cap.max_inline_data) {
+		sv_wr_fail(qp, ENOMEM); /* what mlx5 answers for too much inline data */
+		return;
+	}
+	len = 0;
+	for (size_t i = 0; i < n; i++) {
+		memcpy(w->inl + len, buf[i].addr, buf[i].length);
+		len += buf[i].length;
+	}
+	w->nsge = 0;
+	w->len = len;
+	w->flags |= IBV_SEND_INLINE;
+}
+
+static void sv_wr_set_inline_data(struct ibv_qp_ex *qpx, void *addr, size_t length)
+{
+	struct ibv_data_buf buf = {.addr = addr, .length = length};
+
+	sv_wr_set_inline_data_list(qpx, 1, &buf);
+}
+
+static int sv_wr_complete(struct ibv_qp_ex *qpx)
+{
+	struct sv_qp *qp = qpx_to_qp(qpx);
+	int st = atomic_load(&qp->s->state), rc = qp->wr_err, rate;
+
+	if (!rc && st != IBV_QPS_RTS && st != IBV_QPS_ERR)
+		rc = EINVAL;
+	if (!rc) {
+		rate = sv_nic_rate(sv_proc.f, qp->s->nic, sv_proc.cfg.shaping);
+		for (uint32_t t = atomic_load_explicit(&qp->sq_tail, memory_order_relaxed);
+		     t != qp->wr_tail; t++)
+			sv_swr_queue(qp, &qp->sq[t % qp->cap.max_send_wr], st, rate);
+		atomic_store_explicit(&qp->sq_tail, qp->wr_tail, memory_order_release);
+	}
+	qp->wr_cur = NULL;
+	pthread_mutex_unlock(&qp->post_lock);
+	if (!rc)
+		sv_sq_kick(qp);
+	return rc;
+}
+
+static void sv_wr_abort(struct ibv_qp_ex *qpx)
+{
+	struct sv_qp *qp = qpx_to_qp(qpx);
+
+	qp->wr_cur = NULL;
+	pthread_mutex_unlock(&qp->post_lock);
+}
+
+/*
+ * The builders of the opcodes the device executes; the others (atomics, memory
+ * windows, invalidation, TSO, UD and XRC addressing) stay NULL, as their
+ * send_ops_flags are refused at create time.
+ */
+static void sv_qpx_init(struct sv_qp *qp)
+{
+	struct ibv_qp_ex *x = &qp->qpx;
+
+	qp->has_qpx = true;
+	x->wr_rdma_read = sv_wr_rdma_read;
+	x->wr_rdma_write = sv_wr_rdma_write;
+	x->wr_rdma_write_imm = sv_wr_rdma_write_imm;
+	x->wr_send = sv_wr_send;
+	x->wr_send_imm = sv_wr_send_imm;
+	x->wr_set_inline_data = sv_wr_set_inline_data;
+	x->wr_set_inline_data_list = sv_wr_set_inline_data_list;
+	x->wr_set_sge = sv_wr_set_sge;
+	x->wr_set_sge_list = sv_wr_set_sge_list;
+	x->wr_start = sv_wr_start;
+	x->wr_complete = sv_wr_complete;
+	x->wr_abort = sv_wr_abort;
 }
 
 /* ---- executing ---- */
@@ -934,8 +1324,15 @@ static struct sv_qp_slot *sv_path(struct sv_qp *qp, int64_t now)
 		return NULL;
 	if (!dqpn || atomic_load(&t->qpn) != dqpn)
 		return NULL;
-	if (sv_nic_link(f, t->nic, now) != SV_LINK_UP ||
-	    f->nics[t->nic].lid != qp->attr.ah_attr.dlid)
+	if (sv_nic_link(f, t->nic, now) != SV_LINK_UP)
+		return NULL;
+	/*
+	 * IB: the dlid names the target's NIC. RoCE: our GRH reaches it and its GRH
+	 * reaches us (the acknowledgements and read responses travel by it).
+	 */
+	if (f->net.link == SV_LL_ROCE
+		? atomic_load(&qp->s->grh_peer) != t->nic || atomic_load(&t->grh_peer) != qp->s->nic
+		: f->nics[t->nic].lid != qp->attr.ah_attr.dlid)
 		return NULL;
 	st = atomic_load(&t->state);
 	if ((st != IBV_QPS_RTR && st != IBV_QPS_RTS) || !sv_pid_alive(t->pid))
@@ -993,6 +1390,58 @@ static void sv_rq_consume(struct sv_qp_slot *t, uint32_t idx, const struct ibv_w
 }
 
 /*
+ * The receive a SEND or WRITE_WITH_IMM consumes: peeked at in the target QP's own
+ * queue (and consumed when it completes), or taken from its SRQ, which other
+ * requesters take from too (then it completes, in error if the request fails).
+ */
+struct sv_recv {
+	struct sv_rwqe wqe;
+	uint32_t idx; /* own queue: where it was */
+	bool srq;
+	uint32_t pd; /* the PD of its lkeys: the QP's, or the SRQ's */
+};
+
+static bool sv_recv_get(struct sv_qp_slot *t, struct sv_recv *r)
+{
+	bool got;
+
+	if (t->srq >= 0) {
+		r->srq = true;
+		r->pd = sv_proc.f->srqs[t->srq].pd;
+		return sv_srq_take(sv_proc.f, t->srq, t->srq_id, &r->wqe);
+	}
+	r->srq = false;
+	r->pd = t->pd;
+	sv_lock(&t->rq_lock);
+	r->idx = t->rq_head;
+	got = r->idx != t->rq_tail;
+	if (got)
+		r->wqe = t->rq[r->idx % SV_RQ_CAP];
+	pthread_mutex_unlock(&t->rq_lock);
+	return got;
+}
+
+static void sv_recv_done(struct sv_qp_slot *t, struct sv_recv *r, const struct ibv_wc *wc)
+{
+	if (r->srq)
+		sv_cq_push(sv_proc.f, t->rcq, t->rcq_id, wc);
+	else
+		sv_rq_consume(t, r->idx, wc);
+}
+
+/* A request that failed after taking an SRQ receive: the receive completes in error. */
+static int sv_recv_fail(struct sv_qp_slot *t, struct sv_recv *r, int recv_status, int status)
+{
+	struct ibv_wc wc;
+
+	if (r->srq) {
+		sv_wc_fill(&wc, r->wqe.wr_id, recv_status, IBV_WC_RECV, 0, atomic_load(&t->qpn));
+		sv_recv_done(t, r, &wc);
+	}
+	return status;
+}
+
+/*
  * Executes the WR at the head of the send queue. Returns 0 when done, SV_WAIT with
  * *wake set, or an ibv_wc_status for the requester.
  */
@@ -1001,11 +1450,10 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 	struct sv_fabric *f = sv_proc.f;
 	struct iovec liov[SV_MAX_SEND_SGE], riov[SV_RQ_SGE];
 	struct sv_qp_slot *t = sv_path(qp, now);
-	struct sv_rwqe rwqe = {0};
+	struct sv_recv rcv = {0};
 	bool needs_recv = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w->opcode == IBV_WR_SEND ||
 			  w->opcode == IBV_WR_SEND_WITH_IMM;
 	uint64_t addr = 0, cap = 0;
-	uint32_t rq_idx = 0;
 	bool read = w->opcode == IBV_WR_RDMA_READ;
 	int nl = (int)w->nsge, nr = 1, rate, rc;
 	struct ibv_wc wc;
@@ -1042,23 +1490,15 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 	} else if (!sv_local_iov(qp, w, liov, w->opcode == IBV_WR_RDMA_READ)) {
 		return IBV_WC_LOC_PROT_ERR;
 	}
-	if (needs_recv) {
-		sv_lock(&t->rq_lock);
-		rq_idx = t->rq_head;
-		if (rq_idx != t->rq_tail)
-			rwqe = t->rq[rq_idx % SV_RQ_CAP];
-		rc = rq_idx != t->rq_tail;
-		pthread_mutex_unlock(&t->rq_lock);
-		if (!rc)
-			return sv_rnr(qp, w, now, wake);
-	}
+	if (needs_recv && !sv_recv_get(t, &rcv))
+		return sv_rnr(qp, w, now, wake);
 	switch (w->opcode) {
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 		/* A zero-length write carries no address: the rkey is not checked. */
 		if (w->len &&
 		    !sv_remote_addr(t, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE, &addr))
-			return IBV_WC_REM_ACCESS_ERR;
+			return sv_recv_fail(t, &rcv, IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_ACCESS_ERR);
 		riov[0].iov_base = (void *)(uintptr_t)addr;
 		riov[0].iov_len = w->len;
 		break;
@@ -1070,23 +1510,24 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 		break;
 	default: /* SEND: scatter into the receive's SGEs, checked against the target's MRs */
 		nr = 0;
-		for (uint32_t i = 0; i < rwqe.num_sge && cap < w->len; i++) {
-			struct sv_mr_slot *m = sv_mr_find(f, rwqe.sge[i].lkey);
-			struct ibv_sge *g = &rwqe.sge[i];
+		for (uint32_t i = 0; i < rcv.wqe.num_sge && cap < w->len; i++) {
+			struct sv_mr_slot *m = sv_mr_find(f, rcv.wqe.sge[i].lkey);
+			struct ibv_sge *g = &rcv.wqe.sge[i];
 
-			if (!m || m->pid != t->pid || m->pd != t->pd ||
+			if (!m || m->pid != t->pid || m->pd != rcv.pd ||
 			    !(m->access & IBV_ACCESS_LOCAL_WRITE) || g->addr < m->iova ||
 			    g->addr - m->iova + g->length > m->len)
-				return IBV_WC_REM_OP_ERR;
+				return sv_recv_fail(t, &rcv, IBV_WC_LOC_PROT_ERR,
+						    IBV_WC_REM_OP_ERR);
 			riov[nr].iov_base = (void *)(uintptr_t)(m->addr + (g->addr - m->iova));
 			riov[nr].iov_len = g->length;
 			cap += g->length;
 			nr++;
 		}
 		if (cap < w->len) {
-			sv_wc_fill(&wc, rwqe.wr_id, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0,
+			sv_wc_fill(&wc, rcv.wqe.wr_id, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0,
 				   atomic_load(&t->qpn));
-			sv_rq_consume(t, rq_idx, &wc);
+			sv_recv_done(t, &rcv, &wc);
 			return IBV_WC_REM_INV_REQ_ERR;
 		}
 		break;
@@ -1095,13 +1536,17 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 	if (rc == -ESRCH)
 		return sv_silent(qp, w, now, wake);
 	if (rc)
-		return IBV_WC_REM_ACCESS_ERR;
-	if (w->opcode == IBV_WR_RDMA_READ)
+		return sv_recv_fail(t, &rcv, IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_ACCESS_ERR);
+	/* A read response travels in the responder's traffic class. */
+	if (w->opcode == IBV_WR_RDMA_READ) {
 		sv_nic_account(f, t->nic, qp->s->nic, w->len);
-	else
+		sv_nic_account_class(f, t->nic, t->grh.traffic_class, w->len);
+	} else {
 		sv_nic_account(f, qp->s->nic, t->nic, w->len);
+		sv_nic_account_class(f, qp->s->nic, qp->attr.ah_attr.grh.traffic_class, w->len);
+	}
 	if (needs_recv) {
-		sv_wc_fill(&wc, rwqe.wr_id, IBV_WC_SUCCESS,
+		sv_wc_fill(&wc, rcv.wqe.wr_id, IBV_WC_SUCCESS,
 			   w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM
 								   : IBV_WC_RECV,
 			   (uint32_t)w->len, atomic_load(&t->qpn));
@@ -1111,7 +1556,7 @@ static int sv_exec(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wak
 		}
 		wc.src_qp = qp->qp.qp_num;
 		wc.slid = f->nics[qp->s->nic].lid;
-		sv_rq_consume(t, rq_idx, &wc);
+		sv_recv_done(t, &rcv, &wc);
 	}
 	return 0;
 }
@@ -1144,17 +1589,13 @@ static int64_t sv_qp_run(struct sv_qp *qp, int64_t now, uint64_t max_len, uint64
 		if (rc == SV_WAIT)
 			return wake;
 		if (rc) {
-			sv_send_complete(qp, w, rc);
-			atomic_store_explicit(&qp->sq_head, head + 1, memory_order_release);
+			sv_sq_retire(qp, head, rc);
 			sv_qp_set_state(qp, IBV_QPS_ERR);
 			sv_qp_flush(qp);
 			break;
 		}
-		if ((w->flags & IBV_SEND_SIGNALED) || qp->sig_all)
-			sv_send_complete(qp, w, IBV_WC_SUCCESS);
 		done += w->len + 64; /* a request costs something even when empty */
-		/* The slot is free once head passes it: everything read from it is done. */
-		atomic_store_explicit(&qp->sq_head, head + 1, memory_order_release);
+		sv_sq_retire(qp, head, IBV_WC_SUCCESS);
 		now = sv_now_ns();
 	}
 	return SV_NEVER;
@@ -1346,9 +1787,7 @@ static void *sv_thread_main(void *arg)
 		struct timespec ts;
 
 		sv_ctx_check_ports(now);
-		sv_cq_events();
-		if (sv_proc.cqs && wake > now + SV_RNR_POLL)
-			wake = now + SV_RNR_POLL; /* armed CQs are watched */
+		sv_srq_events();
 		if (now - last_reap > SV_REAP_PERIOD) {
 			sv_fabric_reap(sv_proc.f);
 			last_reap = now;

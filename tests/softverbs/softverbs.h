@@ -30,6 +30,14 @@ struct softverbs_nic_stat {
  */
 int softverbs_nic_stats(const char *node, struct softverbs_nic_stat *out, int max);
 
+/*
+ * RoCE mode with SOFTVERBS_LOSSLESS_TC: the bytes NIC `nic` of node `node` sent
+ * outside the lossless traffic class, in *bytes (0 in IB mode or without the
+ * setting); returns 0, -ENOENT (no such NIC) or -errno. A function of its own because
+ * struct softverbs_nic_stat is filled as an array and so cannot grow.
+ */
+int softverbs_nic_lossy_bytes(const char *node, const char *nic, uint64_t *bytes);
+
 /* Internal: the same over an attached fabric (shared with softverbs-ctl). */
 struct sv_fabric;
 int sv_fabric_nic_stats(struct sv_fabric *f, const char *node, struct softverbs_nic_stat *out,

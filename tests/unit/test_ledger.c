@@ -109,3 +109,48 @@ Test(ledger, without_a_table_counts_read_zero)
 	cr_expect_eq(r2cc_ledger_get(NULL, 0), 0);
 	cr_expect_eq(r2cc_ledger_get("", 1), 0);
 }
+
+/* The stall scan's load rows: each process publishes its own, every process reads
+ * the node's sum; a process that is gone no longer counts. */
+Test(ledger, load_is_summed_over_the_live_processes_of_the_node)
+{
+	uint64_t j = job();
+	int go[2], ready[2];
+	cr_assert_eq(pipe(go), 0);
+	cr_assert_eq(pipe(ready), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		char b = 'k';
+		if (r2cc_ledger_open(j, "node0"))
+			b = 'e';
+		r2cc_ledger_load_put("mlx5_1", 300, 7000);
+		if (write(ready[1], &b, 1) != 1 || read(go[0], &b, 1) != 1)
+			_exit(2);
+		_exit(0); /* killed-like: no close, its row stays until it is seen dead */
+	}
+	char b = 0;
+	cr_assert_eq(read(ready[0], &b, 1), 1);
+	cr_assert_eq(b, 'k');
+	cr_assert_eq(r2cc_ledger_open(j, "node0"), 0);
+	r2cc_ledger_load_put("mlx5_1", 100, 5000);
+	uint64_t q = 0, d = 0;
+	cr_assert(r2cc_ledger_load_get("mlx5_1", &q, &d));
+	cr_expect_eq(q, 400);
+	cr_expect_eq(d, 12000);
+	cr_assert(r2cc_ledger_load_get("mlx5_0", &q, &d) == false || (q == 0 && d == 0));
+	cr_assert_eq(write(go[1], &b, 1), 1);
+	int st;
+	waitpid(pid, &st, 0);
+	/* the row of the dead process is checked again within a second */
+	sleep(2);
+	cr_assert(r2cc_ledger_load_get("mlx5_1", &q, &d));
+	cr_expect_eq(q, 100, "a dead process's queue still counted");
+	cr_expect_eq(d, 5000);
+	r2cc_ledger_close();
+	/* the child never dropped its use: remove the table by hand, as a user would */
+	char cmd[256];
+	snprintf(cmd, sizeof(cmd), "rm -f /dev/shm/r2cc-place-%u-%016llx-*", (unsigned)getuid(),
+		 (unsigned long long)j);
+	cr_expect_eq(system(cmd), 0);
+}

@@ -748,6 +748,14 @@ static int d_comm_abort(void *ctx, void *comm)
 	return d_comm_destroy(ctx, comm);
 }
 
+static int d_comm_async_error(void *ctx, void *comm, int *err)
+{
+	struct dbl_rank *r = ctx;
+
+	*err = ((struct dbl_handle *)comm)->c->sub ? r->async_error : 0;
+	return 0;
+}
+
 static int d_comm_count(void *ctx, void *comm, int *count)
 {
 	*count = ((struct dbl_handle *)comm)->c->size;
@@ -866,6 +874,7 @@ struct r2cc_ar2_ops dbl_ops(struct dbl_rank *r)
 	    .comm_split = d_comm_split,
 	    .comm_destroy = d_comm_destroy,
 	    .comm_abort = d_comm_abort,
+	    .comm_async_error = d_comm_async_error,
 	    .comm_count = d_comm_count,
 	    .comm_user_rank = d_comm_user_rank,
 	    .stream_create = d_stream_create,

@@ -56,6 +56,7 @@ struct dbl_rank {
 	int parent_allreduces; /* allreduce calls on the parent since dbl_begin */
 	int parent_bcasts;     /* broadcast calls on the parent since dbl_begin */
 	int aborts;	       /* comm_abort calls, ever */
+	int async_error;       /* what comm_async_error reports for sub-communicators */
 	/* faults */
 	bool fail_split;	 /* this rank's comm_split calls fail */
 	bool fail_stream_create; /* this rank's stream_create calls fail */

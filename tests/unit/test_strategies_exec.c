@@ -44,7 +44,8 @@ struct run {
 	pthread_barrier_t before_destroy;
 	/* a second view applied before the last count, -1: none */
 	int new_degraded;
-	bool abort; /* destroy with abort */
+	bool abort;    /* destroy with abort */
+	int sub_error; /* a sub-communicator's async error before destroy, 0: none */
 	/* filled by the run */
 	struct dbl_world *w;
 	int nranks;
@@ -55,6 +56,7 @@ struct run {
 		int parent_allreduces[MAX_COUNTS], parent_bcasts[MAX_COUNTS], ncalls[MAX_COUNTS][5];
 		int live_comms_before_destroy;
 		int aborts;
+		int async_before, async_after; /* r2cc_ar2_comm_async_error */
 	} res[MAX_RANKS];
 };
 
@@ -235,6 +237,9 @@ static void *rank_main(void *p)
 	}
 	pthread_barrier_wait(&run->before_destroy);
 	res->live_comms_before_destroy = dbl_live_comms(run->w);
+	res->async_before = r2cc_ar2_comm_async_error(c);
+	dr->async_error = run->sub_error;
+	res->async_after = r2cc_ar2_comm_async_error(c);
 	pthread_barrier_wait(&run->before_destroy);
 	r2cc_ar2_comm_destroy(c, run->abort);
 	res->aborts = dr->aborts;
@@ -408,6 +413,23 @@ Test(ar2_exec, destroy_with_abort)
 	run_one(run);
 	for (int r = 0; r < 6; r++)
 		cr_assert_eq(run->res[r].aborts, 0);
+	free(run);
+}
+
+/* An error of a sub-communicator is the parent's (the job polls the parent and
+ * would otherwise wait forever); none is reported while there is none. */
+Test(ar2_exec, sub_communicator_errors_reach_the_parent)
+{
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &shapes[2]);
+	run->sub_error = 6; /* ncclRemoteError */
+	run->abort = true;
+	run_one(run);
+	for (int r = 0; r < 6; r++) {
+		cr_assert_eq(run->res[r].async_before, 0, "rank %d", r);
+		cr_assert_eq(run->res[r].async_after, 6, "rank %d", r);
+	}
 	free(run);
 }
 

@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# GPU check that a healthy job is never taken down (issue: stall detection that tells
+# congestion from failure), and that a black hole on the same loaded fabric is still
+# repaired. NVIDIA's nccl-tests (NCCL_TESTS_DIR) or r2cc-perf, every result checked
+# (-c 1), over soft NICs shaped to a few Gb/s, ranks sharing GPU 0 (run it under
+# scripts/with-mps.sh), R2CC's reports counted for incidents.
+#   scripts/gpu-stall.sh LOGDIR [RUN...]
+# A RUN is SHAPExG:GBPS:MODE[:declared][:FAULT] with SHAPE 2x1, 3x1 or 4x1, e.g.
+#   4x1:5:2:declared          the run that R2CC used to kill (declared mlx5_2, mode 2)
+#   3x1:5:3:declared          the one that hung (mode 3)
+#   2x1:1:2                   1 Gb/s, nothing declared
+#   4x1:5:2:declared:blackhole  the same load, node 1's mlx5_0 black-holed mid-run
+# FAULT (FAULT_AFTER_S into the run, on node 1): blackhole (mlx5_0; must be repaired,
+# every result right), and the faults nothing can repair, after which the job must end
+# by itself (not by the timeout) with no wrong result: blackhole-all and down-all (every
+# NIC of node 1), kill (node 1's process is killed).
+# Environment: NCCL_TESTS_DIR (else build/bin's r2cc-perf links), R2CC_LIB (the library
+# preloaded, default build/lib/libr2cc.so; 'none' runs plain NCCL), BYTES ("-b 256M -e
+# 512M"), ITERS ("-n 3 -w 1"), FAULT_AFTER_S (seconds into the run, default 12),
+# TIMEOUT_S (per run, default 150).
+# One line per run in LOGDIR/summary.txt: PASS/FAIL, exit status, #wrong, incidents that
+# were not declared (false repairs when nothing was injected), what R2CC's stall scan
+# suspected, the detection time of an injected fault, the busbw of the largest size.
+set -u
+cd "$(dirname "$0")/.."
+export R2CC_ROOT=$PWD
+B=${BUILD:-build}
+LOG=${1:?usage: scripts/gpu-stall.sh LOGDIR [RUN...]}
+shift
+runs=${*:-4x1:5:2:declared 3x1:5:3:declared 2x1:1:2}
+LIB=${R2CC_LIB:-$PWD/$B/lib/libr2cc.so}
+BYTES=${BYTES:--b 256M -e 512M}
+ITERS=${ITERS:--n 3 -w 1}
+FAULT_AFTER_S=${FAULT_AFTER_S:-12}
+TIMEOUT_S=${TIMEOUT_S:-150}
+mkdir -p "$LOG"
+. scripts/softfabric.sh
+fail=0
+
+one() { # RUN
+	local spec=$1 shape gbps mode rest nodes declared=0 bh=0 fault=
+	IFS=: read -r shape gbps mode rest <<<"$spec"
+	case ":$rest:" in *:declared:*) declared=1 ;; esac
+	case ":$rest:" in
+	*:blackhole:*) fault=blackhole bh=1 ;;
+	*:blackhole-all:*) fault=blackhole-all ;;
+	*:down-all:*) fault=down-all ;;
+	*:kill:*) fault=kill ;;
+	esac
+	nodes=${shape%x1}
+	local label=${spec//:/-} dir="$LOG/${spec//:/-}"
+	mkdir -p "$dir"
+	softfabric_env "mlx5_0:$gbps,mlx5_2:$gbps,mlx5_3:$gbps" "st-$label-$$"
+	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=${SOFTVERBS_TIME_SCALE:-0.05} NCCL_TESTS_DEVICE=0
+	local -a env=() launch=()
+	if [ "$LIB" != none ]; then
+		env+=(LD_PRELOAD="$LIB" R2CC_MODE="$mode" R2CC_REPORT="$dir/report.%p" R2CC_DEBUG=INFO)
+		[ $declared = 1 ] && env+=(R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2)
+	fi
+	# shellcheck disable=SC2086 # BYTES and ITERS are word lists
+	if [ -n "${NCCL_TESTS_DIR:-}" ]; then
+		local x=() e
+		for e in "${env[@]}"; do x+=(-x "$e"); done
+		for e in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_)' | grep -v '^NCCL_TESTS_DIR$'); do x+=(-x "$e"); done
+		launch=(mpirun --allow-run-as-root -np "$nodes" --oversubscribe --bind-to none "${x[@]}" -x PATH
+			-x LD_LIBRARY_PATH bash -c 'export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK; exec "$0" "$@"'
+			"$NCCL_TESTS_DIR/all_reduce_perf" $BYTES -f 2 -g 1 -c 1 $ITERS)
+	else
+		launch=(env "${env[@]}" "$B/bin/r2cc-perf" --nodes "$nodes" --gpus-per-node 1 --coll allreduce
+			$BYTES -f 2 -c 1 $ITERS -T $((TIMEOUT_S - 10)))
+	fi
+	echo "=== $spec: ${launch[*]}" >"$dir/console.txt"
+	local t0 t_fault=''
+	t0=$(date +%s.%N)
+	timeout --kill-after=5 "$TIMEOUT_S" "${launch[@]}" >>"$dir/console.txt" 2>&1 &
+	local pid=$!
+	if [ -n "$fault" ]; then
+		sleep "$FAULT_AFTER_S"
+		local ok=1 nic p
+		if ! kill -0 $pid 2>/dev/null; then
+			ok=0
+		elif [ "$fault" = kill ]; then
+			# the rank of node 1: the process whose environment says so
+			p=$(grep -lz '^NCCL_HOSTID=node1$' /proc/[0-9]*/environ 2>/dev/null |
+				sed 's,/proc/\([0-9]*\)/.*,\1,' | while read -r q; do
+				[ "$(cat /proc/"$q"/comm 2>/dev/null)" != bash ] && echo "$q"; done | head -1)
+			[ -n "$p" ] && kill -9 "$p" || ok=0
+		else
+			local kind=${fault%-all} nics=mlx5_0
+			[ "$fault" != blackhole ] && nics="mlx5_0 mlx5_2 mlx5_3"
+			for nic in $nics; do
+				"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" fault node1 "$nic" "$kind" >>"$dir/console.txt" 2>&1 || ok=0
+			done
+		fi
+		if [ $ok = 1 ]; then
+			t_fault=$(date +%s.%N)
+			echo "fault injected at $t_fault: node1 $fault" >>"$dir/console.txt"
+		else
+			echo "fault NOT injected" >>"$dir/console.txt"
+			t_fault=-1
+		fi
+	fi
+	# A run still there shortly before its limit: every rank's threads' stacks
+	# (cuda-gdb attaches to programs without GPU code too), to see where it waits.
+	local watcher=
+	if [ "${STACKS:-1}" = 1 ] && command -v cuda-gdb >/dev/null; then
+		(
+			sleep $((TIMEOUT_S - 25))
+			kill -0 $pid 2>/dev/null || exit 0
+			# the ranks: the processes whose environment names an emulated node
+			for q in $(grep -lz '^NCCL_HOSTID=node' /proc/[0-9]*/environ 2>/dev/null |
+				sed 's,/proc/\([0-9]*\)/.*,\1,'); do
+				case $(cat /proc/"$q"/comm 2>/dev/null) in all_reduce_perf | r2cc-perf) ;; *) continue ;; esac
+				timeout 15 cuda-gdb -p "$q" -batch -ex "thread apply all bt 14" \
+					>"$dir/stacks.$q.txt" 2>&1
+			done
+		) &
+		watcher=$!
+	fi
+	wait $pid
+	local rc=$?
+	[ -n "$watcher" ] && { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; }
+	local secs
+	secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
+	softfabric_reset
+	# A rank killed while it held the GPU can leave the MPS server refusing new
+	# clients ("CUDA-capable device(s) is/are busy or unavailable"): start it again.
+	if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { [ $rc = 124 ] || [ $rc = 137 ] || [ "$fault" = kill ]; }; then
+		pkill -9 -f all_reduce_perf 2>/dev/null
+		echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
+		sleep 1
+		nvidia-cuda-mps-control -d >/dev/null 2>&1
+	fi
+	# the verdict, from the program's rows and R2CC's reports
+	local v
+	v=$(python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" "$TIMEOUT_S" <<'PY'
+import glob, json, re, sys
+d, rc, bh, t_fault, secs, spec, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
+limit = float(sys.argv[8])
+txt = open(d + "/console.txt", errors="replace").read()
+rows = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+sum\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)", txt, re.M)
+wrong = sum(int(r[4]) + int(r[8]) for r in rows if r[4].isdigit() and r[8].isdigit())
+nonnum = [r for r in rows if not (r[4].isdigit() and r[8].isdigit())]
+busbw = rows[-1][3] if rows else "-"
+inc = decl = sus = 0
+det = []
+for f in glob.glob(d + "/report.*.json"):
+    try:
+        j = json.load(open(f))
+    except Exception:
+        continue
+    for i in j.get("incidents", []):
+        if i.get("declared"):
+            decl += 1
+        else:
+            inc += 1
+            if bh and t_fault and i.get("detected_unix", 0) >= t_fault:
+                det.append((i["detected_unix"] - t_fault) * 1e3)
+    sus += j.get("stall_scan", {}).get("suspected", 0)
+if fault and not bh:
+    # nothing to repair: the job ends by itself (124/137: the timeout ended it), with
+    # nothing wrong among the rows it printed
+    # (the time tells: a rank killed by a signal makes mpirun exit 137 too)
+    ok = t_fault > 0 and float(secs) < limit - 1 and rc != 0 and wrong == 0
+else:
+    ok = rc == 0 and bool(rows) and wrong == 0 and not nonnum and (inc > 0 if bh else inc == 0)
+    ok = ok and t_fault >= 0
+detect = f"{min(det):.0f}" if det else "-"
+print(f"{'PASS' if ok else 'FAIL'} {spec} rc={rc} rows={len(rows)} wrong={wrong} "
+      f"repairs={inc} declared_incidents={decl} suspected={sus} detect_ms={detect} "
+      f"busbw={busbw} secs={secs}")
+PY
+)
+	echo "$v" | tee -a "$LOG/summary.txt"
+	case $v in PASS*) ;; *) fail=1 ;; esac
+}
+
+for r in $runs; do one "$r"; done
+exit $fail

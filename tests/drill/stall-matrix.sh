@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The loads that made a fixed stall threshold kill healthy jobs, through the drill:
+# NICs shaped to 1, 5 and 10 Gb/s, many QPs per NIC, several processes per node, large
+# messages with a declared failure. Under each load, with no fault every scenario must
+# pass with no repair at all (--expect no-repair: a migration there is a false repair),
+# and with a black hole or a link down every message must still arrive exactly once.
+# Prints one row per (load, fault): scenarios passed, false repairs, detection times.
+#   tests/drill/stall-matrix.sh BUILD [SEEDS_SCALE] [KINDS]
+# SEEDS_SCALE multiplies the seeds of every row (1: what make test runs; the bench runs
+# more); KINDS defaults to "none blackhole down" (add ackloss, jitter where the device
+# has them). Exit status 1 if any row failed.
+# The declared-failure row scales transport timeouts by 0.1 (3.4 s, NCCL's being 34 s)
+# rather than the drill's 0.01: a declared move is an exchange with the peer while its
+# old QP is fenced, and on a loaded 2-core machine that exchange has taken over the
+# 344 ms of the default scale, long enough for the peer's requests in flight to end in
+# a transport error (which is then repaired, as evidence of a failure).
+set -u
+B=${1:-build}
+SCALE=${2:-1}
+KINDS=${3:-none blackhole down}
+D=$B/bin/r2cc-verbs-drill
+[ -x "$D" ] || { echo "stall-matrix: $D missing (make)" >&2; exit 2; }
+# load name | drill options | seeds per kind at scale 1
+LOADS=(
+	"1G|--gbps 1|4"
+	"5G-qps4|--gbps 5 --qps 4|4"
+	"10G-2pernode|--gbps 10 --procs 4 --per-node 2|3"
+	"5G-16M-declared|--gbps 5 --procs 4 --per-node 2 --max-size 16777216 --declare 0:2 --time-scale 0.1|2"
+	"5G-qps8-4nodes|--gbps 5 --qps 8 --procs 4|2"
+)
+fail=0
+printf '%-18s %-10s %9s %7s %14s %24s\n' load fault scenarios passed false_repairs detection_ms
+for l in "${LOADS[@]}"; do
+	IFS='|' read -r name opts seeds <<<"$l"
+	for kind in $KINDS; do
+		n=$((seeds * SCALE))
+		args=(--fault "$kind" --seeds "$n" --nccl-stub --timeout 60)
+		[ "$kind" = none ] && args+=(--expect no-repair)
+		[ "$kind" = jitter ] && args+=(--expect no-repair)
+		# shellcheck disable=SC2086 # opts is a word list
+		out=$("$D" "${args[@]}" $opts 2>&1)
+		rc=$?
+		last=$(echo "$out" | tail -1)
+		passed=$(echo "$last" | sed -n 's/.*scenarios \([0-9]*\)\/\([0-9]*\).*/\1/p')
+		falsep=$(echo "$out" | grep -c "false repair")
+		det=$(echo "$last" | sed -n 's/.*detection median \([0-9.]*\) ms max \([0-9.]*\) ms.*/\1 \/ \2/p')
+		printf '%-18s %-10s %9s %7s %14s %24s\n' "$name" "$kind" "$n" "${passed:-0}" "$falsep" "${det:--}"
+		if [ $rc -ne 0 ]; then
+			fail=1
+			echo "$out" | grep -E "FAIL" | head -5 | sed 's/^/    /'
+		fi
+	done
+done
+exit $fail

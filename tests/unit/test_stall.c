@@ -1,0 +1,91 @@
+/* The stall scan's load model (repair/stall.c): what a wait on a NIC is explained
+ * by. The registry is replaced by two NICs of this file; without a node ledger the
+ * model is this process's own. */
+#include "repair/stall.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+static struct r2cc_nic nics[2];
+
+int r2cc_nic_count(void)
+{
+	return 2;
+}
+
+struct r2cc_nic *r2cc_nic_by_index(int index)
+{
+	return index >= 0 && index < 2 ? &nics[index] : NULL;
+}
+
+static void setup(void)
+{
+	memset(nics, 0, sizeof(nics));
+	for (int i = 0; i < 2; i++) {
+		nics[i].index = i;
+		snprintf(nics[i].name, sizeof(nics[i].name), "mlx5_%d", i);
+		nics[i].speed_gbps = 8; /* 1e9 bytes/s until measured */
+	}
+}
+
+#define MS 1000000ll
+
+/* One scan at time t: nic 0 owes `queued` bytes and retired `drained` since the last. */
+static void scan(int64_t t, uint64_t queued, uint64_t drained, uint32_t big)
+{
+	r2cc_stall_scan_begin();
+	r2cc_stall_account(&nics[0], queued, drained, big);
+	r2cc_stall_scan_end(t);
+}
+
+TestSuite(stall, .init = setup);
+
+/* Before any measurement the port's rate (speed x width) is the drain rate. */
+Test(stall, port_rate_until_measured)
+{
+	cr_assert_float_eq(r2cc_stall_rate(&nics[1]), 1e9, 1);
+	/* 100 ms floor + 2 x 1 GB at 1 GB/s */
+	cr_assert_eq(r2cc_stall_explained_ns(&nics[1], 1000000000ull, 100 * MS), 2100 * MS);
+}
+
+/* A busy NIC's rate is measured from what it retires; the largest request counts. */
+Test(stall, measured_rate_and_largest_request)
+{
+	int64_t t = 1000 * MS;
+	scan(t, 0, 0, 0);
+	for (int i = 1; i <= 60; i++) /* 300 ms busy at 4 MB per 5 ms = 0.8 GB/s */
+		scan(t + i * 5 * MS, 8u << 20, 4000000, 10000000);
+	cr_assert_float_eq(r2cc_stall_rate(&nics[0]), 8e8, 1e6);
+	cr_assert_eq(r2cc_stall_queued(&nics[0]), 8u << 20);
+	cr_assert_eq(r2cc_stall_drained(&nics[0]), 240000000ull);
+	cr_assert_eq(r2cc_stall_last_drain(&nics[0]), t + 300 * MS);
+	/* floor 0 + 2 (ahead 8e6 + largest 1e7) / 8e8 = 45 ms */
+	cr_assert_eq(r2cc_stall_explained_ns(&nics[0], 8000000, 0), 45 * MS);
+}
+
+/* A NIC that stops draining (a black hole) keeps the rate it had: what is queued
+ * on it is explained as quickly as before, so the stall is suspected at once. */
+Test(stall, a_dead_nic_keeps_its_rate)
+{
+	int64_t t = 1000 * MS;
+	scan(t, 0, 0, 0);
+	for (int i = 1; i <= 40; i++)
+		scan(t + i * 5 * MS, 1u << 20, 5000000, 0); /* 1 GB/s */
+	double before = r2cc_stall_rate(&nics[0]);
+	for (int i = 41; i <= 400; i++) /* 1.8 s owed, nothing retired */
+		scan(t + i * 5 * MS, 1u << 20, 0, 0);
+	cr_assert_float_eq(r2cc_stall_rate(&nics[0]), before, 1);
+	cr_assert_eq(r2cc_stall_last_drain(&nics[0]), t + 200 * MS);
+}
+
+/* Time the NIC was idle (nothing owed) measures nothing. */
+Test(stall, idle_time_is_not_measured)
+{
+	int64_t t = 1000 * MS;
+	scan(t, 0, 0, 0);
+	for (int i = 1; i <= 100; i++)
+		scan(t + i * 5 * MS, 0, 0, 0);
+	cr_assert_float_eq(r2cc_stall_rate(&nics[0]), 1e9, 1); /* still the port's */
+	cr_assert_geq(r2cc_stall_updated(), t + 500 * MS);
+}
