@@ -1857,6 +1857,12 @@ static int rdv_request(const struct r2cc_ctl_dir *dir, uint16_t type, const void
 
 #define FETCH_CHUNK 4096
 
+static int cmp_rank(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return (x > y) - (x < y);
+}
+
 int r2cc_ctl_dir_fetch(const struct r2cc_ctl_dir *dir, const int *ranks, int n, int timeout_ms)
 {
 	if (!dir || n < 0 || (n && !ranks) || timeout_ms < 0)
@@ -1873,6 +1879,13 @@ int r2cc_ctl_dir_fetch(const struct r2cc_ctl_dir *dir, const int *ranks, int n, 
 		if (!r2cc_ctl_dir_member(dir, ranks[i]))
 			want[k++] = ranks[i];
 	}
+	/* Each rank once: a request never names more ranks than the round has. */
+	qsort(want, (size_t)k, sizeof(int), cmp_rank);
+	int u = 0;
+	for (int i = 0; i < k; i++)
+		if (!u || want[i] != want[u - 1])
+			want[u++] = want[i];
+	k = u;
 	struct timespec deadline;
 	deadline_after(&deadline, timeout_ms);
 	int rc = 0;

@@ -188,10 +188,12 @@ static int check_dir(const struct r2cc_ctl_dir *d, int rank, int n)
 	for (int r = 0; r < n; r++)
 		if ((r2cc_ctl_dir_member(d, r) != NULL) != (r == rank))
 			return -EPROTO;
-	int all[MAXP];
-	for (int r = 0; r < n; r++)
-		all[r] = r;
-	int rc = r2cc_ctl_dir_fetch(d, all, n, 10000);
+	/* Every rank three times, as a caller that collects one rank per QP asks:
+	 * more names than the round has ranks. */
+	int all[3 * MAXP];
+	for (int r = 0; r < 3 * n; r++)
+		all[r] = (3 * n - 1 - r) % n;
+	int rc = r2cc_ctl_dir_fetch(d, all, 3 * n, 10000);
 	if (rc)
 		return rc;
 	for (int r = 0; r < n; r++) {

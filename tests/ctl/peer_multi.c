@@ -1,7 +1,9 @@
 /*
  * A repair request reaches exactly the right process: N processes, two per
  * emulated node, each node with two NICs shared by its two processes, every
- * process connected on both NICs to every process of the other nodes. QP
+ * process connected on both NICs to every process of the other nodes, with
+ * QPC queue pairs per connection on each (more ends per peer than the job has
+ * ranks, as NCCL's channels give). QP
  * numbers collide on purpose (see end_of()): every device hands out the same
  * numbers, even the same pairs of numbers, so only the port (LID, or GID on
  * RoCE, where every LID is 0) and the QP number together name an end. Usage:
@@ -33,6 +35,7 @@
 
 #define MAXP	  32
 #define NICS	  2
+#define QPC	  3 /* QPs per connection on each NIC (NCCL_IB_QPS_PER_CONNECTION) */
 #define QPN_BASE  0x400
 #define T_REQ	  210
 #define TIMEOUT_S 20
@@ -68,17 +71,17 @@ static int slot_of(int p)
 }
 
 /*
- * p's end of its connection to q on NIC k of p's node. The number is unique on
+ * p's end of its connection to q on NIC k of p's node, QP j of it. The number is unique on
  * its device (for one p and k, q's slot and node tell it apart) and repeats
  * everywhere else, down to the pair: p's connection on NIC 0 to the process q
  * of node n + 1 and its connection on NIC 1 to the process of node n in q's
  * slot have the same local and the same remote QP number. Only the NIC address
  * tells those two apart.
  */
-static void end_of(int p, int q, int k, struct r2cc_peer_ep *ep)
+static void end_of(int p, int q, int k, int j, struct r2cc_peer_ep *ep)
 {
 	memset(ep, 0, sizeof(*ep));
-	ep->qpn = (uint32_t)(QPN_BASE + slot_of(p) * 64 + slot_of(q) * 32 +
+	ep->qpn = (uint32_t)(QPN_BASE + j * 128 + slot_of(p) * 64 + slot_of(q) * 32 +
 			     (node_of(p) + node_of(q) + k) % 32);
 	if (roce) {
 		ep->global = 1;
@@ -94,7 +97,7 @@ static void end_of(int p, int q, int k, struct r2cc_peer_ep *ep)
 static void nic_of(int p, int k, struct r2cc_ctl_nic *nic)
 {
 	struct r2cc_peer_ep ep;
-	end_of(p, 0, k, &ep);
+	end_of(p, 0, k, 0, &ep);
 	memset(nic, 0, sizeof(*nic));
 	snprintf(nic->name, sizeof(nic->name), "mlx5_%d", k);
 	nic->lid = ep.lid;
@@ -165,12 +168,12 @@ static int child(int p)
 		int q = (p + 1 + i) % nproc;
 		if (node_of(q) == node_of(p))
 			continue;
-		for (int k = 0; k < NICS; k++) {
+		for (int k = 0; k < NICS * QPC; k++) {
 			struct r2cc_peer_ep local, remote;
 			struct r2cc_ctl_nic nic;
-			end_of(p, q, k, &local);
-			end_of(q, p, k, &remote);
-			nic_of(p, k, &nic);
+			end_of(p, q, k % NICS, k / NICS, &local);
+			end_of(q, p, k % NICS, k / NICS, &remote);
+			nic_of(p, k % NICS, &nic);
 			rc = r2cc_peer_track(&local, &remote, &nic, (void *)(intptr_t)(q + 1));
 			if (rc) {
 				snprintf(r->err, sizeof(r->err), "track: %s", strerror(-rc));
@@ -186,11 +189,11 @@ static int child(int p)
 		for (int q = 0; q < nproc; q++) {
 			if (node_of(q) == node_of(p))
 				continue;
-			for (int k = 0; k < NICS; k++) {
+			for (int k = 0; k < NICS * QPC; k++) {
 				struct r2cc_peer_ep local;
 				const struct r2cc_ctl_dir *d;
 				int rank;
-				end_of(p, q, k, &local);
+				end_of(p, q, k % NICS, k / NICS, &local);
 				if (r2cc_peer_of(&local, &d, &rank) == 0) {
 					found++;
 					wrong += d != dir || rank != q;
@@ -221,13 +224,13 @@ static int child(int p)
 	for (int q = 0; q < nproc; q++) {
 		if (node_of(q) == node_of(p))
 			continue;
-		for (int k = 0; k < NICS; k++) {
+		for (int k = 0; k < NICS * QPC; k++) {
 			struct r2cc_peer_ep local, remote;
 			const struct r2cc_ctl_dir *d;
 			int rank;
 			uint8_t msg[2 * R2CC_PEER_EP_WIRE];
-			end_of(p, q, k, &local);
-			end_of(q, p, k, &remote);
+			end_of(p, q, k % NICS, k / NICS, &local);
+			end_of(q, p, k % NICS, k / NICS, &remote);
 			if (r2cc_peer_of(&local, &d, &rank))
 				continue;
 			r2cc_peer_ep_put(&local, msg);
