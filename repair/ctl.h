@@ -184,8 +184,9 @@ void r2cc_ctl_dir_free(struct r2cc_ctl_dir *dir);
  * until the directory is freed. */
 const struct r2cc_ctl_member *r2cc_ctl_dir_member(const struct r2cc_ctl_dir *dir, int rank);
 /* Fetches from the rendezvous the members of these ranks that the directory
- * does not hold yet (one request; a rank may be named more than once). -EDEADLK from a handler, -ENOENT when the
- * rendezvous no longer serves this round, or a request's error. */
+ * does not hold yet (one request; a rank may be named more than once).
+ * -EDEADLK from a handler, -ENOENT when the rendezvous no longer serves this
+ * round, or a request's error. */
 int r2cc_ctl_dir_fetch(const struct r2cc_ctl_dir *dir, const int *ranks, int n, int timeout_ms);
 /* Node index of a rank (node 0 = node of rank 0), or -EINVAL. */
 int r2cc_ctl_dir_node(const struct r2cc_ctl_dir *dir, int rank);
