@@ -41,7 +41,8 @@ BENCH_TARGETS :=
 BENCHES      :=
 FORMAT_SRCS  :=
 
-MODULES := shim intercept repair strategies tests tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tools bench
+MODULES := shim intercept repair strategies tests tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tools bench \
+	   tests/sanitize tests/fuzz tests/fault
 include $(wildcard $(MODULES:%=%/module.mk))
 
 LIBR2CC_OBJS := $(LIBR2CC_SRCS:%.c=$(BUILD)/obj/%.o)

@@ -16,6 +16,7 @@
 #include "repair/qp_shadow.h"
 #include "shim/common.h"
 #include "shim/core.h"
+#include "shim/fault.h"
 #include "shim/log.h"
 #include "shim/params.h"
 #include "shim/registry.h"
@@ -48,7 +49,15 @@ static char verbs_version[16]; /* the version node it asked for */
 /* Calls made while resolving (libunwind, libcrypto, …) go straight through. */
 static __thread int in_hook;
 
-static dlvsym_fn get_real_dlvsym(void)
+/*
+ * The sanitizers' runtimes resolve their own interceptors through dlvsym while
+ * they initialise, before any instrumented code may run (its shadow memory is
+ * not mapped yet): the hook's path for names that are not ibv_* is left
+ * uninstrumented (the attributes do nothing in other builds).
+ */
+#define R2CC_EARLY __attribute__((no_sanitize_address, no_sanitize_thread))
+
+R2CC_EARLY static dlvsym_fn get_real_dlvsym(void)
 {
 	dlvsym_fn f = __atomic_load_n(&real_dlvsym, __ATOMIC_ACQUIRE);
 	if (!f) {
@@ -235,17 +244,96 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 
 /* --- control path ---------------------------------------------------------- */
 
+/*
+ * The verbs calls R2CC makes of its own (hot repair's and the MR mirror's, never
+ * NCCL's and never the data path) go through these, so that R2CC_FAULT_INJECT=verbs:N
+ * (shim/fault.h) can fail the Nth: creations with NULL and ENOMEM, the others
+ * with EIO, as a dying device would.
+ */
+#define FI_PTR(call)                                                                               \
+	do {                                                                                       \
+		if (r2cc_fault_fire(R2CC_FAULT_VERBS)) {                                           \
+			errno = ENOMEM;                                                            \
+			return NULL;                                                               \
+		}                                                                                  \
+		return call;                                                                       \
+	} while (0)
+#define FI_INT(call) return r2cc_fault_fire(R2CC_FAULT_VERBS) ? EIO : (call)
+
+static struct ibv_cq *fi_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
+				   struct ibv_comp_channel *ch, int vec)
+{
+	FI_PTR(real_ibv_create_cq(ctx, cqe, cq_context, ch, vec));
+}
+
+static int fi_destroy_cq(struct ibv_cq *cq)
+{
+	FI_INT(real_ibv_destroy_cq(cq));
+}
+
+static struct ibv_qp *fi_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+	FI_PTR(real_ibv_create_qp(pd, attr));
+}
+
+static int fi_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+{
+	FI_INT(real_ibv_modify_qp(qp, attr, mask));
+}
+
+static int fi_destroy_qp(struct ibv_qp *qp)
+{
+	FI_INT(real_ibv_destroy_qp(qp));
+}
+
+static int fi_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
+{
+	FI_INT(real_ibv_query_port(ctx, port, attr));
+}
+
+static struct ibv_pd *fi_alloc_pd(struct ibv_context *ctx)
+{
+	FI_PTR(real_ibv_alloc_pd(ctx));
+}
+
+static int fi_dealloc_pd(struct ibv_pd *pd)
+{
+	FI_INT(real_ibv_dealloc_pd(pd));
+}
+
+static struct ibv_mr *fi_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+	FI_PTR(real_ibv_reg_mr(pd, addr, len, access));
+}
+
+static struct ibv_mr *fi_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				      unsigned int access)
+{
+	FI_PTR(real_ibv_reg_mr_iova2(pd, addr, len, iova, access));
+}
+
+static struct ibv_mr *fi_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+				       uint64_t iova, int fd, int access)
+{
+	FI_PTR(real_ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access));
+}
+
+static int fi_dereg_mr(struct ibv_mr *mr)
+{
+	FI_INT(real_ibv_dereg_mr(mr));
+}
+
 /* MR mirror hooks (repair/mr_mirror.h), only with R2CC_MR_MIRROR=1: the real
  * functions the mirror registers its own PDs and MRs with. */
 static void mirror_ctx_opened(struct ibv_context *ctx, struct r2cc_nic *nic)
 {
 	struct r2cc_mr_mirror_verbs v = {
-	    .alloc_pd = REAL(ibv_alloc_pd),
-	    .dealloc_pd = REAL(ibv_dealloc_pd),
-	    .reg_mr = REAL(ibv_reg_mr),
-	    .reg_mr_iova2 = real_ibv_reg_mr_iova2,
-	    .reg_dmabuf_mr = real_ibv_reg_dmabuf_mr,
-	    .dereg_mr = REAL(ibv_dereg_mr),
+	    .alloc_pd = REAL(ibv_alloc_pd) ? fi_alloc_pd : NULL,
+	    .dealloc_pd = REAL(ibv_dealloc_pd) ? fi_dealloc_pd : NULL,
+	    .reg_mr = REAL(ibv_reg_mr) ? fi_reg_mr : NULL,
+	    .reg_mr_iova2 = real_ibv_reg_mr_iova2 ? fi_reg_mr_iova2 : NULL,
+	    .reg_dmabuf_mr = real_ibv_reg_dmabuf_mr ? fi_reg_dmabuf_mr : NULL,
+	    .dereg_mr = REAL(ibv_dereg_mr) ? fi_dereg_mr : NULL,
 	};
 	r2cc_mr_mirror_ctx_opened(ctx, nic, &v);
 }
@@ -283,12 +371,12 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 	query_port_attrs(ctx, nic);
 	if (r2cc_repair_enabled()) {
 		struct r2cc_repair_verbs rv = {
-		    .create_cq = REAL(ibv_create_cq),
-		    .destroy_cq = REAL(ibv_destroy_cq),
-		    .create_qp = REAL(ibv_create_qp),
-		    .modify_qp = REAL(ibv_modify_qp),
-		    .destroy_qp = REAL(ibv_destroy_qp),
-		    .query_port = REAL(ibv_query_port),
+		    .create_cq = REAL(ibv_create_cq) ? fi_create_cq : NULL,
+		    .destroy_cq = REAL(ibv_destroy_cq) ? fi_destroy_cq : NULL,
+		    .create_qp = REAL(ibv_create_qp) ? fi_create_qp : NULL,
+		    .modify_qp = REAL(ibv_modify_qp) ? fi_modify_qp : NULL,
+		    .destroy_qp = REAL(ibv_destroy_qp) ? fi_destroy_qp : NULL,
+		    .query_port = REAL(ibv_query_port) ? fi_query_port : NULL,
 		    .ack_async_event = REAL(ibv_ack_async_event),
 		};
 		r2cc_repair_set_verbs(&rv);
@@ -585,13 +673,25 @@ static const struct verbs_entry verbs_table[] = {
 /* Counts of names handed out as wrappers, for tests and INFO. */
 static int verbs_wrapped;
 
-R2CC_EXPORT void *dlvsym(void *handle, const char *symbol, const char *version)
+static void *verbs_hook(void *handle, const char *symbol, const char *version, void *fn);
+
+R2CC_EXPORT R2CC_EARLY void *dlvsym(void *handle, const char *symbol, const char *version)
 {
 	dlvsym_fn real = get_real_dlvsym();
 	if (!real)
 		return NULL;
 	void *fn = real(handle, symbol, version);
-	if (!fn || in_hook || strncmp(symbol, "ibv_", 4))
+	/* By hand, and before the thread-local in_hook: strncmp and __tls_get_addr are
+	 * intercepted too. */
+	if (!fn || symbol[0] != 'i' || symbol[1] != 'b' || symbol[2] != 'v' || symbol[3] != '_')
+		return fn;
+	return verbs_hook(handle, symbol, version, fn);
+}
+
+/* dlvsym's ibv_* names: hand back the wrapper and remember the real function. */
+static void *verbs_hook(void *handle, const char *symbol, const char *version, void *fn)
+{
+	if (in_hook)
 		return fn;
 	in_hook = 1;
 	if (!r2cc_active()) {

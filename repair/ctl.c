@@ -6,12 +6,18 @@
  * control thread seals frames with the job key, writes them, and completes
  * waiters. All sockets are non-blocking and polled, each connection has its
  * own bounded buffers and timeouts, so one slow or hostile peer costs only
- * its own connection. Frames for a job not known here yet wait briefly in a
- * bounded park (see park()). The thread waits in epoll; connections are found
- * by id and by destination through hash maps and waiters by request id, so
- * nothing it does per frame grows with the number of connections (the
- * rendezvous of a large job holds one per rank). Timeouts are swept every
- * CTL_POLL_MS, not per event.
+ * its own connection. A stranger costs less still: incoming connections that
+ * have not delivered an authenticated frame are capped per source address (in
+ * number and in buffered bytes) and in all, and are closed when they have not
+ * authenticated within a few seconds of accept. An authenticated frame is
+ * acted on only when it is addressed to a rank this process holds in its job
+ * (or to the rendezvous), so a frame captured on its way to one process and
+ * replayed to another is dropped. Frames for a job not known here yet wait
+ * briefly in a bounded park (see park()). The thread waits in epoll;
+ * connections are found by id and by destination through hash maps and
+ * waiters by request id, so nothing it does per frame grows with the number
+ * of connections (the rendezvous of a large job holds one per rank).
+ * Timeouts are swept every CTL_POLL_MS, not per event.
  *
  * The rendezvous: a round collects one registration per rank (slots), then
  * becomes a struct r2cc_ctl_rdir (ctl_dir.c) that answers every rank with its
@@ -35,6 +41,7 @@
 #include "repair/ctl_msg.h"
 #include "repair/ctl_priv.h"
 #include "repair/hmap.h"
+#include "shim/fault.h"
 #include "shim/log.h"
 #include "shim/params.h"
 
@@ -77,6 +84,20 @@ enum {
 #define CTL_READS_PER_PASS  64
 #define CTL_PARK_MAX_FRAMES 256
 #define CTL_PARK_MAX_BYTES  (8u << 20)
+/* Incoming connections that have not authenticated yet ("strangers"). */
+#define CTL_PREAUTH_CONNS	  4096
+#define CTL_PREAUTH_CONNS_PER_SRC 64
+#define CTL_PREAUTH_BYTES_PER_SRC (16u << 20) /* their half-received frames */
+#define CTL_SRC_BUCKETS		  1024
+#define CTL_STALE_WARN_MS	  60000
+
+/* What the strangers from one source address hold (control thread only). */
+struct src_ent {
+	struct src_ent *next;
+	struct sockaddr_storage addr; /* port zero */
+	int conns;
+	size_t bytes;
+};
 
 struct out_item {
 	struct out_item *next;
@@ -104,7 +125,9 @@ struct conn {
 	bool outgoing;
 	bool connecting;
 	bool dead;
-	bool authed; /* a frame from this peer passed the tag check */
+	bool authed;	     /* a frame from this peer passed every check */
+	struct src_ent *src; /* incoming and not authenticated yet: its source */
+	size_t src_charged;  /* bytes of rx charged to src */
 	int dead_status;
 	int parked;		      /* frames of this connection waiting in the park */
 	struct sockaddr_storage peer; /* outgoing: where it connects; incoming: who */
@@ -157,7 +180,10 @@ struct rdv_done {
 struct job_ent {
 	struct job_ent *next;
 	struct r2cc_ctl_job job;
-	bool serve;		 /* stamped here: this process runs its rendezvous */
+	bool serve; /* stamped here: this process runs its rendezvous */
+	int *ranks; /* the ranks this process holds in the job */
+	int nlocal;
+	int cap_local;
 	struct rdv_round *round; /* control thread only, as are done and next_gen */
 	struct rdv_done *done;
 	uint32_t next_gen;
@@ -224,6 +250,9 @@ static struct {
 	struct parked **park_tail;
 	int nparked;
 	size_t parked_bytes;
+	struct src_ent *src[CTL_SRC_BUCKETS];
+	int preauth_conns;
+	int64_t stale_warned_ms;
 } ctl = {
     .start_lock = PTHREAD_MUTEX_INITIALIZER,
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -240,6 +269,8 @@ static struct r2cc_ctl_stats stats;
  * here (yet) is kept (see park()). */
 static int rx_stall_ms = 10000;
 static int park_ms = 2000;
+/* How long an incoming connection has to authenticate. */
+static int auth_ms = 5000;
 
 void r2cc_ctl_set_timeouts(int stall_ms, int parked_ms)
 {
@@ -247,16 +278,54 @@ void r2cc_ctl_set_timeouts(int stall_ms, int parked_ms)
 	__atomic_store_n(&park_ms, parked_ms, __ATOMIC_RELAXED);
 }
 
+void r2cc_ctl_set_auth_ms(int ms)
+{
+	__atomic_store_n(&auth_ms, ms, __ATOMIC_RELAXED);
+}
+
+/* How many not yet authenticated connections one source address may hold. */
+static int preauth_per_src = CTL_PREAUTH_CONNS_PER_SRC;
+
+void r2cc_ctl_set_preauth_per_src(int n)
+{
+	__atomic_store_n(&preauth_per_src, n, __ATOMIC_RELAXED);
+}
+
 #define STAT_INC(field) __atomic_fetch_add(&stats.field, 1, __ATOMIC_RELAXED)
 
 static const char *const drop_names[R2CC_CTL_DROP_COUNT] = {
     "none",   "bad_header",   "bad_length", "unknown_job", "bad_tag", "stale",
-    "replay", "unknown_type", "malformed",  "truncated",   "timeout",
+    "replay", "unknown_type", "malformed",  "truncated",   "timeout", "misaddressed",
 };
 
 const char *r2cc_ctl_drop_name(int reason)
 {
 	return reason >= 0 && reason < R2CC_CTL_DROP_COUNT ? drop_names[reason] : "?";
+}
+
+static int64_t now_ms(void);
+
+/*
+ * A frame outside the clock window says that two hosts' clocks disagree, not
+ * that someone attacks: the first one, and then one a minute, says so with
+ * the difference measured (control thread only).
+ */
+static void count_stale(const struct conn *c, const struct r2cc_ctl_hdr *h, int64_t now_ns)
+{
+	uint64_t n = __atomic_fetch_add(&stats.drops[R2CC_CTL_DROP_STALE], 1, __ATOMIC_RELAXED);
+	int64_t t = now_ms();
+	if (n > 0 && t - ctl.stale_warned_ms < CTL_STALE_WARN_MS)
+		return;
+	ctl.stale_warned_ms = t;
+	char a[64];
+	r2cc_ctl_addr_str(&c->peer, a, sizeof(a));
+	R2CC_WARN("control plane: dropped a message of job %016llx from %s whose timestamp is "
+		  "%.0f s %s this host's clock (accepted: +-%lld s); %llu so far. Synchronise "
+		  "the clocks of the job's hosts (NTP, PTP)",
+		  (unsigned long long)h->job_id, a,
+		  (double)(now_ns > h->ts_ns ? now_ns - h->ts_ns : h->ts_ns - now_ns) / 1e9,
+		  now_ns > h->ts_ns ? "behind" : "ahead of", R2CC_CTL_STALE_NS / 1000000000LL,
+		  (unsigned long long)n + 1);
 }
 
 static void count_drop(int reason, const struct conn *c)
@@ -309,9 +378,31 @@ static struct job_ent *job_find_locked(uint64_t id)
 	return NULL;
 }
 
-/* Adds a job this process takes part in. The id must be the one its secret
- * derives: a job struct that mixes two jobs is refused, not half-believed. */
-static int job_ensure(const struct r2cc_ctl_job *job, bool serve)
+/* Records that this process holds `rank` in j. */
+static int job_add_rank_locked(struct job_ent *j, int rank)
+{
+	for (int i = 0; i < j->nlocal; i++)
+		if (j->ranks[i] == rank)
+			return 0;
+	if (j->nlocal == j->cap_local) {
+		int cap = j->cap_local ? 2 * j->cap_local : 4;
+		int *r = realloc(j->ranks, (size_t)cap * sizeof(*r));
+		if (!r)
+			return -ENOMEM;
+		j->ranks = r;
+		j->cap_local = cap;
+	}
+	j->ranks[j->nlocal++] = rank;
+	return 0;
+}
+
+/*
+ * Adds a job this process takes part in, holding ranks[0..n) in it (frames
+ * addressed to other ranks of the job are not for this process). The id must
+ * be the one its secret derives: a job struct that mixes two jobs is refused,
+ * not half-believed.
+ */
+static int job_ensure(const struct r2cc_ctl_job *job, bool serve, const int *ranks, int n)
 {
 	int rc = 0;
 	pthread_mutex_lock(&ctl.lock);
@@ -333,8 +424,25 @@ static int job_ensure(const struct r2cc_ctl_job *job, bool serve)
 	} else {
 		rc = -ENOMEM;
 	}
+	for (int i = 0; rc == 0 && i < n; i++)
+		rc = job_add_rank_locked(j, ranks[i]);
 	pthread_mutex_unlock(&ctl.lock);
 	return rc;
+}
+
+static void round_free(struct rdv_round *r);
+
+static void job_free(struct job_ent *j)
+{
+	round_free(j->round);
+	while (j->done) {
+		struct rdv_done *d = j->done;
+		j->done = d->next;
+		r2cc_ctl_rdir_free(d->rd);
+		free(d);
+	}
+	free(j->ranks);
+	free(j);
 }
 
 static void round_free(struct rdv_round *r)
@@ -399,6 +507,75 @@ static void pending_fail_conn(uint64_t conn_uid, int status)
 		if (p->conn_uid == conn_uid)
 			pending_complete_locked(p, status);
 	pthread_mutex_unlock(&ctl.lock);
+}
+
+/* Strangers per source address (control thread). */
+
+static void src_key(const struct sockaddr_storage *peer, struct sockaddr_storage *key)
+{
+	memset(key, 0, sizeof(*key));
+	key->ss_family = peer->ss_family;
+	if (peer->ss_family == AF_INET)
+		((struct sockaddr_in *)key)->sin_addr =
+		    ((const struct sockaddr_in *)peer)->sin_addr;
+	else if (peer->ss_family == AF_INET6)
+		((struct sockaddr_in6 *)key)->sin6_addr =
+		    ((const struct sockaddr_in6 *)peer)->sin6_addr;
+}
+
+static struct src_ent **src_bucket(const struct sockaddr_storage *key)
+{
+	const unsigned char *b = (const unsigned char *)key;
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < sizeof(struct sockaddr_in6); i++)
+		h = (h ^ b[i]) * 1099511628211ull;
+	return &ctl.src[h % CTL_SRC_BUCKETS];
+}
+
+/* The entry of peer's address, made when missing; NULL when out of memory. */
+static struct src_ent *src_get(const struct sockaddr_storage *peer)
+{
+	struct sockaddr_storage key;
+	src_key(peer, &key);
+	struct src_ent **b = src_bucket(&key);
+	for (struct src_ent *e = *b; e; e = e->next)
+		if (r2cc_ctl_addr_equal(&e->addr, &key))
+			return e;
+	struct src_ent *e = calloc(1, sizeof(*e));
+	if (e) {
+		e->addr = key;
+		e->next = *b;
+		*b = e;
+	}
+	return e;
+}
+
+/* Frees e once it holds nothing. */
+static void src_put(struct src_ent *e)
+{
+	if (e->conns || e->bytes)
+		return;
+	for (struct src_ent **pp = src_bucket(&e->addr); *pp; pp = &(*pp)->next) {
+		if (*pp == e) {
+			*pp = e->next;
+			free(e);
+			return;
+		}
+	}
+}
+
+/* c authenticated or goes away: it no longer counts against its source. */
+static void conn_src_release(struct conn *c)
+{
+	struct src_ent *e = c->src;
+	if (!e)
+		return;
+	e->bytes -= c->src_charged;
+	e->conns--;
+	ctl.preauth_conns--;
+	c->src = NULL;
+	c->src_charged = 0;
+	src_put(e);
 }
 
 /* Connections (control thread). */
@@ -510,11 +687,15 @@ static void rx_uncharge(struct conn *c)
 {
 	ctl.rx_charged -= c->rx_charged;
 	c->rx_charged = 0;
+	if (c->src)
+		c->src->bytes -= c->src_charged;
+	c->src_charged = 0;
 }
 
 static void conn_free(struct conn *c)
 {
 	rx_uncharge(c);
+	conn_src_release(c);
 	r2cc_ctl_rx_reset(&c->rx);
 	while (c->txq) {
 		struct txbuf *t = c->txq;
@@ -758,7 +939,8 @@ static int queue_out(const struct sockaddr_storage *dst, const unsigned char *ke
 	pthread_mutex_lock(&ctl.lock);
 	if (ctl.stop || !ctl.started)
 		rc = -ESHUTDOWN;
-	else if (ctl.out_items >= CTL_OUTQ_MAX_ITEMS || ctl.out_bytes + len > CTL_OUTQ_MAX_BYTES)
+	else if (ctl.out_items >= CTL_OUTQ_MAX_ITEMS || ctl.out_bytes + len > CTL_OUTQ_MAX_BYTES ||
+		 r2cc_fault_fire(R2CC_FAULT_SEND))
 		rc = -ENOBUFS;
 	if (rc == 0) {
 		outq_append_locked(it);
@@ -1120,6 +1302,21 @@ static bool park(struct conn *c, const struct r2cc_ctl_hdr *h, unsigned char *fr
 	return true;
 }
 
+/* Whether h is for this process: a rank it holds in j, or the rendezvous
+ * (rank -1: registration and its cancel, and the requests its directory
+ * serves: lookups, NIC reports, leaving). */
+static bool addressed_here_locked(const struct job_ent *j, const struct r2cc_ctl_hdr *h)
+{
+	if (h->to_rank == -1)
+		return !(h->flags & R2CC_CTL_F_REPLY) &&
+		       (h->type == CTL_T_REGISTER || h->type == CTL_T_CANCEL ||
+			h->type == CTL_T_LOOKUP || h->type == CTL_T_NICS || h->type == CTL_T_LEAVE);
+	for (int i = 0; i < j->nlocal; i++)
+		if (j->ranks[i] == h->to_rank)
+			return true;
+	return false;
+}
+
 static int process_frame(struct conn *c, const struct r2cc_ctl_hdr *h, unsigned char *frame,
 			 bool may_park)
 {
@@ -1137,16 +1334,29 @@ static int process_frame(struct conn *c, const struct r2cc_ctl_hdr *h, unsigned 
 		count_drop(R2CC_CTL_DROP_UNKNOWN_JOB, c);
 		return FRAME_DONE;
 	}
-	int drop = r2cc_ctl_frame_verify(key, h, frame, r2cc_ctl_now_ns());
+	int64_t now_ns = r2cc_ctl_now_ns();
+	int drop = r2cc_ctl_frame_verify(key, h, frame, now_ns);
+	if (drop == R2CC_CTL_DROP_NONE) {
+		/* The addressee is under the tag: a frame replayed to another
+		 * process of the job names a rank that process does not hold. */
+		pthread_mutex_lock(&ctl.lock);
+		if (!addressed_here_locked(j, h))
+			drop = R2CC_CTL_DROP_MISADDRESSED;
+		pthread_mutex_unlock(&ctl.lock);
+	}
 	if (drop == R2CC_CTL_DROP_NONE)
 		drop = r2cc_ctl_replay_check(ctl.replay, h->job_id, h->sender, h->seq);
 	if (drop != R2CC_CTL_DROP_NONE) {
-		count_drop(drop, c);
+		if (drop == R2CC_CTL_DROP_STALE)
+			count_stale(c, h, now_ns);
+		else
+			count_drop(drop, c);
 		/* An unauthenticated peer gets no second try on this stream. */
 		return drop == R2CC_CTL_DROP_BAD_TAG ? FRAME_CLOSE : FRAME_DONE;
 	}
 	STAT_INC(received);
 	c->authed = true;
+	conn_src_release(c);
 	if (h->flags & R2CC_CTL_F_REPLY)
 		take_reply(c, h, p);
 	else if (h->type == CTL_T_REGISTER)
@@ -1230,10 +1440,15 @@ static void conn_read(struct conn *c)
 		if (!had_frame && c->rx.frame) {
 			c->rx_charged = r2cc_ctl_frame_size(c->rx.hdr.len);
 			ctl.rx_charged += c->rx_charged;
-			if (ctl.rx_charged > CTL_RX_BUDGET) {
+			if (ctl.rx_charged > CTL_RX_BUDGET ||
+			    (c->src && c->src->bytes + c->rx_charged > CTL_PREAUTH_BYTES_PER_SRC)) {
 				count_drop(R2CC_CTL_DROP_BAD_LENGTH, c);
 				conn_kill(c, -ENOBUFS);
 				return;
+			}
+			if (c->src) {
+				c->src->bytes += c->rx_charged;
+				c->src_charged = c->rx_charged;
 			}
 		}
 		if (rc == 1) {
@@ -1270,23 +1485,41 @@ static void accept_all(int lfd)
 			}
 			return;
 		}
-		if (ctl.nconns >= CTL_MAX_CONNS) {
+		struct src_ent *e = ctl.nconns < CTL_MAX_CONNS ? src_get(&peer) : NULL;
+		if (!e || e->conns >= __atomic_load_n(&preauth_per_src, __ATOMIC_RELAXED) ||
+		    ctl.preauth_conns >= CTL_PREAUTH_CONNS) {
+			if (e) {
+				char a[64];
+				R2CC_WARN_ONCE("control plane: refusing connections from %s: %d "
+					       "of its connections have not authenticated yet",
+					       r2cc_ctl_addr_str(&peer, a, sizeof(a)), e->conns);
+				src_put(e);
+			}
 			STAT_INC(conns_refused);
 			close(fd);
 			continue;
 		}
 		struct conn *c = conn_new(fd, false);
 		if (!c) {
+			src_put(e);
 			close(fd);
 			return;
 		}
 		c->peer = peer;
+		c->src = e;
+		e->conns++;
+		ctl.preauth_conns++;
 		if (conn_add(c)) {
 			STAT_INC(conns_refused);
 			conn_free(c);
 			continue;
 		}
 		STAT_INC(conns_accepted);
+		/* A client sends its first frame as soon as it is connected: read
+		 * it now, so that the connection stops counting as a stranger
+		 * before the next one is accepted, and a burst of registrations
+		 * from one host (the ranks of a node) is not refused. */
+		conn_read(c);
 	}
 }
 
@@ -1319,6 +1552,7 @@ static void conns_sweep(void)
 {
 	int64_t now = now_ms();
 	int stall = __atomic_load_n(&rx_stall_ms, __ATOMIC_RELAXED);
+	int auth = __atomic_load_n(&auth_ms, __ATOMIC_RELAXED);
 	bool timers = ctl.nparked > 0;
 	ctl.last_sweep_ms = now;
 	for (int i = 0; i < ctl.nconns; i++) {
@@ -1327,9 +1561,10 @@ static void conns_sweep(void)
 			continue;
 		if (c->connecting && now - c->opened_ms > CTL_CONNECT_MS) {
 			conn_kill(c, -ETIMEDOUT);
-		} else if ((r2cc_ctl_rx_partial(&c->rx) || (!c->outgoing && !c->authed)) &&
-			   now - c->rx_progress_ms > stall) {
-			/* Half a frame, or a stranger that says nothing: either holds a
+		} else if ((!c->outgoing && !c->authed && now - c->opened_ms > auth) ||
+			   (r2cc_ctl_rx_partial(&c->rx) && now - c->rx_progress_ms > stall)) {
+			/* A stranger that has not proven itself in time, however
+			 * busily it trickles bytes, or half a frame: either holds a
 			 * connection slot for no use. */
 			count_drop(R2CC_CTL_DROP_TIMEOUT, c);
 			conn_kill(c, -ETIMEDOUT);
@@ -1458,10 +1693,14 @@ static void atfork_child(void)
 		while (ctl.jobs) {
 			struct job_ent *j = ctl.jobs;
 			ctl.jobs = j->next;
+			free(j->ranks);
 			free(j);
 		}
-		/* Waiters, queued frames and connections were the parent's threads'
-		 * (their tables are left behind, as their buffers are). */
+		/* Waiters, queued frames, connections and their sources were the
+		 * parent's threads' (their tables are left behind, as their
+		 * buffers are). */
+		memset(ctl.src, 0, sizeof(ctl.src));
+		ctl.preauth_conns = 0;
 		ctl.conns = NULL;
 		ctl.nconns = ctl.conncap = 0;
 		ndead = 0;
@@ -1688,7 +1927,7 @@ int r2cc_ctl_uid_stamp(unsigned char id[R2CC_CTL_UID_SIZE])
 	if (rc == 0)
 		rc = r2cc_ctl_job_derive_id(&job);
 	if (rc == 0)
-		rc = job_ensure(&job, true);
+		rc = job_ensure(&job, true, NULL, 0);
 	if (rc == 0)
 		rc = r2cc_ctl_uid_encode(id, &job);
 	if (rc == 0) {
@@ -1743,14 +1982,7 @@ void r2cc_ctl_shutdown(void)
 		while (ctl.jobs) {
 			struct job_ent *j = ctl.jobs;
 			ctl.jobs = j->next;
-			round_free(j->round);
-			while (j->done) {
-				struct rdv_done *d = j->done;
-				j->done = d->next;
-				r2cc_ctl_rdir_free(d->rd);
-				free(d);
-			}
-			free(j);
+			job_free(j);
 		}
 		free(ctl.conns);
 		ctl.conns = NULL;
@@ -1837,7 +2069,7 @@ static int rdv_request(const struct r2cc_ctl_dir *dir, uint16_t type, const void
 	r2cc_ctl_dir_lookup_target(dir, &job, &self, &gen);
 	int rc = ctl_start();
 	if (rc == 0)
-		rc = job_ensure(job, false);
+		rc = job_ensure(job, false, &self, 1);
 	if (rc)
 		return rc;
 	struct pending p = {.peer_rank = -1, .grow = true};
@@ -1951,7 +2183,7 @@ void r2cc_ctl_dir_leave(const struct r2cc_ctl_dir *dir)
 		return;
 	r2cc_ctl_dir_lookup_target(dir, &job, &self, &gen);
 	/* A split's ranks leave through their parent's communicator. */
-	if (job->id != dir->job.id || ctl_start() || job_ensure(job, false))
+	if (job->id != dir->job.id || ctl_start() || job_ensure(job, false, &self, 1))
 		return;
 	unsigned char b[8];
 	put_u32(b, gen);
@@ -1992,7 +2224,7 @@ int r2cc_ctl_request(const struct r2cc_ctl_dir *dir, int rank, uint16_t type, co
 		return -EDEADLK;
 	int rc = ctl_start();
 	if (rc == 0)
-		rc = job_ensure(&dir->job, false);
+		rc = job_ensure(&dir->job, false, &dir->self_rank, 1);
 	if (rc)
 		return rc;
 	struct pending p = {.peer_rank = rank, .buf = reply, .cap = *reply_len};
@@ -2032,7 +2264,7 @@ int r2cc_ctl_request_batch(struct r2cc_ctl_batch_req *reqs, int n, uint16_t type
 	for (int i = 0; i < n; i++) {
 		struct r2cc_ctl_batch_req *q = &reqs[i];
 		struct sockaddr_storage dst;
-		q->status = job_ensure(&q->dir->job, false);
+		q->status = job_ensure(&q->dir->job, false, &q->dir->self_rank, 1);
 		if (q->status == 0)
 			q->status = member_addr(q->dir, q->rank, ms_left(&deadline), &dst);
 		if (q->status)
@@ -2065,7 +2297,7 @@ int r2cc_ctl_send(const struct r2cc_ctl_dir *dir, int rank, uint16_t type, const
 		return -EINVAL;
 	int rc = ctl_start();
 	if (rc == 0)
-		rc = job_ensure(&dir->job, false);
+		rc = job_ensure(&dir->job, false, &dir->self_rank, 1);
 	if (rc)
 		return rc;
 	struct r2cc_ctl_hdr h = {
@@ -2094,7 +2326,7 @@ int r2cc_ctl_dir_split(const struct r2cc_ctl_dir *parent, const int *parent_rank
 	if (rc)
 		return rc;
 	/* Known from now on, so that peers' frames for it are accepted. */
-	rc = job_ensure(&child->job, false);
+	rc = job_ensure(&child->job, false, &child->self_rank, 1);
 	if (rc) {
 		r2cc_ctl_dir_free(child);
 		return rc;
@@ -2138,6 +2370,57 @@ static void send_cancel(const struct r2cc_ctl_job *job, int rank, uint32_t req_i
 }
 
 /* Registers ranks[i] as member selves[i * stride] (stride 0: all the same). */
+/* A request whose connection broke before its answer came: worth sending
+ * again (a rendezvous flooded with connections refuses some of them). */
+static bool conn_lost(int status)
+{
+	return status == -ECONNRESET || status == -ECONNREFUSED || status == -EPIPE ||
+	       status == -ECONNABORTED || status == -ENOTCONN;
+}
+
+/* (Re)sends local rank i's registration; p is reset first. */
+static void register_send(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *selves,
+			  size_t stride, const int *ranks, int i, int nranks, unsigned char *msg,
+			  struct pending *p)
+{
+	struct r2cc_ctl_member *self =
+	    (struct r2cc_ctl_member *)((char *)selves + (size_t)i * stride);
+	free(p->buf);
+	*p = (struct pending){.peer_rank = -1, .grow = true};
+	r2cc_ctl_local_addr(&self->ctl_addr);
+	int mlen = r2cc_ctl_member_encode(self, msg + 8, R2CC_CTL_MEMBER_MAX_ENC);
+	if (mlen < 0) {
+		p->done = true;
+		p->status = mlen;
+		return;
+	}
+	put_u32(msg, (uint32_t)ranks[i]);
+	put_u32(msg + 4, (uint32_t)nranks);
+	struct r2cc_ctl_hdr h = {.type = CTL_T_REGISTER, .from_rank = ranks[i], .to_rank = -1};
+	request_begin(p, &job->rdv, job, &h, msg, 8 + (size_t)mlen);
+}
+
+/* Until every registration is answered, one has lost its connection, or the
+ * deadline; returns how many lost their connection. */
+static int register_wait(struct pending *p, int n, const struct timespec *deadline)
+{
+	int lost = 0;
+	pthread_mutex_lock(&ctl.lock);
+	for (;;) {
+		int done = 0;
+		lost = 0;
+		for (int i = 0; i < n; i++) {
+			done += p[i].done;
+			lost += p[i].done && conn_lost(p[i].status);
+		}
+		if (done == n || lost ||
+		    pthread_cond_timedwait(&ctl.done_cv, &ctl.lock, deadline) == ETIMEDOUT)
+			break;
+	}
+	pthread_mutex_unlock(&ctl.lock);
+	return lost;
+}
+
 static int register_impl(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *selves,
 			 size_t stride, const int *ranks, int nlocal, int nranks, int timeout_ms,
 			 struct r2cc_ctl_dir **dirs_p)
@@ -2160,38 +2443,38 @@ static int register_impl(const struct r2cc_ctl_job *job, struct r2cc_ctl_member 
 		return -EDEADLK;
 	int rc = ctl_start();
 	if (rc == 0)
-		rc = job_ensure(job, false);
+		rc = job_ensure(job, false, ranks, nlocal);
 	if (rc)
 		return rc;
 	unsigned char *msg = malloc(8 + R2CC_CTL_MEMBER_MAX_ENC);
 	struct pending *p = calloc((size_t)nlocal, sizeof(*p));
-	int mlen = -EINVAL;
 	if (!msg || !p) {
 		rc = -ENOMEM;
 		goto out_free;
 	}
-	put_u32(msg + 4, (uint32_t)nranks);
 	struct timespec deadline;
 	deadline_after(&deadline, timeout_ms);
-	for (int i = 0; i < nlocal; i++) {
-		struct r2cc_ctl_member *self =
-		    (struct r2cc_ctl_member *)((char *)selves + (size_t)i * stride);
-		if (i == 0 || stride) {
-			r2cc_ctl_local_addr(&self->ctl_addr);
-			mlen = r2cc_ctl_member_encode(self, msg + 8, R2CC_CTL_MEMBER_MAX_ENC);
+	for (int i = 0; i < nlocal; i++)
+		register_send(job, selves, stride, ranks, i, nranks, msg, &p[i]);
+	/* Those whose connection broke are sent again, after a pause that grows
+	 * (with some jitter, so that many ranks do not come back at once). */
+	unsigned seed = (unsigned)getpid() ^ (unsigned)now_ms();
+	int pause_ms = 20;
+	for (;;) {
+		int lost = register_wait(p, nlocal, &deadline);
+		if (!lost || ms_left(&deadline) <= 2 * pause_ms)
+			break;
+		usleep((useconds_t)(pause_ms + (int)(rand_r(&seed) % (unsigned)pause_ms)) * 1000);
+		pause_ms = pause_ms < 500 ? 2 * pause_ms : 1000;
+		for (int i = 0; i < nlocal; i++) {
+			pthread_mutex_lock(&ctl.lock);
+			bool again = p[i].done && conn_lost(p[i].status);
+			if (again)
+				pending_unlink_locked(&p[i]);
+			pthread_mutex_unlock(&ctl.lock);
+			if (again)
+				register_send(job, selves, stride, ranks, i, nranks, msg, &p[i]);
 		}
-		if (mlen < 0) {
-			rc = mlen;
-			p[i].done = true;
-			p[i].status = rc;
-			continue;
-		}
-		put_u32(msg, (uint32_t)ranks[i]);
-		p[i].peer_rank = -1;
-		p[i].grow = true;
-		struct r2cc_ctl_hdr h = {
-		    .type = CTL_T_REGISTER, .from_rank = ranks[i], .to_rank = -1};
-		request_begin(&p[i], &job->rdv, job, &h, msg, 8 + (size_t)mlen);
 	}
 	for (int i = 0; i < nlocal; i++) {
 		int r = request_wait(&p[i], &deadline);

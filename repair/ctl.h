@@ -127,7 +127,10 @@ enum r2cc_ctl_drop {
 	R2CC_CTL_DROP_UNKNOWN_TYPE, /* authenticated, but nobody handles the type */
 	R2CC_CTL_DROP_MALFORMED,    /* authenticated, but the payload does not parse */
 	R2CC_CTL_DROP_TRUNCATED,    /* connection closed in the middle of a frame */
-	R2CC_CTL_DROP_TIMEOUT,	    /* half a frame, or a silent stranger, idle too long */
+	R2CC_CTL_DROP_TIMEOUT,	    /* half a frame idle too long, or no authenticated
+				     * frame in time from an incoming connection */
+	R2CC_CTL_DROP_MISADDRESSED, /* authenticated, but for a rank this process
+				     * does not hold in that job (a replay) */
 	R2CC_CTL_DROP_COUNT
 };
 
@@ -137,7 +140,8 @@ struct r2cc_ctl_stats {
 	uint64_t send_failed;  /* queued frames dropped: queue full, peer unreachable */
 	uint64_t conns_opened; /* outgoing */
 	uint64_t conns_accepted;
-	uint64_t conns_refused; /* accepted then closed at once: too many */
+	uint64_t conns_refused; /* accepted then closed at once: too many, in all or
+				 * not yet authenticated from that source */
 	uint64_t drops[R2CC_CTL_DROP_COUNT];
 };
 

@@ -329,7 +329,8 @@ static int r_runs(struct rbuf *r, uint32_t nranks, uint32_t nnodes, struct dir_r
 		  int *nruns_p)
 {
 	uint32_t nruns = r_u32(r);
-	if (r->bad || nruns == 0 || nruns > nranks)
+	/* 12 bytes a run: a short blob cannot make a long table. */
+	if (r->bad || nruns == 0 || nruns > nranks || nruns > (r->len - r->off) / 12)
 		return -EPROTO;
 	struct dir_run *runs = malloc(nruns * sizeof(*runs));
 	if (!runs)
@@ -548,6 +549,8 @@ int r2cc_ctl_dir_decode(const unsigned char *blob, size_t len, const struct r2cc
 			int self_rank, struct r2cc_ctl_dir **dir_p)
 {
 	struct rbuf r = {blob, len, 0, false};
+	/* What the blob makes costs memory in proportion to the blob (runs of 12
+	 * bytes, members of their own length), not to the ranks it claims. */
 	uint32_t nranks = r_u32(&r), nnodes = r_u32(&r), gen = r_u32(&r);
 	const unsigned char *digest = r_bytes(&r, 32);
 	if (r.bad || nranks == 0 || nranks > R2CC_CTL_MAX_RANKS || nnodes == 0 || nnodes > nranks ||

@@ -58,6 +58,13 @@ int r2cc_ctl_iface_find(struct sockaddr_storage *addr, char name[IF_NAMESIZE]);
  * frame for a job not known yet is kept before it counts as unknown_job
  * (default 2 s). */
 void r2cc_ctl_set_timeouts(int stall_ms, int park_ms);
+/* Tests: how long an incoming connection has, from accept, to deliver its
+ * first authenticated frame (default 5 s). */
+void r2cc_ctl_set_auth_ms(int auth_ms);
+/* Tests that stand in for many hosts from one address (tests/ctl/ctl_load.c):
+ * how many connections one source address may hold before they authenticate
+ * (default 64, the ranks of a few nodes' worth). */
+void r2cc_ctl_set_preauth_per_src(int n);
 
 socklen_t r2cc_ctl_addr_len(const struct sockaddr_storage *addr);
 bool r2cc_ctl_addr_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b);

@@ -663,6 +663,33 @@ static void out_flush(struct outboxes *o)
 	*o = (struct outboxes){0};
 }
 
+_Static_assert(sizeof(struct rep_hdr) == R2CC_REPAIR_WIRE_HDR, "exchange header size");
+_Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange entry size");
+_Static_assert(offsetof(struct rep_wire, new_nic) == R2CC_REPAIR_WIRE_NEW_NIC, "new_nic");
+_Static_assert(offsetof(struct rep_wire, orig_nic) == R2CC_REPAIR_WIRE_ORIG_NIC, "orig_nic");
+_Static_assert(WIRE_MAX_ENTRIES <= R2CC_REPAIR_WIRE_MAX, "entries per message");
+
+int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
+{
+	struct rep_hdr h;
+	if (len < sizeof(h))
+		return -EPROTO;
+	memcpy(&h, payload, sizeof(h));
+	int n = le16toh(h.n);
+	if (h.version != WIRE_VERSION || n == 0 || n > max ||
+	    len != sizeof(h) + (size_t)n * sizeof(struct rep_wire))
+		return -EPROTO;
+	struct rep_wire *m = out;
+	memcpy(m, (const unsigned char *)payload + sizeof(h), (size_t)n * sizeof(*m));
+	for (int i = 0; i < n; i++) {
+		if (m[i].op < OP_REQ || m[i].op > OP_SUSPECT)
+			return -EPROTO;
+		m[i].new_nic[sizeof(m[i].new_nic) - 1] = 0;
+		m[i].orig_nic[sizeof(m[i].orig_nic) - 1] = 0;
+	}
+	return n;
+}
+
 /* Control thread: validate, copy, hand to the repair thread. Never blocks. (A
  * payload too short for a header is a liveness probe: no answer, see
  * peer_gone().) */
@@ -675,20 +702,14 @@ static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 		return;
 	memcpy(&h, payload, sizeof(h));
 	int n = le16toh(h.n);
-	if (h.version != WIRE_VERSION || n == 0 ||
-	    len != sizeof(h) + (size_t)n * sizeof(struct rep_wire))
+	if (n == 0 || n > WIRE_MAX_ENTRIES)
 		return;
 	struct inbox *in = malloc(sizeof(*in) + (size_t)n * sizeof(struct rep_wire));
 	if (!in)
 		return;
-	memcpy(in->m, (const unsigned char *)payload + sizeof(h), (size_t)n * sizeof(in->m[0]));
-	for (int i = 0; i < n; i++) {
-		if (in->m[i].op < OP_REQ || in->m[i].op > OP_SUSPECT) {
-			free(in);
-			return;
-		}
-		in->m[i].new_nic[sizeof(in->m[i].new_nic) - 1] = 0;
-		in->m[i].orig_nic[sizeof(in->m[i].orig_nic) - 1] = 0;
+	if (r2cc_repair_wire_parse(payload, len, in->m, n) != n) {
+		free(in);
+		return;
 	}
 	in->n = n;
 	in->job_id = call->job_id;
@@ -1091,7 +1112,9 @@ static int hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
 	h->wr = *w;
 	h->wr.next = NULL;
 	h->wr.sg_list = h->sge;
-	memcpy(h->sge, w->sg_list, (size_t)w->num_sge * sizeof(struct ibv_sge));
+	/* NCCL's receives carry no SGE and may have no list at all. */
+	if (w->num_sge)
+		memcpy(h->sge, w->sg_list, (size_t)w->num_sge * sizeof(struct ibv_sge));
 	h->next = NULL;
 	*r->hr_tail = h;
 	r->hr_tail = &h->next;
@@ -1588,8 +1611,8 @@ static struct ibv_pd *pd_on(struct r2cc_rqp *r, struct r2cc_nic *nic)
  * alarm, and a fresh QP pair on the same NICs then just works. */
 static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resort)
 {
-	if (!nic || nic->state != R2CC_NIC_UP || !pd_on(r, nic) ||
-	    !(nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic)))
+	if (!nic || __atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP ||
+	    !pd_on(r, nic) || !(nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic)))
 		return false;
 	return last_resort || (nic != r->orig_nic && nic != r->cur_nic);
 }
@@ -2156,8 +2179,8 @@ static void localise(struct r2cc_rqp *r)
 	struct r2cc_nic *nic = r->cur_nic;
 	bool port_down = eng.v.query_port(r->cur_ctx->ctx, nic->port ? nic->port : 1, &pa) == 0 &&
 			 pa.state != IBV_PORT_ACTIVE;
-	if (port_down && nic->state == R2CC_NIC_UP) {
-		nic->state = R2CC_NIC_DOWN;
+	if (port_down && __atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP) {
+		__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_RELAXED);
 		R2CC_WARN("repair: %s: port not active; migrating its queue pairs", nic->name);
 	}
 	struct same_path sp = {.r = r, .nic = nic, .port_down = port_down};
@@ -2417,7 +2440,8 @@ static void selftest_siblings(struct selftest *t)
 				bool taken = false;
 				for (int j = 0; j < t->nb; j++)
 					taken = taken || t->b[j] == b;
-				if (taken || b == t->a || b->state != R2CC_NIC_UP ||
+				if (taken || b == t->a ||
+				    __atomic_load_n(&b->state, __ATOMIC_RELAXED) != R2CC_NIC_UP ||
 				    (pass == 0 && nic_failed_lately(b)) || !r2cc_mr_mirror_pd(b) ||
 				    !ctx_of_nic(b))
 					continue;
@@ -2436,7 +2460,8 @@ static void selftest_siblings(struct selftest *t)
  * tested. */
 static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 {
-	if (a->link_layer == IBV_LINK_LAYER_ETHERNET || a->state != R2CC_NIC_UP)
+	if (a->link_layer == IBV_LINK_LAYER_ETHERNET ||
+	    __atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return; /* RoCE needs a GID index NCCL chose: not tested */
 	int i = a->index;
 	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS && now_ns() < st_nic[i].next)
@@ -3453,7 +3478,8 @@ static bool declared_fresh(const struct r2cc_rqp *r, const void *arg)
 {
 	(void)arg;
 	return r->q && r->q->state == IBV_QPS_RTS && !r->declared_pending &&
-	       load_state(r) == RQ_HEALTHY && r->cur_nic->state == R2CC_NIC_DECLARED;
+	       load_state(r) == RQ_HEALTHY &&
+	       __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED;
 }
 
 /* The first directory: QPs connected before it was known move now. */
@@ -3500,9 +3526,10 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 			     r2cc_peer_track_qp(q, r) == 0;
 	}
 	declared_mark();
-	if (q->ctx->nic->state == R2CC_NIC_DECLARED && !q->rep->declared_pending)
+	if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED &&
+	    !q->rep->declared_pending)
 		declared_move(q->rep);
-	else if (q->ctx->nic->state == R2CC_NIC_DOWN)
+	else if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN)
 		detect(q->rep, "created on a NIC that has failed", 0);
 }
 
@@ -3511,9 +3538,9 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 static void nic_failed(struct r2cc_nic *nic, const char *why)
 {
 	nic_failure_seen(nic);
-	if (nic->state == R2CC_NIC_UP)
+	if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
-	nic->state = R2CC_NIC_DOWN;
+	__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_RELAXED);
 	struct r2cc_rqp **list;
 	int n = collect(&list, on_nic, nic);
 	for (int i = 0; i < n; i++)
@@ -3535,10 +3562,10 @@ bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev
 									: "device fatal event");
 		break;
 	case IBV_EVENT_PORT_ACTIVE:
-		if (c && c->nic->state == R2CC_NIC_DOWN) {
+		if (c && __atomic_load_n(&c->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN) {
 			R2CC_INFO("repair: %s: port active again; usable for new placements",
 				  c->nic->name);
-			c->nic->state = R2CC_NIC_UP;
+			__atomic_store_n(&c->nic->state, R2CC_NIC_UP, __ATOMIC_RELAXED);
 		}
 		return false;
 	case IBV_EVENT_QP_FATAL:

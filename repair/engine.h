@@ -53,6 +53,22 @@
 #define R2CC_REPAIR_BASE_MS   5000 /* an exchange's deadline: this, */
 #define R2CC_REPAIR_PER_QP_US 2000 /* plus this per queue pair of its message */
 
+/* An exchange message: a header (version 2, a pad byte, the entry count as a
+ * little-endian u16), then that many entries of R2CC_REPAIR_WIRE_SIZE bytes,
+ * one per queue pair; the op is an entry's first byte and its NIC names are
+ * 64 bytes at the offsets given. */
+#define R2CC_REPAIR_WIRE_HDR	  4
+#define R2CC_REPAIR_WIRE_SIZE	  226
+#define R2CC_REPAIR_WIRE_MAX	  4096 /* entries in one message */
+#define R2CC_REPAIR_WIRE_NEW_NIC  98
+#define R2CC_REPAIR_WIRE_ORIG_NIC 162
+
+/* The control thread's check of an exchange message from a peer (version,
+ * entry count and length, ops, strings terminated) before the repair thread
+ * sees it: the number of entries, copied to out (room for max entries), or
+ * -EPROTO (also when there are more than max). Exposed for tests/fuzz. */
+int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max);
+
 /* The real verbs functions the engine calls (intercept/verbs.c fills them). */
 struct r2cc_repair_verbs {
 	struct ibv_cq *(*create_cq)(struct ibv_context *, int, void *, struct ibv_comp_channel *,

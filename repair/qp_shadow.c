@@ -55,6 +55,18 @@ static void store_rel(uint64_t *p, uint64_t v)
 	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
+/* The statistics: one side writes each, the stall scan reads them from the repair
+ * thread (relaxed atomics: on x86-64 the same plain moves). */
+static void stat_add(uint64_t *p, uint64_t v)
+{
+	__atomic_store_n(p, *p + v, __ATOMIC_RELAXED);
+}
+
+static uint64_t stat_get(const uint64_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+
 static int set_broken(struct r2cc_qp_shadow *sh, int err)
 {
 	int zero = 0;
@@ -221,8 +233,8 @@ int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr
 		if (e->send_flags & IBV_SEND_SIGNALED)
 			store_rel(&sh->sig_posted, sh->sig_posted + 1);
 	}
-	sh->send_posted += n;
-	store_rel(&sh->send_bytes_posted, sh->send_bytes_posted + bytes_all);
+	stat_add(&sh->send_posted, n);
+	stat_add(&sh->send_bytes_posted, bytes_all);
 	store_rel(&sh->sq.head, head);
 	return 0;
 }
@@ -261,7 +273,7 @@ int r2cc_qp_shadow_post_recv(struct r2cc_qp_shadow *sh, const struct ibv_recv_wr
 			e->sge[i].lkey = w->sg_list[i].lkey;
 		}
 	}
-	sh->recv_posted += n;
+	stat_add(&sh->recv_posted, n);
 	store_rel(&sh->rq.head, head);
 	return 0;
 }
@@ -300,13 +312,13 @@ int r2cc_qp_shadow_unpost_send(struct r2cc_qp_shadow *sh, const struct ibv_send_
 		return set_broken(sh, -EINVAL);
 	for (uint64_t seq = head - (uint64_t)m + 1; seq <= head; seq++) {
 		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
-		store_rel(&sh->send_bytes_posted, sh->send_bytes_posted - e->byte_len);
+		stat_add(&sh->send_bytes_posted, -(uint64_t)e->byte_len);
 		sh->msgs_posted -= is_consumer(e->opcode);
 		if (e->send_flags & IBV_SEND_SIGNALED)
 			store_rel(&sh->sig_posted, sh->sig_posted - 1);
 	}
 	head -= (uint64_t)m;
-	sh->send_posted -= (uint64_t)m;
+	stat_add(&sh->send_posted, -(uint64_t)m);
 	store_rel(&sh->sq.head, head);
 	return 0;
 }
@@ -320,7 +332,7 @@ int r2cc_qp_shadow_unpost_recv(struct r2cc_qp_shadow *sh, const struct ibv_recv_
 	uint64_t head = sh->rq.head;
 	if (m < 0 || head - load_acq(&sh->rq.tail) < (uint64_t)m)
 		return set_broken(sh, -EINVAL);
-	sh->recv_posted -= (uint64_t)m;
+	stat_add(&sh->recv_posted, -(uint64_t)m);
 	store_rel(&sh->rq.head, head - (uint64_t)m);
 	return 0;
 }
@@ -339,7 +351,7 @@ int r2cc_qp_shadow_send_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 		if (e->wr_id != wc->wr_id)
 			return set_broken(sh, -EPROTO);
 		sh->msgs_retired = e->msgs;
-		sh->send_retired += seq - sh->sq.tail;
+		stat_add(&sh->send_retired, seq - sh->sq.tail);
 		store_rel(&sh->send_bytes_retired, e->bytes_upto);
 		store_rel(&sh->sig_retired, sh->sig_retired + 1);
 		store_rel(&sh->sq.tail, seq);
@@ -361,7 +373,7 @@ int r2cc_qp_shadow_recv_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 	if (e->wr_id != wc->wr_id)
 		return set_broken(sh, -EPROTO);
 	if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM)
-		sh->recv_imm++;
+		stat_add(&sh->recv_imm, 1);
 	store_rel(&sh->rq.tail, tail + 1);
 	return 0;
 }
@@ -404,12 +416,12 @@ uint32_t r2cc_qp_shadow_recv_outstanding(const struct r2cc_qp_shadow *sh)
 
 void r2cc_qp_shadow_get_stats(const struct r2cc_qp_shadow *sh, struct r2cc_qp_shadow_stats *st)
 {
-	st->send_posted = sh->send_posted;
-	st->recv_posted = sh->recv_posted;
-	st->send_bytes_posted = sh->send_bytes_posted;
-	st->send_retired = sh->send_retired;
+	st->send_posted = stat_get(&sh->send_posted);
+	st->recv_posted = stat_get(&sh->recv_posted);
+	st->send_bytes_posted = stat_get(&sh->send_bytes_posted);
+	st->send_retired = stat_get(&sh->send_retired);
 	st->recv_retired = load_acq(&sh->rq.tail);
-	st->recv_imm = sh->recv_imm;
+	st->recv_imm = stat_get(&sh->recv_imm);
 }
 
 void r2cc_qp_shadow_bytes(const struct r2cc_qp_shadow *sh, uint64_t *posted, uint64_t *retired,

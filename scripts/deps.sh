@@ -2,7 +2,8 @@
 # Installs, when missing, what R2CC's build and CPU tests need on Debian/Ubuntu:
 # rdma-core's verbs headers, Criterion, libunwind, OpenSSL's libcrypto, bc,
 # g++ (the benchmark's host emulation test), perftest, ibverbs-utils, rdmacm-utils
-# and pyverbs (run over the software RDMA device). Also makes sure
+# and pyverbs (run over the software RDMA device), clang and its libFuzzer (the fuzz
+# targets). Also makes sure
 # nccl.h is reachable (from CUDA_HOME, the system, or the nvidia-nccl-cu12 wheel
 # unpacked under build/deps). Quiet when everything is already there.
 set -eu
@@ -22,6 +23,9 @@ command -v python3 >/dev/null || need+=(python3)
 for p in perftest ibverbs-utils rdmacm-utils python3-pyverbs ibverbs-providers; do
 	dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
+# clang with libFuzzer, for the fuzz targets only (tests/fuzz).
+{ command -v clang >/dev/null && [ -e "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a)" ]; } ||
+	need+=(clang libclang-rt-dev)
 # Debian's matplotlib, for scripts/plot.py (it falls back to /usr/bin/python3).
 python3 -c 'import matplotlib' 2>/dev/null || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ||
 	need+=(python3-matplotlib)

@@ -1,10 +1,12 @@
 /*
  * Writers of struct r2cc_map; readers are inline in map.h. A slot's key is
  * written before its value (release), so a reader that sees the value sees the
- * key. A removed slot becomes a tombstone and is reused by a later insert:
- * the new key is stored before the new value is published, so a reader that
- * sees the new value also sees the new key and never returns a value under a
- * foreign key. Rebuilt tables are published whole; retired ones stay mapped.
+ * key. A removed slot becomes a tombstone and is reused by a later insert,
+ * which stores the new key and then the new value, both with release: a
+ * reader that read the old value before the new key shows up finds the value
+ * changed when it checks again (r2cc_map_get()), and never returns a value
+ * under a foreign key. Rebuilt tables are published whole; retired ones stay
+ * mapped.
  */
 #include "shim/map.h"
 
@@ -117,7 +119,8 @@ int r2cc_map_insert(struct r2cc_map *m, uint64_t key, void *val)
 			at = empty;
 			m->used++;
 		}
-		__atomic_store_n(&t->slots[at].key, key, __ATOMIC_RELAXED);
+		/* Release: a reader that sees the new key sees the tombstone. */
+		__atomic_store_n(&t->slots[at].key, key, __ATOMIC_RELEASE);
 		__atomic_store_n(&t->slots[at].val, val, __ATOMIC_RELEASE);
 		m->live++;
 		break;

@@ -11,7 +11,8 @@
  * it with one pointer store; a reader may still be probing the old one, so old
  * tables are retired, not freed, until r2cc_map_fini(). Growth stops at a
  * fixed maximum: beyond it an insert fails with -ENOSPC and the caller runs
- * that object as pass-through.
+ * that object as pass-through. A lookup returns a value only while the slot
+ * still holds it under the key looked up (see r2cc_map_get()).
  */
 #ifndef R2CC_SHIM_MAP_H
 #define R2CC_SHIM_MAP_H
@@ -57,7 +58,18 @@ static inline uint64_t r2cc_map_hash(uint64_t k)
 	return k;
 }
 
-/* Lock-free lookup: the hot path. */
+/* Test builds define this to act between a reader's value and key loads. */
+#ifndef R2CC_MAP_TEST_RACE
+#define R2CC_MAP_TEST_RACE(m, i) ((void)0)
+#endif
+
+/*
+ * Lock-free lookup: the hot path. A writer that reuses a slot stores the
+ * tombstone, then the new key, then the new value (each a release store), so a
+ * value loaded before the key may belong to the slot's previous key. After the
+ * key matches, the value is loaded once more: if it changed, the slot was
+ * reused in between and is read again; if not, the value was the key's.
+ */
 static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
 {
 	const struct r2cc_map_table *t = __atomic_load_n(&m->t, __ATOMIC_ACQUIRE);
@@ -66,12 +78,19 @@ static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
 	const struct r2cc_map_slot *slots = t->slots;
 	for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask;
 	     i = (i + 1) & t->mask, n++) {
-		void *v = __atomic_load_n((void *const *)&slots[i].val, __ATOMIC_ACQUIRE);
+		void *v;
+	again:
+		v = __atomic_load_n((void *const *)&slots[i].val, __ATOMIC_ACQUIRE);
 		if (!v)
 			return NULL;
-		if (v != R2CC_MAP_TOMBSTONE &&
-		    __atomic_load_n((const uint64_t *)&slots[i].key, __ATOMIC_RELAXED) == key)
-			return v;
+		if (v == R2CC_MAP_TOMBSTONE)
+			continue;
+		R2CC_MAP_TEST_RACE(m, i);
+		if (__atomic_load_n((const uint64_t *)&slots[i].key, __ATOMIC_ACQUIRE) != key)
+			continue;
+		if (__atomic_load_n((void *const *)&slots[i].val, __ATOMIC_RELAXED) != v)
+			goto again;
+		return v;
 	}
 	return NULL;
 }

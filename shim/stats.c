@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,7 +28,14 @@ static void page_create(void)
 	if (!r2cc_param.stats)
 		return;
 	snprintf(page_name, sizeof(page_name), "/" R2CC_STATS_PREFIX "%d", (int)getpid());
-	int fd = shm_open(page_name, O_CREAT | O_TRUNC | O_RDWR, 0644);
+	/* A name another user made first (/dev/shm is shared) is not ours to fill. */
+	int fd = shm_open(page_name, O_CREAT | O_RDWR, 0644);
+	struct stat st;
+	if (fd >= 0 && (fstat(fd, &st) != 0 || st.st_uid != getuid() || ftruncate(fd, 0) != 0)) {
+		close(fd);
+		fd = -1;
+		errno = EPERM;
+	}
 	if (fd < 0) {
 		R2CC_INFO("stats: cannot create %s (%s); r2cc top will not see this process",
 			  page_name, strerror(errno));

@@ -23,10 +23,15 @@ $(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/stall.c repair/le
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-UNIT_TESTS := test_params test_registry test_log test_ledger test_stall
+$(BUILD)/tests/unit/test_map: tests/unit/test_map.c shim/map.c shim/map.h
+	@mkdir -p $(@D)
+	$(CC) $(UNIT_CFLAGS) -o $@ tests/unit/test_map.c shim/map.c -lcriterion
+
+UNIT_TESTS := test_params test_registry test_log test_ledger test_stall test_map
 TEST_DEPS += $(UNIT_TESTS:%=$(BUILD)/tests/unit/%)
 CPU_TESTS += $(UNIT_TESTS:%=120@$(BUILD)/tests/unit/%:--jobs=2)
-FORMAT_SRCS += $(wildcard tests/unit/test_params.c tests/unit/test_registry.c tests/unit/test_log.c tests/unit/test_ledger.c tests/unit/test_stall.c)
+FORMAT_SRCS += $(wildcard tests/unit/test_params.c tests/unit/test_registry.c tests/unit/test_log.c tests/unit/test_ledger.c \
+	tests/unit/test_stall.c tests/unit/test_map.c)
 
 # Preload test: needs the software RDMA device and libr2cc.so.
 $(BUILD)/tests/preload/verbs_preload: tests/preload/verbs_preload.c

@@ -53,7 +53,7 @@ def parse_wrong(tok):
         return None
     try:
         return int(float(tok))
-    except ValueError:
+    except (ValueError, OverflowError):  # "inf", "1e999": not a count, so not 0 wrong
         return -1
 
 
@@ -67,7 +67,10 @@ def parse_num(tok):
 # Another process's log line written into the middle of a result row (the ranks share
 # the terminal): the row goes on, after the intruding lines, on a line of bare numbers.
 INTRUSION = re.compile(r"[A-Za-z][\w.-]*:\d+:\d+ (?:R2CC|NCCL) |\[\d{4}-\d\d-\d\d ")
-ROW_TAIL = re.compile(r"^\s*(?:(?:-?[0-9.]+(?:e[-+]?\d+)?|N/A)\s*)+$")
+# Tokens separated by blanks (a repeat of "number, optional blanks" backtracks
+# exponentially on a long run of digits that ends in something else).
+NUM_TOK = r"(?:-?[0-9.]+(?:e[-+]?\d+)?|N/A)"
+ROW_TAIL = re.compile(r"^\s*%s(?:\s+%s)*\s*$" % (NUM_TOK, NUM_TOK))
 
 
 def read_rows(lines):

@@ -174,6 +174,10 @@ static int child(int p)
 	ranks_of(p, &first, &n);
 	res->nranks = n;
 	r2cc_ctl_set_conn_per_rank(per_rank_conns);
+	/* Every emulated node connects from 127.0.0.1: the cap on connections
+	 * of one host that have not authenticated yet would count all of them
+	 * as one host's. The cap over all sources stays. */
+	r2cc_ctl_set_preauth_per_src(1 << 30);
 	r2cc_ctl_set_handler(T_STORM, storm, NULL);
 	if (p == 0) {
 		memset(sh->uid, 0x5a, sizeof(sh->uid));

@@ -145,7 +145,7 @@ case_badmode() {
 	fabric badmode
 	R2CC_MODE=7 doctor badmode
 	# What the library itself prints for it, without the host:pid:tid prefix.
-	R2CC_MODE=7 LD_PRELOAD=$B/lib/libr2cc.so /bin/true 2>"$TMP/lib.err"
+	R2CC_MODE=7 LD_PRELOAD=${R2CC_TEST_PRELOAD:+$R2CC_TEST_PRELOAD:}$B/lib/libr2cc.so /bin/true 2>"$TMP/lib.err"
 	sed -n 's/^[^ ]* R2CC WARN //p' "$TMP/lib.err" >"$TMP/lib.line"
 	[ -s "$TMP/lib.line" ] || { echo "libr2cc.so printed no error line"; return 1; }
 	LIB_LINE=$(cat "$TMP/lib.line") check badmode <<'PY'

@@ -144,7 +144,18 @@ struct drill_status {
 	_Atomic uint64_t check_failures;
 	char app_error[DRILL_ERR_LEN];	 /* the first application error */
 	char check_error[DRILL_ERR_LEN]; /* the first check failure */
+	/*
+	 * Worker 0's record only, written by the drill: once hold_at messages were
+	 * delivered in all and the fault is not in yet (fault_done), workers post no
+	 * new sends (for DRILL_HOLD_MAX_NS at most), so that the fault comes during
+	 * the traffic even when the drill itself is not scheduled in time (a loaded
+	 * machine once let the workers finish before it looked). 0: never hold.
+	 */
+	_Atomic uint64_t hold_at;
+	_Atomic int fault_done;
 };
+
+#define DRILL_HOLD_MAX_NS 5000000000LL
 
 /* The verbs functions NCCL resolves with dlvsym(handle, "ibv_<name>", "IBVERBS_1.1"). */
 #define DRILL_IBV_FUNCS(X)                                                                         \

@@ -634,8 +634,12 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 		used += (size_t)w_ + 1;                                                            \
 	} while (0)
 	DRILL_ENV("LD_LIBRARY_PATH=%s%s%s", p->softverbs, ld && *ld ? ":" : "", ld ? ld : "");
-	if (o->preload)
-		DRILL_ENV("LD_PRELOAD=%s", p->libr2cc);
+	/* R2CC_TEST_PRELOAD goes first (the sanitizer runtime, README: Tests). */
+	if (o->preload) {
+		const char *first = getenv("R2CC_TEST_PRELOAD");
+		DRILL_ENV("LD_PRELOAD=%s%s%s", first && *first ? first : "",
+			  first && *first ? ":" : "", p->libr2cc);
+	}
 	DRILL_ENV("SOFTVERBS_FABRIC=%s", s->fabric);
 	DRILL_ENV("SOFTVERBS_NODE=node%d", rank / o->per_node);
 	DRILL_ENV("NCCL_HOSTID=node%d", rank / o->per_node);
@@ -1086,6 +1090,13 @@ static void drill_explain(const struct drill_opts *o, struct drill_scenario *s,
 		snprintf(s->why, sizeof(s->why), "%llu/%llu messages delivered",
 			 (unsigned long long)s->delivered, (unsigned long long)s->expected);
 	}
+	/* A crash is never only a consequence: say so even after an earlier cause. */
+	if (failed_exit >= 0 && WIFSIGNALED(exit_status) && !strstr(s->why, "died of signal")) {
+		char d[96];
+		size_t n = strlen(s->why);
+		drill_describe_exit(d, sizeof(d), failed_exit, exit_status);
+		drill_fmt(s->why + n, sizeof(s->why) - n, "; %s", d);
+	}
 }
 
 /*
@@ -1211,6 +1222,11 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		snprintf(s->why, sizeof(s->why), "cannot map the status file");
 		return;
 	}
+	/* A window's worth of messages past the trigger, and always before the end. */
+	if (s->kind != DRILL_FAULT_NONE && o->fault_phase == DRILL_AT_TRAFFIC && s->expected > 1) {
+		uint64_t at = s->trigger + (uint64_t)o->window * (uint64_t)o->procs;
+		atomic_store(&st[0].hold_at, at < s->expected ? at : s->expected - 1);
+	}
 	for (int r = 0; r < o->procs; r++) {
 		pids[r] = drill_spawn_worker(o, p, s, r);
 		if (pids[r] <= 0) {
@@ -1245,8 +1261,10 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		for (int r = 0; r < o->procs; r++)
 			delivered += atomic_load(&st[r].delivered);
 		if (s->kind != DRILL_FAULT_NONE && !s->injected && alive == o->procs &&
-		    drill_fault_due(o, s, delivered))
+		    drill_fault_due(o, s, delivered)) {
 			drill_inject(o, p, s, pids, delivered);
+			atomic_store(&st[0].fault_done, 1);
+		}
 		now = drill_now_ns();
 		if (o->second_ms >= 0 && s->injected && !s->second_injected && alive > 0 &&
 		    now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))

@@ -1317,19 +1317,38 @@ static bool drill_all_done(struct drill_worker *w)
 	return true;
 }
 
+/* Whether new sends wait for the drill's fault (drill.h, hold_at). */
+static bool drill_wait_fault(struct drill_worker *w, int64_t *until)
+{
+	struct drill_status *all = w->st - w->o->rank;
+	uint64_t at = atomic_load(&all[0].hold_at), sum = 0;
+
+	if (!at || atomic_load(&all[0].fault_done))
+		return false;
+	for (int r = 0; r < w->o->procs; r++)
+		sum += atomic_load(&all[r].delivered);
+	if (sum < at)
+		return false;
+	if (!*until)
+		*until = drill_now_ns() + DRILL_HOLD_MAX_NS;
+	return drill_now_ns() < *until;
+}
+
 static int drill_traffic(struct drill_worker *w)
 {
 	unsigned idle = 0;
+	int64_t hold_until = 0;
 
 	while (!drill_all_done(w) && !drill_stopped(w)) {
 		bool progress = false;
+		bool hold = drill_wait_fault(w, &hold_until);
 
 		for (int p = 0; p < w->o->procs; p++) {
 			if (p == w->o->rank)
 				continue;
 			while (drill_recv_post(w, w->recv[p]))
 				progress = true;
-			while (drill_send_try(w, w->send[p]))
+			while (!hold && drill_send_try(w, w->send[p]))
 				progress = true;
 		}
 		if (drill_poll(w, &progress))

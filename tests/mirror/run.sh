@@ -21,7 +21,7 @@ cleanup() {
 trap cleanup EXIT
 rc=0
 for r in 0 1; do
-	SOFTVERBS_NODE=node$r NCCL_HOSTID=node$r R2CC_MR_MIRROR=1 LD_PRELOAD=$DOOR \
+	SOFTVERBS_NODE=node$r NCCL_HOSTID=node$r R2CC_MR_MIRROR=1 LD_PRELOAD=${R2CC_TEST_PRELOAD:+$R2CC_TEST_PRELOAD:}$DOOR \
 		timeout 60 "$PROG" --dir "$tmp" --rank $r --nccl "$PWD/$B/tests/ncclstub/libnccl.so.2" \
 		>"$tmp/out$r" 2>&1 &
 	pids+=($!)
@@ -35,7 +35,7 @@ for r in 0 1; do
 		echo "--- rank $r:"; cat "$tmp/out$r"; rc=1
 	fi
 done
-SOFTVERBS_NODE=node0 R2CC_MR_MIRROR=0 LD_PRELOAD=$DOOR timeout 60 "$PROG" --expect-none \
+SOFTVERBS_NODE=node0 R2CC_MR_MIRROR=0 LD_PRELOAD=${R2CC_TEST_PRELOAD:+$R2CC_TEST_PRELOAD:}$DOOR timeout 60 "$PROG" --expect-none \
 	>"$tmp/none" 2>&1 || { echo "--- R2CC_MR_MIRROR=0:"; cat "$tmp/none"; rc=1; }
 # NCCL-shaped traffic under the real libr2cc.so with every MR mirrored: the
 # mirrors must change nothing the application sees (every byte checked).

@@ -106,7 +106,8 @@ static void win_collect(struct window *w)
 
 static bool args_equal(const struct ncclstub_call *c, const uint64_t *args, int nargs)
 {
-	return c->nargs == nargs && memcmp(c->args, args, sizeof(*args) * (size_t)nargs) == 0;
+	return c->nargs == nargs &&
+	       (nargs == 0 || memcmp(c->args, args, sizeof(*args) * (size_t)nargs) == 0);
 }
 
 /*

@@ -18,7 +18,8 @@ preloaded() {
 	local strict=()
 	[ "$mode" = 0 ] && strict=(--strict)
 	echo "run.sh: LD_PRELOAD=$lib R2CC_MODE=$mode $* ${strict[*]}"
-	LD_PRELOAD=$lib R2CC_MODE=$mode "$@" "${strict[@]+"${strict[@]}"}"
+	# R2CC_TEST_PRELOAD: what must come first (a sanitizer's runtime; README: Tests).
+	LD_PRELOAD=${R2CC_TEST_PRELOAD:+$R2CC_TEST_PRELOAD:}$lib R2CC_MODE=$mode "$@" "${strict[@]+"${strict[@]}"}"
 }
 
 if [ "$how" != direct ] && [ "$how" != negative ]; then

@@ -11,12 +11,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; "$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" reset >/dev/null 2>&1' EXIT
 rc=0
 "$B"/tests/preload/verbs_preload --expect-real >"$tmp/plain" 2>&1 || { echo "plain run failed:"; cat "$tmp/plain"; rc=1; }
-LD_PRELOAD=$PWD/$B/lib/libr2cc.so "$B"/tests/preload/verbs_preload --expect-wrapped >"$tmp/wrapped" 2>"$tmp/wrapped.err" ||
+# R2CC_TEST_PRELOAD: what must come first (a sanitizer's runtime; README: Tests).
+P=${R2CC_TEST_PRELOAD:+$R2CC_TEST_PRELOAD:}
+LD_PRELOAD=$P$PWD/$B/lib/libr2cc.so "$B"/tests/preload/verbs_preload --expect-wrapped >"$tmp/wrapped" 2>"$tmp/wrapped.err" ||
 	{ echo "preloaded run failed:"; cat "$tmp/wrapped" "$tmp/wrapped.err"; rc=1; }
 if ! diff -u "$tmp/plain" "$tmp/wrapped"; then
 	echo "transcripts differ"; rc=1
 fi
-LD_PRELOAD=$PWD/$B/lib/libr2cc.so R2CC_MODE=0 "$B"/tests/preload/verbs_preload --expect-real >"$tmp/mode0" 2>&1 ||
+LD_PRELOAD=$P$PWD/$B/lib/libr2cc.so R2CC_MODE=0 "$B"/tests/preload/verbs_preload --expect-real >"$tmp/mode0" 2>&1 ||
 	{ echo "R2CC_MODE=0 run is not pure pass-through:"; cat "$tmp/mode0"; rc=1; }
 [ $rc -eq 0 ] && echo "preload transcripts identical ($(wc -l <"$tmp/plain") lines); wrappers, patched ops and counters seen"
 exit $rc

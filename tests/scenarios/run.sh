@@ -106,7 +106,7 @@ export DRY_RUN=1
 SWEEP='-b 8 -e 4G -f 2 -g 1 -c 1 -n 5 -w 2 -d float -o sum'
 SOFTENV=("export SOFTVERBS_NICS=mlx5_0:25,mlx5_2:25,mlx5_3:25$" "export SOFTVERBS_SHAPING=1$"
 	"export NCCL_IB_HCA==mlx5_0,mlx5_2,mlx5_3$" "export NCCL_NET=IB$" "export NCCL_TOPO_FILE=")
-P="env LD_PRELOAD=$ROOT/build/lib/libr2cc.so"
+P="env LD_PRELOAD=$ROOT/${BUILD:-build}/lib/libr2cc.so"
 F=$ROOT/tests/scenarios/fake
 
 run dry-04 0 "$S/04.nccl_tests_baseline_healthy.sh" -d half && {

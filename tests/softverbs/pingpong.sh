@@ -11,15 +11,17 @@ build=${1:-build}
 export LD_LIBRARY_PATH=$build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SOFTVERBS_FABRIC=svpp-$$
 port=$((20000 + $$ % 20000))
+# R2CC_TEST_PRELOAD: a sanitizer's runtime, which must come before the (sanitized) device.
+pre=(env ${R2CC_TEST_PRELOAD:+LD_PRELOAD=$R2CC_TEST_PRELOAD})
 rc=0
 run() { # PROGRAM NAME ARGS...
 	local prog=$1 name=$2 out
 	shift 2
 	out=$(mktemp)
-	SOFTVERBS_NODE=server timeout 30 $prog -p $port "$@" >"$out" 2>&1 &
+	SOFTVERBS_NODE=server "${pre[@]}" timeout 30 $prog -p $port "$@" >"$out" 2>&1 &
 	local server=$!
 	sleep 0.3
-	if ! SOFTVERBS_NODE=client timeout 30 $prog -p $port "$@" localhost; then
+	if ! SOFTVERBS_NODE=client "${pre[@]}" timeout 30 $prog -p $port "$@" localhost; then
 		echo "FAIL pingpong $name (client)"; rc=1
 	fi
 	if ! wait $server; then

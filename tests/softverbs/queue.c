@@ -519,15 +519,15 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	if (srq)
 		atomic_fetch_add(&srq->users, 1);
 
+	/* qp->eng before the QP is on the list: the progress thread reads it there. */
+	if (sv_proc.cfg.engines)
+		qp->eng = sv_engine_get(s->nic);
 	pthread_mutex_lock(&sv_proc.lock);
 	qp->next = sv_proc.qps;
 	sv_proc.qps = qp;
 	pthread_mutex_unlock(&sv_proc.lock);
-	if (sv_proc.cfg.engines) {
-		qp->eng = sv_engine_get(s->nic);
-		if (qp->eng)
-			sv_engine_add(qp);
-	}
+	if (qp->eng)
+		sv_engine_add(qp);
 	return &qp->qp;
 
 err_free:

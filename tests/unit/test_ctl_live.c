@@ -288,6 +288,9 @@ static void write_all(int fd, const void *p, size_t n)
 	cr_assert_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
 }
 
+/* The addressee of the frames craft() makes. */
+static int32_t craft_to;
+
 /* A sealed frame of type `type` from a fresh sender (or the given one). */
 static size_t craft(unsigned char *out, const unsigned char *key, uint64_t job_id, uint16_t type,
 		    uint8_t flags, const void *payload, size_t len, int64_t ts, uint64_t seq)
@@ -304,7 +307,7 @@ static size_t craft(unsigned char *out, const unsigned char *key, uint64_t job_i
 	    .seq = seq,
 	    .ts_ns = ts,
 	    .from_rank = 0,
-	    .to_rank = 0,
+	    .to_rank = craft_to,
 	};
 	cr_assert_eq(r2cc_ctl_frame_seal(key, &h, payload, len, out), 0);
 	return r2cc_ctl_frame_size(len);
@@ -327,11 +330,12 @@ Test(ctl_live, every_drop_reason_on_the_wire)
 		int reason;
 		int how;
 	} cases[] = {
-	    {R2CC_CTL_DROP_BAD_HEADER, 0},   {R2CC_CTL_DROP_BAD_LENGTH, 1},
-	    {R2CC_CTL_DROP_UNKNOWN_JOB, 2},  {R2CC_CTL_DROP_BAD_TAG, 3},
-	    {R2CC_CTL_DROP_STALE, 4},	     {R2CC_CTL_DROP_REPLAY, 5},
-	    {R2CC_CTL_DROP_UNKNOWN_TYPE, 6}, {R2CC_CTL_DROP_MALFORMED, 7},
-	    {R2CC_CTL_DROP_TRUNCATED, 8},    {R2CC_CTL_DROP_BAD_HEADER, 9},
+	    {R2CC_CTL_DROP_BAD_HEADER, 0},    {R2CC_CTL_DROP_BAD_LENGTH, 1},
+	    {R2CC_CTL_DROP_UNKNOWN_JOB, 2},   {R2CC_CTL_DROP_BAD_TAG, 3},
+	    {R2CC_CTL_DROP_STALE, 4},	      {R2CC_CTL_DROP_REPLAY, 5},
+	    {R2CC_CTL_DROP_UNKNOWN_TYPE, 6},  {R2CC_CTL_DROP_MALFORMED, 7},
+	    {R2CC_CTL_DROP_TRUNCATED, 8},     {R2CC_CTL_DROP_BAD_HEADER, 9},
+	    {R2CC_CTL_DROP_MISADDRESSED, 10}, {R2CC_CTL_DROP_MISADDRESSED, 11},
 	};
 	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
 		uint64_t before = drops(cases[c].reason);
@@ -385,6 +389,18 @@ Test(ctl_live, every_drop_reason_on_the_wire)
 			f[60] = 1;
 			write_all(fd, f, n);
 			break;
+		case 10: /* authentic, but for rank 3, which another process holds */
+			craft_to = 3;
+			n = craft(f, job.secret, job.id, T_COUNT, 0, "x", 1, now, 1);
+			craft_to = 0;
+			write_all(fd, f, n);
+			break;
+		case 11: /* a user message for the rendezvous's rank -1 */
+			craft_to = -1;
+			n = craft(f, job.secret, job.id, T_COUNT, 0, "x", 1, now, 1);
+			craft_to = 0;
+			write_all(fd, f, n);
+			break;
 		}
 		if (cases[c].how == 8 || cases[c].how == 5 || cases[c].how == 6)
 			usleep(50000);
@@ -394,9 +410,9 @@ Test(ctl_live, every_drop_reason_on_the_wire)
 	}
 	/* Exactly one of each, except bad_header (two cases). */
 	for (int r = 1; r < R2CC_CTL_DROP_COUNT; r++) {
-		uint64_t want = r == R2CC_CTL_DROP_BAD_HEADER ? 2
-				: r == R2CC_CTL_DROP_TIMEOUT  ? 0
-							      : 1;
+		uint64_t want = r == R2CC_CTL_DROP_BAD_HEADER || r == R2CC_CTL_DROP_MISADDRESSED ? 2
+				: r == R2CC_CTL_DROP_TIMEOUT					 ? 0
+							     : 1;
 		cr_assert_eq(drops(r), want, "%s: %llu", r2cc_ctl_drop_name(r),
 			     (unsigned long long)drops(r));
 	}
@@ -414,6 +430,7 @@ Test(ctl_live, every_drop_reason_on_the_wire)
 Test(ctl_live, stalled_and_silent_peers_cost_only_their_connection)
 {
 	r2cc_ctl_set_timeouts(1500, 200);
+	r2cc_ctl_set_auth_ms(1500);
 	struct r2cc_ctl_job job = new_job();
 	struct r2cc_ctl_dir *dir = solo_dir(&job);
 	cr_assert_eq(r2cc_ctl_set_handler(T_ECHO, echo, NULL), 0);
@@ -441,6 +458,85 @@ Test(ctl_live, stalled_and_silent_peers_cost_only_their_connection)
 	cr_assert_eq(recv(silent, b, sizeof(b), 0), 0, "closed by the listener");
 	close(half);
 	close(silent);
+	r2cc_ctl_dir_free(dir);
+	r2cc_ctl_shutdown();
+}
+
+/* Whether the listener has closed fd (within wait_ms). */
+static bool closed_by_peer(int fd, int wait_ms)
+{
+	struct timeval tv = {wait_ms / 1000, (wait_ms % 1000) * 1000};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	char b[8];
+	return recv(fd, b, sizeof(b), 0) == 0;
+}
+
+/*
+ * A stranger (not authenticated) is capped per source address: 64
+ * connections, 16 MiB of half-received frames; and it must authenticate
+ * within the auth time however busily it trickles bytes. Afterwards the
+ * listener serves as before.
+ */
+Test(ctl_live, strangers_are_capped_per_source_and_timed_out)
+{
+	r2cc_ctl_set_timeouts(10000, 200);
+	r2cc_ctl_set_auth_ms(1500);
+	struct r2cc_ctl_job job = new_job();
+	struct r2cc_ctl_dir *dir = solo_dir(&job);
+	cr_assert_eq(r2cc_ctl_set_handler(T_ECHO, echo, NULL), 0);
+	struct r2cc_ctl_stats st0, st1;
+	r2cc_ctl_stats(&st0);
+	int fds[64];
+	for (int i = 0; i < 64; i++)
+		fds[i] = connect_to(&job.rdv);
+	usleep(200000);
+	int extra = connect_to(&job.rdv);
+	cr_assert(closed_by_peer(extra, 2000), "the 65th stranger from 127.0.0.1 is refused");
+	close(extra);
+	r2cc_ctl_stats(&st1);
+	cr_assert_geq(st1.conns_refused, st0.conns_refused + 1);
+	for (int i = 0; i < 64; i++)
+		close(fds[i]);
+	usleep(300000); /* the listener sees them go */
+
+	/* Four strangers announce 4 MiB frames each: the fourth is over 16 MiB. */
+	struct r2cc_ctl_hdr h = {.magic = R2CC_CTL_MAGIC,
+				 .version = R2CC_CTL_VERSION,
+				 .job_id = job.id,
+				 .len = R2CC_CTL_MAX_PAYLOAD};
+	unsigned char hb[R2CC_CTL_HDR_SIZE];
+	r2cc_ctl_hdr_encode(&h, hb);
+	uint64_t before = drops(R2CC_CTL_DROP_BAD_LENGTH);
+	int big[4];
+	for (int i = 0; i < 4; i++) {
+		big[i] = connect_to(&job.rdv);
+		write_all(big[i], hb, sizeof(hb));
+		usleep(50000);
+	}
+	cr_assert(wait_drop(R2CC_CTL_DROP_BAD_LENGTH, before));
+	cr_assert(closed_by_peer(big[3], 2000), "over the source's byte budget");
+
+	for (int i = 0; i < 4; i++)
+		close(big[i]);
+	usleep(300000);
+
+	/* A trickler keeps sending and is still closed at the auth time. */
+	h.len = 1000;
+	r2cc_ctl_hdr_encode(&h, hb);
+	int trickle = connect_to(&job.rdv);
+	write_all(trickle, hb, sizeof(hb));
+	double t0 = now_s();
+	unsigned char byte = 0;
+	while (now_s() - t0 < 4.0 && send(trickle, &byte, 1, MSG_NOSIGNAL) == 1)
+		usleep(100000);
+	double took = now_s() - t0;
+	cr_assert(took > 1.2 && took < 3.5, "closed after %.2f s", took);
+	close(trickle);
+
+	/* The same source, authenticated, is served. */
+	char reply[64];
+	size_t rlen = sizeof(reply);
+	cr_assert_eq(r2cc_ctl_request(dir, 0, T_ECHO, "x", 1, reply, &rlen, 3000), 0);
 	r2cc_ctl_dir_free(dir);
 	r2cc_ctl_shutdown();
 }
@@ -599,6 +695,47 @@ Test(ctl_live, several_local_ranks_and_reregistration)
 	int twice[2] = {1, 1};
 	struct r2cc_ctl_dir *dirs[2] = {0};
 	cr_assert_eq(r2cc_ctl_register_ranks(&job, &m, twice, 2, 3, 1000, dirs), -EINVAL);
+	r2cc_ctl_shutdown();
+}
+
+/* Strangers hold every connection slot of this host at the rendezvous for a
+ * while: the registration's connection is refused, and it is sent again until
+ * the slots are free, within its deadline. */
+static int held[2];
+
+static void *release_later(void *arg)
+{
+	(void)arg;
+	usleep(400000);
+	for (int i = 0; i < 2; i++)
+		close(held[i]);
+	return NULL;
+}
+
+Test(ctl_live, refused_registration_is_sent_again)
+{
+	struct r2cc_ctl_job job = new_job();
+	r2cc_ctl_set_preauth_per_src(2);
+	for (int i = 0; i < 2; i++)
+		held[i] = connect_to(&job.rdv);
+	usleep(100000);
+	struct r2cc_ctl_stats before, after;
+	r2cc_ctl_stats(&before);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, release_later, NULL), 0);
+	struct r2cc_ctl_member m;
+	self_member(&m, "node-a");
+	struct r2cc_ctl_dir *dir = NULL;
+	double t0 = now_s();
+	cr_assert_eq(r2cc_ctl_register(&job, &m, 0, 1, 5000, &dir), 0);
+	double took = now_s() - t0;
+	pthread_join(th, NULL);
+	r2cc_ctl_stats(&after);
+	cr_assert_gt(after.conns_refused, before.conns_refused, "the first try was refused");
+	cr_assert(took > 0.3 && took < 4.0, "registered after %.2f s", took);
+	cr_assert_eq(dir->self_rank, 0);
+	r2cc_ctl_dir_free(dir);
+	r2cc_ctl_set_preauth_per_src(64);
 	r2cc_ctl_shutdown();
 }
 

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 static const unsigned char key_a[32] = "0123456789abcdef0123456789abcdef";
 static const unsigned char key_b[32] = "0123456789abcdef0123456789abcdeF";
@@ -798,6 +799,23 @@ Test(ctl_dir, malformed_blobs_rejected)
 	free(blob);
 	r2cc_ctl_dir_free(d);
 	r2cc_ctl_rdir_free(rd);
+}
+
+/* A blob too short for the ranks it claims is refused before the members are
+ * allocated: 65,536 ranks in 4 bytes used to cost 65,536 members (200 MB). Under
+ * a 64 MB address-space headroom the old decoder ran out of memory (-ENOMEM). */
+Test(ctl_dir, short_blob_claiming_many_ranks_costs_nothing)
+{
+	long pages = 0, rss;
+	FILE *f = fopen("/proc/self/statm", "r");
+	cr_assert(f && fscanf(f, "%ld %ld", &pages, &rss) == 2);
+	fclose(f);
+	struct rlimit rl = {(rlim_t)pages * 4096 + (64u << 20), RLIM_INFINITY};
+	cr_assert_eq(setrlimit(RLIMIT_AS, &rl), 0);
+	unsigned char blob[4] = {0, 1, 0, 0};
+	struct r2cc_ctl_job job = sample_job(AF_INET);
+	struct r2cc_ctl_dir *d;
+	cr_assert_eq(r2cc_ctl_dir_decode(blob, sizeof(blob), &job, 0, &d), -EPROTO);
 }
 
 Test(ctl_dir, split_makes_a_job_of_its_own)

@@ -105,7 +105,7 @@ Test(params, ranges)
 	expect_bad("R2CC_AR_STAGE2_CHUNKS", "0", "1 to 64");
 	expect_bad("R2CC_AR_STAGE2_CHUNKS", "65", "1 to 64");
 	for (int s = 0; s <= 3; s++) {
-		char v[4];
+		char v[12];
 		snprintf(v, sizeof(v), "%d", s);
 		cr_expect_eq(set("R2CC_AR_SCHEDULE", v), 0);
 		cr_expect_eq(p.ar_schedule, s);

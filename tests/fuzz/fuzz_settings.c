@@ -1,0 +1,61 @@
+/*
+ * libFuzzer target: every setting's parser (the R2CC_* table of shim/params.c)
+ * and the declared-failure specs of shim/failspec.c, parsed and resolved
+ * against a small directory. Input: one byte picks the variable (past the
+ * table: R2CC_FAILED_NODE / R2CC_FAILED_HCA), the rest is its value; for the
+ * failure specs, a NUL splits node from HCA. A refusal must come with a
+ * message naming the variable.
+ */
+#include "shim/failspec.h"
+#include "shim/params.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static int nparams(void)
+{
+	int n = 0;
+	while (r2cc_param_name(n))
+		n++;
+	return n;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	if (size < 1 || size > 600)
+		return 0;
+	char v[601];
+	memcpy(v, data + 1, size - 1);
+	v[size - 1] = 0;
+	int n = nparams();
+	int which = data[0] % (n + 1);
+	char err[512];
+	if (which < n) {
+		struct r2cc_params p;
+		r2cc_params_defaults(&p);
+		const char *name = r2cc_param_name(which);
+		err[0] = 0;
+		if (r2cc_param_set(&p, name, v, err, sizeof(err)) != 0 && !strstr(err, name))
+			abort();
+		return 0;
+	}
+	const char *hca = v + strlen(v) + 1;
+	if (hca > v + size - 1)
+		hca = "";
+	struct r2cc_failspec spec;
+	err[0] = 0;
+	if (r2cc_failspec_parse(v, hca, &spec, err, sizeof(err)) != 0) {
+		if (!strstr(err, "R2CC_FAILED_"))
+			abort();
+		return 0;
+	}
+	static const char *const nics[] = {"mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"};
+	const struct r2cc_failspec_node nodes[3] = {
+	    {"node-a.cluster", 4, nics}, {"node-b", 3, nics}, {"node-c.cluster", 2, nics}};
+	uint64_t mask[3];
+	r2cc_failspec_resolve(&spec, nodes, 3, mask, err, sizeof(err));
+	return 0;
+}
