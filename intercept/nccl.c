@@ -338,6 +338,7 @@ static void unregister_comm(ncclComm_t comm, bool abort)
 	struct r2cc_comm *c = r2cc_comm_find(comm);
 	if (!c)
 		return;
+	r2cc_job_comm_gone(comm);
 	r2cc_comm_release_fn rel = __atomic_load_n(&r2cc_comm_release_hook, __ATOMIC_ACQUIRE);
 	if (rel && c->strategy)
 		rel(c, abort);

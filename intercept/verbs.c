@@ -589,8 +589,15 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 			q->peer.lid = attr->ah_attr.dlid;
 			q->peer.has_grh = attr->ah_attr.is_global;
 			q->peer.port = attr->ah_attr.port_num;
-			if (attr->ah_attr.is_global)
+			if (attr->ah_attr.is_global) {
 				q->peer.gid = attr->ah_attr.grh.dgid;
+				/* This end's identity as the peer sees it (hot repair
+				 * finds QPs by GID and QP number on RoCE). */
+				uint8_t port = mask & IBV_QP_PORT ? attr->port_num : q->port_num;
+				if (real_ibv_query_gid(qp->context, port ? port : 1,
+						       attr->ah_attr.grh.sgid_index, &q->peer.sgid))
+					memset(&q->peer.sgid, 0, sizeof(q->peer.sgid));
+			}
 		}
 		if (mask & IBV_QP_TIMEOUT)
 			q->timeout = attr->timeout;

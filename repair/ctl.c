@@ -13,7 +13,16 @@
  * acted on only when it is addressed to a rank this process holds in its job
  * (or to the rendezvous), so a frame captured on its way to one process and
  * replayed to another is dropped. Frames for a job not known here yet wait
- * briefly in a bounded park (see park()).
+ * briefly in a bounded park (see park()). The thread waits in epoll;
+ * connections are found by id and by destination through hash maps and
+ * waiters by request id, so nothing it does per frame grows with the number
+ * of connections (the rendezvous of a large job holds one per rank).
+ * Timeouts are swept every CTL_POLL_MS, not per event.
+ *
+ * The rendezvous: a round collects one registration per rank (slots), then
+ * becomes a struct r2cc_ctl_rdir (ctl_dir.c) that answers every rank with its
+ * head and, for as long as any rank of the round remains, the lookups and NIC
+ * reports of its ranks. Each completed round of a job has its own number.
  *
  * Lock order: ctl.start_lock, then ctl.lock. Nothing else is taken under
  * ctl.lock, and the control thread holds neither while it does socket I/O or
@@ -31,6 +40,7 @@
 #include "repair/ctl.h"
 #include "repair/ctl_msg.h"
 #include "repair/ctl_priv.h"
+#include "repair/hmap.h"
 #include "shim/fault.h"
 #include "shim/log.h"
 #include "shim/params.h"
@@ -38,12 +48,12 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -53,12 +63,16 @@
 
 /* Internal message types. */
 enum {
-	CTL_T_REGISTER = 1, /* request: u32 rank, u32 nranks, member; reply: directory */
+	CTL_T_REGISTER = 1, /* request: u32 rank, u32 nranks, member; reply: head (ctl_dir.c) */
 	CTL_T_CANCEL = 2,   /* u32 rank, u32 request id of a REGISTER given up on */
+	CTL_T_LOOKUP = 3,   /* request: members and NIC owners of a round (ctl_dir.c) */
+	CTL_T_NICS = 4,	    /* request: the NICs a rank uses (ctl_dir.c) */
+	CTL_T_LEAVE = 5,    /* u32 round, u32 rank: that rank's communicator is gone */
 };
 
-#define CTL_MAX_CONNS	    8192
-#define CTL_OUTQ_MAX_ITEMS  4096
+#define CTL_MAX_CONNS	    65536
+#define CTL_EVENTS	    256
+#define CTL_OUTQ_MAX_ITEMS  65536
 #define CTL_OUTQ_MAX_BYTES  (64u << 20)
 #define CTL_CONN_TX_MAX	    (16u << 20)
 #define CTL_RX_BUDGET	    (256u << 20) /* all half-received frames together */
@@ -66,7 +80,7 @@ enum {
 #define CTL_TX_STALL_MS	    30000
 #define CTL_POLL_MS	    100
 #define CTL_IDLE_POLL_MS    1000
-#define CTL_REPLAY_SENDERS  8192
+#define CTL_REPLAY_SENDERS  131072
 #define CTL_READS_PER_PASS  64
 #define CTL_PARK_MAX_FRAMES 256
 #define CTL_PARK_MAX_BYTES  (8u << 20)
@@ -88,6 +102,7 @@ struct src_ent {
 struct out_item {
 	struct out_item *next;
 	struct sockaddr_storage dst;
+	int32_t lane; /* -1: the destination's shared connection */
 	unsigned char key[R2CC_CTL_SECRET_SIZE];
 	struct r2cc_ctl_hdr hdr; /* sender, seq, ts filled when sealed */
 	unsigned char payload[];
@@ -102,7 +117,11 @@ struct txbuf {
 
 struct conn {
 	int fd;
-	uint64_t uid; /* never reused; names the conn in pendings and rounds */
+	int idx;       /* in ctl.conns */
+	uint64_t uid;  /* never reused; names the conn in pendings and rounds */
+	int32_t lane;  /* outgoing: see out_item */
+	uint32_t ev;   /* epoll events asked for */
+	int rdv_slots; /* slots of open rounds that wait for this connection */
 	bool outgoing;
 	bool connecting;
 	bool dead;
@@ -125,7 +144,7 @@ struct conn {
 };
 
 struct pending {
-	struct pending *next;
+	struct pending *next, *prev;
 	uint32_t req_id;
 	uint64_t job_id;
 	int32_t peer_rank; /* expected from_rank of the reply; -1 for the rendezvous */
@@ -152,6 +171,12 @@ struct rdv_round {
 	struct rdv_slot *slots;
 };
 
+/* A completed round, while any of its ranks remains. */
+struct rdv_done {
+	struct rdv_done *next;
+	struct r2cc_ctl_rdir *rd;
+};
+
 struct job_ent {
 	struct job_ent *next;
 	struct r2cc_ctl_job job;
@@ -159,7 +184,9 @@ struct job_ent {
 	int *ranks; /* the ranks this process holds in the job */
 	int nlocal;
 	int cap_local;
-	struct rdv_round *round; /* control thread only */
+	struct rdv_round *round; /* control thread only, as are done and next_gen */
+	struct rdv_done *done;
+	uint32_t next_gen;
 };
 
 /* A frame for a job this process does not know yet. */
@@ -197,18 +224,25 @@ static struct {
 	int wake_fd;
 	int listen_fd;
 	int oob_fd;
+	int ep_fd;
 	struct sockaddr_storage local;
 	struct out_item *outq;
 	struct out_item **outtail;
 	size_t out_items;
 	size_t out_bytes;
 	struct pending *pending;
+	struct r2cc_hmap pending_by_id; /* req_id -> struct pending */
 	struct job_ent *jobs;
 	struct handler handlers[R2CC_CTL_TYPE_MAX];
 	uint32_t next_req;
 	struct conn **conns;
-	int nconns;
+	int nconns, conncap;
+	bool conn_per_rank;
 	/* control thread only */
+	struct r2cc_hmap conn_by_uid;
+	struct r2cc_hmap conn_by_dst; /* hash of (destination, lane) -> outgoing conn */
+	bool timers;		      /* something may time out: sweep every CTL_POLL_MS */
+	int64_t last_sweep_ms;
 	struct r2cc_ctl_replay *replay;
 	uint64_t next_conn_uid;
 	size_t rx_charged;
@@ -225,6 +259,7 @@ static struct {
     .wake_fd = -1,
     .listen_fd = -1,
     .oob_fd = -1,
+    .ep_fd = -1,
 };
 
 static struct r2cc_ctl_stats stats;
@@ -246,6 +281,14 @@ void r2cc_ctl_set_timeouts(int stall_ms, int parked_ms)
 void r2cc_ctl_set_auth_ms(int ms)
 {
 	__atomic_store_n(&auth_ms, ms, __ATOMIC_RELAXED);
+}
+
+/* How many not yet authenticated connections one source address may hold. */
+static int preauth_per_src = CTL_PREAUTH_CONNS_PER_SRC;
+
+void r2cc_ctl_set_preauth_per_src(int n)
+{
+	__atomic_store_n(&preauth_per_src, n, __ATOMIC_RELAXED);
 }
 
 #define STAT_INC(field) __atomic_fetch_add(&stats.field, 1, __ATOMIC_RELAXED)
@@ -392,6 +435,12 @@ static void round_free(struct rdv_round *r);
 static void job_free(struct job_ent *j)
 {
 	round_free(j->round);
+	while (j->done) {
+		struct rdv_done *d = j->done;
+		j->done = d->next;
+		r2cc_ctl_rdir_free(d->rd);
+		free(d);
+	}
 	free(j->ranks);
 	free(j);
 }
@@ -410,10 +459,36 @@ static void round_free(struct rdv_round *r)
 
 static struct pending *pending_find_locked(uint32_t req_id, uint64_t job_id)
 {
-	for (struct pending *p = ctl.pending; p; p = p->next)
-		if (p->req_id == req_id && p->job_id == job_id)
-			return p;
-	return NULL;
+	struct pending *p = r2cc_hmap_get(&ctl.pending_by_id, req_id);
+	return p && p->job_id == job_id ? p : NULL;
+}
+
+/* Request ids are unique among the waiters of a process (32 bits wrap only
+ * after four billion requests, long after any waiter gave up). */
+static int pending_link_locked(struct pending *p)
+{
+	if (r2cc_hmap_put(&ctl.pending_by_id, p->req_id, p))
+		return -ENOMEM;
+	p->prev = NULL;
+	p->next = ctl.pending;
+	if (ctl.pending)
+		ctl.pending->prev = p;
+	ctl.pending = p;
+	return 0;
+}
+
+static void pending_unlink_locked(struct pending *p)
+{
+	if (r2cc_hmap_get(&ctl.pending_by_id, p->req_id) != p)
+		return;
+	r2cc_hmap_del(&ctl.pending_by_id, p->req_id);
+	if (p->prev)
+		p->prev->next = p->next;
+	else
+		ctl.pending = p->next;
+	if (p->next)
+		p->next->prev = p->prev;
+	p->next = p->prev = NULL;
 }
 
 static void pending_complete_locked(struct pending *p, int status)
@@ -505,11 +580,71 @@ static void conn_src_release(struct conn *c)
 
 /* Connections (control thread). */
 
-static void conn_add(struct conn *c)
+/* What an outgoing connection is found by: its destination and lane. */
+static uint64_t dst_key(const struct sockaddr_storage *dst, int32_t lane)
 {
+	unsigned char b[2 + 2 + 16 + 4];
+	memset(b, 0, sizeof(b));
+	b[0] = (unsigned char)dst->ss_family;
+	uint16_t port = r2cc_ctl_addr_port(dst);
+	b[2] = (unsigned char)(port >> 8);
+	b[3] = (unsigned char)port;
+	if (dst->ss_family == AF_INET)
+		memcpy(b + 4, &((const struct sockaddr_in *)dst)->sin_addr, 4);
+	else if (dst->ss_family == AF_INET6)
+		memcpy(b + 4, &((const struct sockaddr_in6 *)dst)->sin6_addr, 16);
+	memcpy(b + 20, &lane, 4);
+	return r2cc_hmap_hash_bytes(b, sizeof(b));
+}
+
+static void conn_watch(struct conn *c)
+{
+	uint32_t want = c->connecting ? EPOLLOUT : EPOLLIN | (c->txq ? EPOLLOUT : 0);
+	if (want == c->ev || c->dead)
+		return;
+	struct epoll_event e = {.events = want, .data.ptr = c};
+	if (epoll_ctl(ctl.ep_fd, EPOLL_CTL_MOD, c->fd, &e) == 0)
+		c->ev = want;
+}
+
+/* 0, or -ENOMEM / -EMFILE: then the caller frees c. */
+static int conn_add(struct conn *c)
+{
+	int rc = 0;
+	struct epoll_event e = {.events = c->connecting ? EPOLLOUT : EPOLLIN, .data.ptr = c};
+	if (r2cc_hmap_put(&ctl.conn_by_uid, c->uid, c))
+		return -ENOMEM;
+	if (c->outgoing && r2cc_hmap_put(&ctl.conn_by_dst, dst_key(&c->peer, c->lane), c)) {
+		r2cc_hmap_del(&ctl.conn_by_uid, c->uid);
+		return -ENOMEM;
+	}
 	pthread_mutex_lock(&ctl.lock);
-	ctl.conns[ctl.nconns++] = c;
+	if (ctl.nconns == ctl.conncap) {
+		int cap = ctl.conncap ? 2 * ctl.conncap : 64;
+		struct conn **g =
+		    cap <= CTL_MAX_CONNS ? realloc(ctl.conns, sizeof(*g) * (size_t)cap) : NULL;
+		if (g) {
+			ctl.conns = g;
+			ctl.conncap = cap;
+		} else {
+			rc = -EMFILE;
+		}
+	}
+	if (rc == 0 && epoll_ctl(ctl.ep_fd, EPOLL_CTL_ADD, c->fd, &e) != 0)
+		rc = -errno;
+	if (rc == 0) {
+		c->ev = e.events;
+		c->idx = ctl.nconns;
+		ctl.conns[ctl.nconns++] = c;
+	}
 	pthread_mutex_unlock(&ctl.lock);
+	if (rc) {
+		r2cc_hmap_del(&ctl.conn_by_uid, c->uid);
+		if (c->outgoing && r2cc_hmap_get(&ctl.conn_by_dst, dst_key(&c->peer, c->lane)) == c)
+			r2cc_hmap_del(&ctl.conn_by_dst, dst_key(&c->peer, c->lane));
+	}
+	ctl.timers = true;
+	return rc;
 }
 
 static struct conn *conn_new(int fd, bool outgoing)
@@ -523,6 +658,7 @@ static struct conn *conn_new(int fd, bool outgoing)
 	}
 	c->fd = fd;
 	c->uid = ++ctl.next_conn_uid;
+	c->lane = -1;
 	c->outgoing = outgoing;
 	c->txtail = &c->txq;
 	c->opened_ms = c->rx_progress_ms = c->tx_progress_ms = now_ms();
@@ -532,11 +668,18 @@ static struct conn *conn_new(int fd, bool outgoing)
 	return c;
 }
 
+static int ndead; /* connections killed, not reaped yet */
+
 static void conn_kill(struct conn *c, int status)
 {
 	if (!c->dead) {
 		c->dead = true;
 		c->dead_status = status;
+		ndead++;
+		/* Found by nobody from now on; reaped at the top of the loop. */
+		r2cc_hmap_del(&ctl.conn_by_uid, c->uid);
+		if (c->outgoing && r2cc_hmap_get(&ctl.conn_by_dst, dst_key(&c->peer, c->lane)) == c)
+			r2cc_hmap_del(&ctl.conn_by_dst, dst_key(&c->peer, c->lane));
 	}
 }
 
@@ -564,40 +707,47 @@ static void conn_free(struct conn *c)
 	free(c);
 }
 
-static void rdv_forget_conn(uint64_t conn_uid);
+static void rdv_forget_conn(const struct conn *c);
 
-/* Remove dead connections, failing what waited on them. */
+/* Remove dead connections, failing what waited on them. Connections die only
+ * by conn_kill(), which the reaper follows within one pass. */
 static void conns_reap(void)
 {
-	for (int i = 0; i < ctl.nconns;) {
+	for (int i = 0; i < ctl.nconns && ndead > 0;) {
 		struct conn *c = ctl.conns[i];
 		if (!c->dead) {
 			i++;
 			continue;
 		}
+		ndead--;
 		pthread_mutex_lock(&ctl.lock);
 		ctl.conns[i] = ctl.conns[--ctl.nconns];
+		ctl.conns[i]->idx = i;
 		pthread_mutex_unlock(&ctl.lock);
 		pending_fail_conn(c->uid, c->dead_status);
-		rdv_forget_conn(c->uid);
+		rdv_forget_conn(c);
 		conn_free(c);
 	}
 }
 
 static struct conn *conn_by_uid(uint64_t uid)
 {
-	for (int i = 0; i < ctl.nconns; i++)
-		if (ctl.conns[i]->uid == uid && !ctl.conns[i]->dead)
-			return ctl.conns[i];
-	return NULL;
+	struct conn *c = r2cc_hmap_get(&ctl.conn_by_uid, uid);
+	return c && !c->dead ? c : NULL;
 }
 
-static struct conn *conn_outgoing(const struct sockaddr_storage *dst, int *err)
+static struct conn *conn_outgoing(const struct sockaddr_storage *dst, int32_t lane, int *err)
 {
-	for (int i = 0; i < ctl.nconns; i++) {
-		struct conn *c = ctl.conns[i];
-		if (c->outgoing && !c->dead && r2cc_ctl_addr_equal(&c->peer, dst))
-			return c;
+	struct conn *hit = r2cc_hmap_get(&ctl.conn_by_dst, dst_key(dst, lane));
+	if (hit && !hit->dead && hit->lane == lane && r2cc_ctl_addr_equal(&hit->peer, dst))
+		return hit;
+	/* Another destination behind the same hash (never seen in practice): the
+	 * connection list is the truth. */
+	for (int i = 0; hit && i < ctl.nconns; i++) {
+		struct conn *o = ctl.conns[i];
+		if (o->outgoing && !o->dead && o->lane == lane &&
+		    r2cc_ctl_addr_equal(&o->peer, dst))
+			return o;
 	}
 	if (ctl.nconns >= CTL_MAX_CONNS) {
 		*err = -EMFILE;
@@ -625,11 +775,19 @@ static struct conn *conn_outgoing(const struct sockaddr_storage *dst, int *err)
 	}
 	c->connecting = connecting;
 	c->peer = *dst;
-	conn_add(c);
+	c->lane = lane;
+	int rc = conn_add(c);
+	if (rc) {
+		*err = rc;
+		conn_free(c);
+		return NULL;
+	}
 	STAT_INC(conns_opened);
 	return c;
 }
 
+/* Writes what the socket takes; epoll then watches for room only while
+ * something is left. */
 static void conn_flush(struct conn *c)
 {
 	while (c->txq && !c->connecting && !c->dead) {
@@ -638,12 +796,12 @@ static void conn_flush(struct conn *c)
 		if (n < 0) {
 			if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
 				conn_kill(c, -ECONNRESET);
-			return;
+			break;
 		}
 		c->tx_progress_ms = now_ms();
 		t->off += (size_t)n;
 		if (t->off < t->len)
-			return;
+			break;
 		c->txq = t->next;
 		if (!c->txq)
 			c->txtail = &c->txq;
@@ -651,6 +809,9 @@ static void conn_flush(struct conn *c)
 		free(t);
 		STAT_INC(sent);
 	}
+	if (c->txq)
+		ctl.timers = true;
+	conn_watch(c);
 }
 
 /* Seal a frame with this connection's sender id and next sequence number and
@@ -727,7 +888,7 @@ static void route_out(void)
 		struct out_item *it = list;
 		list = it->next;
 		int rc = 0;
-		struct conn *c = conn_outgoing(&it->dst, &rc);
+		struct conn *c = conn_outgoing(&it->dst, it->lane, &rc);
 		if (c)
 			rc = conn_send(c, it->key, &it->hdr, it->payload, it->hdr.len);
 		if (it->hdr.flags & R2CC_CTL_F_REQUEST) {
@@ -768,6 +929,7 @@ static int queue_out(const struct sockaddr_storage *dst, const unsigned char *ke
 		return -ENOMEM;
 	it->next = NULL;
 	it->dst = *dst;
+	it->lane = __atomic_load_n(&ctl.conn_per_rank, __ATOMIC_RELAXED) ? h->from_rank : -1;
 	memcpy(it->key, key, R2CC_CTL_SECRET_SIZE);
 	it->hdr = *h;
 	it->hdr.len = (uint32_t)len;
@@ -795,13 +957,16 @@ static int queue_out(const struct sockaddr_storage *dst, const unsigned char *ke
 
 /* Rendezvous (control thread). */
 
-static void rdv_forget_conn(uint64_t conn_uid)
+/* Only connections that wait in an open round cost a look at its slots. */
+static void rdv_forget_conn(const struct conn *c)
 {
+	if (c->rdv_slots == 0)
+		return;
 	pthread_mutex_lock(&ctl.lock);
 	for (struct job_ent *j = ctl.jobs; j; j = j->next) {
 		struct rdv_round *r = j->round;
 		for (int i = 0; r && i < r->nranks; i++) {
-			if (r->slots[i].present && r->slots[i].conn_uid == conn_uid) {
+			if (r->slots[i].present && r->slots[i].conn_uid == c->uid) {
 				free(r->slots[i].member);
 				r->slots[i] = (struct rdv_slot){0};
 				r->count--;
@@ -829,39 +994,66 @@ static void put_u32(unsigned char *p, uint32_t v)
 	p[3] = (unsigned char)v;
 }
 
+/* The slot's connection no longer waits in the round. */
+static void slot_release(struct rdv_slot *s)
+{
+	struct conn *c = conn_by_uid(s->conn_uid);
+	if (c && c->rdv_slots > 0)
+		c->rdv_slots--;
+}
+
+/* Every rank is in: the round becomes a directory of the rendezvous, and each
+ * rank gets its head (O(runs + its node's ranks) bytes). */
 static void rdv_complete(struct job_ent *j)
 {
 	struct rdv_round *r = j->round;
-	size_t len = 4;
-	for (int i = 0; i < r->nranks; i++)
-		len += 4 + r->slots[i].mlen;
-	unsigned char *blob = len <= R2CC_CTL_MAX_PAYLOAD ? malloc(len) : NULL;
-	int status = 0;
-	if (!blob) {
-		status = len <= R2CC_CTL_MAX_PAYLOAD ? -ENOMEM : -EMSGSIZE;
-		R2CC_WARN("control plane: cannot build the directory of job %016llx (%d ranks, "
-			  "%zu bytes): %s",
-			  (unsigned long long)j->job.id, r->nranks, len, strerror(-status));
-	} else {
-		size_t o = 4;
-		put_u32(blob, (uint32_t)r->nranks);
+	unsigned char **member = malloc(sizeof(*member) * (size_t)r->nranks);
+	size_t *mlen = malloc(sizeof(*mlen) * (size_t)r->nranks);
+	struct rdv_done *d = malloc(sizeof(*d));
+	int status = member && mlen && d ? 0 : -ENOMEM;
+	struct r2cc_ctl_rdir *rd = NULL;
+	if (status == 0) {
 		for (int i = 0; i < r->nranks; i++) {
-			put_u32(blob + o, (uint32_t)r->slots[i].mlen);
-			memcpy(blob + o + 4, r->slots[i].member, r->slots[i].mlen);
-			o += 4 + r->slots[i].mlen;
+			member[i] = r->slots[i].member;
+			mlen[i] = r->slots[i].mlen;
+			r->slots[i].member = NULL;
 		}
+		rd = r2cc_ctl_rdir_new(r->nranks, ++j->next_gen, member, mlen, &status);
+	} else {
+		free(member);
+		free(mlen);
 	}
+	if (status)
+		R2CC_WARN("control plane: cannot build the directory of job %016llx (%d ranks): "
+			  "%s",
+			  (unsigned long long)j->job.id, r->nranks, strerror(-status));
 	for (int i = 0; i < r->nranks; i++) {
-		struct conn *c = conn_by_uid(r->slots[i].conn_uid);
-		if (c)
-			send_reply(c, j->job.secret, j->job.id, r->slots[i].req_id, -1, i, status,
-				   blob, len);
+		struct rdv_slot *s = &r->slots[i];
+		struct conn *c = conn_by_uid(s->conn_uid);
+		slot_release(s);
+		if (!c)
+			continue;
+		unsigned char *head = NULL;
+		size_t len = 0;
+		int st = rd ? r2cc_ctl_rdir_head(rd, i, &head, &len) : status;
+		send_reply(c, j->job.secret, j->job.id, s->req_id, -1, i, st, head, len);
+		free(head);
 	}
-	R2CC_INFO("control plane: job %016llx: all %d ranks registered",
-		  (unsigned long long)j->job.id, r->nranks);
-	free(blob);
+	if (rd) {
+		R2CC_INFO("control plane: job %016llx: all %d ranks registered (round %u, %zu "
+			  "bytes here)",
+			  (unsigned long long)j->job.id, r->nranks, r2cc_ctl_rdir_gen(rd),
+			  r2cc_ctl_rdir_bytes(rd));
+		d->rd = rd;
+		d->next = j->done;
+		j->done = d;
+	} else {
+		free(d);
+	}
+	pthread_mutex_lock(&ctl.lock);
 	round_free(r);
 	j->round = NULL;
+	pthread_mutex_unlock(&ctl.lock);
 }
 
 static void rdv_register(struct conn *c, struct job_ent *j, const struct r2cc_ctl_hdr *h,
@@ -919,6 +1111,7 @@ static void rdv_register(struct conn *c, struct job_ent *j, const struct r2cc_ct
 		if (old)
 			send_reply(old, j->job.secret, j->job.id, s->req_id, -1, (int32_t)rank,
 				   -ECANCELED, NULL, 0);
+		slot_release(s);
 		free(s->member);
 		r->count--;
 	}
@@ -926,6 +1119,7 @@ static void rdv_register(struct conn *c, struct job_ent *j, const struct r2cc_ct
 	*s = (struct rdv_slot){true, c->uid, h->req_id, copy, h->len - 8};
 	r->count++;
 	pthread_mutex_unlock(&ctl.lock);
+	c->rdv_slots++;
 	if (r->count == r->nranks)
 		rdv_complete(j);
 }
@@ -943,6 +1137,7 @@ static void rdv_cancel(struct conn *c, struct job_ent *j, const struct r2cc_ctl_
 		return;
 	struct rdv_slot *s = &r->slots[rank];
 	if (s->present && s->conn_uid == c->uid && s->req_id == req_id) {
+		slot_release(s);
 		pthread_mutex_lock(&ctl.lock);
 		free(s->member);
 		*s = (struct rdv_slot){0};
@@ -951,6 +1146,64 @@ static void rdv_cancel(struct conn *c, struct job_ent *j, const struct r2cc_ctl_
 			j->round = NULL;
 		}
 		pthread_mutex_unlock(&ctl.lock);
+	}
+}
+
+/* The completed round a request names in its first word; NULL when it is
+ * gone (every rank left) or never was. */
+static struct rdv_done *rdv_find(struct job_ent *j, const struct r2cc_ctl_hdr *h,
+				 const unsigned char *p)
+{
+	if (h->len < 4)
+		return NULL;
+	uint32_t gen = get_u32(p);
+	for (struct rdv_done *d = j->done; d; d = d->next)
+		if (r2cc_ctl_rdir_gen(d->rd) == gen)
+			return d;
+	return NULL;
+}
+
+/* LOOKUP and NICS: requests of a round's ranks, answered from its directory. */
+static void rdv_serve(struct conn *c, struct job_ent *j, const struct r2cc_ctl_hdr *h,
+		      const unsigned char *p)
+{
+	if (!(h->flags & R2CC_CTL_F_REQUEST)) {
+		count_drop(R2CC_CTL_DROP_MALFORMED, c);
+		return;
+	}
+	struct rdv_done *d = j->serve ? rdv_find(j, h, p) : NULL;
+	unsigned char *out = NULL;
+	size_t olen = 0;
+	int rc = -ENOENT;
+	if (d && h->type == CTL_T_LOOKUP)
+		rc = r2cc_ctl_rdir_lookup(d->rd, p, h->len, &out, &olen);
+	else if (d)
+		rc = r2cc_ctl_rdir_nics(d->rd, h->from_rank, p, h->len);
+	if (rc == -EPROTO)
+		count_drop(R2CC_CTL_DROP_MALFORMED, c);
+	send_reply(c, j->job.secret, j->job.id, h->req_id, -1, h->from_rank, rc, out, olen);
+	free(out);
+}
+
+static void rdv_leave(struct conn *c, struct job_ent *j, const struct r2cc_ctl_hdr *h,
+		      const unsigned char *p)
+{
+	if (h->len != 8) {
+		count_drop(R2CC_CTL_DROP_MALFORMED, c);
+		return;
+	}
+	struct rdv_done **dp = &j->done;
+	while (*dp && r2cc_ctl_rdir_gen((*dp)->rd) != get_u32(p))
+		dp = &(*dp)->next;
+	struct rdv_done *d = *dp;
+	if (!d || (int32_t)get_u32(p + 4) != h->from_rank)
+		return;
+	if (r2cc_ctl_rdir_leave(d->rd, h->from_rank)) {
+		R2CC_INFO("control plane: job %016llx: every rank of round %u left",
+			  (unsigned long long)j->job.id, r2cc_ctl_rdir_gen(d->rd));
+		*dp = d->next;
+		r2cc_ctl_rdir_free(d->rd);
+		free(d);
 	}
 }
 
@@ -1045,16 +1298,19 @@ static bool park(struct conn *c, const struct r2cc_ctl_hdr *h, unsigned char *fr
 	ctl.nparked++;
 	ctl.parked_bytes += size;
 	c->parked++;
+	ctl.timers = true;
 	return true;
 }
 
 /* Whether h is for this process: a rank it holds in j, or the rendezvous
- * (rank -1: registration and its cancel only). */
+ * (rank -1: registration and its cancel, and the requests its directory
+ * serves: lookups, NIC reports, leaving). */
 static bool addressed_here_locked(const struct job_ent *j, const struct r2cc_ctl_hdr *h)
 {
 	if (h->to_rank == -1)
 		return !(h->flags & R2CC_CTL_F_REPLY) &&
-		       (h->type == CTL_T_REGISTER || h->type == CTL_T_CANCEL);
+		       (h->type == CTL_T_REGISTER || h->type == CTL_T_CANCEL ||
+			h->type == CTL_T_LOOKUP || h->type == CTL_T_NICS || h->type == CTL_T_LEAVE);
 	for (int i = 0; i < j->nlocal; i++)
 		if (j->ranks[i] == h->to_rank)
 			return true;
@@ -1107,6 +1363,10 @@ static int process_frame(struct conn *c, const struct r2cc_ctl_hdr *h, unsigned 
 		rdv_register(c, j, h, p);
 	else if (h->type == CTL_T_CANCEL)
 		rdv_cancel(c, j, h, p);
+	else if (h->type == CTL_T_LOOKUP || h->type == CTL_T_NICS)
+		rdv_serve(c, j, h, p);
+	else if (h->type == CTL_T_LEAVE)
+		rdv_leave(c, j, h, p);
 	else
 		run_handler(c, key, h, p);
 	return FRAME_DONE;
@@ -1170,6 +1430,8 @@ static void conn_read(struct conn *c)
 		bool had_frame = c->rx.frame != NULL;
 		int drop;
 		int rc = r2cc_ctl_rx_advance(&c->rx, (size_t)n, &drop);
+		if (rc == 0)
+			ctl.timers = true; /* half a frame may stall */
 		if (rc < 0) {
 			count_drop(drop, c);
 			conn_kill(c, -ECONNRESET);
@@ -1224,7 +1486,7 @@ static void accept_all(int lfd)
 			return;
 		}
 		struct src_ent *e = ctl.nconns < CTL_MAX_CONNS ? src_get(&peer) : NULL;
-		if (!e || e->conns >= CTL_PREAUTH_CONNS_PER_SRC ||
+		if (!e || e->conns >= __atomic_load_n(&preauth_per_src, __ATOMIC_RELAXED) ||
 		    ctl.preauth_conns >= CTL_PREAUTH_CONNS) {
 			if (e) {
 				char a[64];
@@ -1247,14 +1509,25 @@ static void accept_all(int lfd)
 		c->src = e;
 		e->conns++;
 		ctl.preauth_conns++;
-		conn_add(c);
+		if (conn_add(c)) {
+			STAT_INC(conns_refused);
+			conn_free(c);
+			continue;
+		}
 		STAT_INC(conns_accepted);
+		/* A client sends its first frame as soon as it is connected: read
+		 * it now, so that the connection stops counting as a stranger
+		 * before the next one is accepted, and a burst of registrations
+		 * from one host (the ranks of a node) is not refused. */
+		conn_read(c);
 	}
 }
 
-static void conn_events(struct conn *c, short rev)
+static void conn_events(struct conn *c, uint32_t rev)
 {
-	if (c->connecting && (rev & (POLLOUT | POLLERR | POLLHUP))) {
+	if (c->dead)
+		return;
+	if (c->connecting && (rev & (EPOLLOUT | EPOLLERR | EPOLLHUP))) {
 		int err = 0;
 		socklen_t el = sizeof(err);
 		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0)
@@ -1266,17 +1539,22 @@ static void conn_events(struct conn *c, short rev)
 		c->connecting = false;
 		c->tx_progress_ms = now_ms();
 	}
-	if (!c->connecting && (rev & (POLLIN | POLLERR | POLLHUP)))
+	if (!c->connecting && (rev & (EPOLLIN | EPOLLERR | EPOLLHUP)))
 		conn_read(c);
-	if (!c->connecting && (rev & POLLOUT))
+	if (!c->connecting && !c->dead && (rev & EPOLLOUT))
 		conn_flush(c);
 }
 
+/* Every CTL_POLL_MS: what has waited too long. Also decides whether anything
+ * can time out at all (then the loop wakes every CTL_POLL_MS, else once a
+ * second). */
 static void conns_sweep(void)
 {
 	int64_t now = now_ms();
 	int stall = __atomic_load_n(&rx_stall_ms, __ATOMIC_RELAXED);
 	int auth = __atomic_load_n(&auth_ms, __ATOMIC_RELAXED);
+	bool timers = ctl.nparked > 0;
+	ctl.last_sweep_ms = now;
 	for (int i = 0; i < ctl.nconns; i++) {
 		struct conn *c = ctl.conns[i];
 		if (c->dead)
@@ -1293,16 +1571,34 @@ static void conns_sweep(void)
 		} else if (c->txq && now - c->tx_progress_ms > CTL_TX_STALL_MS) {
 			conn_kill(c, -ETIMEDOUT);
 		}
+		timers |= !c->dead && (c->connecting || c->txq || r2cc_ctl_rx_partial(&c->rx) ||
+				       (!c->outgoing && !c->authed));
 	}
+	ctl.timers = timers;
+}
+
+/* epoll's data for the descriptors that are not connections. */
+static char ev_wake, ev_listen, ev_oob;
+
+static void watch_fd(int fd, uint32_t events, void *tag)
+{
+	struct epoll_event e = {.events = events, .data.ptr = tag};
+	if (epoll_ctl(ctl.ep_fd, EPOLL_CTL_MOD, fd, &e) != 0 &&
+	    epoll_ctl(ctl.ep_fd, EPOLL_CTL_ADD, fd, &e) != 0)
+		R2CC_WARN_ONCE("control plane: epoll: %s", strerror(errno));
 }
 
 static void *ctl_main(void *arg)
 {
-	struct pollfd *pfd = malloc(sizeof(*pfd) * (CTL_MAX_CONNS + 3));
-	if (!pfd) {
+	struct epoll_event *ev = malloc(sizeof(*ev) * CTL_EVENTS);
+	if (!ev) {
 		R2CC_WARN("control plane: out of memory; the control thread stops");
 		return NULL;
 	}
+	int oob_watched = -1;
+	bool paused = false;
+	watch_fd(ctl.wake_fd, EPOLLIN, &ev_wake);
+	watch_fd(ctl.listen_fd, EPOLLIN, &ev_listen);
 	for (;;) {
 		pthread_mutex_lock(&ctl.lock);
 		bool stop = ctl.stop;
@@ -1313,47 +1609,46 @@ static void *ctl_main(void *arg)
 		route_out();
 		park_retry(false);
 		conns_reap();
-		int n = 0;
-		/* A negative fd makes poll() skip the listeners while paused. */
-		bool paused = now_ms() < accept_pause_until;
-		pfd[n++] = (struct pollfd){ctl.wake_fd, POLLIN, 0};
-		pfd[n++] = (struct pollfd){paused ? -1 : ctl.listen_fd, POLLIN, 0};
-		if (oob >= 0)
-			pfd[n++] = (struct pollfd){paused ? -1 : oob, POLLIN, 0};
-		int base = n, polled = ctl.nconns;
+		/* Out of descriptors: the listeners rest for a moment. */
+		bool pause = now_ms() < accept_pause_until;
+		if (pause != paused || oob != oob_watched) {
+			watch_fd(ctl.listen_fd, pause ? 0 : EPOLLIN, &ev_listen);
+			if (oob >= 0)
+				watch_fd(oob, pause ? 0 : EPOLLIN, &ev_oob);
+			paused = pause;
+			oob_watched = oob;
+		}
 		/* Timers only matter while something can time out; an idle
 		 * process wakes once a second, not ten times. */
-		bool timers = paused || ctl.nparked > 0;
-		for (int i = 0; i < polled; i++) {
-			struct conn *c = ctl.conns[i];
-			short ev = POLLIN;
-			timers |= c->connecting || c->txq || r2cc_ctl_rx_partial(&c->rx) ||
-				  (!c->outgoing && !c->authed);
-			if (c->connecting || c->txq)
-				ev |= POLLOUT;
-			if (c->connecting)
-				ev = POLLOUT;
-			pfd[n++] = (struct pollfd){c->fd, ev, 0};
+		int wait_ms = ctl.timers || paused ? CTL_POLL_MS : CTL_IDLE_POLL_MS;
+		int n = epoll_wait(ctl.ep_fd, ev, CTL_EVENTS, wait_ms);
+		if (n < 0 && errno != EINTR)
+			R2CC_WARN_ONCE("control plane: epoll_wait: %s", strerror(errno));
+		bool accept_main = false, accept_oob = false;
+		for (int i = 0; i < n; i++) {
+			void *tag = ev[i].data.ptr;
+			if (tag == &ev_wake) {
+				uint64_t v;
+				if (read(ctl.wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+					R2CC_WARN_ONCE("control plane: wake read: %s",
+						       strerror(errno));
+			} else if (tag == &ev_listen) {
+				accept_main = true;
+			} else if (tag == &ev_oob) {
+				accept_oob = true;
+			} else {
+				conn_events(tag, ev[i].events);
+			}
 		}
-		if (poll(pfd, (nfds_t)n, timers ? CTL_POLL_MS : CTL_IDLE_POLL_MS) < 0 &&
-		    errno != EINTR)
-			R2CC_WARN_ONCE("control plane: poll: %s", strerror(errno));
-		if (pfd[0].revents & POLLIN) {
-			uint64_t v;
-			if (read(ctl.wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-				R2CC_WARN_ONCE("control plane: wake read: %s", strerror(errno));
-		}
-		for (int i = 0; i < polled; i++)
-			if (pfd[base + i].revents)
-				conn_events(ctl.conns[i], pfd[base + i].revents);
 		park_retry(false);
-		if (pfd[1].revents & POLLIN)
+		if (accept_main)
 			accept_all(ctl.listen_fd);
-		if (oob >= 0 && (pfd[2].revents & POLLIN))
+		if (accept_oob && oob >= 0)
 			accept_all(oob);
-		conns_sweep();
+		if (now_ms() - ctl.last_sweep_ms >= CTL_POLL_MS)
+			conns_sweep();
 	}
-	free(pfd);
+	free(ev);
 	park_retry(true);
 	for (int i = 0; i < ctl.nconns; i++)
 		conn_kill(ctl.conns[i], -ESHUTDOWN);
@@ -1392,6 +1687,7 @@ static void atfork_child(void)
 			close(ctl.conns[i]->fd);
 		close(ctl.listen_fd);
 		close(ctl.wake_fd);
+		close(ctl.ep_fd);
 		if (ctl.oob_fd >= 0)
 			close(ctl.oob_fd);
 		while (ctl.jobs) {
@@ -1401,11 +1697,16 @@ static void atfork_child(void)
 			free(j);
 		}
 		/* Waiters, queued frames, connections and their sources were the
-		 * parent's threads'. */
+		 * parent's threads' (their tables are left behind, as their
+		 * buffers are). */
 		memset(ctl.src, 0, sizeof(ctl.src));
 		ctl.preauth_conns = 0;
 		ctl.conns = NULL;
-		ctl.nconns = 0;
+		ctl.nconns = ctl.conncap = 0;
+		ndead = 0;
+		ctl.conn_by_uid = (struct r2cc_hmap){0};
+		ctl.conn_by_dst = (struct r2cc_hmap){0};
+		ctl.pending_by_id = (struct r2cc_hmap){0};
 		ctl.pending = NULL;
 		ctl.outq = NULL;
 		ctl.outtail = &ctl.outq;
@@ -1415,7 +1716,7 @@ static void atfork_child(void)
 		ctl.park = NULL;
 		ctl.nparked = 0;
 		ctl.parked_bytes = 0;
-		ctl.listen_fd = ctl.wake_fd = ctl.oob_fd = -1;
+		ctl.listen_fd = ctl.wake_fd = ctl.oob_fd = ctl.ep_fd = -1;
 		ctl.started = false;
 		ctl.stop = false;
 		memset(&stats, 0, sizeof(stats));
@@ -1458,7 +1759,7 @@ static int listen_on(const struct sockaddr_storage *addr, struct sockaddr_storag
 	int one = 1;
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (bind(fd, (const struct sockaddr *)addr, r2cc_ctl_addr_len(addr)) != 0 ||
-	    listen(fd, 512) != 0)
+	    listen(fd, SOMAXCONN) != 0)
 		goto err_close;
 	socklen_t len = sizeof(*bound);
 	memset(bound, 0, sizeof(*bound));
@@ -1501,17 +1802,18 @@ static int start_locked(void)
 		goto err_log;
 	}
 	int wfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	struct conn **conns = calloc(CTL_MAX_CONNS, sizeof(*conns));
+	int efd = epoll_create1(EPOLL_CLOEXEC);
 	struct r2cc_ctl_replay *replay = r2cc_ctl_replay_new(CTL_REPLAY_SENDERS);
-	if (wfd < 0 || !conns || !replay) {
-		rc = wfd < 0 ? -errno : -ENOMEM;
+	if (wfd < 0 || efd < 0 || !replay) {
+		rc = wfd < 0 || efd < 0 ? -errno : -ENOMEM;
 		goto err_free;
 	}
 	pthread_mutex_lock(&ctl.lock);
 	ctl.listen_fd = lfd;
 	ctl.wake_fd = wfd;
-	ctl.conns = conns;
-	ctl.nconns = 0;
+	ctl.ep_fd = efd;
+	ctl.conns = NULL;
+	ctl.nconns = ctl.conncap = 0;
 	ctl.replay = replay;
 	ctl.outq = NULL;
 	ctl.outtail = &ctl.outq;
@@ -1539,12 +1841,12 @@ static int start_locked(void)
 
 err_free:
 	pthread_mutex_lock(&ctl.lock);
-	ctl.listen_fd = ctl.wake_fd = -1;
-	ctl.conns = NULL;
+	ctl.listen_fd = ctl.wake_fd = ctl.ep_fd = -1;
 	ctl.replay = NULL;
 	pthread_mutex_unlock(&ctl.lock);
 	r2cc_ctl_replay_free(replay);
-	free(conns);
+	if (efd >= 0)
+		close(efd);
 	if (wfd >= 0)
 		close(wfd);
 	close(lfd);
@@ -1673,9 +1975,10 @@ void r2cc_ctl_shutdown(void)
 		pthread_mutex_lock(&ctl.lock);
 		close(ctl.listen_fd);
 		close(ctl.wake_fd);
+		close(ctl.ep_fd);
 		if (ctl.oob_fd >= 0)
 			close(ctl.oob_fd);
-		ctl.listen_fd = ctl.wake_fd = ctl.oob_fd = -1;
+		ctl.listen_fd = ctl.wake_fd = ctl.oob_fd = ctl.ep_fd = -1;
 		while (ctl.jobs) {
 			struct job_ent *j = ctl.jobs;
 			ctl.jobs = j->next;
@@ -1683,6 +1986,10 @@ void r2cc_ctl_shutdown(void)
 		}
 		free(ctl.conns);
 		ctl.conns = NULL;
+		ctl.nconns = ctl.conncap = 0;
+		r2cc_hmap_free(&ctl.conn_by_uid);
+		r2cc_hmap_free(&ctl.conn_by_dst);
+		r2cc_hmap_free(&ctl.pending_by_id);
 		r2cc_ctl_replay_free(ctl.replay);
 		ctl.replay = NULL;
 		ctl.started = false;
@@ -1702,13 +2009,13 @@ static void request_begin(struct pending *p, const struct sockaddr_storage *dst,
 		ctl.next_req = 1;
 	p->req_id = ctl.next_req;
 	p->job_id = job->id;
-	p->next = ctl.pending;
-	ctl.pending = p;
+	int rc = pending_link_locked(p);
 	pthread_mutex_unlock(&ctl.lock);
 	h->flags = R2CC_CTL_F_REQUEST;
 	h->req_id = p->req_id;
 	h->job_id = job->id;
-	int rc = queue_out(dst, job->secret, h, payload, len);
+	if (rc == 0)
+		rc = queue_out(dst, job->secret, h, payload, len);
 	if (rc) {
 		pthread_mutex_lock(&ctl.lock);
 		pending_complete_locked(p, rc);
@@ -1735,14 +2042,175 @@ static int request_wait(struct pending *p, const struct timespec *deadline)
 		if (pthread_cond_timedwait(&ctl.done_cv, &ctl.lock, deadline) == ETIMEDOUT)
 			break;
 	int rc = p->done ? p->status : -ETIMEDOUT;
-	for (struct pending **pp = &ctl.pending; *pp; pp = &(*pp)->next) {
-		if (*pp == p) {
-			*pp = p->next;
-			break;
-		}
-	}
+	pending_unlink_locked(p);
 	pthread_mutex_unlock(&ctl.lock);
 	return rc;
+}
+
+static int ms_left(const struct timespec *deadline)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	int64_t ms = (int64_t)(deadline->tv_sec - now.tv_sec) * 1000 +
+		     (deadline->tv_nsec - now.tv_nsec) / 1000000;
+	return ms > 0 ? (int)ms : 0;
+}
+
+/* A request to the rendezvous that serves dir's lookups; the reply is
+ * malloc'd into *reply. */
+static int rdv_request(const struct r2cc_ctl_dir *dir, uint16_t type, const void *payload,
+		       size_t len, unsigned char **reply, size_t *rlen, int timeout_ms)
+{
+	const struct r2cc_ctl_job *job;
+	int self;
+	uint32_t gen;
+	if (on_ctl_thread())
+		return -EDEADLK;
+	r2cc_ctl_dir_lookup_target(dir, &job, &self, &gen);
+	int rc = ctl_start();
+	if (rc == 0)
+		rc = job_ensure(job, false, &self, 1);
+	if (rc)
+		return rc;
+	struct pending p = {.peer_rank = -1, .grow = true};
+	struct r2cc_ctl_hdr h = {.type = type, .from_rank = self, .to_rank = -1};
+	struct timespec deadline;
+	deadline_after(&deadline, timeout_ms);
+	request_begin(&p, &job->rdv, job, &h, payload, len);
+	rc = request_wait(&p, &deadline);
+	if (rc == 0) {
+		*reply = p.buf;
+		*rlen = p.len;
+	} else {
+		free(p.buf);
+	}
+	return rc;
+}
+
+#define FETCH_CHUNK 4096
+
+static int cmp_rank(const void *a, const void *b)
+{
+	int x = *(const int *)a, y = *(const int *)b;
+	return (x > y) - (x < y);
+}
+
+int r2cc_ctl_dir_fetch(const struct r2cc_ctl_dir *dir, const int *ranks, int n, int timeout_ms)
+{
+	if (!dir || n < 0 || (n && !ranks) || timeout_ms < 0)
+		return -EINVAL;
+	int *want = malloc(sizeof(int) * (size_t)(n ? n : 1));
+	if (!want)
+		return -ENOMEM;
+	int k = 0;
+	for (int i = 0; i < n; i++) {
+		if (ranks[i] < 0 || ranks[i] >= dir->nranks) {
+			free(want);
+			return -EINVAL;
+		}
+		if (!r2cc_ctl_dir_member(dir, ranks[i]))
+			want[k++] = ranks[i];
+	}
+	/* Each rank once: a request never names more ranks than the round has. */
+	qsort(want, (size_t)k, sizeof(int), cmp_rank);
+	int u = 0;
+	for (int i = 0; i < k; i++)
+		if (!u || want[i] != want[u - 1])
+			want[u++] = want[i];
+	k = u;
+	struct timespec deadline;
+	deadline_after(&deadline, timeout_ms);
+	int rc = 0;
+	for (int i = 0; i < k && rc == 0; i += FETCH_CHUNK) {
+		int nr = k - i < FETCH_CHUNK ? k - i : FETCH_CHUNK;
+		unsigned char *req = NULL, *reply = NULL;
+		size_t len = 0, rlen = 0;
+		rc = r2cc_ctl_lookup_encode(dir, want + i, nr, NULL, 0, &req, &len);
+		if (rc == 0)
+			rc = rdv_request(dir, CTL_T_LOOKUP, req, len, &reply, &rlen,
+					 ms_left(&deadline));
+		if (rc == 0)
+			rc = r2cc_ctl_dir_take_lookup(dir, reply, rlen, 0, NULL, 0, NULL);
+		free(req);
+		free(reply);
+	}
+	for (int i = 0; i < k && rc == 0; i++)
+		if (!r2cc_ctl_dir_member(dir, want[i]))
+			rc = -ENOENT;
+	free(want);
+	return rc;
+}
+
+int r2cc_ctl_dir_owners(const struct r2cc_ctl_dir *dir, const struct r2cc_ctl_nicaddr *addrs, int n,
+			int *owners, int max_per_addr, int *nowners, int timeout_ms)
+{
+	if (!dir || n < 1 || n > R2CC_CTL_LOOKUP_MAX_ADDRS || !addrs || !owners ||
+	    max_per_addr < 1 || !nowners || timeout_ms < 0)
+		return -EINVAL;
+	unsigned char *req = NULL, *reply = NULL;
+	size_t len = 0, rlen = 0;
+	int rc = r2cc_ctl_lookup_encode(dir, NULL, 0, addrs, n, &req, &len);
+	if (rc == 0)
+		rc = rdv_request(dir, CTL_T_LOOKUP, req, len, &reply, &rlen, timeout_ms);
+	if (rc == 0)
+		rc = r2cc_ctl_dir_take_lookup(dir, reply, rlen, n, owners, max_per_addr, nowners);
+	free(req);
+	free(reply);
+	return rc;
+}
+
+int r2cc_ctl_dir_report_nics(const struct r2cc_ctl_dir *dir, const struct r2cc_ctl_nic *nics, int n,
+			     int timeout_ms)
+{
+	if (!dir || !nics || timeout_ms < 0)
+		return -EINVAL;
+	unsigned char *req = NULL, *reply = NULL;
+	size_t len = 0, rlen = 0;
+	int rc = r2cc_ctl_nics_encode(dir, nics, n, &req, &len);
+	if (rc == 0)
+		rc = rdv_request(dir, CTL_T_NICS, req, len, &reply, &rlen, timeout_ms);
+	free(req);
+	free(reply);
+	return rc;
+}
+
+void r2cc_ctl_dir_leave(const struct r2cc_ctl_dir *dir)
+{
+	const struct r2cc_ctl_job *job;
+	int self;
+	uint32_t gen;
+	if (!dir)
+		return;
+	r2cc_ctl_dir_lookup_target(dir, &job, &self, &gen);
+	/* A split's ranks leave through their parent's communicator. */
+	if (job->id != dir->job.id || ctl_start() || job_ensure(job, false, &self, 1))
+		return;
+	unsigned char b[8];
+	put_u32(b, gen);
+	put_u32(b + 4, (uint32_t)self);
+	struct r2cc_ctl_hdr h = {
+	    .type = CTL_T_LEAVE, .job_id = job->id, .from_rank = self, .to_rank = -1};
+	queue_out(&job->rdv, job->secret, &h, b, sizeof(b));
+}
+
+/* Where rank's process listens; its member is fetched first when the
+ * directory does not hold it. */
+static int member_addr(const struct r2cc_ctl_dir *dir, int rank, int timeout_ms,
+		       struct sockaddr_storage *out)
+{
+	const struct r2cc_ctl_member *m = r2cc_ctl_dir_member(dir, rank);
+	if (!m) {
+		if (on_ctl_thread())
+			return -ENOENT;
+		int rc = r2cc_ctl_dir_fetch(dir, &rank, 1, timeout_ms);
+		if (rc)
+			return rc;
+		m = r2cc_ctl_dir_member(dir, rank);
+		if (!m)
+			return -ENOENT;
+	}
+	*out = m->ctl_addr;
+	return 0;
 }
 
 int r2cc_ctl_request(const struct r2cc_ctl_dir *dir, int rank, uint16_t type, const void *payload,
@@ -1762,11 +2230,62 @@ int r2cc_ctl_request(const struct r2cc_ctl_dir *dir, int rank, uint16_t type, co
 	struct pending p = {.peer_rank = rank, .buf = reply, .cap = *reply_len};
 	struct r2cc_ctl_hdr h = {.type = type, .from_rank = dir->self_rank, .to_rank = rank};
 	struct timespec deadline;
+	struct sockaddr_storage dst;
 	deadline_after(&deadline, timeout_ms);
-	request_begin(&p, &dir->members[rank].ctl_addr, &dir->job, &h, payload, len);
+	rc = member_addr(dir, rank, timeout_ms, &dst);
+	if (rc)
+		return rc;
+	request_begin(&p, &dst, &dir->job, &h, payload, len);
 	rc = request_wait(&p, &deadline);
 	if (rc == 0 || rc == -EMSGSIZE)
 		*reply_len = p.len;
+	return rc;
+}
+
+int r2cc_ctl_request_batch(struct r2cc_ctl_batch_req *reqs, int n, uint16_t type, int timeout_ms)
+{
+	if (n < 0 || (n && !reqs) || type < R2CC_CTL_TYPE_USER || type >= R2CC_CTL_TYPE_MAX ||
+	    timeout_ms < 0)
+		return -EINVAL;
+	for (int i = 0; i < n; i++)
+		if (!reqs[i].dir || reqs[i].rank < 0 || reqs[i].rank >= reqs[i].dir->nranks ||
+		    (reqs[i].reply_len && !reqs[i].reply))
+			return -EINVAL;
+	if (on_ctl_thread())
+		return -EDEADLK;
+	int rc = ctl_start();
+	if (rc)
+		return rc;
+	struct pending *p = calloc((size_t)(n ? n : 1), sizeof(*p));
+	if (!p)
+		return -ENOMEM;
+	struct timespec deadline;
+	deadline_after(&deadline, timeout_ms);
+	for (int i = 0; i < n; i++) {
+		struct r2cc_ctl_batch_req *q = &reqs[i];
+		struct sockaddr_storage dst;
+		q->status = job_ensure(&q->dir->job, false, &q->dir->self_rank, 1);
+		if (q->status == 0)
+			q->status = member_addr(q->dir, q->rank, ms_left(&deadline), &dst);
+		if (q->status)
+			continue;
+		p[i] = (struct pending){.peer_rank = q->rank, .buf = q->reply, .cap = q->reply_len};
+		struct r2cc_ctl_hdr h = {
+		    .type = type, .from_rank = q->dir->self_rank, .to_rank = q->rank};
+		request_begin(&p[i], &dst, &q->dir->job, &h, q->payload, q->len);
+		q->status = 1; /* in flight */
+	}
+	for (int i = 0; i < n; i++) {
+		struct r2cc_ctl_batch_req *q = &reqs[i];
+		if (q->status == 1) {
+			q->status = request_wait(&p[i], &deadline);
+			if (q->status == 0 || q->status == -EMSGSIZE)
+				q->reply_len = p[i].len;
+		}
+		if (q->status && !rc)
+			rc = q->status;
+	}
+	free(p);
 	return rc;
 }
 
@@ -1787,7 +2306,16 @@ int r2cc_ctl_send(const struct r2cc_ctl_dir *dir, int rank, uint16_t type, const
 	    .from_rank = dir->self_rank,
 	    .to_rank = rank,
 	};
-	return queue_out(&dir->members[rank].ctl_addr, dir->job.secret, &h, payload, len);
+	struct sockaddr_storage dst;
+	rc = member_addr(dir, rank, 2000, &dst);
+	if (rc)
+		return rc;
+	return queue_out(&dst, dir->job.secret, &h, payload, len);
+}
+
+void r2cc_ctl_set_conn_per_rank(bool on)
+{
+	__atomic_store_n(&ctl.conn_per_rank, on, __ATOMIC_RELAXED);
 }
 
 int r2cc_ctl_dir_split(const struct r2cc_ctl_dir *parent, const int *parent_ranks, int nranks,
@@ -1841,20 +2369,76 @@ static void send_cancel(const struct r2cc_ctl_job *job, int rank, uint32_t req_i
 	queue_out(&job->rdv, job->secret, &h, b, sizeof(b));
 }
 
-int r2cc_ctl_register_ranks(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *self,
-			    const int *ranks, int nlocal, int nranks, int timeout_ms,
-			    struct r2cc_ctl_dir **dirs_p)
+/* Registers ranks[i] as member selves[i * stride] (stride 0: all the same). */
+/* A request whose connection broke before its answer came: worth sending
+ * again (a rendezvous flooded with connections refuses some of them). */
+static bool conn_lost(int status)
 {
-	if (!job || !self || !ranks || !dirs_p || nlocal < 1 || nranks < 1 ||
+	return status == -ECONNRESET || status == -ECONNREFUSED || status == -EPIPE ||
+	       status == -ECONNABORTED || status == -ENOTCONN;
+}
+
+/* (Re)sends local rank i's registration; p is reset first. */
+static void register_send(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *selves,
+			  size_t stride, const int *ranks, int i, int nranks, unsigned char *msg,
+			  struct pending *p)
+{
+	struct r2cc_ctl_member *self =
+	    (struct r2cc_ctl_member *)((char *)selves + (size_t)i * stride);
+	free(p->buf);
+	*p = (struct pending){.peer_rank = -1, .grow = true};
+	r2cc_ctl_local_addr(&self->ctl_addr);
+	int mlen = r2cc_ctl_member_encode(self, msg + 8, R2CC_CTL_MEMBER_MAX_ENC);
+	if (mlen < 0) {
+		p->done = true;
+		p->status = mlen;
+		return;
+	}
+	put_u32(msg, (uint32_t)ranks[i]);
+	put_u32(msg + 4, (uint32_t)nranks);
+	struct r2cc_ctl_hdr h = {.type = CTL_T_REGISTER, .from_rank = ranks[i], .to_rank = -1};
+	request_begin(p, &job->rdv, job, &h, msg, 8 + (size_t)mlen);
+}
+
+/* Until every registration is answered, one has lost its connection, or the
+ * deadline; returns how many lost their connection. */
+static int register_wait(struct pending *p, int n, const struct timespec *deadline)
+{
+	int lost = 0;
+	pthread_mutex_lock(&ctl.lock);
+	for (;;) {
+		int done = 0;
+		lost = 0;
+		for (int i = 0; i < n; i++) {
+			done += p[i].done;
+			lost += p[i].done && conn_lost(p[i].status);
+		}
+		if (done == n || lost ||
+		    pthread_cond_timedwait(&ctl.done_cv, &ctl.lock, deadline) == ETIMEDOUT)
+			break;
+	}
+	pthread_mutex_unlock(&ctl.lock);
+	return lost;
+}
+
+static int register_impl(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *selves,
+			 size_t stride, const int *ranks, int nlocal, int nranks, int timeout_ms,
+			 struct r2cc_ctl_dir **dirs_p)
+{
+	if (!job || !selves || !ranks || !dirs_p || nlocal < 1 || nranks < 1 ||
 	    nranks > R2CC_CTL_MAX_RANKS || nlocal > nranks || timeout_ms < 0)
 		return -EINVAL;
+	unsigned char *seen = calloc((size_t)nranks, 1);
+	if (!seen)
+		return -ENOMEM;
 	for (int i = 0; i < nlocal; i++) {
-		if (ranks[i] < 0 || ranks[i] >= nranks)
+		if (ranks[i] < 0 || ranks[i] >= nranks || seen[ranks[i]]) {
+			free(seen);
 			return -EINVAL;
-		for (int k = 0; k < i; k++)
-			if (ranks[k] == ranks[i])
-				return -EINVAL;
+		}
+		seen[ranks[i]] = 1;
 	}
+	free(seen);
 	if (on_ctl_thread())
 		return -EDEADLK;
 	int rc = ctl_start();
@@ -1862,30 +2446,36 @@ int r2cc_ctl_register_ranks(const struct r2cc_ctl_job *job, struct r2cc_ctl_memb
 		rc = job_ensure(job, false, ranks, nlocal);
 	if (rc)
 		return rc;
-	r2cc_ctl_local_addr(&self->ctl_addr);
 	unsigned char *msg = malloc(8 + R2CC_CTL_MEMBER_MAX_ENC);
 	struct pending *p = calloc((size_t)nlocal, sizeof(*p));
 	if (!msg || !p) {
 		rc = -ENOMEM;
 		goto out_free;
 	}
-	int mlen = r2cc_ctl_member_encode(self, msg + 8, R2CC_CTL_MEMBER_MAX_ENC);
-	if (mlen < 0) {
-		rc = mlen;
-		goto out_free;
-	}
-	put_u32(msg + 4, (uint32_t)nranks);
 	struct timespec deadline;
 	deadline_after(&deadline, timeout_ms);
-	for (int i = 0; i < nlocal; i++) {
-		put_u32(msg, (uint32_t)ranks[i]);
-		p[i].peer_rank = -1;
-		p[i].grow = true;
-		struct r2cc_ctl_hdr h = {
-		    .type = CTL_T_REGISTER, .from_rank = ranks[i], .to_rank = -1};
-		request_begin(&p[i], &job->rdv, job, &h, msg, 8 + (size_t)mlen);
+	for (int i = 0; i < nlocal; i++)
+		register_send(job, selves, stride, ranks, i, nranks, msg, &p[i]);
+	/* Those whose connection broke are sent again, after a pause that grows
+	 * (with some jitter, so that many ranks do not come back at once). */
+	unsigned seed = (unsigned)getpid() ^ (unsigned)now_ms();
+	int pause_ms = 20;
+	for (;;) {
+		int lost = register_wait(p, nlocal, &deadline);
+		if (!lost || ms_left(&deadline) <= 2 * pause_ms)
+			break;
+		usleep((useconds_t)(pause_ms + (int)(rand_r(&seed) % (unsigned)pause_ms)) * 1000);
+		pause_ms = pause_ms < 500 ? 2 * pause_ms : 1000;
+		for (int i = 0; i < nlocal; i++) {
+			pthread_mutex_lock(&ctl.lock);
+			bool again = p[i].done && conn_lost(p[i].status);
+			if (again)
+				pending_unlink_locked(&p[i]);
+			pthread_mutex_unlock(&ctl.lock);
+			if (again)
+				register_send(job, selves, stride, ranks, i, nranks, msg, &p[i]);
+		}
 	}
-	rc = 0;
 	for (int i = 0; i < nlocal; i++) {
 		int r = request_wait(&p[i], &deadline);
 		if (r == -ETIMEDOUT)
@@ -1912,6 +2502,21 @@ out_free:
 	free(p);
 	free(msg);
 	return rc;
+}
+
+int r2cc_ctl_register_ranks(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *self,
+			    const int *ranks, int nlocal, int nranks, int timeout_ms,
+			    struct r2cc_ctl_dir **dirs_p)
+{
+	return register_impl(job, self, 0, ranks, nlocal, nranks, timeout_ms, dirs_p);
+}
+
+int r2cc_ctl_register_each(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *members,
+			   const int *ranks, int nlocal, int nranks, int timeout_ms,
+			   struct r2cc_ctl_dir **dirs_p)
+{
+	return register_impl(job, members, sizeof(*members), ranks, nlocal, nranks, timeout_ms,
+			     dirs_p);
 }
 
 int r2cc_ctl_register(const struct r2cc_ctl_job *job, struct r2cc_ctl_member *self, int rank,

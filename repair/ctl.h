@@ -13,6 +13,13 @@
  * (unknown type, malformed payload) is counted too, and answered with an error
  * when it is a request. Wire format: repair/ctl_msg.h; id tail: ctl_priv.h.
  *
+ * Scale: the rendezvous answers each registration with the node map (as runs)
+ * and the members of the registrant's node only, so registration costs the root
+ * O(ranks) in all and each rank O(its node); other members are looked up one
+ * request at a time when a rank needs them (ctl_dir.c, and the round's NIC
+ * index in ctl.c). The control thread waits on epoll, and every lookup it
+ * makes per frame (connection, waiter, rendezvous slot) is a hash.
+ *
  * R2CC_OOB_ROOT=host:port changes where the rendezvous is. The process that
  * stamps a unique id (normally rank 0) listens on that port as well, bound to
  * host's address when it is one of its own, else to every address of that
@@ -64,29 +71,48 @@ struct r2cc_ctl_nic {
 
 /* What one rank registers. host, node_key, pid and nics are the caller's;
  * ctl_addr is filled in by r2cc_ctl_register(); node is filled in the
- * directory. */
+ * directory. nics comes last: a directory keeps only the nnics it holds. */
 struct r2cc_ctl_member {
 	char host[R2CC_CTL_HOST_MAX];
 	char node_key[R2CC_CTL_NODE_KEY_MAX]; /* NCCL_HOSTID-aware node identity */
 	int32_t pid;
-	int nnics;
-	struct r2cc_ctl_nic nics[R2CC_CTL_MAX_NICS];
 	struct sockaddr_storage ctl_addr; /* that rank's process's control listener */
 	int node; /* node index: 0 = node of rank 0, then in order of first rank */
+	int nnics;
+	struct r2cc_ctl_nic nics[R2CC_CTL_MAX_NICS];
 };
 
-/* A communicator's view of its job. Identical on every rank except
- * self_rank (digest is the SHA-256 of the registered members, in rank order).
- * Read-only for the caller; freed with r2cc_ctl_dir_free(). */
+/*
+ * A communicator's view of its job. nranks, nnodes, the node of every rank
+ * (kept as runs, see ctl_dir.c), gen and digest are identical on every rank;
+ * self_rank is this rank's. Members are not all here: the registration brings
+ * those of this rank's node, and the others are fetched from the rendezvous
+ * when first needed (r2cc_ctl_dir_fetch(), r2cc_ctl_dir_owners(), or
+ * implicitly by a request or message to that rank) and kept. So a process
+ * holds what its peers cost, not what the job costs. digest is the SHA-256 of
+ * all registered members in rank order (as registered, before any NIC report).
+ * Read-only for the caller (the member cache has its own lock); freed with
+ * r2cc_ctl_dir_free().
+ */
+struct r2cc_ctl_dir_priv;
 struct r2cc_ctl_dir {
 	struct r2cc_ctl_job job;
 	int nranks;
 	int self_rank;
 	int nnodes;
-	struct r2cc_ctl_member *members; /* [nranks] */
-	int *node_start;		 /* [nnodes + 1]: node n's ranks are */
-	int *node_ranks;		 /* node_ranks[node_start[n] .. node_start[n+1]) */
+	uint32_t gen; /* the rendezvous round it came from */
 	unsigned char digest[32];
+	struct r2cc_ctl_dir_priv *priv;
+};
+
+/* Where a NIC port is reached on the fabric: its LID (InfiniBand without a
+ * GRH) or a GID (RoCE, or InfiniBand with a GRH). Peers name each other's NICs
+ * this way in their RTR attributes. */
+#define R2CC_CTL_NICADDR_LID 1
+#define R2CC_CTL_NICADDR_GID 2
+struct r2cc_ctl_nicaddr {
+	uint8_t kind;
+	uint8_t bytes[16]; /* LID: big-endian in bytes 0-1, rest zero */
 };
 
 /* Reasons a received message is dropped (index into r2cc_ctl_stats.drops). */
@@ -157,13 +183,49 @@ int r2cc_ctl_register_ranks(const struct r2cc_ctl_job *job, struct r2cc_ctl_memb
 			    struct r2cc_ctl_dir **dirs_p);
 
 void r2cc_ctl_dir_free(struct r2cc_ctl_dir *dir);
-/* NULL when rank is out of range. */
+/* The member of rank if this directory holds it (no network); NULL when rank
+ * is out of range or its member was never fetched. The pointer stays valid
+ * until the directory is freed. */
 const struct r2cc_ctl_member *r2cc_ctl_dir_member(const struct r2cc_ctl_dir *dir, int rank);
+/* Fetches from the rendezvous the members of these ranks that the directory
+ * does not hold yet (one request; a rank may be named more than once).
+ * -EDEADLK from a handler, -ENOENT when the rendezvous no longer serves this
+ * round, or a request's error. */
+int r2cc_ctl_dir_fetch(const struct r2cc_ctl_dir *dir, const int *ranks, int n, int timeout_ms);
 /* Node index of a rank (node 0 = node of rank 0), or -EINVAL. */
 int r2cc_ctl_dir_node(const struct r2cc_ctl_dir *dir, int rank);
 /* Writes up to max ranks of node `node`, ascending; returns how many the node
  * has (may exceed max), or -EINVAL. */
 int r2cc_ctl_dir_node_ranks(const struct r2cc_ctl_dir *dir, int node, int *ranks, int max);
+/* Bytes the directory takes in this process (node runs, members held, maps). */
+size_t r2cc_ctl_dir_bytes(const struct r2cc_ctl_dir *dir);
+/* NIC address of a NIC entry: its GID when want_gid (and the GID is not all
+ * zero), else its LID (kind 0 when it has neither). */
+void r2cc_ctl_nicaddr_of(const struct r2cc_ctl_nic *nic, bool want_gid,
+			 struct r2cc_ctl_nicaddr *out);
+
+/*
+ * The NICs this rank uses (its queue pairs are on them) become part of its
+ * member at the rendezvous and enter the job's NIC index under their LID and
+ * GID, so that peers find this process from the addresses in their RTR
+ * attributes. A NIC already reported with the same name, LID and GID is not
+ * added again. One request; errors as r2cc_ctl_dir_fetch().
+ */
+int r2cc_ctl_dir_report_nics(const struct r2cc_ctl_dir *dir, const struct r2cc_ctl_nic *nics, int n,
+			     int timeout_ms);
+/*
+ * The ranks that reported each of these NIC addresses, from the rendezvous'
+ * index (one request): owners[i * max_per_addr + k] for k < min(nowners[i],
+ * max_per_addr), ascending; nowners[i] may exceed max_per_addr. Their members
+ * are fetched into the directory with the answer. Errors as
+ * r2cc_ctl_dir_fetch().
+ */
+int r2cc_ctl_dir_owners(const struct r2cc_ctl_dir *dir, const struct r2cc_ctl_nicaddr *addrs, int n,
+			int *owners, int max_per_addr, int *nowners, int timeout_ms);
+/* This rank is done with the directory (its communicator is gone): tells the
+ * rendezvous, which frees the round once every rank of it has left. Queued,
+ * never waits; the directory itself stays valid until freed. */
+void r2cc_ctl_dir_leave(const struct r2cc_ctl_dir *dir);
 
 /*
  * Directory of a communicator made without a unique id (ncclCommSplit,
@@ -197,13 +259,16 @@ int r2cc_ctl_set_handler(uint16_t type, r2cc_ctl_handler_fn fn, void *arg);
 int r2cc_ctl_reply(struct r2cc_ctl_call *call, int status, const void *payload, size_t len);
 
 /* Queue one message to `rank` of dir's communicator; returns 0 once queued
- * (the payload is copied). Connects on demand and keeps the connection.
- * -ENOBUFS when the queue is full, -EMSGSIZE, -EINVAL, -ESHUTDOWN. Delivery is
- * not confirmed: use r2cc_ctl_request() for that. */
+ * (the payload is copied). Connects on demand and keeps the connection. A rank
+ * whose member the directory does not hold is fetched first (waits up to 2 s;
+ * from a handler that is -ENOENT instead). -ENOBUFS when the queue is full,
+ * -EMSGSIZE, -EINVAL, -ESHUTDOWN. Delivery is not confirmed: use
+ * r2cc_ctl_request() for that. */
 int r2cc_ctl_send(const struct r2cc_ctl_dir *dir, int rank, uint16_t type, const void *payload,
 		  size_t len);
 
-/* Send a request and wait up to timeout_ms for its reply. *reply_len: in, the
+/* Send a request and wait up to timeout_ms for its reply (fetching rank's
+ * member first if needed, within the same time). *reply_len: in, the
  * capacity of reply; out, the reply's length (with -EMSGSIZE: the length it
  * needed). Errors: -ETIMEDOUT, -ECONNREFUSED, -ECONNRESET, -EMSGSIZE, or the
  * negative status the handler replied with (-ENODATA when it did not,
@@ -211,6 +276,22 @@ int r2cc_ctl_send(const struct r2cc_ctl_dir *dir, int rank, uint16_t type, const
  * handler. */
 int r2cc_ctl_request(const struct r2cc_ctl_dir *dir, int rank, uint16_t type, const void *payload,
 		     size_t len, void *reply, size_t *reply_len, int timeout_ms);
+
+/* Several requests at once, each to its own directory and rank, all waited
+ * for together (until timeout_ms from the call): reqs[i].status gets what
+ * r2cc_ctl_request() would return, reqs[i].reply_len the reply's length.
+ * Returns 0 when every request got a reply (status 0), else the first error;
+ * -EINVAL / -EDEADLK before anything is sent. */
+struct r2cc_ctl_batch_req {
+	const struct r2cc_ctl_dir *dir;
+	int rank;
+	const void *payload;
+	size_t len;
+	void *reply;
+	size_t reply_len; /* in: capacity; out: length */
+	int status;
+};
+int r2cc_ctl_request_batch(struct r2cc_ctl_batch_req *reqs, int n, uint16_t type, int timeout_ms);
 
 void r2cc_ctl_stats(struct r2cc_ctl_stats *out);
 

@@ -149,7 +149,7 @@ int r2cc_ctl_frame_verify(const unsigned char key[R2CC_CTL_SECRET_SIZE],
 
 /* Replay filter: chained hash table plus a use clock for LRU eviction. */
 
-#define REPLAY_BUCKETS 1024
+#define REPLAY_BUCKETS 16384
 
 struct replay_entry {
 	uint64_t job_id;

@@ -17,8 +17,11 @@
  * side, which only needs to know whether errors are to be hidden.
  */
 #include "repair/engine.h"
+#include "repair/hmap.h"
+#include "repair/job.h"
 #include "repair/ledger.h"
 #include "repair/mr_mirror.h"
+#include "repair/peer.h"
 #include "repair/qp_shadow.h"
 #include "repair/stall.h"
 #include "shim/common.h"
@@ -52,7 +55,9 @@
 #define INCIDENT_JOIN_NS 2000000000ll
 #define MAX_INCIDENTS	 64
 #define MAX_EVENTS	 48
-#define MAX_CANDIDATES	 256
+#define WIRE_MAX_ENTRIES 4096	      /* queue pairs per exchange message */
+#define RESEND_PER_QP_NS 200000ll     /* a batch's REQ is re-sent later the larger it is */
+#define DIR_SWEEP_NS	 1000000000ll /* released directories are freed when unused */
 #define CHURN_RING	 16	      /* migrations of one QP remembered */
 #define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
 #define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
@@ -85,12 +90,31 @@ struct held_recv {
 	struct ibv_sge sge[];
 };
 
+/*
+ * A CQ of R2CC's own, shared by the new paths of the QPs of one NCCL CQ on one
+ * NIC (one per path would cost a CQ, and its pinned ring, per migrated QP:
+ * hundreds per NIC failure). Each path takes room for its queues when it is
+ * built and gives it back when it goes; completions are told apart by QP
+ * number (unique on a device), registered when a path becomes current. No
+ * completion arrives on a path before that: nothing is posted on it, and its
+ * receives only come with the switch.
+ */
+struct pcq {
+	struct pcq *next;
+	struct ibv_cq *cq;
+	struct r2cc_ctx *ctx;
+	int room;		 /* entries not taken by a path yet */
+	int users;		 /* paths on it */
+	struct r2cc_hmap by_qpn; /* QP number of a current path -> its record */
+};
+
+#define PCQ_PATHS 16 /* a shared CQ is made with room for this many paths if it can */
+
 struct r2cc_vcq {
 	pthread_mutex_t mu;
 	struct ibv_wc *stash;
 	size_t cap, head, count;
-	struct r2cc_rqp **att; /* QPs of this CQ whose current path is R2CC's */
-	size_t natt, attcap;
+	struct pcq *pcqs; /* R2CC's CQs behind this one */
 };
 
 /* The peer's end of a migrating pair, as its messages describe it. */
@@ -117,6 +141,7 @@ struct r2cc_rqp {
 	/* current path */
 	struct ibv_qp *cur_qp;
 	struct ibv_cq *cur_cq; /* NULL while the current path is NCCL's QP */
+	struct pcq *cur_pcq;
 	struct r2cc_ctx *cur_ctx;
 	struct r2cc_nic *cur_nic;
 	struct r2cc_qp_shadow *cur_sh;
@@ -127,13 +152,18 @@ struct r2cc_rqp {
 	/* path being built */
 	struct ibv_qp *new_qp;
 	struct ibv_cq *new_cq;
+	struct pcq *new_pcq;
 	struct r2cc_ctx *new_ctx;
 	struct r2cc_qp_shadow *new_sh;
 	/* drain */
 	bool mark_s, mark_r;
-	/* peer */
+	/* peer: the ends of NCCL's connection (repair/peer.h), tracked from RTS, and
+	 * the job and rank of the peer's process once known */
+	struct r2cc_peer_ep ep_local, ep_remote;
+	bool tracked;
 	const struct r2cc_ctl_dir *dir;
 	int peer_rank;
+	int batch; /* queue pairs repaired at once with this one, here or by the peer */
 	char peer_orig_nic[R2CC_NIC_NAME_MAX];
 	char peer_cur_nic[R2CC_NIC_NAME_MAX];
 	uint64_t k_local, k_peer;
@@ -179,15 +209,30 @@ struct incident {
 	} ev[MAX_EVENTS];
 };
 
-/* One message of the exchange (little-endian on the wire). */
+/*
+ * The exchange travels in messages of one header and one entry per queue pair:
+ * every queue pair an engine repairs with one peer process at a time goes in
+ * the same message (up to WIRE_MAX_ENTRIES). Little-endian, ends as in
+ * repair/peer.h (the exact identities of NCCL's QPs).
+ */
+#define WIRE_VERSION 2
+
+struct rep_hdr {
+	uint8_t version;
+	uint8_t pad;
+	uint16_t n;
+} __attribute__((packed));
+
 struct rep_wire {
-	uint8_t version, op;
+	uint8_t op;
+	uint8_t pad;
 	uint16_t flags;
 	int32_t status;
 	uint64_t pair_id;
-	uint32_t src_qpn, dst_qpn; /* NCCL's QPs: the sender's, the addressee's */
-	uint16_t src_lid, dst_lid;
+	uint8_t src[R2CC_PEER_EP_WIRE]; /* NCCL's QPs: the sender's end, */
+	uint8_t dst[R2CC_PEER_EP_WIRE]; /* the addressee's */
 	uint64_t count; /* the sender's successful receive completions on the old path */
+	uint32_t work;	/* queue pairs the sender repairs at once (its deadlines follow) */
 	uint32_t new_qpn;
 	uint16_t new_lid;
 	uint8_t new_port, new_mtu;
@@ -200,7 +245,14 @@ struct inbox {
 	struct inbox *next;
 	uint64_t job_id;
 	int from_rank;
-	struct rep_wire m;
+	int n;
+	struct rep_wire m[];
+};
+
+/* A directory whose communicator is gone, freed once no queue pair uses it. */
+struct retired_dir {
+	struct retired_dir *next;
+	struct r2cc_ctl_dir *dir;
 };
 
 static struct {
@@ -215,6 +267,8 @@ static struct {
 	struct inbox *in_head, **in_tail;
 	struct r2cc_ctl_dir **dirs;
 	int ndirs, dircap;
+	struct retired_dir *retired;
+	int64_t last_dir_sweep;
 	struct incident inc[MAX_INCIDENTS];
 	int ninc;
 	void **own; /* R2CC's own QPs and CQs */
@@ -352,6 +406,8 @@ static void declared_apply(void);
 
 /* --- directories and peers ------------------------------------------------------ */
 
+static void peer_found(void *cookie);
+
 void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir)
 {
 	if (!dir)
@@ -380,8 +436,65 @@ void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir)
 			eng.declared.nentries = 0; /* validated at start-up already */
 	}
 	pthread_mutex_unlock(&eng.mu);
+	r2cc_peer_add_dir(dir);
 	if (first)
 		declared_apply();
+}
+
+/*
+ * The communicator of dir is gone: its peers are found through the other jobs
+ * from now on, the rendezvous hears that this rank left, and the directory is
+ * freed once no queue pair's repair uses it (a migrated QP keeps translating
+ * its peer's keys through it until NCCL destroys the QP).
+ */
+void r2cc_repair_release_dir(struct r2cc_ctl_dir *dir)
+{
+	if (!dir)
+		return;
+	struct retired_dir *rd = malloc(sizeof(*rd));
+	r2cc_peer_remove_dir(dir);
+	r2cc_ctl_dir_leave(dir);
+	pthread_mutex_lock(&eng.mu);
+	bool found = false;
+	for (int i = 0; i < eng.ndirs && !found; i++)
+		if (eng.dirs[i] == dir) {
+			memmove(&eng.dirs[i], &eng.dirs[i + 1],
+				sizeof(*eng.dirs) * (size_t)(eng.ndirs - i - 1));
+			eng.ndirs--;
+			found = true;
+		}
+	if (found && rd) {
+		rd->dir = dir;
+		rd->next = eng.retired;
+		eng.retired = rd;
+		rd = NULL;
+	}
+	pthread_mutex_unlock(&eng.mu);
+	/* Out of memory for the list: kept for good rather than freed while used. */
+	free(rd);
+}
+
+/* Frees the released directories no live queue pair refers to. Under eng.mu. */
+static void dirs_sweep_locked(void)
+{
+	for (struct retired_dir **pp = &eng.retired; *pp;) {
+		struct retired_dir *rd = *pp;
+		bool used = false;
+		for (struct r2cc_rqp *r = eng.all; r && !used; r = r->next_all)
+			used = !r->dead && r->dir == rd->dir;
+		if (used) {
+			pp = &rd->next;
+			continue;
+		}
+		*pp = rd->next;
+		bool same_job = false;
+		for (int i = 0; i < eng.ndirs && !same_job; i++)
+			same_job = eng.dirs[i]->job.id == rd->dir->job.id;
+		if (!same_job)
+			r2cc_mr_mirror_remote_forget(rd->dir->job.id, -1);
+		r2cc_ctl_dir_free(rd->dir);
+		free(rd);
+	}
 }
 
 static const struct r2cc_ctl_dir *dir_of_job(uint64_t job_id, int rank)
@@ -395,45 +508,32 @@ static const struct r2cc_ctl_dir *dir_of_job(uint64_t job_id, int rank)
 	return d;
 }
 
-struct cand {
+/*
+ * The process that owns r's peer QP, as repair/peer.c found it when the QP
+ * reached RTS: 0 and r->dir / r->peer_rank set; -EAGAIN while it is still
+ * being searched (the search is hurried), also when no directory is here yet
+ * but a registration is on its way; -ENOENT when there is nobody to ask (no
+ * communicator with a directory, or the QP is not tracked).
+ */
+static int peer_of(struct r2cc_rqp *r)
+{
 	const struct r2cc_ctl_dir *dir;
 	int rank;
-};
-
-static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
-{
-	return !memcmp(a, b, sizeof(*a));
-}
-
-/*
- * The processes that may own the peer QP: members whose registered NICs include
- * the peer's LID, else every process of every known job (a process registers the
- * NICs it had opened at the time, which for a first communicator may be none).
- */
-static int peer_candidates(uint16_t lid, struct cand *out, int max)
-{
-	int n = 0;
 	pthread_mutex_lock(&eng.mu);
-	for (int pass = 0; pass < 2 && n == 0; pass++)
-		for (int d = 0; d < eng.ndirs; d++) {
-			const struct r2cc_ctl_dir *dir = eng.dirs[d];
-			for (int r = 0; r < dir->nranks && n < max; r++) {
-				const struct r2cc_ctl_member *m = &dir->members[r];
-				bool match = pass == 1;
-				for (int i = 0; i < m->nnics && !match; i++)
-					match = lid && m->nics[i].lid == lid;
-				if (!match)
-					continue;
-				bool dup = false;
-				for (int j = 0; j < n && !dup; j++)
-					dup = same_addr(&out[j].dir->members[out[j].rank].ctl_addr,
-							&m->ctl_addr);
-				if (!dup)
-					out[n++] = (struct cand){dir, r};
-			}
-		}
+	bool dirs = eng.ndirs > 0;
 	pthread_mutex_unlock(&eng.mu);
-	return n;
+	if (!r->tracked || (!dirs && !r2cc_job_registering()))
+		return -ENOENT;
+	int rc = r2cc_peer_of(&r->ep_local, &dir, &rank);
+	if (rc == -EAGAIN)
+		r2cc_peer_hurry(&r->ep_local);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&r->mu);
+	r->dir = dir;
+	r->peer_rank = rank;
+	pthread_mutex_unlock(&r->mu);
+	return 0;
 }
 
 /* --- messages --------------------------------------------------------------------- */
@@ -441,13 +541,10 @@ static int peer_candidates(uint16_t lid, struct cand *out, int max)
 static void wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
 {
 	memset(m, 0, sizeof(*m));
-	m->version = 1;
 	m->op = (uint8_t)op;
 	m->pair_id = htole64(r->pair_id);
-	m->src_qpn = htole32(r->qpn);
-	m->src_lid = htole16(r->orig_nic->lid);
-	m->dst_qpn = htole32(r->q ? r->q->peer.qpn : 0);
-	m->dst_lid = htole16(r->q ? r->q->peer.lid : 0);
+	r2cc_peer_ep_put(&r->ep_local, m->src);
+	r2cc_peer_ep_put(&r->ep_remote, m->dst);
 	snprintf(m->orig_nic, sizeof(m->orig_nic), "%s", r->orig_nic->name);
 	int st = __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED);
 	if (op == OP_REQ && st != R2CC_NIC_UP)
@@ -466,42 +563,155 @@ static void wire_path(struct rep_wire *m, const struct r2cc_rqp *r)
 	snprintf(m->new_nic, sizeof(m->new_nic), "%s", nic->name);
 }
 
-static int send_to(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *m)
+/*
+ * Entries on their way to peer processes, one box per (job, rank): whatever
+ * the repair thread has for one peer in one go leaves in one message.
+ */
+struct outbox {
+	const struct r2cc_ctl_dir *dir;
+	int rank;
+	int n, cap;
+	struct rep_wire *e;
+};
+
+struct outboxes {
+	struct r2cc_hmap by_peer; /* hash of (dir, rank) -> index + 1 */
+	struct outbox *box;
+	int n, cap;
+};
+
+static uint64_t peer_key(const struct r2cc_ctl_dir *dir, int rank)
 {
-	int rc = r2cc_ctl_send(dir, rank, R2CC_REPAIR_MSG, m, sizeof(*m));
+	uint64_t k[2] = {(uint64_t)(uintptr_t)dir, (uint64_t)rank};
+	return r2cc_hmap_hash_bytes(k, sizeof(k));
+}
+
+static struct outbox *box_of(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank)
+{
+	uint64_t key = peer_key(dir, rank);
+	uintptr_t v = (uintptr_t)r2cc_hmap_get(&o->by_peer, key);
+	if (v && o->box[v - 1].dir == dir && o->box[v - 1].rank == rank)
+		return &o->box[v - 1];
+	for (int i = 0; v && i < o->n; i++) /* another peer behind the same hash */
+		if (o->box[i].dir == dir && o->box[i].rank == rank)
+			return &o->box[i];
+	if (o->n == o->cap) {
+		int cap = o->cap ? 2 * o->cap : 16;
+		struct outbox *g = realloc(o->box, sizeof(*g) * (size_t)cap);
+		if (!g)
+			return NULL;
+		o->box = g;
+		o->cap = cap;
+	}
+	struct outbox *b = &o->box[o->n];
+	*b = (struct outbox){.dir = dir, .rank = rank};
+	if (!v)
+		r2cc_hmap_put(&o->by_peer, key, (void *)(uintptr_t)(o->n + 1));
+	o->n++;
+	return b;
+}
+
+/* Room for one more entry to (dir, rank), or NULL (out of memory: logged by
+ * the caller's outcome, the deadline). */
+static struct rep_wire *out_add(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank)
+{
+	struct outbox *b = box_of(o, dir, rank);
+	if (!b)
+		return NULL;
+	if (b->n == b->cap) {
+		int cap = b->cap ? 2 * b->cap : 8;
+		struct rep_wire *g = realloc(b->e, sizeof(*g) * (size_t)cap);
+		if (!g)
+			return NULL;
+		b->e = g;
+		b->cap = cap;
+	}
+	return &b->e[b->n++];
+}
+
+static int send_entries(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *e, int n)
+{
+	int rc = 0;
+	for (int first = 0; first < n && rc == 0; first += WIRE_MAX_ENTRIES) {
+		int k = n - first < WIRE_MAX_ENTRIES ? n - first : WIRE_MAX_ENTRIES;
+		size_t len = sizeof(struct rep_hdr) + (size_t)k * sizeof(*e);
+		unsigned char *buf = malloc(len);
+		if (!buf)
+			return -ENOMEM;
+		struct rep_hdr h = {.version = WIRE_VERSION, .n = htole16((uint16_t)k)};
+		memcpy(buf, &h, sizeof(h));
+		memcpy(buf + sizeof(h), e + first, (size_t)k * sizeof(*e));
+		rc = r2cc_ctl_send(dir, rank, R2CC_REPAIR_MSG, buf, len);
+		free(buf);
+	}
 	if (rc)
-		R2CC_WARN("repair: cannot queue a message to rank %d (%s)", rank, strerror(-rc));
+		R2CC_WARN("repair: cannot queue a message of %d queue pair(s) to rank %d (%s)", n,
+			  rank, strerror(-rc));
 	return rc;
 }
 
-_Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange message size");
-
-int r2cc_repair_wire_parse(const void *payload, size_t len, void *out)
+/* Sends every box and empties the set. */
+static void out_flush(struct outboxes *o)
 {
-	struct rep_wire m;
-	if (len != sizeof(m))
-		return -EPROTO;
-	memcpy(&m, payload, sizeof(m));
-	if (m.version != 1 || m.op < OP_REQ || m.op > OP_SUSPECT)
-		return -EPROTO;
-	m.new_nic[sizeof(m.new_nic) - 1] = 0;
-	m.orig_nic[sizeof(m.orig_nic) - 1] = 0;
-	memcpy(out, &m, sizeof(m));
-	return 0;
+	for (int i = 0; i < o->n; i++) {
+		if (o->box[i].n)
+			send_entries(o->box[i].dir, o->box[i].rank, o->box[i].e, o->box[i].n);
+		free(o->box[i].e);
+	}
+	free(o->box);
+	r2cc_hmap_free(&o->by_peer);
+	*o = (struct outboxes){0};
 }
 
-/* Control thread: validate, copy, hand to the repair thread. Never blocks. */
+_Static_assert(sizeof(struct rep_hdr) == R2CC_REPAIR_WIRE_HDR, "exchange header size");
+_Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange entry size");
+_Static_assert(offsetof(struct rep_wire, new_nic) == R2CC_REPAIR_WIRE_NEW_NIC, "new_nic");
+_Static_assert(offsetof(struct rep_wire, orig_nic) == R2CC_REPAIR_WIRE_ORIG_NIC, "orig_nic");
+_Static_assert(WIRE_MAX_ENTRIES <= R2CC_REPAIR_WIRE_MAX, "entries per message");
+
+int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
+{
+	struct rep_hdr h;
+	if (len < sizeof(h))
+		return -EPROTO;
+	memcpy(&h, payload, sizeof(h));
+	int n = le16toh(h.n);
+	if (h.version != WIRE_VERSION || n == 0 || n > max ||
+	    len != sizeof(h) + (size_t)n * sizeof(struct rep_wire))
+		return -EPROTO;
+	struct rep_wire *m = out;
+	memcpy(m, (const unsigned char *)payload + sizeof(h), (size_t)n * sizeof(*m));
+	for (int i = 0; i < n; i++) {
+		if (m[i].op < OP_REQ || m[i].op > OP_SUSPECT)
+			return -EPROTO;
+		m[i].new_nic[sizeof(m[i].new_nic) - 1] = 0;
+		m[i].orig_nic[sizeof(m[i].orig_nic) - 1] = 0;
+	}
+	return n;
+}
+
+/* Control thread: validate, copy, hand to the repair thread. Never blocks. (A
+ * payload too short for a header is a liveness probe: no answer, see
+ * peer_gone().) */
 static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 		   struct r2cc_ctl_call *call)
 {
 	(void)arg;
-	struct inbox *in = malloc(sizeof(*in));
+	struct rep_hdr h;
+	if (len < sizeof(h))
+		return;
+	memcpy(&h, payload, sizeof(h));
+	int n = le16toh(h.n);
+	if (n == 0 || n > WIRE_MAX_ENTRIES)
+		return;
+	struct inbox *in = malloc(sizeof(*in) + (size_t)n * sizeof(struct rep_wire));
 	if (!in)
 		return;
-	if (r2cc_repair_wire_parse(payload, len, &in->m)) {
+	if (r2cc_repair_wire_parse(payload, len, in->m, n) != n) {
 		free(in);
 		return;
 	}
+	in->n = n;
 	in->job_id = call->job_id;
 	in->from_rank = from_rank;
 	in->next = NULL;
@@ -527,6 +737,7 @@ static void start_locked(void)
 	__atomic_store_n(&r2cc_report_incidents_hook, r2cc_repair_report, __ATOMIC_RELEASE);
 	__atomic_store_n(&r2cc_report_stalls_hook, report_stalls, __ATOMIC_RELEASE);
 	eng.in_tail = &eng.in_head;
+	r2cc_peer_set_notify(peer_found);
 	if (r2cc_ctl_set_handler(R2CC_REPAIR_MSG, on_msg, NULL) || r2cc_mr_mirror_serve())
 		R2CC_WARN("repair: cannot register the control-plane handlers; repairs that need "
 			  "the peer will fail");
@@ -697,14 +908,16 @@ static void vcq_pump(struct r2cc_cq *c)
 		if (n < 32)
 			break;
 	}
-	for (size_t a = 0; a < v->natt; a++) {
-		struct r2cc_rqp *r = v->att[a];
-		if (!r->cur_cq)
-			continue;
+	for (struct pcq *pc = v->pcqs; pc; pc = pc->next) {
 		for (;;) {
-			int n = r->cur_ctx->poll_cq(r->cur_cq, 32, buf);
-			for (int i = 0; i < n; i++)
-				route(v, r, &buf[i]);
+			int n = pc->ctx->poll_cq(pc->cq, 32, buf);
+			for (int i = 0; i < n; i++) {
+				struct r2cc_rqp *r = r2cc_hmap_get(&pc->by_qpn, buf[i].qp_num);
+				if (r)
+					route(v, r, &buf[i]);
+				else /* a path already gone: it was drained before */
+					count_wc(pc->ctx->nic, &buf[i]);
+			}
 			if (n < 32)
 				break;
 		}
@@ -1103,13 +1316,80 @@ void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *at
 	__atomic_store_n(&q->rep, r, __ATOMIC_RELEASE);
 }
 
-static void vcq_detach(struct r2cc_vcq *v, struct r2cc_rqp *r)
+/* Entries a path of r takes in a shared CQ: both queues, the markers. */
+static int path_need(const struct r2cc_rqp *r)
 {
-	for (size_t i = 0; i < v->natt; i++)
-		if (v->att[i] == r) {
-			v->att[i] = v->att[--v->natt];
-			return;
-		}
+	return (int)(r->cap.max_send_wr + r->cap.max_recv_wr) + 64;
+}
+
+/* A shared CQ on c with room for a path of r (made if none has room). */
+static struct pcq *pcq_get(struct r2cc_rqp *r, struct r2cc_ctx *c)
+{
+	struct r2cc_vcq *v = r->vcq->v;
+	int need = path_need(r);
+	pthread_mutex_lock(&v->mu);
+	struct pcq *pc = v->pcqs;
+	while (pc && (pc->ctx != c || pc->room < need))
+		pc = pc->next;
+	if (pc) {
+		pc->room -= need;
+		pc->users++;
+	}
+	pthread_mutex_unlock(&v->mu);
+	if (pc)
+		return pc;
+	pc = calloc(1, sizeof(*pc));
+	if (!pc)
+		return NULL;
+	/* As large as the device takes, up to PCQ_PATHS paths. */
+	for (int depth = need * PCQ_PATHS; depth >= need && !pc->cq; depth /= 2) {
+		pc->cq = eng.v.create_cq(c->ctx, depth, NULL, NULL, 0);
+		pc->room = depth;
+	}
+	if (!pc->cq) {
+		free(pc);
+		return NULL;
+	}
+	own_add(pc->cq);
+	pc->ctx = c;
+	pc->room -= need;
+	pc->users = 1;
+	pthread_mutex_lock(&v->mu);
+	pc->next = v->pcqs;
+	v->pcqs = pc;
+	pthread_mutex_unlock(&v->mu);
+	return pc;
+}
+
+/* A path of r on pc goes (its QP destroyed first); the CQ with its last path. */
+static void path_put(struct r2cc_rqp *r, struct ibv_qp *qp, struct pcq *pc)
+{
+	struct r2cc_vcq *v = r->vcq->v;
+	uint32_t qpn = qp ? qp->qp_num : 0;
+	if (qp) {
+		eng.v.destroy_qp(qp);
+		own_remove(qp);
+	}
+	if (!pc)
+		return;
+	pthread_mutex_lock(&v->mu);
+	if (qp && r2cc_hmap_get(&pc->by_qpn, qpn) == r)
+		r2cc_hmap_del(&pc->by_qpn, qpn);
+	pc->room += path_need(r);
+	bool last = --pc->users == 0;
+	if (last)
+		for (struct pcq **pp = &v->pcqs; *pp; pp = &(*pp)->next)
+			if (*pp == pc) {
+				*pp = pc->next;
+				break;
+			}
+	pthread_mutex_unlock(&v->mu);
+	if (last) {
+		eng.v.destroy_cq(pc->cq);
+		own_remove(pc->cq);
+		r2cc_hmap_free(&pc->by_qpn);
+		free(pc);
+	}
 }
 
 static void destroy_private(struct ibv_qp *qp, struct ibv_cq *cq)
@@ -1129,9 +1409,10 @@ static void destroy_private(struct ibv_qp *qp, struct ibv_cq *cq)
 static void drop_new_path(struct r2cc_rqp *r)
 {
 	if (r->new_qp)
-		destroy_private(r->new_qp, r->new_cq);
+		path_put(r, r->new_qp, r->new_pcq);
 	r->new_qp = NULL;
 	r->new_cq = NULL;
+	r->new_pcq = NULL;
 	if (r->new_sh)
 		r2cc_qp_shadow_destroy(r->new_sh);
 	r->new_sh = NULL;
@@ -1150,14 +1431,14 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 		pthread_cond_wait(&eng.cond, &eng.mu);
 	r->dead = true;
 	pthread_mutex_unlock(&eng.mu);
+	if (r->tracked)
+		r2cc_peer_forget(&r->ep_local);
 	pthread_mutex_lock(&r->mu);
-	pthread_mutex_lock(&r->vcq->v->mu);
-	vcq_detach(r->vcq->v, r);
-	pthread_mutex_unlock(&r->vcq->v->mu);
 	if (r->cur_cq)
-		destroy_private(r->cur_qp, r->cur_cq);
+		path_put(r, r->cur_qp, r->cur_pcq);
 	r->cur_qp = NULL;
 	r->cur_cq = NULL;
+	r->cur_pcq = NULL;
 	drop_new_path(r);
 	ledger_move(r, NULL, 0);
 	if (r->cur_sh != q->shadow)
@@ -1189,9 +1470,11 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 /*
  * Close the gates, move the current path to ERR, post the markers behind NCCL's
  * requests and pump the CQ until both came back (at most DRAIN_NS); then count
- * the receives the path consumed. 0, -ETIMEDOUT, or the shadow's error.
+ * the receives the path consumed. 0, -ETIMEDOUT, or the shadow's error. For
+ * many queue pairs at once, fence_begin() each, then fence_end() each: their
+ * drains overlap.
  */
-static int fence(struct r2cc_rqp *r)
+static void fence_begin(struct r2cc_rqp *r)
 {
 	gate_close(&r->q->gate);
 	gate_close(&r->vcq->gate);
@@ -1214,7 +1497,10 @@ static int fence(struct r2cc_rqp *r)
 	if (r->cur_ctx->post_recv(r->cur_qp, &rw, &rbad))
 		r->mark_r = true;
 	pthread_mutex_unlock(&r->mu);
-	int64_t until = now_ns() + DRAIN_NS;
+}
+
+static int fence_end(struct r2cc_rqp *r, int64_t until)
+{
 	for (;;) {
 		pthread_mutex_lock(&r->vcq->v->mu);
 		vcq_pump(r->vcq);
@@ -1228,6 +1514,59 @@ static int fence(struct r2cc_rqp *r)
 	}
 	r->k_local = r2cc_qp_shadow_recv_consumed(r->cur_sh);
 	return r2cc_qp_shadow_error(r->cur_sh);
+}
+
+static int fence(struct r2cc_rqp *r)
+{
+	fence_begin(r);
+	return fence_end(r, now_ns() + DRAIN_NS);
+}
+
+/*
+ * Fences every record of list[0..n) (NULL ones skipped) and sets rc[i], at once
+ * as far as each CQ allows: moving a QP to ERR flushes everything outstanding on
+ * it, and two markers, into its CQ, and one of NCCL's CQs shared by many QPs holds
+ * only so much (half its depth is given to a wave of fences, at least one QP). A
+ * migrated QP's own CQ has room for its flush by construction (path_need()).
+ */
+#define FENCE_WAVE_CQS 64
+
+static void fence_all(struct r2cc_rqp **list, int n, int *rc)
+{
+	for (int first = 0; first < n;) {
+		struct cq_load {
+			const struct r2cc_cq *cq;
+			int used;
+		} load[FENCE_WAVE_CQS];
+		int ncq = 0, last = first;
+		for (; last < n; last++) {
+			struct r2cc_rqp *r = list[last];
+			if (!r || r->cur_cq) {
+				if (r)
+					fence_begin(r);
+				continue;
+			}
+			int need = 2 + (int)r2cc_qp_shadow_send_outstanding(r->cur_sh) +
+				   (int)r2cc_qp_shadow_recv_outstanding(r->cur_sh);
+			int k = 0;
+			while (k < ncq && load[k].cq != r->vcq)
+				k++;
+			if (k == ncq) {
+				if (ncq == FENCE_WAVE_CQS)
+					break;
+				load[ncq++] = (struct cq_load){r->vcq, 0};
+			}
+			if (load[k].used && r->vcq->depth > 0 &&
+			    load[k].used + need > r->vcq->depth / 2)
+				break;
+			load[k].used += need;
+			fence_begin(r);
+		}
+		int64_t until = now_ns() + DRAIN_NS;
+		for (int i = first; i < last; i++)
+			rc[i] = list[i] ? fence_end(list[i], until) : 0;
+		first = last;
+	}
 }
 
 static const char *fence_failure(int rc)
@@ -1432,11 +1771,10 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	struct ibv_pd *pd = pd_on(r, nic);
 	if (!c || !pd)
 		return -ENODEV;
-	int depth = (int)(r->cap.max_send_wr + r->cap.max_recv_wr) + 64;
-	struct ibv_cq *cq = eng.v.create_cq(c->ctx, depth, NULL, NULL, 0);
-	if (!cq)
+	struct pcq *pc = pcq_get(r, c);
+	if (!pc)
 		return -errno ? -errno : -ENOMEM;
-	own_add(cq);
+	struct ibv_cq *cq = pc->cq;
 	struct ibv_qp_init_attr ia = {
 	    .send_cq = cq,
 	    .recv_cq = cq,
@@ -1449,15 +1787,17 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	struct ibv_qp *qp = eng.v.create_qp(pd, &ia);
 	if (!qp) {
 		int e = errno ? errno : ENOMEM;
-		destroy_private(NULL, cq);
+		path_put(r, NULL, pc);
 		return -e;
 	}
 	own_add(qp);
 	int rc = qp_init(qp, nic,
 			 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+	/* The shadow records NCCL's requests only (markers and probes go around
+	 * it): NCCL's caps, not the QP's, which would double its rings. */
 	struct r2cc_qp_shadow_attr sa = {
-	    .max_send_wr = ia.cap.max_send_wr,
-	    .max_recv_wr = ia.cap.max_recv_wr,
+	    .max_send_wr = r->cap.max_send_wr,
+	    .max_recv_wr = r->cap.max_recv_wr,
 	    .max_send_sge = r->cap.max_send_sge,
 	    .max_recv_sge = r->cap.max_recv_sge,
 	    .max_inline_data = r->cap.max_inline_data,
@@ -1467,11 +1807,12 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	if (!rc)
 		rc = -r2cc_qp_shadow_create(&sa, &sh);
 	if (rc) {
-		destroy_private(qp, cq);
+		path_put(r, qp, pc);
 		return -rc;
 	}
 	r->new_qp = qp;
 	r->new_cq = cq;
+	r->new_pcq = pc;
 	r->new_ctx = c;
 	r->new_sh = sh;
 	return 0;
@@ -1518,36 +1859,31 @@ static int make_plan(struct r2cc_rqp *r)
 
 /* The new path becomes the current one. Under r->mu. */
 static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ibv_qp **old_qp,
-			struct ibv_cq **old_cq, struct r2cc_qp_shadow **old_sh)
+			struct pcq **old_pcq, struct r2cc_qp_shadow **old_sh)
 {
 	struct r2cc_vcq *v = r->vcq->v;
 	/* Off the declared NIC now (the peer may have moved it first): NCCL's
 	 * first post has nothing left to move. */
 	r->declared_pending = false;
 	*old_qp = r->cur_cq ? r->cur_qp : NULL;
-	*old_cq = r->cur_cq;
+	*old_pcq = r->cur_pcq;
 	*old_sh = r->cur_sh != (r->q ? r->q->shadow : NULL) ? r->cur_sh : NULL;
 	pthread_mutex_lock(&v->mu);
-	if (!r->cur_cq) {
-		if (v->natt == v->attcap) {
-			size_t cap = v->attcap ? 2 * v->attcap : 8;
-			struct r2cc_rqp **n = realloc(v->att, cap * sizeof(*n));
-			if (n) {
-				v->att = n;
-				v->attcap = cap;
-			}
-		}
-		if (v->natt < v->attcap)
-			v->att[v->natt++] = r;
-	}
+	if (*old_qp && r2cc_hmap_get(&r->cur_pcq->by_qpn, (*old_qp)->qp_num) == r)
+		r2cc_hmap_del(&r->cur_pcq->by_qpn, (*old_qp)->qp_num);
+	if (r2cc_hmap_put(&r->new_pcq->by_qpn, r->new_qp->qp_num, r))
+		R2CC_WARN("repair: qp 0x%x: out of memory; its new path's completions are lost",
+			  r->qpn);
 	r->cur_qp = r->new_qp;
 	r->cur_cq = r->new_cq;
+	r->cur_pcq = r->new_pcq;
 	r->cur_ctx = r->new_ctx;
 	__atomic_store_n(&r->cur_nic, r->new_ctx->nic, __ATOMIC_RELEASE);
 	r->cur_sh = r->new_sh;
 	pthread_mutex_unlock(&v->mu);
 	r->new_qp = NULL;
 	r->new_cq = NULL;
+	r->new_pcq = NULL;
 	r->new_sh = NULL;
 	snprintf(r->peer_cur_nic, sizeof(r->peer_cur_nic), "%s", p->nic);
 	r->recv_live = r->send_live = false;
@@ -1599,7 +1935,7 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 static int commit_path(struct r2cc_rqp *r, const struct peer_path *p, bool sends, uint64_t *held)
 {
 	struct ibv_qp *oq = NULL;
-	struct ibv_cq *oc = NULL;
+	struct pcq *oc = NULL;
 	struct r2cc_qp_shadow *osh = NULL;
 	pthread_mutex_lock(&r->mu);
 	int rc = make_plan(r);
@@ -1614,7 +1950,7 @@ static int commit_path(struct r2cc_rqp *r, const struct peer_path *p, bool sends
 	}
 	pthread_mutex_unlock(&r->mu);
 	if (oq || oc)
-		destroy_private(oq, oc);
+		path_put(r, oq, oc);
 	if (osh)
 		r2cc_qp_shadow_destroy(osh);
 	return rc;
@@ -1717,46 +2053,68 @@ static void path_from_wire(struct peer_path *p, const struct rep_wire *m)
 	snprintf(p->nic, sizeof(p->nic), "%s", m->new_nic);
 }
 
-/* Our NCCL QP addressed by a message: the NIC with dst_lid, QP dst_qpn, whose peer
- * is the sender's QP. */
+/* Our NCCL QP addressed by an entry: exactly the connection whose this end is
+ * the entry's dst and whose other end is its src (repair/peer.h). Under eng.mu
+ * (the record is then kept from NCCL's destroy by its busy flag). */
 static struct r2cc_rqp *rqp_of_msg(const struct rep_wire *m)
 {
-	uint16_t lid = le16toh(m->dst_lid);
-	uint32_t qpn = le32toh(m->dst_qpn);
-	int n = r2cc_nic_count();
-	for (int i = 0; i < n; i++) {
-		struct r2cc_nic *nic = r2cc_nic_by_index(i);
-		if (!nic || nic->lid != lid)
-			continue;
-		struct r2cc_qp *q = r2cc_qp_by_num(nic, qpn);
-		struct r2cc_rqp *r = q ? q->rep : NULL;
-		if (r && !r->dead && q->peer.qpn == le32toh(m->src_qpn) &&
-		    q->peer.lid == le16toh(m->src_lid))
-			return r;
-	}
-	return NULL;
+	struct r2cc_peer_ep local, remote;
+	r2cc_peer_ep_get(m->dst, &local);
+	r2cc_peer_ep_get(m->src, &remote);
+	struct r2cc_rqp *r = r2cc_peer_find(&local, &remote);
+	return r && !r->dead ? r : NULL;
 }
 
+/* Of the two ends, whose exchange goes on when both started one. */
 static bool lower_id(const struct r2cc_rqp *r)
 {
-	uint64_t mine = ((uint64_t)r->orig_nic->lid << 32) | r->qpn;
-	uint64_t theirs = ((uint64_t)r->q->peer.lid << 32) | r->q->peer.qpn;
-	return mine < theirs;
+	return r2cc_peer_ep_cmp(&r->ep_local, &r->ep_remote) < 0;
 }
 
-static void nack(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *m, int status)
+/* A NACK answering entry m. */
+static void nack_entry(struct rep_wire *out, const struct rep_wire *m, int status)
 {
-	struct rep_wire out;
-	memset(&out, 0, sizeof(out));
-	out.version = 1;
-	out.op = OP_NACK;
-	out.status = (int32_t)htole32((uint32_t)status);
-	out.pair_id = m->pair_id;
-	out.src_qpn = m->dst_qpn;
-	out.src_lid = m->dst_lid;
-	out.dst_qpn = m->src_qpn;
-	out.dst_lid = m->src_lid;
-	send_to(dir, rank, &out);
+	memset(out, 0, sizeof(*out));
+	out->op = OP_NACK;
+	out->status = (int32_t)htole32((uint32_t)status);
+	out->pair_id = m->pair_id;
+	memcpy(out->src, m->dst, sizeof(out->src));
+	memcpy(out->dst, m->src, sizeof(out->dst));
+}
+
+static void nack(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank,
+		 const struct rep_wire *m, int status)
+{
+	struct rep_wire *e = out_add(o, dir, rank);
+	if (e)
+		nack_entry(e, m, status);
+}
+
+/* How long an exchange of n queue pairs in one message may take: the base,
+ * and per queue pair what fencing, a new QP and the re-posts cost both ends,
+ * with a wide margin. */
+static int64_t exchange_ns(int n)
+{
+	return (int64_t)R2CC_REPAIR_BASE_MS * 1000000 + (int64_t)n * R2CC_REPAIR_PER_QP_US * 1000;
+}
+
+/* The rkeys of the peer on its new NIC, once per (peer, NIC pair) of a batch. */
+struct refresh_set {
+	struct r2cc_hmap seen;
+};
+
+static void refresh_once(struct refresh_set *rs, const struct r2cc_ctl_dir *dir, int rank,
+			 const char *from, const char *to)
+{
+	if (!strcmp(from, to))
+		return;
+	char key[2 * R2CC_NIC_NAME_MAX + 32];
+	int n = snprintf(key, sizeof(key), "%p/%d/%s/%s", (const void *)dir, rank, from, to);
+	uint64_t k = r2cc_hmap_hash_bytes(key, (size_t)n);
+	if (r2cc_hmap_get(&rs->seen, k))
+		return;
+	r2cc_hmap_put(&rs->seen, k, (void *)1);
+	r2cc_mr_mirror_remote_refresh(dir, rank, from, to, 2000);
 }
 
 static void selftest_start(struct r2cc_nic *a, const char *why, bool stall);
@@ -2194,26 +2552,88 @@ static void migrate_loopback(struct r2cc_rqp *r)
 	done(r, held);
 }
 
-/* Initiator: fence, a new path, REQ to the processes that may own the peer. */
-static void initiate(struct r2cc_rqp *r)
+/* A batch: the records the repair thread works on together, each marked busy
+ * (NCCL's destroy of one waits) until batch_release(). */
+struct batch {
+	struct r2cc_rqp **r;
+	int n, cap;
+};
+
+static void batch_add(struct batch *b, struct r2cc_rqp *r)
 {
-	if (r->q->peer.qpn == r->qpn && r->q->peer.lid == r->orig_nic->lid) {
+	if (b->n == b->cap) {
+		int cap = b->cap ? 2 * b->cap : 64;
+		struct r2cc_rqp **g = realloc(b->r, sizeof(*g) * (size_t)cap);
+		if (!g) {
+			/* Leave it queued: the next round takes it. */
+			pthread_mutex_lock(&eng.mu);
+			r->busy = false;
+			if (!r->queued) {
+				r->queued = true;
+				r->next_work = eng.work_head;
+				eng.work_head = r;
+			}
+			pthread_cond_broadcast(&eng.cond);
+			pthread_mutex_unlock(&eng.mu);
+			return;
+		}
+		b->r = g;
+		b->cap = cap;
+	}
+	b->r[b->n++] = r;
+}
+
+/* Every queued record waiting for its repair, marked busy. Under eng.mu. */
+static void take_work_locked(struct batch *b)
+{
+	while (eng.work_head) {
+		struct r2cc_rqp *r = eng.work_head;
+		eng.work_head = r->next_work;
+		r->queued = false;
+		if (r->dead || load_state(r) != RQ_DETECTED)
+			continue;
+		r->busy = true;
+		pthread_mutex_unlock(&eng.mu);
+		batch_add(b, r);
+		pthread_mutex_lock(&eng.mu);
+	}
+}
+
+static void batch_release(struct batch *b)
+{
+	pthread_mutex_lock(&eng.mu);
+	for (int i = 0; i < b->n; i++)
+		if (b->r[i])
+			b->r[i]->busy = false;
+	pthread_cond_broadcast(&eng.cond);
+	pthread_mutex_unlock(&eng.mu);
+	free(b->r);
+	*b = (struct batch){0};
+}
+
+/* One queue pair's checks before the fence: false when it is done with
+ * (migrated alone, failed, or left to its transport). */
+static bool initiate_check(struct r2cc_rqp *r)
+{
+	if (!eng.have_verbs) {
+		fail(r, "verbs functions unavailable");
+		return false;
+	}
+	if (r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote)) {
 		if (churning(r))
 			fail(r, CHURN_WHY);
 		else
 			migrate_loopback(r);
-		return;
+		return false;
 	}
-	struct cand c[MAX_CANDIDATES];
-	int nc = peer_candidates(r->q->peer.lid, c, MAX_CANDIDATES);
-	if (nc == 0) {
+	if (peer_of(r) == -ENOENT) {
 		fail(r, "no control-plane peer for this QP (communicator without a directory)");
-		return;
+		return false;
 	}
 	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
 	if (churning(r)) {
 		fail(r, CHURN_WHY);
-		return;
+		return false;
 	}
 	/* A path-level symptom (the transport gave up, a stall, a port event) widens to
 	 * the NIC or the path; any other error status (access, protection, a QP error
@@ -2226,21 +2646,22 @@ static void initiate(struct r2cc_rqp *r)
 	else if (!path_level)
 		incident_event(r->incident, "qp 0x%x: localised to this QP (status %d)", r->qpn,
 			       r->status_seen);
-	int rc = fence(r);
-	if (rc) {
-		fail(r, fence_failure(rc));
-		return;
-	}
+	return true;
+}
+
+/* Fenced, then a new path: the REQ entry in *m. 0, or the QP failed. */
+static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
+{
 	struct r2cc_nic *nic = place(r, NULL);
 	if (!nic) {
 		fail(r, r2cc_param.mr_mirror ? "no healthy NIC left"
 					     : "R2CC_MR_MIRROR=0: queue pairs cannot migrate");
-		return;
+		return -ENODEV;
 	}
-	rc = new_path(r, nic);
+	int rc = new_path(r, nic);
 	if (rc) {
 		fail(r, "cannot create a QP on the new NIC");
-		return;
+		return rc;
 	}
 	pthread_mutex_lock(&r->mu);
 	set_state(r, RQ_EXCHANGE);
@@ -2249,138 +2670,193 @@ static void initiate(struct r2cc_rqp *r)
 	pthread_mutex_lock(&eng.mu);
 	r->pair_id = ((uint64_t)getpid() << 32) | ++eng.next_pair;
 	pthread_mutex_unlock(&eng.mu);
-	struct rep_wire m;
-	wire_fill(&m, OP_REQ, r);
-	m.count = htole64(r->k_local);
-	wire_path(&m, r);
-	r->t_sent = now_ns();
-	r->t_deadline = r->t_sent + (int64_t)R2CC_REPAIR_TIMEOUT_MS * 1000000;
+	wire_fill(m, OP_REQ, r);
+	m->count = htole64(r->k_local);
+	wire_path(m, r);
 	r->resends = 0;
 	pthread_mutex_unlock(&r->mu);
-	incident_event(r->incident,
-		       "qp 0x%x: fenced (k=%llu), new path on %s, asking %d process(es)", r->qpn,
-		       (unsigned long long)r->k_local, nic->name, nc);
-	for (int i = 0; i < nc; i++)
-		send_to(c[i].dir, c[i].rank, &m);
+	return 0;
+}
+
+static int cmp_by_peer(const void *a, const void *b)
+{
+	const struct r2cc_rqp *x = *(struct r2cc_rqp *const *)a, *y = *(struct r2cc_rqp *const *)b;
+	if (x->dir != y->dir)
+		return (uintptr_t)x->dir < (uintptr_t)y->dir ? -1 : 1;
+	return (x->peer_rank > y->peer_rank) - (x->peer_rank < y->peer_rank);
 }
 
 /*
- * Is any process that may own the peer still there? A request its control thread
- * does not answer comes back as -ENODATA (alive); a refused or reset connection
- * means the process is gone. Asked after a few unanswered REQs, so that a dead
- * peer ends the repair at once instead of at the exchange's deadline.
+ * Initiator, for every queue pair the repair thread took up at once (one
+ * failure puts all of a NIC's on the queue, and localising adds the rest of
+ * the path's): the checks of each, then every fence at once (the drains
+ * overlap), then peer process by peer process the new paths and one REQ with
+ * all of that peer's queue pairs, sent before the next peer's are built, so
+ * that the peers work while this side goes on. A queue pair whose peer is not
+ * known yet (the search was hurried) sends its REQ when it is (resend_due()).
  */
-static bool peer_gone(const struct cand *c, int nc)
+static void initiate_batch(struct batch *b)
 {
-	struct sockaddr_storage self;
-	bool have_self = r2cc_ctl_local_addr(&self) == 0;
-	int asked = 0;
-	for (int i = 0; i < nc; i++) {
-		const struct r2cc_ctl_member *m = &c[i].dir->members[c[i].rank];
-		if (have_self && same_addr(&m->ctl_addr, &self))
-			continue;
-		uint8_t ping = 0;
-		unsigned char reply[8];
-		size_t len = sizeof(reply);
-		int rc = r2cc_ctl_request(c[i].dir, c[i].rank, R2CC_REPAIR_MSG, &ping, 1, reply,
-					  &len, 300);
-		asked++;
-		if (rc != -ECONNREFUSED && rc != -ECONNRESET)
-			return false;
+	/* The records still in the game; b keeps them all for the release. */
+	struct batch w = {0};
+	for (int checked = 0;;) {
+		for (int i = checked; i < b->n; i++)
+			if (initiate_check(b->r[i]))
+				batch_add(&w, b->r[i]);
+		checked = b->n;
+		/* Localising queued the rest of the path: they join this batch. */
+		pthread_mutex_lock(&eng.mu);
+		take_work_locked(b);
+		pthread_mutex_unlock(&eng.mu);
+		if (b->n == checked)
+			break;
 	}
-	return asked > 0;
+	int *frc = calloc((size_t)(w.n ? w.n : 1), sizeof(*frc));
+	int n = 0;
+	if (frc)
+		fence_all(w.r, w.n, frc);
+	for (int i = 0; i < w.n; i++) {
+		int rc = frc ? frc[i] : -ENOMEM;
+		if (rc)
+			fail(w.r[i],
+			     rc == -ENOMEM ? "out of memory for the exchange" : fence_failure(rc));
+		else
+			w.r[n++] = w.r[i];
+	}
+	free(frc);
+	qsort(w.r, (size_t)n, sizeof(*w.r), cmp_by_peer);
+	struct rep_wire *m = n ? malloc(sizeof(*m) * (size_t)n) : NULL;
+	if (n && !m) {
+		for (int i = 0; i < n; i++)
+			fail(w.r[i], "out of memory for the exchange");
+		n = 0;
+	}
+	for (int first = 0; first < n;) {
+		const struct r2cc_ctl_dir *dir = w.r[first]->dir;
+		int rank = w.r[first]->peer_rank, k = 0, last = first;
+		while (last < n && w.r[last]->dir == dir && w.r[last]->peer_rank == rank)
+			last++;
+		for (int i = first; i < last; i++)
+			if (initiate_path(w.r[i], &m[k]) == 0)
+				w.r[first + k++] = w.r[i];
+		int64_t t = now_ns();
+		for (int i = first; i < first + k; i++) {
+			struct r2cc_rqp *r = w.r[i];
+			pthread_mutex_lock(&r->mu);
+			r->batch = n;
+			r->t_sent = dir ? t : 0; /* 0: waits for its peer to be found */
+			r->t_deadline = t + exchange_ns(n);
+			pthread_mutex_unlock(&r->mu);
+			m[i - first].work = htole32((uint32_t)n);
+			incident_event(r->incident, "qp 0x%x: fenced (k=%llu), new path on %s, %s",
+				       r->qpn, (unsigned long long)r->k_local,
+				       r->new_ctx->nic->name,
+				       dir ? "asking its peer" : "its peer is being searched");
+		}
+		if (dir && k)
+			send_entries(dir, rank, m, k);
+		first = last;
+	}
+	free(m);
+	free(w.r);
 }
 
-static void resend_req(struct r2cc_rqp *r)
+/*
+ * Is the peer process still there? A request its control thread does not
+ * answer comes back as -ENODATA (alive); a refused or reset connection means
+ * the process is gone. Asked after a few unanswered REQs, so that a dead peer
+ * ends the repair at once instead of at the exchange's deadline.
+ */
+static bool peer_gone(const struct r2cc_ctl_dir *dir, int rank)
 {
-	struct cand c[MAX_CANDIDATES];
-	int nc = peer_candidates(r->q->peer.lid, c, MAX_CANDIDATES);
-	if (++r->resends >= 3 && peer_gone(c, nc)) {
-		fail(r, "the peer process is gone (its control plane refuses connections)");
-		return;
-	}
-	struct rep_wire m;
-	pthread_mutex_lock(&r->mu);
-	wire_fill(&m, OP_REQ, r);
-	m.count = htole64(r->k_local);
-	wire_path(&m, r);
-	r->t_sent = now_ns();
-	pthread_mutex_unlock(&r->mu);
-	for (int i = 0; i < nc; i++)
-		send_to(c[i].dir, c[i].rank, &m);
+	uint8_t ping = 0;
+	unsigned char reply[8];
+	size_t len = sizeof(reply);
+	int rc = r2cc_ctl_request(dir, rank, R2CC_REPAIR_MSG, &ping, 1, reply, &len, 300);
+	return rc == -ECONNREFUSED || rc == -ECONNRESET;
 }
 
 /* A stall this side suspects: the peer's NIC may be the dead one, and only the
- * peer can test it. A notice, not a request: nothing is fenced. */
+ * peer can test it. A notice, not a request: nothing is fenced. Sent only when
+ * the peer is known already (the search is hurried otherwise). */
 static void peer_suspect(struct r2cc_rqp *r)
 {
-	if (r->loopback || !r->q ||
-	    (r->q->peer.qpn == r->qpn && r->q->peer.lid == r->orig_nic->lid))
+	if (r->loopback || !r->q || r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote) || peer_of(r))
 		return;
-	struct cand c[MAX_CANDIDATES];
-	int nc = peer_candidates(r->q->peer.lid, c, MAX_CANDIDATES);
 	struct rep_wire m;
 	pthread_mutex_lock(&r->mu);
 	wire_fill(&m, OP_SUSPECT, r);
+	const struct r2cc_ctl_dir *dir = r->dir;
+	int rank = r->peer_rank;
 	pthread_mutex_unlock(&r->mu);
-	for (int i = 0; i < nc; i++)
-		send_to(c[i].dir, c[i].rank, &m);
+	send_entries(dir, rank, &m, 1);
 }
 
-/* Responder: the peer asks; fence, a path on its rail, connect, receives, REP. */
-static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_ctl_dir *dir)
+/* Responder, one REQ entry, before the fence: true when it is to be fenced
+ * here; *serve when it is served at all. */
+static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct rep_wire *m,
+			struct outboxes *out, const struct r2cc_ctl_dir *dir, bool *serve)
 {
-	const struct rep_wire *m = &in->m;
 	bool peer_nic_failed = le16toh(m->flags) & WIRE_F_SENDER_NIC_FAILED;
 	int s = load_state(r);
+	*serve = false;
 	if (s == RQ_FAILED || r->dead) {
-		nack(dir, in->from_rank, m, -EHOSTDOWN);
-		return;
+		nack(out, dir, in->from_rank, m, -EHOSTDOWN);
+		return false;
 	}
 	if (!connected(r))
-		return; /* still connecting: the initiator asks again */
+		return false; /* still connecting: the initiator asks again */
 	if (s != RQ_EXCHANGE && churning(r)) {
-		nack(dir, in->from_rank, m, -ENETUNREACH);
+		nack(out, dir, in->from_rank, m, -ENETUNREACH);
 		fail(r, CHURN_WHY);
-		return;
+		return false;
 	}
 	if (s == RQ_EXCHANGE) {
 		if (r->initiator && r->pair_id == le64toh(m->pair_id))
-			return;
+			return false;
 		if (r->initiator && lower_id(r))
-			return; /* ours wins; the peer serves our REQ */
+			return false; /* ours wins; the peer serves our REQ */
 		if (!r->initiator && r->pair_id == le64toh(m->pair_id))
-			return; /* a re-sent REQ we already answered */
+			return false; /* a re-sent REQ we already answered */
+		/* Serving another exchange that has not seen its GO: the current path
+		 * is live, not fenced, so this REQ waits (the initiator asks again)
+		 * until that one ends. */
+		if (!r->initiator)
+			return false;
 		/* theirs wins: drop our new path, serve theirs (already fenced) */
 		pthread_mutex_lock(&r->mu);
 		drop_new_path(r);
 		pthread_mutex_unlock(&r->mu);
-	} else {
-		if (s == RQ_HEALTHY || s == RQ_MIGRATED) {
-			char why[64];
-			snprintf(why, sizeof(why), "peer notice from rank %d%s", in->from_rank,
-				 le16toh(m->flags) & WIRE_F_DECLARED
-				     ? " (its NIC is declared failed)"
-				     : "");
-			pthread_mutex_lock(&eng.mu);
-			note_detection(r, why, r->status_seen);
-			pthread_mutex_unlock(&eng.mu);
-			set_state(r, RQ_DETECTED);
-		}
-		incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate%s", r->qpn,
-			       in->from_rank, peer_nic_failed ? " (its own NIC failed)" : "");
-		/* The peer saw the failure; whether it is this side's NIC only a
-		 * self-test can say (a port that is down says so itself), unless the
-		 * peer knows its own NIC is the failed one. */
-		if (!peer_nic_failed)
-			selftest_start(r->cur_nic, "the peer asks to migrate", false);
-		int rc = fence(r);
-		if (rc) {
-			nack(dir, in->from_rank, m, rc);
-			fail(r, fence_failure(rc));
-			return;
-		}
+		*serve = true;
+		return false;
 	}
+	if (s == RQ_HEALTHY || s == RQ_MIGRATED) {
+		char why[64];
+		snprintf(why, sizeof(why), "peer notice from rank %d%s", in->from_rank,
+			 le16toh(m->flags) & WIRE_F_DECLARED ? " (its NIC is declared failed)"
+							     : "");
+		pthread_mutex_lock(&eng.mu);
+		note_detection(r, why, r->status_seen);
+		pthread_mutex_unlock(&eng.mu);
+		set_state(r, RQ_DETECTED);
+	}
+	incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate%s", r->qpn,
+		       in->from_rank, peer_nic_failed ? " (its own NIC failed)" : "");
+	/* The peer saw the failure; whether it is this side's NIC only a self-test
+	 * can say (a port that is down says so itself), unless the peer knows its
+	 * own NIC is the failed one. */
+	if (!peer_nic_failed)
+		selftest_start(r->cur_nic, "the peer asks to migrate", false);
+	*serve = true;
+	return true;
+}
+
+/* Responder, one fenced entry: a path on its rail, connected, receives
+ * re-posted; its REP (or NACK) into out. */
+static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct rep_wire *m,
+		       struct outboxes *out, const struct r2cc_ctl_dir *dir)
+{
+	bool peer_nic_failed = le16toh(m->flags) & WIRE_F_SENDER_NIC_FAILED;
 	struct peer_path p;
 	path_from_wire(&p, m);
 	/* The peer's own NIC failed: this side stays where NCCL put it (a fresh QP on
@@ -2392,11 +2868,12 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	    peer_nic_failed && nic_usable(r, r->cur_nic, true) ? r->cur_nic : place(r, p.nic);
 	int rc = nic ? new_path(r, nic) : -ENODEV;
 	if (rc) {
-		nack(dir, in->from_rank, m, rc);
+		nack(out, dir, in->from_rank, m, rc);
 		fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
 		return;
 	}
 	rc = connect_path(r, &p);
+	struct rep_wire rep;
 	pthread_mutex_lock(&r->mu);
 	set_state(r, RQ_EXCHANGE);
 	r->initiator = false;
@@ -2404,128 +2881,332 @@ static void serve(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_
 	r->peer_rank = in->from_rank;
 	r->pair_id = le64toh(m->pair_id);
 	r->k_peer = le64toh(m->count);
+	/* The initiator answers with its GO once it has been through everything
+	 * it repairs, not just this message. */
+	int work = (int)le32toh(m->work);
+	r->batch = work > in->n ? work : in->n;
 	if (!r->peer_orig_nic[0] || !r->migrations)
 		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
-	struct rep_wire out;
-	wire_fill(&out, OP_REP, r);
-	out.pair_id = m->pair_id;
-	out.count = htole64(r->k_local);
-	wire_path(&out, r);
-	r->t_deadline = now_ns() + (int64_t)R2CC_REPAIR_TIMEOUT_MS * 1000000;
+	wire_fill(&rep, OP_REP, r);
+	rep.pair_id = m->pair_id;
+	rep.count = htole64(r->k_local);
+	wire_path(&rep, r);
+	r->t_deadline = now_ns() + exchange_ns(r->batch);
 	pthread_mutex_unlock(&r->mu);
-	if (!rc) /* sends wait for the initiator's GO */
+	const char *step = "connect";
+	if (!rc) { /* sends wait for the initiator's GO */
+		step = "re-post on";
 		rc = commit_path(r, &p, false, NULL);
+	}
 	if (rc) {
-		nack(dir, in->from_rank, m, rc);
-		fail(r, "cannot connect or re-post on the new path");
+		char why[96];
+		snprintf(why, sizeof(why), "cannot %s the new path (%s)", step, strerror(-rc));
+		nack(out, dir, in->from_rank, m, rc);
+		fail(r, why);
 		return;
 	}
-	send_to(dir, in->from_rank, &out);
+	struct rep_wire *e = out_add(out, dir, in->from_rank);
+	if (e)
+		*e = rep;
+}
+
+/* Responder, every REQ entry of one message: checks, all fences at once, the
+ * paths, one message back with every REP and NACK. */
+static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
+			const struct r2cc_ctl_dir *dir)
+{
+	struct outboxes out = {0};
+	bool *serve = calloc((size_t)in->n, sizeof(*serve));
+	struct r2cc_rqp **fence_list = calloc((size_t)in->n, sizeof(*fence_list));
+	int *frc = calloc((size_t)in->n, sizeof(*frc));
+	if (!serve || !fence_list || !frc) {
+		free(serve);
+		free(fence_list);
+		free(frc);
+		return; /* the initiator asks again */
+	}
+	for (int i = 0; i < in->n; i++)
+		if (rq[i] && in->m[i].op == OP_REQ &&
+		    serve_check(rq[i], in, &in->m[i], &out, dir, &serve[i]))
+			fence_list[i] = rq[i];
+	fence_all(fence_list, in->n, frc);
+	for (int i = 0; i < in->n; i++) {
+		int rc = frc[i];
+		if (rc) {
+			nack(&out, dir, in->from_rank, &in->m[i], rc);
+			fail(rq[i], fence_failure(rc));
+			serve[i] = false;
+		}
+	}
+	for (int i = 0; i < in->n; i++)
+		if (serve[i])
+			serve_path(rq[i], in, &in->m[i], &out, dir);
+	out_flush(&out);
 	/* The initiator's rkeys on its new NIC, before its GO needs them. */
-	if (strcmp(r->peer_orig_nic, r->peer_cur_nic))
-		r2cc_mr_mirror_remote_refresh(dir, in->from_rank, r->peer_orig_nic, r->peer_cur_nic,
-					      2000);
-	incident_event(r->incident, "qp 0x%x: path %s <-> %s connected, %zu receives re-posted",
-		       r->qpn, r->cur_nic->name, r->peer_cur_nic, r->plan.n_recv);
-}
-
-/* Initiator: the peer's path is ready; connect, re-post everything, GO. */
-static void on_rep(struct r2cc_rqp *r, const struct inbox *in, const struct r2cc_ctl_dir *dir)
-{
-	const struct rep_wire *m = &in->m;
-	if (load_state(r) != RQ_EXCHANGE || !r->initiator || r->pair_id != le64toh(m->pair_id) ||
-	    !r->new_qp)
-		return;
-	struct peer_path p;
-	path_from_wire(&p, m);
-	int rc = connect_path(r, &p);
-	pthread_mutex_lock(&r->mu);
-	r->dir = dir;
-	r->peer_rank = in->from_rank;
-	r->k_peer = le64toh(m->count);
-	if (!r->migrations)
-		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
-	pthread_mutex_unlock(&r->mu);
-	if (!rc && strcmp(r->peer_orig_nic, p.nic))
-		rc = r2cc_mr_mirror_remote_refresh(dir, in->from_rank, r->peer_orig_nic, p.nic,
-						   2000);
-	uint64_t held = 0;
-	if (!rc)
-		rc = commit_path(r, &p, true, &held);
-	if (rc) {
-		fail(r, "cannot connect or re-post on the new path");
-		return;
+	struct refresh_set rs = {{0}};
+	for (int i = 0; i < in->n; i++) {
+		struct r2cc_rqp *r = rq[i];
+		if (!serve[i] || load_state(r) != RQ_EXCHANGE || r->initiator)
+			continue;
+		refresh_once(&rs, dir, in->from_rank, r->peer_orig_nic, r->peer_cur_nic);
+		incident_event(r->incident,
+			       "qp 0x%x: path %s <-> %s connected, %zu receives re-posted", r->qpn,
+			       r->cur_nic->name, r->peer_cur_nic, r->plan.n_recv);
 	}
-	struct rep_wire out;
-	wire_fill(&out, OP_GO, r);
-	send_to(dir, in->from_rank, &out);
-	done(r, held);
+	r2cc_hmap_free(&rs.seen);
+	free(serve);
+	free(fence_list);
+	free(frc);
 }
 
-/* Responder: the initiator is connected; re-post the sends. */
-static void on_go(struct r2cc_rqp *r, const struct inbox *in)
+/* Initiator, every REP entry of one message: connect each, the peer's keys
+ * once per NIC pair, re-post everything, one GO with all of them. */
+static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
+			 const struct r2cc_ctl_dir *dir)
 {
-	const struct rep_wire *m = &in->m;
-	if (load_state(r) != RQ_EXCHANGE || r->initiator || r->pair_id != le64toh(m->pair_id))
-		return;
-	uint64_t held = 0;
-	pthread_mutex_lock(&r->mu);
-	int rc = post_plan_sends(r, &held);
-	if (!rc)
-		set_state(r, RQ_MIGRATED);
-	pthread_mutex_unlock(&r->mu);
-	if (rc) {
-		fail(r, "cannot re-post on the new path");
-		return;
+	struct outboxes out = {0};
+	struct refresh_set rs = {{0}};
+	struct peer_path *p = malloc(sizeof(*p) * (size_t)in->n);
+	bool *ok = calloc((size_t)in->n, sizeof(*ok));
+	if (!p || !ok) {
+		free(p);
+		free(ok);
+		return; /* the deadline ends these exchanges */
 	}
-	done(r, held);
+	for (int i = 0; i < in->n; i++) {
+		struct r2cc_rqp *r = rq[i];
+		const struct rep_wire *m = &in->m[i];
+		if (!r || m->op != OP_REP || load_state(r) != RQ_EXCHANGE || !r->initiator ||
+		    r->pair_id != le64toh(m->pair_id) || !r->new_qp)
+			continue;
+		path_from_wire(&p[i], m);
+		int rc = connect_path(r, &p[i]);
+		pthread_mutex_lock(&r->mu);
+		r->dir = dir;
+		r->peer_rank = in->from_rank;
+		r->k_peer = le64toh(m->count);
+		if (!r->migrations)
+			snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
+		pthread_mutex_unlock(&r->mu);
+		if (rc) {
+			char why[96];
+			snprintf(why, sizeof(why), "cannot connect the new path (%s)",
+				 strerror(-rc));
+			fail(r, why);
+			continue;
+		}
+		refresh_once(&rs, dir, in->from_rank, r->peer_orig_nic, p[i].nic);
+		ok[i] = true;
+	}
+	for (int i = 0; i < in->n; i++) {
+		if (!ok[i])
+			continue;
+		struct r2cc_rqp *r = rq[i];
+		uint64_t held = 0;
+		int rc = commit_path(r, &p[i], true, &held);
+		if (rc) {
+			char why[96];
+			snprintf(why, sizeof(why), "cannot re-post on the new path (%s)",
+				 strerror(-rc));
+			fail(r, why);
+			continue;
+		}
+		struct rep_wire *e = out_add(&out, dir, in->from_rank);
+		if (e)
+			wire_fill(e, OP_GO, r);
+		done(r, held);
+	}
+	out_flush(&out);
+	r2cc_hmap_free(&rs.seen);
+	free(p);
+	free(ok);
 }
 
-static void handle_msg(struct inbox *in)
+/* Responder, every GO entry of one message: re-post the sends. */
+static void on_go_batch(const struct inbox *in, struct r2cc_rqp **rq)
 {
-	const struct rep_wire *m = &in->m;
-	const struct r2cc_ctl_dir *dir = dir_of_job(in->job_id, in->from_rank);
-	if (!dir)
-		return;
-	pthread_mutex_lock(&eng.mu);
-	struct r2cc_rqp *r = rqp_of_msg(m);
-	if (r)
-		r->busy = true;
-	pthread_mutex_unlock(&eng.mu);
-	if (!r) /* not ours, or not connected yet (the initiator asks again) */
-		return;
-	switch (m->op) {
-	case OP_REQ:
-		serve(r, in, dir);
-		break;
-	case OP_REP:
-		on_rep(r, in, dir);
-		break;
-	case OP_GO:
-		on_go(r, in);
-		break;
-	case OP_SUSPECT: {
+	for (int i = 0; i < in->n; i++) {
+		struct r2cc_rqp *r = rq[i];
+		const struct rep_wire *m = &in->m[i];
+		if (!r || m->op != OP_GO || load_state(r) != RQ_EXCHANGE || r->initiator ||
+		    r->pair_id != le64toh(m->pair_id))
+			continue;
+		uint64_t held = 0;
+		pthread_mutex_lock(&r->mu);
+		int rc = post_plan_sends(r, &held);
+		if (!rc)
+			set_state(r, RQ_MIGRATED);
+		pthread_mutex_unlock(&r->mu);
+		if (rc) {
+			fail(r, "cannot re-post on the new path");
+			continue;
+		}
+		done(r, held);
+	}
+}
+
+/* Stalls the peer suspects on these QPs: this side's NIC is tested. */
+static void on_suspects(const struct inbox *in, struct r2cc_rqp **rq)
+{
+	for (int i = 0; i < in->n; i++) {
+		struct r2cc_rqp *r = rq[i];
+		if (!r || in->m[i].op != OP_SUSPECT)
+			continue;
 		int st = load_state(r);
 		if (st == RQ_HEALTHY || st == RQ_MIGRATED) {
 			char why[64];
 			snprintf(why, sizeof(why), "rank %d suspects the path", in->from_rank);
 			selftest_start(r->cur_nic, why, true);
 		}
-		break;
 	}
-	case OP_NACK:
-		if (load_state(r) == RQ_EXCHANGE && r->initiator &&
+}
+
+static void on_nacks(const struct inbox *in, struct r2cc_rqp **rq)
+{
+	for (int i = 0; i < in->n; i++) {
+		struct r2cc_rqp *r = rq[i];
+		const struct rep_wire *m = &in->m[i];
+		if (r && m->op == OP_NACK && load_state(r) == RQ_EXCHANGE && r->initiator &&
 		    r->pair_id == le64toh(m->pair_id)) {
 			char why[128];
 			snprintf(why, sizeof(why), "the peer cannot repair its side (%s)",
 				 strerror(-(int32_t)le32toh((uint32_t)m->status)));
 			fail(r, why);
 		}
-		break;
 	}
+}
+
+/* One message from one peer: every entry's queue pair found (exactly: both
+ * ends), then each kind of entry handled together. */
+static void handle_msg(struct inbox *in)
+{
+	const struct r2cc_ctl_dir *dir = dir_of_job(in->job_id, in->from_rank);
+	if (!dir)
+		return;
+	struct r2cc_rqp **rq = calloc((size_t)in->n, sizeof(*rq));
+	if (!rq)
+		return;
+	bool ops[OP_SUSPECT + 1] = {false};
 	pthread_mutex_lock(&eng.mu);
-	r->busy = false;
+	for (int i = 0; i < in->n; i++) {
+		struct r2cc_rqp *r = rqp_of_msg(&in->m[i]);
+		/* Not ours, not connected yet (the initiator asks again), or twice in
+		 * one message (the first counts). */
+		if (!r || r->busy)
+			continue;
+		r->busy = true;
+		rq[i] = r;
+		ops[in->m[i].op] = true;
+	}
+	pthread_mutex_unlock(&eng.mu);
+	if (ops[OP_REQ])
+		serve_batch(in, rq, dir);
+	if (ops[OP_REP])
+		on_rep_batch(in, rq, dir);
+	if (ops[OP_GO])
+		on_go_batch(in, rq);
+	if (ops[OP_NACK])
+		on_nacks(in, rq);
+	if (ops[OP_SUSPECT])
+		on_suspects(in, rq);
+	pthread_mutex_lock(&eng.mu);
+	for (int i = 0; i < in->n; i++)
+		if (rq[i])
+			rq[i]->busy = false;
 	pthread_cond_broadcast(&eng.cond);
+	pthread_mutex_unlock(&eng.mu);
+	free(rq);
+}
+
+static bool resend_due(const struct r2cc_rqp *r, int64_t t)
+{
+	if (!r->initiator || r->recv_live)
+		return false;
+	if (!r->t_sent)
+		return true; /* its peer may be known now */
+	return t - r->t_sent > RESEND_NS + (int64_t)r->batch * RESEND_PER_QP_NS;
+}
+
+/*
+ * Exchanges in flight, from the repair thread's idle loop: those past their
+ * deadline fail; initiators still unanswered (or whose peer has just been
+ * found) send their REQ again, one message per peer; a peer that stays silent
+ * for three REQs is asked whether it is alive at all.
+ */
+static void exchanges_tick(int64_t t)
+{
+	struct batch late = {0}, again = {0};
+	pthread_mutex_lock(&eng.mu);
+	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
+		if (r->dead || r->busy || load_state(r) != RQ_EXCHANGE)
+			continue;
+		if (t > r->t_deadline || resend_due(r, t)) {
+			r->busy = true;
+			pthread_mutex_unlock(&eng.mu);
+			batch_add(t > r->t_deadline ? &late : &again, r);
+			pthread_mutex_lock(&eng.mu);
+		}
+	}
+	pthread_mutex_unlock(&eng.mu);
+	for (int i = 0; i < late.n; i++) {
+		struct r2cc_rqp *r = late.r[i];
+		fail(r, r->initiator && !r->t_sent
+			    ? "the peer process was not found in time"
+			    : "the peer did not finish the exchange in time");
+	}
+	/* Those whose peer is known; the others wait for the search. */
+	struct r2cc_rqp **w = again.n ? malloc(sizeof(*w) * (size_t)again.n) : NULL;
+	int n = 0;
+	for (int i = 0; w && i < again.n; i++) {
+		struct r2cc_rqp *r = again.r[i];
+		if (r->t_sent || peer_of(r) == 0)
+			w[n++] = r;
+	}
+	if (w)
+		qsort(w, (size_t)n, sizeof(*w), cmp_by_peer);
+	struct rep_wire *m = n ? malloc(sizeof(*m) * (size_t)n) : NULL;
+	for (int first = 0; m && first < n;) {
+		const struct r2cc_ctl_dir *dir = w[first]->dir;
+		int rank = w[first]->peer_rank, last = first, k = 0;
+		bool asked = false, gone = false;
+		while (last < n && w[last]->dir == dir && w[last]->peer_rank == rank)
+			last++;
+		for (int i = first; i < last; i++) {
+			struct r2cc_rqp *r = w[i];
+			if (r->t_sent && ++r->resends >= 3 && !asked) {
+				asked = true;
+				gone = peer_gone(dir, rank);
+			}
+			if (gone) {
+				fail(r, "the peer process is gone (its control plane refuses "
+					"connections)");
+				continue;
+			}
+			pthread_mutex_lock(&r->mu);
+			wire_fill(&m[k], OP_REQ, r);
+			m[k].count = htole64(r->k_local);
+			m[k].work = htole32((uint32_t)r->batch);
+			wire_path(&m[k], r);
+			r->t_sent = now_ns();
+			pthread_mutex_unlock(&r->mu);
+			k++;
+		}
+		if (k)
+			send_entries(dir, rank, m, k);
+		first = last;
+	}
+	free(m);
+	free(w);
+	batch_release(&late);
+	batch_release(&again);
+}
+
+/* repair/peer.c found a queue pair's peer: a REQ may wait for it. */
+static void peer_found(void *cookie)
+{
+	(void)cookie;
+	pthread_mutex_lock(&eng.mu);
+	pthread_cond_signal(&eng.cond);
 	pthread_mutex_unlock(&eng.mu);
 }
 
@@ -2727,32 +3408,16 @@ static void *repair_main(void *arg)
 		}
 		if (!eng.work_head && !eng.in_head) {
 			int64_t t = now_ns();
-			/* deadlines of exchanges in flight */
-			struct r2cc_rqp *late = NULL;
-			bool resend = false;
-			for (struct r2cc_rqp *r = eng.all; r && !late; r = r->next_all) {
-				if (r->dead || load_state(r) != RQ_EXCHANGE)
-					continue;
-				if (t > r->t_deadline)
-					late = r;
-				else if (r->initiator && !r->recv_live &&
-					 t - r->t_sent > RESEND_NS) {
-					late = r;
-					resend = true;
-				}
+			if (t - eng.last_dir_sweep > DIR_SWEEP_NS) {
+				dirs_sweep_locked();
+				eng.last_dir_sweep = t;
 			}
-			if (late) {
-				late->busy = true;
-				pthread_mutex_unlock(&eng.mu);
-				if (resend)
-					resend_req(late);
-				else
-					fail(late, "the peer did not finish the exchange in time");
-				pthread_mutex_lock(&eng.mu);
-				late->busy = false;
-				pthread_cond_broadcast(&eng.cond);
+			/* deadlines and re-sends of exchanges in flight */
+			pthread_mutex_unlock(&eng.mu);
+			exchanges_tick(t);
+			pthread_mutex_lock(&eng.mu);
+			if (eng.work_head || eng.in_head)
 				continue;
-			}
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
 			ts.tv_nsec += SCAN_NS;
@@ -2774,20 +3439,13 @@ static void *repair_main(void *arg)
 			pthread_mutex_lock(&eng.mu);
 			continue;
 		}
-		struct r2cc_rqp *r = eng.work_head;
-		eng.work_head = r->next_work;
-		r->queued = false;
-		if (r->dead || load_state(r) != RQ_DETECTED)
-			continue;
-		r->busy = true;
+		/* Everything detected so far, repaired together. */
+		struct batch b = {0};
+		take_work_locked(&b);
 		pthread_mutex_unlock(&eng.mu);
-		if (!eng.have_verbs)
-			fail(r, "verbs functions unavailable");
-		else
-			initiate(r);
+		initiate_batch(&b);
+		batch_release(&b);
 		pthread_mutex_lock(&eng.mu);
-		r->busy = false;
-		pthread_cond_broadcast(&eng.cond);
 	}
 	pthread_mutex_unlock(&eng.mu);
 	return NULL;
@@ -2859,6 +3517,14 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 {
 	if (!q->rep)
 		return;
+	/* Its peer's process is searched from now on (loopback QPs have none). */
+	struct r2cc_rqp *r = q->rep;
+	if (!r->tracked) {
+		r2cc_peer_ep_local(q, &r->ep_local);
+		r2cc_peer_ep_remote(q, &r->ep_remote);
+		r->tracked = !r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote) &&
+			     r2cc_peer_track_qp(q, r) == 0;
+	}
 	declared_mark();
 	if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED &&
 	    !q->rep->declared_pending)

@@ -19,7 +19,7 @@
  * completions of the new QP under the old QP's number.
  *
  * Exchange, per QP pair, initiated by whichever side found the failure (both may;
- * the pair with the lower (lid, qpn) identity wins, the other serves it):
+ * the pair with the lower identity wins, the other serves it):
  *   A: fence + drain old QP, count k_A, new QP on NIC B (INIT)
  *   A -> P  REQ  {ids, k_A, A's new QP, A's NIC names}
  *   P: fence + drain, k_P, new QP on B' (B's rail if healthy), RTR/RTS to A's,
@@ -28,9 +28,15 @@
  *   A: RTR/RTS, re-post receives, then sends (plan with k_P), then held posts
  *   A -> P  GO
  *   P: re-post sends (plan with k_A), then held posts
- * A side that cannot repair answers NACK; an exchange that does not finish within
- * R2CC_REPAIR_TIMEOUT_MS ends with an error completion handed to NCCL for that QP
- * (the log says why): never a hang.
+ * P is exactly the process that owns the peer QP, known since RTS
+ * (repair/peer.h); ids are both ends' exact identities (GID or LID, and QP
+ * number). Every queue pair the repair thread takes up at once is fenced at
+ * once, and all those with one peer process travel in one message per step
+ * (one REQ, one REP, one GO per peer, not per QP), so a NIC with hundreds of
+ * QPs over many peers is repaired in parallel. A side that cannot repair
+ * answers NACK; an exchange that does not finish within R2CC_REPAIR_BASE_MS
+ * plus R2CC_REPAIR_PER_QP_US for every queue pair of its message ends with an
+ * error completion handed to NCCL for that QP (the log says why): never a hang.
  */
 #ifndef R2CC_REPAIR_ENGINE_H
 #define R2CC_REPAIR_ENGINE_H
@@ -43,14 +49,25 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define R2CC_REPAIR_MSG	       40
-#define R2CC_REPAIR_TIMEOUT_MS 5000
-#define R2CC_REPAIR_WIRE_SIZE  188 /* one exchange message on the wire */
+#define R2CC_REPAIR_MSG	      40
+#define R2CC_REPAIR_BASE_MS   5000 /* an exchange's deadline: this, */
+#define R2CC_REPAIR_PER_QP_US 2000 /* plus this per queue pair of its message */
 
-/* The control thread's check of an exchange message from a peer (version, op,
- * strings terminated) before the repair thread sees it: 0 with the message in
- * out (R2CC_REPAIR_WIRE_SIZE bytes), or -EPROTO. Exposed for tests/fuzz. */
-int r2cc_repair_wire_parse(const void *payload, size_t len, void *out);
+/* An exchange message: a header (version 2, a pad byte, the entry count as a
+ * little-endian u16), then that many entries of R2CC_REPAIR_WIRE_SIZE bytes,
+ * one per queue pair; the op is an entry's first byte and its NIC names are
+ * 64 bytes at the offsets given. */
+#define R2CC_REPAIR_WIRE_HDR	  4
+#define R2CC_REPAIR_WIRE_SIZE	  226
+#define R2CC_REPAIR_WIRE_MAX	  4096 /* entries in one message */
+#define R2CC_REPAIR_WIRE_NEW_NIC  98
+#define R2CC_REPAIR_WIRE_ORIG_NIC 162
+
+/* The control thread's check of an exchange message from a peer (version,
+ * entry count and length, ops, strings terminated) before the repair thread
+ * sees it: the number of entries, copied to out (room for max entries), or
+ * -EPROTO (also when there are more than max). Exposed for tests/fuzz. */
+int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max);
 
 /* The real verbs functions the engine calls (intercept/verbs.c fills them). */
 struct r2cc_repair_verbs {
@@ -71,6 +88,8 @@ void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v);
 /* A communicator's directory, kept for finding and reaching peers (the engine
  * takes ownership). */
 void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir);
+/* Its communicator is gone: the directory is left and freed once unused. */
+void r2cc_repair_release_dir(struct r2cc_ctl_dir *dir);
 
 /* Control path. */
 void r2cc_repair_cq_created(struct r2cc_cq *c);

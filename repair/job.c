@@ -2,11 +2,16 @@
  * Stamping and registration (see job.h). A registration object is shared by
  * the init wrapper and its registration thread; whichever finishes second
  * applies the directory to the communicator record and frees the object.
- * Lock order: reg_lock before the communicator registry's writer lock.
+ * Each communicator's directory is remembered here (comm -> directory) until
+ * the communicator is destroyed, when hot repair releases it; a communicator
+ * destroyed before its registration finished has its directory released as
+ * soon as it comes. Lock order: reg_lock before the communicator registry's
+ * writer lock.
  */
 #include "repair/job.h"
 #include "repair/ctl.h"
 #include "repair/engine.h"
+#include "repair/hmap.h"
 #include "shim/comm.h"
 #include "shim/core.h"
 #include "shim/log.h"
@@ -26,18 +31,31 @@
 #define REGISTER_TIMEOUT_MS 120000
 
 struct r2cc_job_reg {
+	struct r2cc_job_reg *next; /* registrations in flight */
 	struct r2cc_ctl_job job;
 	struct r2cc_ctl_member self;
 	int rank, nranks;
 	void *comm;	/* set by register_end */
 	bool init_done; /* register_end ran */
 	bool reg_done;	/* the thread finished */
+	bool comm_gone; /* destroyed before the thread finished */
 	struct r2cc_ctl_dir *dir;
 };
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t reg_cond = PTHREAD_COND_INITIALIZER;
 static int in_flight;
+static struct r2cc_job_reg *regs;    /* in flight, under reg_lock */
+static struct r2cc_hmap dir_of_comm; /* comm -> its directory, under reg_lock */
+
+static void regs_unlink_locked(struct r2cc_job_reg *reg)
+{
+	for (struct r2cc_job_reg **pp = &regs; *pp; pp = &(*pp)->next)
+		if (*pp == reg) {
+			*pp = reg->next;
+			return;
+		}
+}
 
 void r2cc_job_stamp(unsigned char id[128])
 {
@@ -63,12 +81,31 @@ static void reg_finish(struct r2cc_job_reg *reg)
 		}
 		free(nodes);
 	}
-	/* Hot repair finds and reaches peers through the directories. */
-	if (reg->dir && r2cc_repair_enabled())
+	/* Hot repair finds and reaches peers through the directories, while the
+	 * communicator lives. */
+	regs_unlink_locked(reg);
+	if (reg->dir && reg->comm && !reg->comm_gone && r2cc_repair_enabled()) {
 		r2cc_repair_add_dir(reg->dir);
-	else
+		if (r2cc_hmap_put(&dir_of_comm, (uint64_t)(uintptr_t)reg->comm, reg->dir))
+			R2CC_WARN("comm %p: out of memory; its directory stays until exit",
+				  reg->comm);
+	} else if (reg->dir) {
+		r2cc_ctl_dir_leave(reg->dir);
 		r2cc_ctl_dir_free(reg->dir);
+	}
 	free(reg);
+}
+
+void r2cc_job_comm_gone(void *comm)
+{
+	pthread_mutex_lock(&reg_lock);
+	struct r2cc_ctl_dir *dir = r2cc_hmap_del(&dir_of_comm, (uint64_t)(uintptr_t)comm);
+	for (struct r2cc_job_reg *r = regs; r; r = r->next)
+		if (r->comm == comm)
+			r->comm_gone = true;
+	pthread_mutex_unlock(&reg_lock);
+	if (dir)
+		r2cc_repair_release_dir(dir);
 }
 
 static void *reg_thread(void *arg)
@@ -137,8 +174,11 @@ struct r2cc_job_reg *r2cc_job_register_begin(const unsigned char id[128], int ra
 	pthread_t t;
 	pthread_mutex_lock(&reg_lock);
 	int rc = pthread_create(&t, &attr, reg_thread, reg);
-	if (rc == 0)
+	if (rc == 0) {
 		in_flight++;
+		reg->next = regs;
+		regs = reg;
+	}
 	pthread_mutex_unlock(&reg_lock);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	pthread_attr_destroy(&attr);
@@ -161,6 +201,14 @@ void r2cc_job_register_end(struct r2cc_job_reg *reg, void *comm)
 	if (reg->reg_done)
 		reg_finish(reg);
 	pthread_mutex_unlock(&reg_lock);
+}
+
+bool r2cc_job_registering(void)
+{
+	pthread_mutex_lock(&reg_lock);
+	bool any = in_flight > 0;
+	pthread_mutex_unlock(&reg_lock);
+	return any;
 }
 
 void r2cc_job_quiesce(int ms)

@@ -9,6 +9,8 @@
 #ifndef R2CC_REPAIR_JOB_H
 #define R2CC_REPAIR_JOB_H
 
+#include <stdbool.h>
+
 struct r2cc_job_reg;
 
 /* After the real ncclGetUniqueId: write the rendezvous into bytes 40-127. */
@@ -22,6 +24,13 @@ struct r2cc_job_reg *r2cc_job_register_begin(const unsigned char id[128], int ra
 /* After the real init: the communicator the registration belongs to (NULL
  * when the init failed). Consumes reg. */
 void r2cc_job_register_end(struct r2cc_job_reg *reg, void *comm);
+
+/* The communicator is being destroyed: its directory is released (hot repair
+ * frees it once no repair uses it). */
+void r2cc_job_comm_gone(void *comm);
+
+/* A registration is in flight: its directory may come soon. */
+bool r2cc_job_registering(void);
 
 /* Wait until no registration is in flight (tests, exit), at most ms. */
 void r2cc_job_quiesce(int ms);

@@ -2,10 +2,11 @@
 
 # Control plane (repair/ctl*.c): the control thread, rendezvous, directory and
 # authenticated peer messages. Its tests compile these sources directly.
-REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_iface.c \
+REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_iface.c repair/hmap.c \
 		   repair/ctl_dir.c
-REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h
-LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c repair/engine.c repair/qp_shadow.c repair/ledger.c repair/stall.c
+REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h repair/hmap.h
+LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c repair/engine.c repair/qp_shadow.c repair/ledger.c repair/stall.c \
+		repair/peer.c
 LIBR2CC_LIBS += -lcrypto
 
 CTL_TEST_SRCS := $(REPAIR_CTL_SRCS) shim/log.c shim/params.c shim/failspec.c strategies/cost.c shim/fault.c
@@ -21,6 +22,23 @@ $(CTL_MULTI): tests/ctl/ctl_multi.c $(CTL_TEST_SRCS) $(REPAIR_CTL_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -o $@ $< $(CTL_TEST_SRCS) $(CTL_TEST_LIBS)
 
+# r2cc-ctl-load: many simulated ranks against this control plane (tests/ctl/ctl_load.c).
+CTL_LOAD := $(BUILD)/bin/r2cc-ctl-load
+$(CTL_LOAD): tests/ctl/ctl_load.c $(CTL_TEST_SRCS) $(REPAIR_CTL_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< $(CTL_TEST_SRCS) $(CTL_TEST_LIBS)
+ALL_TARGETS += $(CTL_LOAD)
+CPU_TESTS += 120@$(CTL_LOAD):--ranks:1024
+
+# The peer search (repair/peer.c) across processes: colliding QP numbers, IB and RoCE.
+PEER_MULTI := $(BUILD)/tests/ctl/peer_multi
+$(PEER_MULTI): tests/ctl/peer_multi.c repair/peer.c repair/peer.h $(CTL_TEST_SRCS) $(REPAIR_CTL_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< repair/peer.c $(CTL_TEST_SRCS) $(CTL_TEST_LIBS)
+TEST_DEPS += $(PEER_MULTI)
+CPU_TESTS += 60@$(PEER_MULTI):4:ib 60@$(PEER_MULTI):8:roce 60@$(PEER_MULTI):16:ib \
+	     60@$(PEER_MULTI):16:roce
+
 # The live test measures latencies and CPU time: one test at a time.
 TEST_DEPS += $(CTL_UNIT_TESTS) $(CTL_MULTI)
 CPU_TESTS += 60@$(BUILD)/tests/unit/test_ctl_msg:--jobs=2 \
@@ -28,6 +46,7 @@ CPU_TESTS += 60@$(BUILD)/tests/unit/test_ctl_msg:--jobs=2 \
 	     60@$(CTL_MULTI):dir:2 60@$(CTL_MULTI):dir:4 60@$(CTL_MULTI):dir:8 \
 	     60@$(CTL_MULTI):badkey 60@$(CTL_MULTI):garbage 60@$(CTL_MULTI):timeout
 FORMAT_SRCS += $(REPAIR_CTL_SRCS) $(REPAIR_CTL_HDRS) repair/engine.c repair/engine.h repair/stall.c repair/stall.h \
+	       repair/peer.c repair/peer.h \
 	       $(wildcard tests/unit/test_ctl_*.c) \
 	       $(wildcard tests/ctl/*.c)
 include repair/shadow.mk

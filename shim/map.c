@@ -1,10 +1,9 @@
 /*
- * Writers of struct r2cc_map; readers are inline in map.h. A slot's key is
- * written before its value (release), so a reader that sees the value sees the
- * key. A removed slot becomes a tombstone and is reused by a later insert,
- * which stores the new key and then the new value, both with release: a
- * reader that read the old value before the new key shows up finds the value
- * changed when it checks again (r2cc_map_get()), and never returns a value
+ * Writers of struct r2cc_map; readers are inline in map.h. An insert gives its
+ * slot the new key under the slot's sequence lock: sequence odd, key and
+ * value stored, sequence even (release). A remove stores the tombstone in the
+ * value only. A reader that overlapped a key change sees the sequence move
+ * and reads the slot again (r2cc_map_get()), so it never returns a value
  * under a foreign key. Rebuilt tables are published whole; retired ones stay
  * mapped.
  */
@@ -119,9 +118,13 @@ int r2cc_map_insert(struct r2cc_map *m, uint64_t key, void *val)
 			at = empty;
 			m->used++;
 		}
-		/* Release: a reader that sees the new key sees the tombstone. */
-		__atomic_store_n(&t->slots[at].key, key, __ATOMIC_RELEASE);
-		__atomic_store_n(&t->slots[at].val, val, __ATOMIC_RELEASE);
+		struct r2cc_map_slot *sl = &t->slots[at];
+		uint64_t seq = sl->seq;
+		__atomic_store_n(&sl->seq, seq + 1, __ATOMIC_RELAXED);
+		__atomic_thread_fence(__ATOMIC_RELEASE);
+		__atomic_store_n(&sl->key, key, __ATOMIC_RELAXED);
+		__atomic_store_n(&sl->val, val, __ATOMIC_RELEASE);
+		__atomic_store_n(&sl->seq, seq + 2, __ATOMIC_RELEASE);
 		m->live++;
 		break;
 	}

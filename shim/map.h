@@ -11,8 +11,8 @@
  * it with one pointer store; a reader may still be probing the old one, so old
  * tables are retired, not freed, until r2cc_map_fini(). Growth stops at a
  * fixed maximum: beyond it an insert fails with -ENOSPC and the caller runs
- * that object as pass-through. A lookup returns a value only while the slot
- * still holds it under the key looked up (see r2cc_map_get()).
+ * that object as pass-through. A lookup returns a value only if the slot held
+ * it under the key looked up (see r2cc_map_get()).
  */
 #ifndef R2CC_SHIM_MAP_H
 #define R2CC_SHIM_MAP_H
@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 struct r2cc_map_slot {
+	uint64_t seq; /* odd while a writer gives the slot a new key */
 	uint64_t key;
 	void *val; /* NULL: empty; R2CC_MAP_TOMBSTONE: deleted */
 };
@@ -58,17 +59,23 @@ static inline uint64_t r2cc_map_hash(uint64_t k)
 	return k;
 }
 
-/* Test builds define this to act between a reader's value and key loads. */
+/* Test builds define these to act between a reader's loads. */
 #ifndef R2CC_MAP_TEST_RACE
 #define R2CC_MAP_TEST_RACE(m, i) ((void)0)
 #endif
+#ifndef R2CC_MAP_TEST_RACE2
+#define R2CC_MAP_TEST_RACE2(m, i) ((void)0)
+#endif
 
 /*
- * Lock-free lookup: the hot path. A writer that reuses a slot stores the
- * tombstone, then the new key, then the new value (each a release store), so a
- * value loaded before the key may belong to the slot's previous key. After the
- * key matches, the value is loaded once more: if it changed, the slot was
- * reused in between and is read again; if not, the value was the key's.
+ * Lock-free lookup: the hot path. A slot's key changes only when an insert
+ * takes an empty or deleted slot; that writer makes the slot's sequence odd,
+ * stores key and value, and makes it even again (a sequence lock per slot). A
+ * reader takes the key and value only if the sequence was even and unchanged
+ * around its loads, so it never pairs a value with a foreign key, even when
+ * the slot went to another key and back in between (an A-B-A reuse). A slot
+ * being given a new key was empty or deleted, so the reader treats it so:
+ * it waits for nothing. A remove changes only the value (to the tombstone).
  */
 static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
 {
@@ -78,18 +85,25 @@ static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
 	const struct r2cc_map_slot *slots = t->slots;
 	for (size_t i = r2cc_map_hash(key) & t->mask, n = 0; n <= t->mask;
 	     i = (i + 1) & t->mask, n++) {
+		uint64_t s;
 		void *v;
 	again:
+		s = __atomic_load_n(&slots[i].seq, __ATOMIC_ACQUIRE);
 		v = __atomic_load_n((void *const *)&slots[i].val, __ATOMIC_ACQUIRE);
+		if (s & 1)
+			continue; /* taking a new key: it was empty or deleted */
 		if (!v)
 			return NULL;
 		if (v == R2CC_MAP_TOMBSTONE)
 			continue;
 		R2CC_MAP_TEST_RACE(m, i);
-		if (__atomic_load_n((const uint64_t *)&slots[i].key, __ATOMIC_ACQUIRE) != key)
-			continue;
-		if (__atomic_load_n((void *const *)&slots[i].val, __ATOMIC_RELAXED) != v)
+		uint64_t k = __atomic_load_n(&slots[i].key, __ATOMIC_RELAXED);
+		R2CC_MAP_TEST_RACE2(m, i);
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&slots[i].seq, __ATOMIC_RELAXED) != s)
 			goto again;
+		if (k != key)
+			continue;
 		return v;
 	}
 	return NULL;

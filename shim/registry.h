@@ -95,6 +95,8 @@ struct r2cc_qp_peer {
 	bool has_grh;
 	union ibv_gid gid;
 	uint8_t port;
+	union ibv_gid
+	    sgid; /* with a GRH: this end's GID (the RTR's sgid_index), as the peer sees it */
 };
 
 struct r2cc_qp {

@@ -184,6 +184,18 @@ static int check_dir(const struct r2cc_ctl_dir *d, int rank, int n)
 {
 	if (d->nranks != n || d->self_rank != rank || d->nnodes != n)
 		return -EPROTO;
+	/* Each process is its own node: the registration brought only itself. */
+	for (int r = 0; r < n; r++)
+		if ((r2cc_ctl_dir_member(d, r) != NULL) != (r == rank))
+			return -EPROTO;
+	/* Every rank three times, as a caller that collects one rank per QP asks:
+	 * more names than the round has ranks. */
+	int all[3 * MAXP];
+	for (int r = 0; r < 3 * n; r++)
+		all[r] = (3 * n - 1 - r) % n;
+	int rc = r2cc_ctl_dir_fetch(d, all, 3 * n, 10000);
+	if (rc)
+		return rc;
 	for (int r = 0; r < n; r++) {
 		const struct r2cc_ctl_member *m = r2cc_ctl_dir_member(d, r);
 		char host[32];
@@ -193,8 +205,8 @@ static int check_dir(const struct r2cc_ctl_dir *d, int rank, int n)
 		    m->nics[0].gid[15] != r)
 			return -EPROTO;
 		for (int q = 0; q < r; q++)
-			if (d->members[q].pid == m->pid ||
-			    r2cc_ctl_addr_equal(&d->members[q].ctl_addr, &m->ctl_addr))
+			if (r2cc_ctl_dir_member(d, q)->pid == m->pid ||
+			    r2cc_ctl_addr_equal(&r2cc_ctl_dir_member(d, q)->ctl_addr, &m->ctl_addr))
 				return -EPROTO;
 	}
 	return 0;

@@ -14,14 +14,16 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define DRILL_MAX_PROCS	 16
-#define DRILL_MAX_NICS	 4 /* NCCL_IB_MAX_DEVS_PER_NIC: rkeys per FIFO element */
-#define DRILL_MAX_QPN	 8 /* --qps: QPs per NIC per connection (NCCL_IB_QPS_PER_CONNECTION) */
-#define DRILL_MAX_QPS	 (DRILL_MAX_NICS * DRILL_MAX_QPN)
-#define DRILL_SLOTS	 256 /* MAX_REQUESTS, the most of any --nccl-version */
-#define DRILL_MAX_RECVS	 8   /* NCCL_NET_IB_MAX_RECVS: FIFO elements per slot */
-#define DRILL_MAX_WINDOW 64
-#define DRILL_ERR_LEN	 320
+#define DRILL_MAX_PROCS	    16
+#define DRILL_FULL_PROCS    4 /* above this many workers the defaults scale down (main.c) */
+#define DRILL_MANY_MAX_SIZE (64u << 10) /* --max-size then */
+#define DRILL_MAX_NICS	    4		/* NCCL_IB_MAX_DEVS_PER_NIC: rkeys per FIFO element */
+#define DRILL_MAX_QPN	    8 /* --qps: QPs per NIC per connection (NCCL_IB_QPS_PER_CONNECTION) */
+#define DRILL_MAX_QPS	    (DRILL_MAX_NICS * DRILL_MAX_QPN)
+#define DRILL_SLOTS	    256 /* MAX_REQUESTS, the most of any --nccl-version */
+#define DRILL_MAX_RECVS	    8	/* NCCL_NET_IB_MAX_RECVS: FIFO elements per slot */
+#define DRILL_MAX_WINDOW    64
+#define DRILL_ERR_LEN	    320
 
 enum drill_fault {
 	DRILL_FAULT_NONE,

@@ -281,6 +281,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	int c;
 	double v;
 	bool fault_set = false, kill_peer = false;
+	bool msgs_set = false, max_set = false, timeout_set = false, scale_set = false;
 
 	*o = (struct drill_opts){
 	    .procs = 2,
@@ -338,6 +339,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		case O_MSGS:
 			ok = drill_num(optarg, 1, 1e7, &v);
 			o->messages = (int)v;
+			msgs_set = true;
 			name = "--messages (1..1e7)";
 			break;
 		case O_WINDOW:
@@ -348,16 +350,19 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		case O_MAX:
 			ok = drill_num(optarg, 0, 1 << 30, &v);
 			o->max_size = (uint64_t)v;
+			max_set = true;
 			name = "--max-size (0..1 GiB)";
 			break;
 		case O_TIMEOUT:
 			ok = drill_num(optarg, 0.1, 86400, &v);
 			o->timeout_s = v;
+			timeout_set = true;
 			name = "--timeout (seconds, 0.1..86400)";
 			break;
 		case O_SCALE:
 			ok = drill_num(optarg, 1e-6, 1e3, &v);
 			o->time_scale = v;
+			scale_set = true;
 			name = "--time-scale (1e-6..1000)";
 			break;
 		case O_IBT:
@@ -508,6 +513,23 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			return -1;
 		}
 		o->fault = DRILL_FAULT_KILL;
+	}
+	/* More than 4 workers on a small machine: the defaults shrink so that a
+	 * scenario moves about what 4 workers move in messages, in much smaller ones
+	 * (with 16 workers on 2 cores, copies of megabytes keep healthy paths
+	 * waiting longer than the stall threshold: tests/drill/README.md), and the
+	 * scaled QP timeout and the deadline grow with the workers that share the
+	 * CPUs. Workers get the parent's values explicitly. */
+	if (!o->worker && o->procs > DRILL_FULL_PROCS) {
+		double k = (double)o->procs / DRILL_FULL_PROCS;
+		if (!msgs_set)
+			o->messages = (int)(128.0 * (DRILL_FULL_PROCS - 1) / (o->procs - 1) + 0.5);
+		if (!max_set)
+			o->max_size = DRILL_MANY_MAX_SIZE;
+		if (!scale_set)
+			o->time_scale *= k;
+		if (!timeout_set)
+			o->timeout_s *= k;
 	}
 	return o->worker ? 0 : drill_check_opts(o);
 }
@@ -975,8 +997,7 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				double sus[1];
 				if (drill_scan_key(text, "suspected", sus, 1) == 1)
 					s->suspected += (uint64_t)sus[0];
-				/* a whole JSON report: written at exit, with or without incidents
-				 */
+				/* a whole JSON report, at exit, with or without incidents */
 				if (k == 0 && strstr(text, "\"nics\":["))
 					found++;
 			}

@@ -44,6 +44,10 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       90@$(DRILL):--fault:down:--fault-nics:all:--expect:clean-error:--seeds:3:--nics:2:--nccl-stub \
 	       90@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--nccl-stub \
 	       90@$(DRILL):--kill-peer:--expect:clean-error:--seeds:3:--nccl-stub
+# Scale: 16 processes x 2 NICs (240 connections, 480 data QPs); above 4 workers the drill's
+# defaults shrink to fit 2 cores (tests/drill/README.md).
+CPU_TESTS   += 240@$(DRILL):--procs:16:--nics:2:--fault:down:--seeds:5:--nccl-stub \
+	       240@$(DRILL):--procs:16:--nics:2:--fault:blackhole:--seeds:5:--nccl-stub
 # GPU Direct flush (--flush): every receive connection also has a loopback QP per NIC,
 # connected to itself, that reads each message back; hot repair must move those too.
 CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3:--flush:--nccl-stub \

@@ -676,13 +676,19 @@ static int drill_flush_create(struct drill_worker *w, struct drill_conn *c)
 
 /* ---- the idle loop: poll, then give the (shared, small) machine back ---- */
 
+/* How long the idle loop spins and yields before it sleeps. More workers than
+ * DRILL_FULL_PROCS share the CPUs with each other's device engines and R2CC's
+ * threads: they give the CPU back sooner, or the progress they wait for is
+ * what they starve. */
+static unsigned backoff_spin = 64, backoff_yield = 4096;
+
 static void drill_backoff(unsigned *idle)
 {
 	struct timespec ts = {0, 20000};
 
-	if (++*idle < 64)
+	if (++*idle < backoff_spin)
 		return;
-	if (*idle < 4096)
+	if (*idle < backoff_yield)
 		sched_yield();
 	else
 		nanosleep(&ts, NULL);
@@ -1579,6 +1585,10 @@ int drill_worker_main(const struct drill_opts *o)
 	if (!w)
 		return 1;
 	w->o = o;
+	if (o->procs > DRILL_FULL_PROCS) {
+		backoff_spin = 8;
+		backoff_yield = 64;
+	}
 	w->st = drill_status_map(o);
 	if (!w->st) {
 		fprintf(stderr, "r2cc-verbs-drill node%d: cannot map %s/status\n", o->rank, o->dir);

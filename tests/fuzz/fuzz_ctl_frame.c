@@ -47,9 +47,14 @@ static void parse_authenticated(const struct r2cc_ctl_hdr *h, const unsigned cha
 		int ranks[8];
 		for (int n = 0; n < dir->nnodes; n++)
 			r2cc_ctl_dir_node_ranks(dir, n, ranks, 8);
+		/* Every rank has a node; the members are those of the registrant's
+		 * node (the others are looked up later), its own among them. */
 		for (int r = 0; r < dir->nranks; r++)
-			if (r2cc_ctl_dir_node(dir, r) < 0 || !r2cc_ctl_dir_member(dir, r))
+			if (r2cc_ctl_dir_node(dir, r) < 0 ||
+			    r2cc_ctl_dir_node(dir, r) >= dir->nnodes)
 				abort();
+		if (!r2cc_ctl_dir_member(dir, dir->self_rank))
+			abort();
 		r2cc_ctl_dir_free(dir);
 	}
 }

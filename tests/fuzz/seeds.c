@@ -6,6 +6,7 @@
 #include "repair/ctl.h"
 #include "repair/ctl_msg.h"
 #include "repair/ctl_priv.h"
+#include "repair/engine.h"
 #include "repair/mr_mirror.h"
 #include "shim/params.h"
 
@@ -60,19 +61,30 @@ static void member(struct r2cc_ctl_member *m, const char *host, const char *key,
 	a->sin_addr.s_addr = htonl(0x7f000001);
 }
 
-/* A directory of 3 ranks on 2 nodes, as the rendezvous sends it. */
+/* A directory of 3 ranks on 2 nodes, as the rendezvous sends it to rank 0:
+ * the node runs and the members of rank 0's node. */
 static size_t directory(unsigned char *out)
 {
 	struct r2cc_ctl_member m;
-	size_t o = 4;
-	be32(out, 3);
+	unsigned char **enc = malloc(3 * sizeof(*enc));
+	size_t *len = malloc(3 * sizeof(*len));
 	for (int r = 0; r < 3; r++) {
 		member(&m, r < 2 ? "node-a" : "node-b", r < 2 ? "key-a" : "key-b", 1 + r);
-		int n = r2cc_ctl_member_encode(&m, out + o + 4, R2CC_CTL_MEMBER_MAX_ENC);
-		be32(out + o, (uint32_t)n);
-		o += 4 + (size_t)n;
+		enc[r] = malloc(R2CC_CTL_MEMBER_MAX_ENC);
+		len[r] = (size_t)r2cc_ctl_member_encode(&m, enc[r], R2CC_CTL_MEMBER_MAX_ENC);
 	}
-	return o;
+	int status = 0;
+	struct r2cc_ctl_rdir *rd = r2cc_ctl_rdir_new(3, 1, enc, len, &status);
+	unsigned char *head = NULL;
+	size_t n = 0;
+	if (!rd || r2cc_ctl_rdir_head(rd, 0, &head, &n)) {
+		fprintf(stderr, "seeds: cannot build a directory (%d)\n", status);
+		exit(1);
+	}
+	memcpy(out, head, n);
+	free(head);
+	r2cc_ctl_rdir_free(rd);
+	return n;
 }
 
 static void ctl_seeds(void)
@@ -169,17 +181,34 @@ static void mirror_seeds(void)
 	put("mr_mirror", "map-same", b, 24);
 }
 
+static void wire_entry(unsigned char *m, int op)
+{
+	memset(m, 0, R2CC_REPAIR_WIRE_SIZE);
+	m[0] = (unsigned char)op;
+	m[8] = 0x12;				       /* pair id */
+	m[16 + 15] = 0x10, m[16 + 17] = 1;	       /* source end: LID 1, */
+	m[16 + 22] = 0x34;			       /* QP 0x34 */
+	m[39 + 17] = 2, m[39 + 22] = 0x56;	       /* destination end: LID 2, QP 0x56 */
+	m[70] = 8;				       /* work */
+	m[74] = 0x78, m[78] = 3, m[80] = 1, m[81] = 5; /* new QP, LID, port, MTU */
+	strcpy((char *)m + R2CC_REPAIR_WIRE_NEW_NIC, "mlx5_0");
+	strcpy((char *)m + R2CC_REPAIR_WIRE_ORIG_NIC, "mlx5_2");
+}
+
 static void wire_seeds(void)
 {
-	for (int op = 1; op <= 4; op++) {
-		unsigned char m[188] = {1, (unsigned char)op};
-		m[16] = 0x12, m[20] = 0x34, m[24] = 1, m[26] = 2, m[28] = 5;
-		strcpy((char *)m + 60, "mlx5_0");
-		strcpy((char *)m + 124, "mlx5_2");
+	unsigned char m[R2CC_REPAIR_WIRE_HDR + 3 * R2CC_REPAIR_WIRE_SIZE] = {2, 0, 1, 0};
+	for (int op = 1; op <= 5; op++) {
+		wire_entry(m + R2CC_REPAIR_WIRE_HDR, op);
 		char name[16];
 		snprintf(name, sizeof(name), "op%d", op);
-		put("rep_wire", name, m, sizeof(m));
+		put("rep_wire", name, m, R2CC_REPAIR_WIRE_HDR + R2CC_REPAIR_WIRE_SIZE);
 	}
+	/* a batch: three entries, as one message per peer carries */
+	m[2] = 3;
+	for (int i = 0; i < 3; i++)
+		wire_entry(m + R2CC_REPAIR_WIRE_HDR + i * R2CC_REPAIR_WIRE_SIZE, 1 + i);
+	put("rep_wire", "batch3", m, sizeof(m));
 }
 
 static void settings_seeds(void)

@@ -139,7 +139,9 @@ R2CC_EXPORT int r2cc_test_forged(int peer)
 	};
 	if (len < 0 || r2cc_ctl_frame_seal(key, &h, req, (size_t)len, frame))
 		return -EINVAL;
-	const struct sockaddr_storage *a = &door_dir->members[peer].ctl_addr;
+	if (r2cc_ctl_dir_fetch(door_dir, &peer, 1, 5000))
+		return -ENOENT;
+	const struct sockaddr_storage *a = &r2cc_ctl_dir_member(door_dir, peer)->ctl_addr;
 	int fd = socket(a->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -errno;

@@ -13,6 +13,9 @@ build=${1:-build}
 lib=$build/softverbs/libibverbs.so.1
 pkgs="perftest ibverbs-utils rdmacm-utils librdmacm1 python3-pyverbs ibverbs-providers"
 export LD_LIBRARY_PATH=$PWD/$build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# R2CC_TEST_PRELOAD: a sanitizer's runtime, which must be the first library of the
+# (uninstrumented) rdma-core programs that load the sanitized device.
+[ -n "${R2CC_TEST_PRELOAD:-}" ] && export LD_PRELOAD=$R2CC_TEST_PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}
 export SOFTVERBS_FABRIC=svabi-$$ SOFTVERBS_NODE=abi
 rc=0
 [ -e "$lib" ] || { echo "FAIL abi: $lib not built"; exit 1; }

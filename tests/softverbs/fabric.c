@@ -420,7 +420,18 @@ out:
 int sv_fabric_reap(struct sv_fabric *f)
 {
 	int n = 0;
+	bool any = false;
 
+	/* Look without the lock first: every progress thread reaps five times a
+	 * second, and with many processes the /proc reads under the fabric lock
+	 * would hold up every QP and CQ creation. */
+	for (int i = 0; i < SV_MAX_PROCS && !any; i++) {
+		int pid = atomic_load(&f->procs[i].pid);
+
+		any = pid && sv_pid_gone(pid);
+	}
+	if (!any)
+		return 0;
 	sv_lock(&f->lock);
 	for (int i = 0; i < SV_MAX_PROCS; i++) {
 		int pid = atomic_load(&f->procs[i].pid);

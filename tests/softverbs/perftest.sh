@@ -14,6 +14,9 @@ set -u
 build=${1:-build}
 mode=${2:-2}
 export LD_LIBRARY_PATH=$PWD/$build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# R2CC_TEST_PRELOAD: a sanitizer's runtime, which must be the first library of the
+# (uninstrumented) rdma-core programs that load the sanitized device.
+[ -n "${R2CC_TEST_PRELOAD:-}" ] && export LD_PRELOAD=$R2CC_TEST_PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}
 port=$((20000 + $$ % 20000))
 seq=0
 rc=0

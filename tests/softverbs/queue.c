@@ -130,6 +130,38 @@ static uint64_t sv_qp_key(int nic, uint32_t ordinal)
 		      sv_mix(sv_str_hash(f->nics[nic].name) ^ sv_mix(ordinal)));
 }
 
+/*
+ * A free slot of a fabric table, under f->lock. The search starts where this
+ * process last found one (slots are far apart in the region: a scan from 0
+ * past a thousand used ones costs a page walk each), wraps, and gives n when
+ * the table is full.
+ */
+static bool cq_slot_used(const struct sv_fabric *f, int i)
+{
+	return atomic_load(&f->cqs[i].id) != 0;
+}
+
+static bool qp_slot_used(const struct sv_fabric *f, int i)
+{
+	return atomic_load(&f->qps[i].qpn) != 0;
+}
+
+static int cq_hint, qp_hint;
+
+static int sv_free_slot(int *hint, int n, bool (*used)(const struct sv_fabric *, int),
+			const struct sv_fabric *f)
+{
+	for (int k = 0; k < n; k++) {
+		int i = (*hint + k) % n;
+
+		if (!used(f, i)) {
+			*hint = (i + 1) % n;
+			return i;
+		}
+	}
+	return n;
+}
+
 /* ---- completion queues ---- */
 
 SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
@@ -153,8 +185,7 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 		return NULL;
 	}
 	sv_lock(&f->lock);
-	for (i = 0; i < SV_MAX_CQS && atomic_load(&f->cqs[i].id); i++)
-		;
+	i = sv_free_slot(&cq_hint, SV_MAX_CQS, cq_slot_used, f);
 	if (i == SV_MAX_CQS) {
 		pthread_mutex_unlock(&f->lock);
 		free(cq);
@@ -514,8 +545,7 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	qp->eng_wake = SV_NEVER;
 
 	sv_lock(&f->lock);
-	for (i = 0; i < SV_MAX_QPS && atomic_load(&f->qps[i].qpn); i++)
-		;
+	i = sv_free_slot(&qp_hint, SV_MAX_QPS, qp_slot_used, f);
 	if (i == SV_MAX_QPS) {
 		pthread_mutex_unlock(&f->lock);
 		err = ENOMEM;

@@ -698,6 +698,86 @@ Test(ctl_live, several_local_ranks_and_reregistration)
 	r2cc_ctl_shutdown();
 }
 
+/* Strangers hold every connection slot of this host at the rendezvous for a
+ * while: the registration's connection is refused, and it is sent again until
+ * the slots are free, within its deadline. */
+static int held[2];
+
+static void *release_later(void *arg)
+{
+	(void)arg;
+	usleep(400000);
+	for (int i = 0; i < 2; i++)
+		close(held[i]);
+	return NULL;
+}
+
+Test(ctl_live, refused_registration_is_sent_again)
+{
+	struct r2cc_ctl_job job = new_job();
+	r2cc_ctl_set_preauth_per_src(2);
+	for (int i = 0; i < 2; i++)
+		held[i] = connect_to(&job.rdv);
+	usleep(100000);
+	struct r2cc_ctl_stats before, after;
+	r2cc_ctl_stats(&before);
+	pthread_t th;
+	cr_assert_eq(pthread_create(&th, NULL, release_later, NULL), 0);
+	struct r2cc_ctl_member m;
+	self_member(&m, "node-a");
+	struct r2cc_ctl_dir *dir = NULL;
+	double t0 = now_s();
+	cr_assert_eq(r2cc_ctl_register(&job, &m, 0, 1, 5000, &dir), 0);
+	double took = now_s() - t0;
+	pthread_join(th, NULL);
+	r2cc_ctl_stats(&after);
+	cr_assert_gt(after.conns_refused, before.conns_refused, "the first try was refused");
+	cr_assert(took > 0.3 && took < 4.0, "registered after %.2f s", took);
+	cr_assert_eq(dir->self_rank, 0);
+	r2cc_ctl_dir_free(dir);
+	r2cc_ctl_set_preauth_per_src(64);
+	r2cc_ctl_shutdown();
+}
+
+/* The rendezvous keeps a round's directory while any of its ranks remains:
+ * members are fetched, NICs reported and found; once every rank has left, the
+ * round is gone and lookups get -ENOENT. */
+Test(ctl_live, round_lives_until_every_rank_left)
+{
+	struct r2cc_ctl_job job = new_job();
+	struct r2cc_ctl_member m[2];
+	self_member(&m[0], "node-a");
+	self_member(&m[1], "node-b");
+	m[0].nnics = m[1].nnics = 0;
+	int ranks[2] = {0, 1};
+	struct r2cc_ctl_dir *dirs[2] = {0};
+	cr_assert_eq(r2cc_ctl_register_each(&job, m, ranks, 2, 2, 5000, dirs), 0);
+	cr_assert_null(r2cc_ctl_dir_member(dirs[0], 1), "another node's member is not sent");
+	struct r2cc_ctl_nic nic = {.name = "soft1", .lid = 33, .port = 1};
+	cr_assert_eq(r2cc_ctl_dir_report_nics(dirs[1], &nic, 1, 3000), 0);
+	struct r2cc_ctl_nicaddr a = {.kind = R2CC_CTL_NICADDR_LID, .bytes = {0, 33}};
+	int owners[4], nowners = 0;
+	cr_assert_eq(r2cc_ctl_dir_owners(dirs[0], &a, 1, owners, 4, &nowners, 3000), 0);
+	cr_assert_eq(nowners, 1);
+	cr_assert_eq(owners[0], 1);
+	cr_assert_eq(r2cc_ctl_dir_member(dirs[0], 1)->nnics, 1, "the reported NIC is in it");
+	cr_assert_str_eq(r2cc_ctl_dir_member(dirs[0], 1)->nics[0].name, "soft1");
+	r2cc_ctl_dir_leave(dirs[1]);
+	/* One rank left: the round still serves the other. */
+	usleep(100000);
+	cr_assert_eq(r2cc_ctl_dir_owners(dirs[0], &a, 1, owners, 4, &nowners, 3000), 0);
+	r2cc_ctl_dir_leave(dirs[0]);
+	int rc = 0;
+	for (int i = 0; i < 100 && rc != -ENOENT; i++) {
+		usleep(20000);
+		rc = r2cc_ctl_dir_owners(dirs[0], &a, 1, owners, 4, &nowners, 3000);
+	}
+	cr_assert_eq(rc, -ENOENT, "every rank left: the round is freed");
+	r2cc_ctl_dir_free(dirs[0]);
+	r2cc_ctl_dir_free(dirs[1]);
+	r2cc_ctl_shutdown();
+}
+
 Test(ctl_live, two_jobs_at_once)
 {
 	struct r2cc_ctl_job a = new_job(), b = new_job();
@@ -738,7 +818,7 @@ Test(ctl_live, oob_root_is_where_the_rendezvous_listens)
 	cr_assert_neq(r2cc_ctl_addr_port(&local), r2cc_ctl_addr_port(&job.rdv));
 	struct r2cc_ctl_dir *dir = solo_dir(&job);
 	/* Peers still talk to each other's own listeners. */
-	cr_assert(r2cc_ctl_addr_equal(&dir->members[0].ctl_addr, &local));
+	cr_assert(r2cc_ctl_addr_equal(&r2cc_ctl_dir_member(dir, 0)->ctl_addr, &local));
 	/* A second job of this process shares the root listener. */
 	struct r2cc_ctl_job job2 = new_job();
 	struct r2cc_ctl_dir *dir2 = solo_dir(&job2);

@@ -504,26 +504,69 @@ static void fill_member(struct r2cc_ctl_member *m, const char *host, const char 
 	sin->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 }
 
-/* Directory blob of n members whose node keys are keys[i]. */
-static size_t make_dir_blob(unsigned char *blob, size_t cap, int n, const char *const *keys)
+/* The rendezvous' copy of a round of n members whose node keys are keys[i]
+ * (member i: host "host<i>", pid 1000 + i, i % 3 + 1 NICs). */
+static struct r2cc_ctl_rdir *make_rdir(int n, const char *const *keys)
 {
-	size_t o = 4;
-	blob[0] = blob[1] = 0;
-	blob[2] = (unsigned char)(n >> 8);
-	blob[3] = (unsigned char)n;
+	unsigned char **mem = malloc(sizeof(*mem) * (size_t)n);
+	size_t *len = malloc(sizeof(*len) * (size_t)n);
+	cr_assert(mem && len);
 	for (int i = 0; i < n; i++) {
 		struct r2cc_ctl_member m;
+		unsigned char buf[R2CC_CTL_MEMBER_MAX_ENC];
 		char host[32];
 		snprintf(host, sizeof(host), "host%d", i);
 		fill_member(&m, host, keys[i], 1000 + i, i % 3 + 1);
-		int len = r2cc_ctl_member_encode(&m, blob + o + 4, cap - o - 4);
-		cr_assert_gt(len, 0);
-		blob[o] = blob[o + 1] = 0;
-		blob[o + 2] = (unsigned char)(len >> 8);
-		blob[o + 3] = (unsigned char)len;
-		o += 4 + (size_t)len;
+		int l = r2cc_ctl_member_encode(&m, buf, sizeof(buf));
+		cr_assert_gt(l, 0);
+		mem[i] = malloc((size_t)l);
+		memcpy(mem[i], buf, (size_t)l);
+		len[i] = (size_t)l;
 	}
-	return o;
+	int err = 0;
+	struct r2cc_ctl_rdir *rd = r2cc_ctl_rdir_new(n, 1, mem, len, &err);
+	cr_assert_not_null(rd, "rdir: %d", err);
+	return rd;
+}
+
+/* What rank `self` of the round gets back from its registration. */
+static struct r2cc_ctl_dir *dir_of(const struct r2cc_ctl_rdir *rd, int self, size_t *head_len)
+{
+	struct r2cc_ctl_job job = sample_job(AF_INET);
+	unsigned char *head;
+	size_t len;
+	struct r2cc_ctl_dir *d;
+	cr_assert_eq(r2cc_ctl_rdir_head(rd, self, &head, &len), 0);
+	cr_assert_eq(r2cc_ctl_dir_decode(head, len, &job, self, &d), 0);
+	free(head);
+	if (head_len)
+		*head_len = len;
+	return d;
+}
+
+/* A lookup from d answered by rd and taken back into d: the owners of the
+ * addresses in owners/nowners (8 per address). */
+static int lookup(struct r2cc_ctl_rdir *rd, struct r2cc_ctl_dir *d, const int *ranks, int nr,
+		  const struct r2cc_ctl_nicaddr *addrs, int na, int *owners, int *nowners)
+{
+	unsigned char *req, *reply;
+	size_t len, rlen;
+	cr_assert_eq(r2cc_ctl_lookup_encode(d, ranks, nr, addrs, na, &req, &len), 0);
+	int rc = r2cc_ctl_rdir_lookup(rd, req, len, &reply, &rlen);
+	free(req);
+	if (rc)
+		return rc;
+	rc = r2cc_ctl_dir_take_lookup(d, reply, rlen, na, owners, 8, nowners);
+	free(reply);
+	return rc;
+}
+
+static struct r2cc_ctl_nicaddr lid_addr(uint16_t lid)
+{
+	struct r2cc_ctl_nicaddr a = {.kind = R2CC_CTL_NICADDR_LID};
+	a.bytes[0] = (uint8_t)(lid >> 8);
+	a.bytes[1] = (uint8_t)lid;
+	return a;
 }
 
 Test(ctl_dir, member_round_trip)
@@ -550,11 +593,8 @@ Test(ctl_dir, member_round_trip)
 Test(ctl_dir, nodes_in_rank_order)
 {
 	static const char *const keys[] = {"B", "A", "B", "C", "A", "A"};
-	unsigned char blob[8192];
-	size_t len = make_dir_blob(blob, sizeof(blob), 6, keys);
-	struct r2cc_ctl_job job = sample_job(AF_INET);
-	struct r2cc_ctl_dir *d;
-	cr_assert_eq(r2cc_ctl_dir_decode(blob, len, &job, 4, &d), 0);
+	struct r2cc_ctl_rdir *rd = make_rdir(6, keys);
+	struct r2cc_ctl_dir *d = dir_of(rd, 4, NULL);
 	cr_assert_eq(d->nranks, 6);
 	cr_assert_eq(d->self_rank, 4);
 	cr_assert_eq(d->nnodes, 3);
@@ -568,40 +608,197 @@ Test(ctl_dir, nodes_in_rank_order)
 	cr_assert_eq(r2cc_ctl_dir_node_ranks(d, 3, ranks, 8), -EINVAL);
 	cr_assert_eq(r2cc_ctl_dir_node(d, 6), -EINVAL);
 	cr_assert_null(r2cc_ctl_dir_member(d, -1));
+	/* The registration brings this rank's node only ... */
+	cr_assert_str_eq(r2cc_ctl_dir_member(d, 1)->host, "host1");
+	cr_assert_eq(r2cc_ctl_dir_member(d, 5)->node, 1);
+	cr_assert_null(r2cc_ctl_dir_member(d, 3));
+	cr_assert_null(r2cc_ctl_dir_member(d, 0));
+	/* ... the others come on request, once. */
+	int three = 3;
+	cr_assert_eq(lookup(rd, d, &three, 1, NULL, 0, NULL, NULL), 0);
 	cr_assert_str_eq(r2cc_ctl_dir_member(d, 3)->host, "host3");
 	cr_assert_eq(r2cc_ctl_dir_member(d, 3)->nnics, 1);
-	struct r2cc_ctl_dir *d2;
-	cr_assert_eq(r2cc_ctl_dir_decode(blob, len, &job, 0, &d2), 0);
-	cr_assert_eq(memcmp(d->digest, d2->digest, 32), 0, "same directory, same digest");
+	cr_assert_eq(r2cc_ctl_dir_member(d, 3)->node, 2);
+	cr_assert_null(r2cc_ctl_dir_member(d, 0));
+	struct r2cc_ctl_dir *d2 = dir_of(rd, 0, NULL);
+	cr_assert_eq(memcmp(d->digest, d2->digest, 32), 0, "same round, same digest");
+	cr_assert_str_eq(r2cc_ctl_dir_member(d2, 2)->host, "host2");
 	r2cc_ctl_dir_free(d);
 	r2cc_ctl_dir_free(d2);
+	r2cc_ctl_rdir_free(rd);
+}
+
+/* Node layouts of large jobs travel in a few runs, whatever the size. */
+static void check_layout(int n, int (*node_of)(int rank, int n), int max_head)
+{
+	const char **keys = malloc(sizeof(*keys) * (size_t)n);
+	char(*names)[16] = malloc(16 * (size_t)n);
+	cr_assert(keys && names);
+	for (int r = 0; r < n; r++) {
+		snprintf(names[r], 16, "k%d", node_of(r, n));
+		keys[r] = names[r];
+	}
+	struct r2cc_ctl_rdir *rd = make_rdir(n, keys);
+	size_t head;
+	struct r2cc_ctl_dir *d = dir_of(rd, n / 2, &head);
+	cr_assert_leq(head, (size_t)max_head, "head of %zu bytes", head);
+	/* The numbering is by first appearance; check it against the keys. */
+	int *seen = calloc((size_t)n, sizeof(int)), next = 0;
+	for (int r = 0; r < n; r++) {
+		int k = node_of(r, n);
+		if (!seen[k])
+			seen[k] = ++next;
+		cr_assert_eq(r2cc_ctl_dir_node(d, r), seen[k] - 1, "rank %d", r);
+	}
+	cr_assert_eq(d->nnodes, next);
+	int *ranks = malloc(sizeof(int) * (size_t)n), total = 0;
+	for (int k = 0; k < d->nnodes; k++) {
+		int m = r2cc_ctl_dir_node_ranks(d, k, ranks, n);
+		for (int i = 0; i < m; i++) {
+			cr_assert_eq(r2cc_ctl_dir_node(d, ranks[i]), k);
+			cr_assert(i == 0 || ranks[i] > ranks[i - 1]);
+		}
+		total += m;
+	}
+	cr_assert_eq(total, n);
+	free(ranks);
+	free(seen);
+	r2cc_ctl_dir_free(d);
+	r2cc_ctl_rdir_free(rd);
+	free(names);
+	free(keys);
+}
+
+static int blocks_of_8(int r, int n)
+{
+	return r / 8;
+}
+
+static int dealt_over_512(int r, int n)
+{
+	return r % 512;
+}
+
+static int irregular(int r, int n)
+{
+	return r < 100 ? 0 : r < 107 ? 1 : (r * 7919) % 13 + 2;
+}
+
+Test(ctl_dir, large_layouts_in_few_runs)
+{
+	/* 8 members of one node (at most 140 bytes each here) and one run. */
+	check_layout(8192, blocks_of_8, 8 * 140 + 100);
+	/* One run per round of the deal: 16 rounds, 16 members. */
+	check_layout(8192, dealt_over_512, 16 * 12 + 16 * 140 + 100);
+	check_layout(1000, irregular, 1000 * 12 + 1000 * 100);
+}
+
+Test(ctl_dir, nics_reported_then_found)
+{
+	static const char *const keys[] = {"n0", "n0", "n1", "n1"};
+	struct r2cc_ctl_rdir *rd = make_rdir(4, keys);
+	struct r2cc_ctl_dir *d0 = dir_of(rd, 0, NULL), *d2 = dir_of(rd, 2, NULL),
+			    *d3 = dir_of(rd, 3, NULL);
+	/* Rank 2 uses an IB NIC (LID 700) and a RoCE one (LID 0, a GID). */
+	struct r2cc_ctl_nic nics[2];
+	memset(nics, 0, sizeof(nics));
+	strcpy(nics[0].name, "ib0");
+	nics[0].lid = 700;
+	strcpy(nics[1].name, "roce0");
+	memset(nics[1].gid, 0xab, 16);
+	unsigned char *req;
+	size_t len;
+	cr_assert_eq(r2cc_ctl_nics_encode(d2, nics, 2, &req, &len), 0);
+	cr_assert_eq(r2cc_ctl_rdir_nics(rd, 3, req, len), -EPERM, "a rank speaks for itself");
+	cr_assert_eq(r2cc_ctl_rdir_nics(rd, 2, req, len), 0);
+	cr_assert_eq(r2cc_ctl_rdir_nics(rd, 2, req, len), 0, "again: no change");
+	free(req);
+	/* Rank 3, on the same node, uses ib0 as well. */
+	cr_assert_eq(r2cc_ctl_nics_encode(d3, nics, 1, &req, &len), 0);
+	cr_assert_eq(r2cc_ctl_rdir_nics(rd, 3, req, len), 0);
+	free(req);
+	struct r2cc_ctl_nicaddr a[3] = {
+	    lid_addr(700), {.kind = R2CC_CTL_NICADDR_GID}, lid_addr(701)};
+	memset(a[1].bytes, 0xab, 16);
+	int owners[24], nowners[3];
+	cr_assert_eq(lookup(rd, d0, NULL, 0, a, 3, owners, nowners), 0);
+	cr_assert_eq(nowners[0], 2);
+	cr_assert(owners[0] == 2 && owners[1] == 3);
+	cr_assert_eq(nowners[1], 1);
+	cr_assert_eq(owners[8], 2);
+	cr_assert_eq(nowners[2], 0);
+	/* The owners' members came with the answer, NICs included. */
+	const struct r2cc_ctl_member *m2 = r2cc_ctl_dir_member(d0, 2);
+	cr_assert_not_null(m2);
+	cr_assert_eq(m2->nnics, 3 + 2, "registered NICs, then the two reported");
+	cr_assert_str_eq(m2->nics[3].name, "ib0");
+	cr_assert_eq(m2->nics[4].gid[7], 0xab);
+	cr_assert_not_null(r2cc_ctl_dir_member(d0, 3));
+	/* Another round's lookup is refused. */
+	unsigned char bad[12] = {0, 0, 0, 9};
+	unsigned char *out;
+	size_t olen;
+	cr_assert_eq(r2cc_ctl_rdir_lookup(rd, bad, sizeof(bad), &out, &olen), -ENOENT);
+	cr_assert(!r2cc_ctl_rdir_leave(rd, 0));
+	cr_assert(!r2cc_ctl_rdir_leave(rd, 0));
+	cr_assert(!r2cc_ctl_rdir_leave(rd, 1));
+	cr_assert(!r2cc_ctl_rdir_leave(rd, 2));
+	cr_assert(r2cc_ctl_rdir_leave(rd, 3), "the last one out");
+	r2cc_ctl_dir_free(d0);
+	r2cc_ctl_dir_free(d2);
+	r2cc_ctl_dir_free(d3);
+	r2cc_ctl_rdir_free(rd);
 }
 
 Test(ctl_dir, malformed_blobs_rejected)
 {
-	static const char *const keys[] = {"n0", "n1", "n2"};
-	unsigned char blob[8192];
-	size_t len = make_dir_blob(blob, sizeof(blob), 3, keys);
+	static const char *const keys[] = {"n0", "n1", "n0"};
+	struct r2cc_ctl_rdir *rd = make_rdir(3, keys);
 	struct r2cc_ctl_job job = sample_job(AF_INET);
+	unsigned char *blob;
+	size_t len;
 	struct r2cc_ctl_dir *d;
+	cr_assert_eq(r2cc_ctl_rdir_head(rd, 0, &blob, &len), 0);
 	for (size_t cut = 0; cut < len; cut++)
 		cr_assert_eq(r2cc_ctl_dir_decode(blob, cut, &job, 0, &d), -EPROTO, "cut %zu", cut);
-	unsigned char longer[8200];
+	unsigned char *longer = malloc(len + 1);
 	memcpy(longer, blob, len);
 	longer[len] = 0;
 	cr_assert_eq(r2cc_ctl_dir_decode(longer, len + 1, &job, 0, &d), -EPROTO);
+	free(longer);
 	cr_assert_eq(r2cc_ctl_dir_decode(blob, len, &job, 3, &d), -EPROTO, "self out of range");
+	cr_assert_eq(r2cc_ctl_dir_decode(blob, len, &job, 1, &d), -EPROTO,
+		     "self must be among the members it brings");
 	/* Random garbage never crashes and never passes. */
 	for (int n = 0; n < 2000; n++) {
 		unsigned char g[512];
 		r2cc_ctl_random(g, sizeof(g));
-		g[0] = g[1] = 0;
-		g[2] = 0;
+		g[0] = g[1] = g[2] = 0;
 		g[3] = (unsigned char)(g[3] % 4 + 1);
 		cr_assert_eq(r2cc_ctl_dir_decode(g, sizeof(g), &job, 0, &d), -EPROTO);
 	}
 	cr_assert_eq(r2cc_ctl_dir_decode(blob, len, &job, 2, &d), 0);
+	/* Lookups and their answers are checked as strictly. */
+	int one = 1;
+	unsigned char *req, *reply;
+	size_t rlen, alen;
+	cr_assert_eq(r2cc_ctl_lookup_encode(d, &one, 1, NULL, 0, &req, &rlen), 0);
+	for (size_t cut = 0; cut < rlen; cut++) {
+		unsigned char *out;
+		size_t olen;
+		int rc = r2cc_ctl_rdir_lookup(rd, req, cut, &out, &olen);
+		cr_assert(rc == -EPROTO || rc == -ENOENT, "cut %zu: %d", cut, rc);
+	}
+	cr_assert_eq(r2cc_ctl_rdir_lookup(rd, req, rlen, &reply, &alen), 0);
+	for (size_t cut = 0; cut < alen; cut++)
+		cr_assert_eq(r2cc_ctl_dir_take_lookup(d, reply, cut, 0, NULL, 0, NULL), -EPROTO);
+	cr_assert_eq(r2cc_ctl_dir_take_lookup(d, reply, alen, 0, NULL, 0, NULL), 0);
+	cr_assert_str_eq(r2cc_ctl_dir_member(d, 1)->host, "host1");
+	free(req);
+	free(reply);
+	free(blob);
 	r2cc_ctl_dir_free(d);
+	r2cc_ctl_rdir_free(rd);
 }
 
 /* A blob too short for the ranks it claims is refused before the members are
@@ -624,14 +821,12 @@ Test(ctl_dir, short_blob_claiming_many_ranks_costs_nothing)
 Test(ctl_dir, split_makes_a_job_of_its_own)
 {
 	static const char *const keys[] = {"A", "A", "B", "B", "C", "C"};
-	unsigned char blob[8192];
-	size_t len = make_dir_blob(blob, sizeof(blob), 6, keys);
-	struct r2cc_ctl_job job = sample_job(AF_INET);
-	struct r2cc_ctl_dir *parent, *same, *child, *child2, *other;
-	cr_assert_eq(r2cc_ctl_dir_decode(blob, len, &job, 0, &parent), 0);
+	struct r2cc_ctl_rdir *rd = make_rdir(6, keys);
+	struct r2cc_ctl_dir *parent = dir_of(rd, 0, NULL), *same, *child, *child2, *other;
+	/* The parent holds every member here, as after lookups. */
 	int all[6] = {0, 1, 2, 3, 4, 5};
+	cr_assert_eq(lookup(rd, parent, all, 6, NULL, 0, NULL, NULL), 0);
 	cr_assert_eq(r2cc_ctl_dir_derive(parent, all, 6, 0, 1, &same), 0);
-	cr_assert_eq(memcmp(same->digest, parent->digest, 32), 0, "same members, same digest");
 	cr_assert_neq(same->job.id, parent->job.id);
 	cr_assert(r2cc_ctl_job_check(&same->job));
 	/* Odd parent ranks, reversed: nodes renumbered from the child's rank 0. */
@@ -644,10 +839,20 @@ Test(ctl_dir, split_makes_a_job_of_its_own)
 	cr_assert_eq(child->nnodes, 3);
 	cr_assert_str_eq(r2cc_ctl_dir_member(child, 0)->host, "host5");
 	cr_assert_eq(r2cc_ctl_dir_node(child, 0), 0);
+	cr_assert_eq(r2cc_ctl_dir_member(child, 0)->node, 0);
 	cr_assert_str_eq(r2cc_ctl_dir_member(child, 0)->node_key, "C");
 	cr_assert_eq(child->job.id, child2->job.id, "every member derives the same job");
 	cr_assert_eq(memcmp(child->digest, child2->digest, 32), 0);
 	cr_assert_neq(child->job.id, other->job.id, "another tag, another job");
+	cr_assert_neq(memcmp(child->digest, other->digest, 32), 0);
+	/* A child's lookups go to the parent's rendezvous in the parent's numbering. */
+	struct r2cc_ctl_dir *fresh = dir_of(rd, 0, NULL), *kid;
+	cr_assert_eq(r2cc_ctl_dir_derive(fresh, odd, 3, 0, 77, &kid), 0);
+	cr_assert_null(r2cc_ctl_dir_member(kid, 1), "parent rank 3 is on another node");
+	int one = 1;
+	cr_assert_eq(lookup(rd, kid, &one, 1, NULL, 0, NULL, NULL), 0);
+	cr_assert_str_eq(r2cc_ctl_dir_member(kid, 1)->host, "host3");
+	cr_assert_eq(r2cc_ctl_dir_member(kid, 1)->node, 1);
 	int bad[2] = {0, 6};
 	struct r2cc_ctl_dir *none;
 	cr_assert_eq(r2cc_ctl_dir_derive(parent, bad, 2, 0, 1, &none), -EINVAL);
@@ -657,4 +862,7 @@ Test(ctl_dir, split_makes_a_job_of_its_own)
 	r2cc_ctl_dir_free(child);
 	r2cc_ctl_dir_free(child2);
 	r2cc_ctl_dir_free(other);
+	r2cc_ctl_dir_free(fresh);
+	r2cc_ctl_dir_free(kid);
+	r2cc_ctl_rdir_free(rd);
 }

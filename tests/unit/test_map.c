@@ -9,7 +9,9 @@
 
 struct r2cc_map;
 static void map_race(const struct r2cc_map *m, size_t slot);
+static void map_race2(const struct r2cc_map *m, size_t slot);
 #define R2CC_MAP_TEST_RACE(m, i) map_race((m), (i))
+#define R2CC_MAP_TEST_RACE2(m, i) map_race2((m), (i))
 
 #include "shim/map.h"
 
@@ -19,7 +21,7 @@ static void map_race(const struct r2cc_map *m, size_t slot);
 
 static int va, vb;
 static uint64_t key_a = 1, key_b;
-static int armed;
+static int armed, armed2;
 
 /* Once armed: A leaves its slot and B takes it, between the reader's loads. */
 static void map_race(const struct r2cc_map *m, size_t slot)
@@ -31,6 +33,18 @@ static void map_race(const struct r2cc_map *m, size_t slot)
 	cr_assert_eq(r2cc_map_remove(w, key_a), &va);
 	cr_assert_eq(r2cc_map_insert(w, key_b, &vb), 0);
 	cr_assert_eq(w->t->slots[slot].key, key_b, "B reuses A's slot");
+}
+
+/* Once armed: B leaves the slot and A takes it back, after the reader's key load. */
+static void map_race2(const struct r2cc_map *m, size_t slot)
+{
+	if (!armed2)
+		return;
+	armed2 = 0;
+	struct r2cc_map *w = (struct r2cc_map *)m;
+	cr_assert_eq(r2cc_map_remove(w, key_b), &vb);
+	cr_assert_eq(r2cc_map_insert(w, key_a, &va), 0);
+	cr_assert_eq(w->t->slots[slot].key, key_a, "A takes its slot back");
 }
 
 /* A key other than key_a whose probe starts in key_a's slot of a table of cap slots. */
@@ -66,6 +80,22 @@ Test(map_race, key_that_left_is_not_found_with_the_new_value)
 	void *got = r2cc_map_get(&m, key_a);
 	cr_expect_eq(armed, 0);
 	cr_expect(got == NULL || got == &va, "B's value returned under key A");
+	r2cc_map_fini(&m);
+}
+
+/* A, then B, then A again in one slot while a reader looks up B: the value it
+ * read first is A's again when it looks a second time, but the key it read was B's. */
+Test(map_race, slot_reused_and_given_back_aba)
+{
+	struct r2cc_map m;
+	cr_assert_eq(r2cc_map_init(&m, 16), 0);
+	key_b = same_slot_key(m.t->mask + 1);
+	cr_assert_eq(r2cc_map_insert(&m, key_a, &va), 0);
+	armed = armed2 = 1;
+	void *got = r2cc_map_get(&m, key_b);
+	cr_expect_eq(armed + armed2, 0, "both writers ran inside the lookup");
+	cr_expect_neq(got, &va, "A's value returned under key B");
+	cr_expect_null(got, "B was removed before the lookup ended");
 	r2cc_map_fini(&m);
 }
 
