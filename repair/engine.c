@@ -201,6 +201,9 @@ struct incident {
 	int64_t t_detect, t_done;
 	int qps, migrated, failed;
 	uint64_t bytes_reposted, bytes_saved, synth, held;
+	/* queue pairs whose peer's rkey map came with its message, and those for
+	 * which it did not and was fetched */
+	int maps_carried, maps_fetched;
 	bool declared; /* a declared failure moved these QPs, not a detected one */
 	int nevents;
 	struct {
@@ -210,16 +213,21 @@ struct incident {
 };
 
 /*
- * The exchange travels in messages of one header and one entry per queue pair:
- * every queue pair an engine repairs with one peer process at a time goes in
- * the same message (up to WIRE_MAX_ENTRIES). Little-endian, ends as in
- * repair/peer.h (the exact identities of NCCL's QPs).
+ * The exchange travels in messages of one header, one entry per queue pair and
+ * the sender's rkey maps: every queue pair an engine repairs with one peer
+ * process at a time goes in the same message (up to WIRE_MAX_ENTRIES), and a
+ * REQ or REP carries, once per NIC pair, the map of the sender's keys from the
+ * NIC of its QP's original path (those NCCL's peer holds) to the NIC of its new
+ * path, so that the receiver translates the keys it is about to post without
+ * asking (a round trip per peer, to a process that must be scheduled first).
+ * Little-endian, ends as in repair/peer.h (the exact identities of NCCL's QPs).
  */
-#define WIRE_VERSION 2
+#define WIRE_VERSION  3
+#define WIRE_MAX_MAPS 255
 
 struct rep_hdr {
 	uint8_t version;
-	uint8_t pad;
+	uint8_t nmaps; /* rkey maps after the entries */
 	uint16_t n;
 } __attribute__((packed));
 
@@ -241,11 +249,22 @@ struct rep_wire {
 	char orig_nic[64];
 } __attribute__((packed));
 
+/* An rkey map after the entries: NUL-terminated NIC names, then len bytes as
+ * repair/mr_mirror.h encodes a full map. */
+struct rep_map {
+	char from[64];
+	char to[64];
+	uint32_t len;
+} __attribute__((packed));
+
 struct inbox {
 	struct inbox *next;
 	uint64_t job_id;
 	int from_rank;
 	int n;
+	int nmaps;
+	const unsigned char *maps;  /* nmaps of them, checked (after m[n]) */
+	bool map_ok[WIRE_MAX_MAPS]; /* stored in the key cache */
 	struct rep_wire m[];
 };
 
@@ -629,21 +648,131 @@ static struct rep_wire *out_add(struct outboxes *o, const struct r2cc_ctl_dir *d
 	return &b->e[b->n++];
 }
 
+/*
+ * This process's rkey maps that the entries of one send call for, each made
+ * once: for a REQ or REP whose QP's new path is on another NIC than its
+ * original path, the map between the two (the receiver posts with keys of
+ * the original NIC, which NCCL's peer holds).
+ */
+struct wire_map {
+	char from[64], to[64];
+	unsigned char *b; /* NULL: could not be made; the receiver fetches it */
+	size_t len;
+};
+
+struct map_set {
+	struct wire_map *m;
+	int n, cap;
+};
+
+/* The map entry e calls for (made now if it is the first), or -1: none. */
+static int map_of(struct map_set *ms, const struct rep_wire *e)
+{
+	if ((e->op != OP_REQ && e->op != OP_REP) || !strcmp(e->orig_nic, e->new_nic))
+		return -1;
+	for (int i = 0; i < ms->n; i++)
+		if (!strcmp(ms->m[i].from, e->orig_nic) && !strcmp(ms->m[i].to, e->new_nic))
+			return i;
+	if (ms->n == ms->cap) {
+		int cap = ms->cap ? 2 * ms->cap : 4;
+		struct wire_map *g = realloc(ms->m, sizeof(*g) * (size_t)cap);
+		if (!g)
+			return -1;
+		ms->m = g;
+		ms->cap = cap;
+	}
+	struct wire_map *w = &ms->m[ms->n];
+	memset(w, 0, sizeof(*w));
+	snprintf(w->from, sizeof(w->from), "%s", e->orig_nic);
+	snprintf(w->to, sizeof(w->to), "%s", e->new_nic);
+	int rc = r2cc_mr_mirror_map_encode(w->from, w->to, &w->b, &w->len);
+	if (rc)
+		R2CC_WARN_ONCE("repair: cannot send the rkey map %s -> %s with the exchange (%s); "
+			       "the peer will fetch it",
+			       w->from, w->to, strerror(-rc));
+	return ms->n++;
+}
+
+static void map_set_free(struct map_set *ms)
+{
+	for (int i = 0; i < ms->n; i++)
+		free(ms->m[i].b);
+	free(ms->m);
+	*ms = (struct map_set){0};
+}
+
+/* One message of entries e[0..k), with the maps they call for unless !maps:
+ * 0 and *buf (malloc'd, *len bytes), -E2BIG (more than a frame holds) or
+ * -ENOMEM. */
+static int wire_build(struct map_set *ms, const struct rep_wire *e, int k, bool maps,
+		      unsigned char **buf, size_t *len)
+{
+	int used[WIRE_MAX_MAPS], nu = 0;
+	size_t n = sizeof(struct rep_hdr) + (size_t)k * sizeof(*e);
+	for (int i = 0; maps && i < k; i++) {
+		int j = map_of(ms, &e[i]), u = 0;
+		if (j < 0 || !ms->m[j].b)
+			continue;
+		while (u < nu && used[u] != j)
+			u++;
+		if (u < nu)
+			continue;
+		if (nu == WIRE_MAX_MAPS)
+			return -E2BIG;
+		used[nu++] = j;
+		n += sizeof(struct rep_map) + ms->m[j].len;
+	}
+	if (n > R2CC_CTL_MAX_PAYLOAD)
+		return -E2BIG;
+	unsigned char *b = malloc(n), *p = b;
+	if (!b)
+		return -ENOMEM;
+	struct rep_hdr h = {
+	    .version = WIRE_VERSION, .nmaps = (uint8_t)nu, .n = htole16((uint16_t)k)};
+	memcpy(p, &h, sizeof(h));
+	p += sizeof(h);
+	memcpy(p, e, (size_t)k * sizeof(*e));
+	p += (size_t)k * sizeof(*e);
+	for (int u = 0; u < nu; u++) {
+		const struct wire_map *w = &ms->m[used[u]];
+		struct rep_map mh = {.len = htole32((uint32_t)w->len)};
+		memcpy(mh.from, w->from, sizeof(mh.from));
+		memcpy(mh.to, w->to, sizeof(mh.to));
+		memcpy(p, &mh, sizeof(mh));
+		memcpy(p + sizeof(mh), w->b, w->len);
+		p += sizeof(mh) + w->len;
+	}
+	*buf = b;
+	*len = n;
+	return 0;
+}
+
+/* Entries to one peer, in as few messages as their number and maps allow: a
+ * message that would not fit in a frame is split, each part with the maps of
+ * its own entries; a map too large for a frame on its own stays behind (the
+ * peer's fetch of it fails the same way). */
 static int send_entries(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *e, int n)
 {
+	struct map_set ms = {0};
 	int rc = 0;
-	for (int first = 0; first < n && rc == 0; first += WIRE_MAX_ENTRIES) {
+	for (int first = 0; first < n && rc == 0;) {
 		int k = n - first < WIRE_MAX_ENTRIES ? n - first : WIRE_MAX_ENTRIES;
-		size_t len = sizeof(struct rep_hdr) + (size_t)k * sizeof(*e);
-		unsigned char *buf = malloc(len);
-		if (!buf)
-			return -ENOMEM;
-		struct rep_hdr h = {.version = WIRE_VERSION, .n = htole16((uint16_t)k)};
-		memcpy(buf, &h, sizeof(h));
-		memcpy(buf + sizeof(h), e + first, (size_t)k * sizeof(*e));
+		bool maps = true;
+		unsigned char *buf = NULL;
+		size_t len = 0;
+		while ((rc = wire_build(&ms, e + first, k, maps, &buf, &len)) == -E2BIG && maps) {
+			if (k > 1)
+				k /= 2;
+			else
+				maps = false;
+		}
+		if (rc)
+			break;
 		rc = r2cc_ctl_send(dir, rank, R2CC_REPAIR_MSG, buf, len);
 		free(buf);
+		first += k;
 	}
+	map_set_free(&ms);
 	if (rc)
 		R2CC_WARN("repair: cannot queue a message of %d queue pair(s) to rank %d (%s)", n,
 			  rank, strerror(-rc));
@@ -665,9 +794,30 @@ static void out_flush(struct outboxes *o)
 
 _Static_assert(sizeof(struct rep_hdr) == R2CC_REPAIR_WIRE_HDR, "exchange header size");
 _Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange entry size");
+_Static_assert(sizeof(struct rep_map) == R2CC_REPAIR_WIRE_MAP_HDR, "rkey map header size");
 _Static_assert(offsetof(struct rep_wire, new_nic) == R2CC_REPAIR_WIRE_NEW_NIC, "new_nic");
 _Static_assert(offsetof(struct rep_wire, orig_nic) == R2CC_REPAIR_WIRE_ORIG_NIC, "orig_nic");
 _Static_assert(WIRE_MAX_ENTRIES <= R2CC_REPAIR_WIRE_MAX, "entries per message");
+
+/* The maps after a message's entries: exactly nmaps of them in len bytes, each
+ * with both NIC names terminated and not empty, and a body (checked in full
+ * when it is stored). */
+static bool wire_maps_ok(const unsigned char *p, size_t len, int nmaps)
+{
+	for (int j = 0; j < nmaps; j++) {
+		struct rep_map h;
+		if (len < sizeof(h))
+			return false;
+		memcpy(&h, p, sizeof(h));
+		size_t n = le32toh(h.len);
+		if (!h.from[0] || !h.to[0] || !memchr(h.from, 0, sizeof(h.from)) ||
+		    !memchr(h.to, 0, sizeof(h.to)) || n == 0 || n > len - sizeof(h))
+			return false;
+		p += sizeof(h) + n;
+		len -= sizeof(h) + n;
+	}
+	return len == 0;
+}
 
 int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
 {
@@ -676,8 +826,9 @@ int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
 		return -EPROTO;
 	memcpy(&h, payload, sizeof(h));
 	int n = le16toh(h.n);
-	if (h.version != WIRE_VERSION || n == 0 || n > max ||
-	    len != sizeof(h) + (size_t)n * sizeof(struct rep_wire))
+	size_t body = sizeof(h) + (size_t)n * sizeof(struct rep_wire);
+	if (h.version != WIRE_VERSION || n == 0 || n > max || len < body ||
+	    !wire_maps_ok((const unsigned char *)payload + body, len - body, h.nmaps))
 		return -EPROTO;
 	struct rep_wire *m = out;
 	memcpy(m, (const unsigned char *)payload + sizeof(h), (size_t)n * sizeof(*m));
@@ -702,9 +853,10 @@ static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 		return;
 	memcpy(&h, payload, sizeof(h));
 	int n = le16toh(h.n);
-	if (n == 0 || n > WIRE_MAX_ENTRIES)
+	size_t body = sizeof(h) + (size_t)n * sizeof(struct rep_wire);
+	if (n == 0 || n > WIRE_MAX_ENTRIES || len < body)
 		return;
-	struct inbox *in = malloc(sizeof(*in) + (size_t)n * sizeof(struct rep_wire));
+	struct inbox *in = malloc(sizeof(*in) + (len - sizeof(h)));
 	if (!in)
 		return;
 	if (r2cc_repair_wire_parse(payload, len, in->m, n) != n) {
@@ -712,6 +864,10 @@ static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 		return;
 	}
 	in->n = n;
+	in->nmaps = h.nmaps;
+	in->maps = (const unsigned char *)(in->m + n);
+	memcpy(in->m + n, (const unsigned char *)payload + body, len - body);
+	memset(in->map_ok, 0, sizeof(in->map_ok));
 	in->job_id = call->job_id;
 	in->from_rank = from_rank;
 	in->next = NULL;
@@ -2098,7 +2254,8 @@ static int64_t exchange_ns(int n)
 	return (int64_t)R2CC_REPAIR_BASE_MS * 1000000 + (int64_t)n * R2CC_REPAIR_PER_QP_US * 1000;
 }
 
-/* The rkeys of the peer on its new NIC, once per (peer, NIC pair) of a batch. */
+/* The rkeys of the peer on its new NIC, once per (peer, NIC pair) of a batch,
+ * when its message did not carry them. */
 struct refresh_set {
 	struct r2cc_hmap seen;
 };
@@ -2115,6 +2272,66 @@ static void refresh_once(struct refresh_set *rs, const struct r2cc_ctl_dir *dir,
 		return;
 	r2cc_hmap_put(&rs->seen, k, (void *)1);
 	r2cc_mr_mirror_remote_refresh(dir, rank, from, to, 2000);
+}
+
+/* Did the message carry (and the key cache take) the sender's map from to? */
+static bool map_carried(const struct inbox *in, const char *from, const char *to)
+{
+	const unsigned char *p = in->maps;
+	for (int j = 0; j < in->nmaps; j++) {
+		struct rep_map h;
+		memcpy(&h, p, sizeof(h));
+		if (in->map_ok[j] && !strcmp(h.from, from) && !strcmp(h.to, to))
+			return true;
+		p += sizeof(h) + le32toh(h.len);
+	}
+	return false;
+}
+
+/* The maps a message carries, into the key cache before its entries are
+ * handled. */
+static void maps_store(struct inbox *in, const struct r2cc_ctl_dir *dir)
+{
+	const unsigned char *p = in->maps;
+	for (int j = 0; j < in->nmaps; j++) {
+		struct rep_map h;
+		memcpy(&h, p, sizeof(h));
+		size_t len = le32toh(h.len);
+		int rc = r2cc_mr_mirror_remote_store(dir, in->from_rank, h.from, h.to,
+						     p + sizeof(h), len);
+		in->map_ok[j] = rc == 0;
+		if (rc)
+			R2CC_WARN_ONCE("repair: the rkey map %s -> %s from rank %d cannot be used "
+				       "(%s); it is fetched",
+				       h.from, h.to, in->from_rank, strerror(-rc));
+		p += sizeof(h) + len;
+	}
+}
+
+/* The keys of r's peer on the NIC to which its side moved: r's posts carry its
+ * keys on the original NIC. With the peer's message as a rule; fetched (the
+ * old round trip) when that did not carry them. */
+static void peer_keys(struct refresh_set *rs, const struct inbox *in,
+		      const struct r2cc_ctl_dir *dir, const struct r2cc_rqp *r, const char *to)
+{
+	const char *from = r->peer_orig_nic;
+	if (!strcmp(from, to))
+		return;
+	bool carried = map_carried(in, from, to);
+	pthread_mutex_lock(&eng.mu);
+	if (r->incident >= 0) {
+		if (carried)
+			eng.inc[r->incident].maps_carried++;
+		else
+			eng.inc[r->incident].maps_fetched++;
+	}
+	pthread_mutex_unlock(&eng.mu);
+	if (carried)
+		return;
+	R2CC_WARN_ONCE("repair: rank %d's exchange message came without its rkey map %s -> %s; "
+		       "fetching it",
+		       in->from_rank, from, to);
+	refresh_once(rs, dir, in->from_rank, from, to);
 }
 
 static void selftest_start(struct r2cc_nic *a, const char *why, bool stall);
@@ -2686,14 +2903,46 @@ static int cmp_by_peer(const void *a, const void *b)
 	return (x->peer_rank > y->peer_rank) - (x->peer_rank < y->peer_rank);
 }
 
+static void handle_msg(struct inbox *in);
+
+/*
+ * While a batch is being initiated, the messages already in that carry no
+ * REQ (REPs, GOs, NACKs, notices), in their order of arrival: the queue pairs
+ * whose REP is in migrate while the next peers' paths are built. The first
+ * message with a REQ, and all behind it, waits for the end of the batch (it
+ * may concern a queue pair of the batch that has not asked its peer yet).
+ */
+static void replies_now(void)
+{
+	for (;;) {
+		pthread_mutex_lock(&eng.mu);
+		struct inbox *in = eng.in_head;
+		bool req = false;
+		for (int i = 0; in && i < in->n && !req; i++)
+			req = in->m[i].op == OP_REQ;
+		if (!in || req) {
+			pthread_mutex_unlock(&eng.mu);
+			return;
+		}
+		eng.in_head = in->next;
+		if (!eng.in_head)
+			eng.in_tail = &eng.in_head;
+		pthread_mutex_unlock(&eng.mu);
+		handle_msg(in);
+		free(in);
+	}
+}
+
 /*
  * Initiator, for every queue pair the repair thread took up at once (one
  * failure puts all of a NIC's on the queue, and localising adds the rest of
  * the path's): the checks of each, then every fence at once (the drains
  * overlap), then peer process by peer process the new paths and one REQ with
  * all of that peer's queue pairs, sent before the next peer's are built, so
- * that the peers work while this side goes on. A queue pair whose peer is not
- * known yet (the search was hurried) sends its REQ when it is (resend_due()).
+ * that the peers work while this side goes on; between two peers, the REPs
+ * already in are handled (replies_now()), so no peer's migration waits for the
+ * last peer's REQ. A queue pair whose peer is not known yet (the search was
+ * hurried) sends its REQ when it is (resend_due()).
  */
 static void initiate_batch(struct batch *b)
 {
@@ -2755,6 +3004,14 @@ static void initiate_batch(struct batch *b)
 		}
 		if (dir && k)
 			send_entries(dir, rank, m, k);
+		/* Their exchange goes on by messages now: released to them (and to
+		 * NCCL's destroy) before the next peer's. */
+		pthread_mutex_lock(&eng.mu);
+		for (int i = first; i < first + k; i++)
+			w.r[i]->busy = false;
+		pthread_cond_broadcast(&eng.cond);
+		pthread_mutex_unlock(&eng.mu);
+		replies_now();
 		first = last;
 	}
 	free(m);
@@ -2942,13 +3199,14 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 		if (serve[i])
 			serve_path(rq[i], in, &in->m[i], &out, dir);
 	out_flush(&out);
-	/* The initiator's rkeys on its new NIC, before its GO needs them. */
+	/* The initiator's rkeys on its new NIC, before its GO needs them: its REQ
+	 * carried them. */
 	struct refresh_set rs = {{0}};
 	for (int i = 0; i < in->n; i++) {
 		struct r2cc_rqp *r = rq[i];
 		if (!serve[i] || load_state(r) != RQ_EXCHANGE || r->initiator)
 			continue;
-		refresh_once(&rs, dir, in->from_rank, r->peer_orig_nic, r->peer_cur_nic);
+		peer_keys(&rs, in, dir, r, r->peer_cur_nic);
 		incident_event(r->incident,
 			       "qp 0x%x: path %s <-> %s connected, %zu receives re-posted", r->qpn,
 			       r->cur_nic->name, r->peer_cur_nic, r->plan.n_recv);
@@ -2960,7 +3218,7 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 }
 
 /* Initiator, every REP entry of one message: connect each, the peer's keys
- * once per NIC pair, re-post everything, one GO with all of them. */
+ * (which the message carried), re-post everything, one GO with all of them. */
 static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 			 const struct r2cc_ctl_dir *dir)
 {
@@ -2995,7 +3253,7 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 			fail(r, why);
 			continue;
 		}
-		refresh_once(&rs, dir, in->from_rank, r->peer_orig_nic, p[i].nic);
+		peer_keys(&rs, in, dir, r, p[i].nic);
 		ok[i] = true;
 	}
 	for (int i = 0; i < in->n; i++) {
@@ -3083,6 +3341,7 @@ static void handle_msg(struct inbox *in)
 	const struct r2cc_ctl_dir *dir = dir_of_job(in->job_id, in->from_rank);
 	if (!dir)
 		return;
+	maps_store(in, dir);
 	struct r2cc_rqp **rq = calloc((size_t)in->n, sizeof(*rq));
 	if (!rq)
 		return;
@@ -3659,12 +3918,13 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			    text,
 			    "incident %d: %s, %s%s: detected_ns=%lld qps=%d migrated=%d failed=%d "
 			    "migrate_ms=%.3f bytes_reposted=%llu bytes_saved=%llu "
-			    "completions_synthesised=%llu posts_held=%llu\n",
+			    "completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
+			    "peer_maps_fetched=%d\n",
 			    i + 1, in->nic, in->declared ? "[declared] " : "", in->evidence,
 			    (long long)in->t_detect, in->qps, in->migrated, in->failed, mig,
 			    (unsigned long long)in->bytes_reposted,
 			    (unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
-			    (unsigned long long)in->held);
+			    (unsigned long long)in->held, in->maps_carried, in->maps_fetched);
 			for (int e = 0; e < in->nevents; e++)
 				fprintf(text, "  +%.3f ms %s\n", (in->ev[e].t - in->t_detect) / 1e6,
 					in->ev[e].text);
@@ -3687,13 +3947,13 @@ void r2cc_repair_report(FILE *text, FILE *json)
 				fprintf(json, ",\"migrate_ms\":%.3f,\"done_unix\":%.6f",
 					(in->t_done - in->t_detect) / 1e6,
 					in->t_done / 1e9 + mono_to_unix);
-			fprintf(
-			    json,
-			    ",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
-			    "\"completions_synthesised\":%llu,\"posts_held\":%llu,\"timeline\":[",
-			    (unsigned long long)in->bytes_reposted,
-			    (unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
-			    (unsigned long long)in->held);
+			fprintf(json,
+				",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
+				"\"completions_synthesised\":%llu,\"posts_held\":%llu,"
+				"\"peer_maps_carried\":%d,\"peer_maps_fetched\":%d,\"timeline\":[",
+				(unsigned long long)in->bytes_reposted,
+				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
+				(unsigned long long)in->held, in->maps_carried, in->maps_fetched);
 			for (int e = 0; e < in->nevents; e++) {
 				fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
 					(in->ev[e].t - in->t_detect) / 1e6);

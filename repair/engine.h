@@ -21,10 +21,10 @@
  * Exchange, per QP pair, initiated by whichever side found the failure (both may;
  * the pair with the lower identity wins, the other serves it):
  *   A: fence + drain old QP, count k_A, new QP on NIC B (INIT)
- *   A -> P  REQ  {ids, k_A, A's new QP, A's NIC names}
+ *   A -> P  REQ  {ids, k_A, A's new QP, A's NIC names, A's rkey map A -> B}
  *   P: fence + drain, k_P, new QP on B' (B's rail if healthy), RTR/RTS to A's,
  *      re-post its receives
- *   P -> A  REP  {k_P, P's new QP}
+ *   P -> A  REP  {k_P, P's new QP, P's rkey map P's NIC -> B'}
  *   A: RTR/RTS, re-post receives, then sends (plan with k_P), then held posts
  *   A -> P  GO
  *   P: re-post sends (plan with k_A), then held posts
@@ -53,18 +53,25 @@
 #define R2CC_REPAIR_BASE_MS   5000 /* an exchange's deadline: this, */
 #define R2CC_REPAIR_PER_QP_US 2000 /* plus this per queue pair of its message */
 
-/* An exchange message: a header (version 2, a pad byte, the entry count as a
- * little-endian u16), then that many entries of R2CC_REPAIR_WIRE_SIZE bytes,
- * one per queue pair; the op is an entry's first byte and its NIC names are
- * 64 bytes at the offsets given. */
+/* An exchange message: a header (version 3, the number of rkey maps as a byte,
+ * the entry count as a little-endian u16), then that many entries of
+ * R2CC_REPAIR_WIRE_SIZE bytes, one per queue pair (the op is an entry's first
+ * byte and its NIC names are 64 bytes at the offsets given), then the maps:
+ * each two NUL-terminated NIC names of 64 bytes (from, to), a little-endian u32
+ * length and that many bytes of the sender's full rkey map between the two NICs
+ * as repair/mr_mirror.h encodes it. A REQ or REP carries the map for the NICs
+ * its queue pair moves between; the whole message is at most
+ * R2CC_CTL_MAX_PAYLOAD (larger ones are split, each part with its maps). */
 #define R2CC_REPAIR_WIRE_HDR	  4
 #define R2CC_REPAIR_WIRE_SIZE	  226
 #define R2CC_REPAIR_WIRE_MAX	  4096 /* entries in one message */
 #define R2CC_REPAIR_WIRE_NEW_NIC  98
 #define R2CC_REPAIR_WIRE_ORIG_NIC 162
+#define R2CC_REPAIR_WIRE_MAP_HDR  132
 
 /* The control thread's check of an exchange message from a peer (version,
- * entry count and length, ops, strings terminated) before the repair thread
+ * entry count and length, ops, strings terminated, the maps' framing: their
+ * bodies are checked when they are stored) before the repair thread
  * sees it: the number of entries, copied to out (room for max entries), or
  * -EPROTO (also when there are more than max). Exposed for tests/fuzz. */
 int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max);

@@ -515,6 +515,44 @@ static const struct mkey *key_on(const struct group *g, int nic)
 	return NULL;
 }
 
+/* This process's map from NIC from to NIC to (a reply, FULL or SAME) in
+ * *out, malloc'd. Under the lock. */
+static int map_build_locked(int from, int to, bool same, unsigned char **out, size_t *size)
+{
+	int rc = ready_locked();
+	size_t count = 0;
+	same = same && !rc;
+	for (const struct group *g = mm.groups; !rc && !same && g; g = g->next)
+		if (key_on(g, from) && key_on(g, to))
+			count++;
+	*size = REPLY_HDR + count * R2CC_MR_MIRROR_ENTRY;
+	if (!rc && *size > R2CC_CTL_MAX_PAYLOAD)
+		rc = -E2BIG;
+	if (!rc && !(*out = malloc(*size)))
+		rc = -ENOMEM;
+	if (rc)
+		return rc;
+	unsigned char *o = *out;
+	o[0] = R2CC_MR_MIRROR_VERSION;
+	o[1] = same ? R2CC_MR_MIRROR_SAME : R2CC_MR_MIRROR_FULL;
+	o[2] = o[3] = 0;
+	put_u64(o + 4, mm.epoch);
+	put_u64(o + 12, mm.gen);
+	put_u32(o + 20, (uint32_t)count);
+	unsigned char *p = o + REPLY_HDR;
+	for (const struct group *g = mm.groups; !same && g; g = g->next) {
+		const struct mkey *a = key_on(g, from), *b = key_on(g, to);
+		if (!a || !b)
+			continue;
+		put_u32(p, a->rkey);
+		put_u32(p + 4, b->rkey);
+		put_u64(p + 8, g->addr);
+		put_u64(p + 16, g->len);
+		p += R2CC_MR_MIRROR_ENTRY;
+	}
+	return 0;
+}
+
 int r2cc_mr_mirror_answer(const void *req, size_t len, unsigned char **reply_p, size_t *reply_len)
 {
 	struct r2cc_mr_mirror_req r;
@@ -530,43 +568,31 @@ int r2cc_mr_mirror_answer(const void *req, size_t len, unsigned char **reply_p, 
 	if (from < 0 || to < 0)
 		return -ENODEV;
 	pthread_mutex_lock(&mm.lock);
-	int rc = ready_locked();
-	size_t count = 0;
-	bool same = r.epoch == mm.epoch && r.gen == mm.gen;
-	for (const struct group *g = mm.groups; !rc && !same && g; g = g->next)
-		if (key_on(g, from) && key_on(g, to))
-			count++;
-	size_t size = REPLY_HDR + count * R2CC_MR_MIRROR_ENTRY;
-	unsigned char *out = NULL;
-	if (!rc && size > R2CC_CTL_MAX_PAYLOAD)
-		rc = -E2BIG;
-	if (!rc && !(out = malloc(size)))
-		rc = -ENOMEM;
-	if (!rc) {
-		out[0] = R2CC_MR_MIRROR_VERSION;
-		out[1] = same ? R2CC_MR_MIRROR_SAME : R2CC_MR_MIRROR_FULL;
-		out[2] = out[3] = 0;
-		put_u64(out + 4, mm.epoch);
-		put_u64(out + 12, mm.gen);
-		put_u32(out + 20, (uint32_t)count);
-		unsigned char *p = out + REPLY_HDR;
-		for (const struct group *g = mm.groups; !same && g; g = g->next) {
-			const struct mkey *a = key_on(g, from), *b = key_on(g, to);
-			if (!a || !b)
-				continue;
-			put_u32(p, a->rkey);
-			put_u32(p + 4, b->rkey);
-			put_u64(p + 8, g->addr);
-			put_u64(p + 16, g->len);
-			p += R2CC_MR_MIRROR_ENTRY;
-		}
+	bool same = mm.maps_ready && r.epoch == mm.epoch && r.gen == mm.gen;
+	int rc = map_build_locked(from, to, same, reply_p, reply_len);
+	if (!rc)
 		mm.st.served++;
-	}
 	pthread_mutex_unlock(&mm.lock);
-	if (!rc) {
-		*reply_p = out;
-		*reply_len = size;
-	}
+	if (rc)
+		*reply_len = 0;
+	return rc;
+}
+
+int r2cc_mr_mirror_map_encode(const char *from_nic, const char *to_nic, unsigned char **out,
+			      size_t *len)
+{
+	*out = NULL;
+	*len = 0;
+	int from = nic_index_by_name(from_nic), to = nic_index_by_name(to_nic);
+	if (from < 0 || to < 0)
+		return -ENODEV;
+	pthread_mutex_lock(&mm.lock);
+	int rc = map_build_locked(from, to, false, out, len);
+	if (!rc)
+		mm.st.pushed++;
+	pthread_mutex_unlock(&mm.lock);
+	if (rc)
+		*len = 0;
 	return rc;
 }
 
@@ -681,6 +707,34 @@ static int fetch_ctl(const struct r2cc_ctl_dir *dir, int peer, const void *req, 
 				timeout_ms);
 }
 
+/* Takes *m (a full map) as the cached map of (job, peer, from, to); with
+ * only_newer, not over a map of the same epoch and a later generation (a
+ * message that was overtaken). Under the lock. */
+static int cache_put_locked(uint64_t job, int peer, const char *from, const char *to,
+			    struct r2cc_mr_mirror_map *m, bool only_newer)
+{
+	struct cache_ent *e = cache_find_locked(job, peer, from, to);
+	if (e && only_newer && e->map.epoch == m->epoch && e->map.gen > m->gen) {
+		r2cc_mr_mirror_map_free(m);
+		return 0;
+	}
+	if (!e && (e = calloc(1, sizeof(*e)))) {
+		e->job = job;
+		e->peer = peer;
+		strcpy(e->from, from);
+		strcpy(e->to, to);
+		e->next = mm.cache;
+		mm.cache = e;
+	}
+	if (!e) {
+		r2cc_mr_mirror_map_free(m);
+		return -ENOMEM;
+	}
+	r2cc_mr_mirror_map_free(&e->map);
+	e->map = *m;
+	return 0;
+}
+
 /* Ask the peer (outside the lock) and store what it says. */
 static int refresh(const struct r2cc_ctl_dir *dir, int peer, const char *from, const char *to,
 		   int timeout_ms)
@@ -728,22 +782,7 @@ static int refresh(const struct r2cc_ctl_dir *dir, int peer, const char *from, c
 	if (m.kind == R2CC_MR_MIRROR_SAME)
 		return 0;
 	pthread_mutex_lock(&mm.lock);
-	struct cache_ent *e = cache_find_locked(dir->job.id, peer, from, to);
-	if (!e && (e = calloc(1, sizeof(*e)))) {
-		e->job = dir->job.id;
-		e->peer = peer;
-		strcpy(e->from, from);
-		strcpy(e->to, to);
-		e->next = mm.cache;
-		mm.cache = e;
-	}
-	if (e) {
-		r2cc_mr_mirror_map_free(&e->map);
-		e->map = m;
-	} else {
-		r2cc_mr_mirror_map_free(&m);
-		rc = -ENOMEM;
-	}
+	rc = cache_put_locked(dir->job.id, peer, from, to, &m, false);
 	pthread_mutex_unlock(&mm.lock);
 	return rc;
 }
@@ -780,6 +819,28 @@ int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, co
 	pthread_mutex_lock(&mm.lock);
 	rc = cache_lookup_locked(cache_find_locked(dir->job.id, peer_rank, from_nic, to_nic), rkey,
 				 out);
+	pthread_mutex_unlock(&mm.lock);
+	return rc;
+}
+
+int r2cc_mr_mirror_remote_store(const struct r2cc_ctl_dir *dir, int peer_rank, const char *from_nic,
+				const char *to_nic, const void *map, size_t len)
+{
+	if (!dir || !from_nic || !to_nic || peer_rank < 0 || peer_rank >= dir->nranks ||
+	    strlen(from_nic) >= sizeof(mm.cache->from) || strlen(to_nic) >= sizeof(mm.cache->to))
+		return -EINVAL;
+	struct r2cc_mr_mirror_map m;
+	int rc = r2cc_mr_mirror_map_decode(map, len, &m);
+	if (rc)
+		return rc;
+	if (m.kind != R2CC_MR_MIRROR_FULL) {
+		r2cc_mr_mirror_map_free(&m);
+		return -EPROTO;
+	}
+	pthread_mutex_lock(&mm.lock);
+	rc = cache_put_locked(dir->job.id, peer_rank, from_nic, to_nic, &m, true);
+	if (!rc)
+		mm.st.received++;
 	pthread_mutex_unlock(&mm.lock);
 	return rc;
 }

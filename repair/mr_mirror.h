@@ -21,9 +21,12 @@
  * peer's epoch (random per process) and generation (bumped on every
  * registration and deregistration there); an rkey missing from the cache
  * revalidates with them (an unchanged peer answers with a few bytes), and
- * r2cc_mr_mirror_remote_refresh() revalidates on demand: hot repair calls it
- * once per peer and NIC pair when a migration starts, so a peer's
- * re-registration is never served from a stale map.
+ * r2cc_mr_mirror_remote_refresh() revalidates on demand. Hot repair does not
+ * wait for a fetch: each side's exchange message carries its own map for the
+ * NIC pair the QPs move between (r2cc_mr_mirror_map_encode(), stored by the
+ * receiver with r2cc_mr_mirror_remote_store()), made when the message is, so a
+ * peer's re-registration before a migration is never served from a stale map;
+ * one after it misses the cache and is fetched.
  *
  * Wire format (big-endian), message type R2CC_MR_MIRROR_MSG:
  *   request  u8 version (1), u8 op (1 = map), u16 zero,
@@ -95,6 +98,8 @@ struct r2cc_mr_mirror_stats {
 	uint64_t bad_requests; /* malformed requests (answered -EPROTO) */
 	uint64_t fetches;      /* map requests sent */
 	uint64_t cache_hits;
+	uint64_t pushed;   /* maps encoded for hot repair's messages */
+	uint64_t received; /* maps a peer's hot-repair message carried, stored */
 	uint64_t generation;
 };
 
@@ -131,6 +136,17 @@ int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, co
 /* Revalidate (or fetch) the cached map of one peer and NIC pair. */
 int r2cc_mr_mirror_remote_refresh(const struct r2cc_ctl_dir *dir, int peer_rank,
 				  const char *from_nic, const char *to_nic, int timeout_ms);
+/* This process's full map from its NIC from_nic to its NIC to_nic, encoded as
+ * a reply (*out malloc'd, *len bytes), for a peer that will need it: hot repair
+ * sends it with its exchange messages. 0, -ENODEV, -E2BIG (beyond a message),
+ * -ENOMEM. */
+int r2cc_mr_mirror_map_encode(const char *from_nic, const char *to_nic, unsigned char **out,
+			      size_t *len);
+/* A peer's full map (as encoded above) that came with one of its messages:
+ * cached as if fetched, unless the cache holds a later generation of the same
+ * epoch. 0, -EPROTO (malformed, or not a full map), -ENOMEM, -EINVAL. */
+int r2cc_mr_mirror_remote_store(const struct r2cc_ctl_dir *dir, int peer_rank, const char *from_nic,
+				const char *to_nic, const void *map, size_t len);
 /* Forget cached maps of a job's peer (peer_rank < 0: every peer of the job). */
 void r2cc_mr_mirror_remote_forget(uint64_t job_id, int peer_rank);
 

@@ -90,6 +90,9 @@ struct drill_scenario {
 	int reports;	    /* workers whose R2CC report was read */
 	int repairs;	    /* incidents that were not declared failures */
 	uint64_t suspected; /* stalls R2CC's scan suspected (and confirmed or cleared) */
+	/* queue pairs whose peer's rkey map came with its exchange message, and
+	 * those for which it did not (R2CC fetched it: a message without its map) */
+	uint64_t maps_carried, maps_fetched;
 	char why[DRILL_ERR_LEN + 64];
 	char stall[256]; /* each node's phase and progress at the deadline */
 	double secs;
@@ -994,9 +997,17 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				for (const char *q = text; (q = strstr(q, "\"declared\":false"));
 				     q++)
 					s->repairs++;
-				double sus[1];
+				double sus[1], maps[DRILL_MAX_INCIDENT];
 				if (drill_scan_key(text, "suspected", sus, 1) == 1)
 					s->suspected += (uint64_t)sus[0];
+				n = drill_scan_key(text, "peer_maps_carried", maps,
+						   DRILL_MAX_INCIDENT);
+				for (int i = 0; i < n; i++)
+					s->maps_carried += (uint64_t)maps[i];
+				n = drill_scan_key(text, "peer_maps_fetched", maps,
+						   DRILL_MAX_INCIDENT);
+				for (int i = 0; i < n; i++)
+					s->maps_fetched += (uint64_t)maps[i];
 				/* a whole JSON report, at exit, with or without incidents */
 				if (k == 0 && strstr(text, "\"nics\":["))
 					found++;
@@ -1363,6 +1374,15 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				 "only %d of %d R2CC reports found: no-repair cannot be judged",
 				 s->reports, o->procs);
 		}
+		/* Every REQ and REP carries its sender's rkey map for the NICs its
+		 * queue pairs move between: a fetch instead is a message without it. */
+		if (s->pass && s->maps_fetched) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "%llu queue pair(s) migrated with a peer's rkey map that its "
+				 "exchange message did not carry",
+				 (unsigned long long)s->maps_fetched);
+		}
 		if (s->pass && o->expect == DRILL_EXPECT_NO_REPAIR && s->repairs) {
 			s->pass = false;
 			snprintf(s->why, sizeof(s->why),
@@ -1418,6 +1438,9 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 		printf(" incidents %d", s->ndetect > s->nmigrate ? s->ndetect : s->nmigrate);
 	if (s->suspected)
 		printf(" suspected %llu", (unsigned long long)s->suspected);
+	if (s->maps_carried || s->maps_fetched)
+		printf(" maps %llu/%llu", (unsigned long long)s->maps_carried,
+		       (unsigned long long)(s->maps_carried + s->maps_fetched));
 	if (!s->pass)
 		printf(" -- %s", s->why);
 	printf("\n");

@@ -1,9 +1,10 @@
 /*
  * libFuzzer target: hot repair's exchange messages (repair/engine.c) as the
  * control thread receives them from a peer: the check that decides what the
- * repair thread is handed. What passes must be a version-2 message whose
- * length is its header and exactly its entries, each with a known op and
- * NUL-terminated NIC names.
+ * repair thread is handed. What passes must be a version-3 message whose
+ * length is its header, its entries, each with a known op and NUL-terminated
+ * NIC names, and exactly the rkey maps its header counts, each with two
+ * NUL-terminated, non-empty NIC names and a body within the message.
  */
 #include "repair/engine.h"
 
@@ -20,8 +21,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int n = r2cc_repair_wire_parse(data, size, out, R2CC_REPAIR_WIRE_MAX);
 	if (n < 0)
 		return 0;
-	if (n < 1 || n > R2CC_REPAIR_WIRE_MAX || data[0] != 2 || (data[2] | data[3] << 8) != n ||
-	    size != R2CC_REPAIR_WIRE_HDR + (size_t)n * R2CC_REPAIR_WIRE_SIZE)
+	size_t at = R2CC_REPAIR_WIRE_HDR + (size_t)n * R2CC_REPAIR_WIRE_SIZE;
+	if (n < 1 || n > R2CC_REPAIR_WIRE_MAX || data[0] != 3 || (data[2] | data[3] << 8) != n ||
+	    size < at)
+		abort();
+	for (int j = 0; j < data[1]; j++) {
+		const uint8_t *h = data + at;
+		if (size - at < R2CC_REPAIR_WIRE_MAP_HDR || !h[0] || !h[64] ||
+		    strnlen((const char *)h, 64) == 64 || strnlen((const char *)h + 64, 64) == 64)
+			abort();
+		uint32_t len = h[128] | h[129] << 8 | h[130] << 16 | (uint32_t)h[131] << 24;
+		if (len == 0 || len > size - at - R2CC_REPAIR_WIRE_MAP_HDR)
+			abort();
+		at += R2CC_REPAIR_WIRE_MAP_HDR + len;
+	}
+	if (at != size)
 		abort();
 	for (int i = 0; i < n; i++) {
 		const unsigned char *m = out + (size_t)i * R2CC_REPAIR_WIRE_SIZE;

@@ -197,7 +197,8 @@ static void wire_entry(unsigned char *m, int op)
 
 static void wire_seeds(void)
 {
-	unsigned char m[R2CC_REPAIR_WIRE_HDR + 3 * R2CC_REPAIR_WIRE_SIZE] = {2, 0, 1, 0};
+	unsigned char m[R2CC_REPAIR_WIRE_HDR + 3 * R2CC_REPAIR_WIRE_SIZE +
+			R2CC_REPAIR_WIRE_MAP_HDR + 24 + 24] = {3, 0, 1, 0};
 	for (int op = 1; op <= 5; op++) {
 		wire_entry(m + R2CC_REPAIR_WIRE_HDR, op);
 		char name[16];
@@ -208,7 +209,20 @@ static void wire_seeds(void)
 	m[2] = 3;
 	for (int i = 0; i < 3; i++)
 		wire_entry(m + R2CC_REPAIR_WIRE_HDR + i * R2CC_REPAIR_WIRE_SIZE, 1 + i);
-	put("rep_wire", "batch3", m, sizeof(m));
+	size_t at = R2CC_REPAIR_WIRE_HDR + 3 * R2CC_REPAIR_WIRE_SIZE;
+	put("rep_wire", "batch3", m, at);
+	/* ... with the sender's rkey map mlx5_2 -> mlx5_0: one MR */
+	m[1] = 1;
+	unsigned char *h = m + at, *b = h + R2CC_REPAIR_WIRE_MAP_HDR;
+	memset(h, 0, R2CC_REPAIR_WIRE_MAP_HDR + 48);
+	strcpy((char *)h, "mlx5_2");
+	strcpy((char *)h + 64, "mlx5_0");
+	h[128] = 48;
+	b[0] = R2CC_MR_MIRROR_VERSION;
+	b[1] = R2CC_MR_MIRROR_FULL;
+	b[11] = 7, b[19] = 2, b[23] = 1; /* epoch, generation, one entry */
+	b[27] = 0x11, b[31] = 0x22, b[32] = 0x10, b[47] = 0x40;
+	put("rep_wire", "batch3-map", m, sizeof(m));
 }
 
 static void settings_seeds(void)
