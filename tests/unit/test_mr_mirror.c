@@ -4,7 +4,8 @@
  * deregistration removes the mirrors), the service's answers (full map,
  * unchanged, unknown NIC, malformed requests of every shape), the reply
  * decoder, and the peer cache (one fetch, then hits; revalidation by
- * generation; retry with a larger buffer; a malformed reply). */
+ * generation; retry with a larger buffer; a malformed reply; a map carried by
+ * hot repair's exchange, stored without a fetch). */
 #include "repair/mr_mirror.h"
 #include "shim/registry.h"
 
@@ -459,4 +460,61 @@ Test(mirror, cache_retries_larger_and_refuses_garbage)
 	cr_expect_eq(
 	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100),
 	    -EPROTO);
+}
+
+/* Hot repair's exchange carries the sender's map: the receiver stores it and
+ * translates without asking; an overtaken (older) map does not replace a newer
+ * one; what is not a well-formed full map is refused. */
+Test(mirror, map_carried_in_a_message_needs_no_fetch)
+{
+	static char b1[64], b2[64];
+	r2cc_mr_mirror_set_fetch(fake_fetch);
+	struct ibv_mr m1 = nccl_mr(0x91), m2 = nccl_mr(0x93);
+	reg(&m1, 0, b1, 64, 0);
+	unsigned char *old = NULL, *cur = NULL;
+	size_t old_len = 0, cur_len = 0;
+	cr_assert_eq(r2cc_mr_mirror_map_encode("mlx5_0", "mlx5_1", &old, &old_len), 0);
+	reg(&m2, 0, b2, 64, 0);
+	cr_assert_eq(r2cc_mr_mirror_map_encode("mlx5_0", "mlx5_1", &cur, &cur_len), 0);
+	cr_expect_eq(cur_len, old_len + R2CC_MR_MIRROR_ENTRY);
+
+	cr_expect_eq(r2cc_mr_mirror_remote_store(&fake_dir, 0, "mlx5_0", "mlx5_1", cur, cur_len),
+		     0);
+	cr_expect_eq(r2cc_mr_mirror_remote_store(&fake_dir, 0, "mlx5_0", "mlx5_1", old, old_len), 0,
+		     "an older map is no error, it is only not kept");
+	uint32_t want, got = 0;
+	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m2.rkey, nic[1], &want), 0);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m2.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(got, want);
+	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m1.rkey, nic[1], &want), 0);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(got, want);
+	cr_expect_eq(fetches, 0, "a map the message carried was fetched again");
+	/* Another NIC pair, or another peer, was not carried: that one is asked for. */
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m1.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(fetches, 1);
+	struct r2cc_mr_mirror_stats st;
+	r2cc_mr_mirror_get_stats(&st);
+	cr_expect_eq(st.pushed, 2);
+	cr_expect_eq(st.received, 2);
+
+	/* Refused: truncated, padded, an "unchanged" reply, unknown NICs, bad ranks. */
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_store(&fake_dir, 0, "mlx5_0", "mlx5_1", cur, cur_len - 1),
+	    -EPROTO);
+	unsigned char same[24] = {R2CC_MR_MIRROR_VERSION, R2CC_MR_MIRROR_SAME};
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_store(&fake_dir, 0, "mlx5_0", "mlx5_1", same, sizeof(same)),
+	    -EPROTO);
+	cr_expect_eq(r2cc_mr_mirror_remote_store(&fake_dir, 2, "mlx5_0", "mlx5_1", cur, cur_len),
+		     -EINVAL);
+	unsigned char *none = NULL;
+	size_t none_len = 0;
+	cr_expect_eq(r2cc_mr_mirror_map_encode("mlx5_0", "mlx5_9", &none, &none_len), -ENODEV);
+	cr_expect_null(none);
+	free(old);
+	free(cur);
 }
