@@ -800,6 +800,16 @@ static void detect(struct r2cc_rqp *r, const char *cause, int status)
 	pthread_mutex_unlock(&eng.mu);
 }
 
+/* An error completion on r: a repair takes it (and re-posts what failed), so it is
+ * kept from NCCL; or none does, because NCCL moved the QP out of RTS itself (as at
+ * teardown), and the completion is NCCL's. */
+static bool detect_hides(struct r2cc_rqp *r, const char *why, int status)
+{
+	detect(r, why, status);
+	int s = load_state(r);
+	return s != RQ_HEALTHY && s != RQ_MIGRATED;
+}
+
 /* A failure seen on nic, for a QP found on it: it counts only while the QP is still
  * there. A list of QPs is collected, then each is detected; one may have moved off
  * the NIC meanwhile (another detection got there first), and its new path has not
@@ -886,7 +896,10 @@ static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 		char why[128];
 		snprintf(why, sizeof(why), "error completion (status %d) on %.64s", wc->status,
 			 r->cur_nic->name);
-		detect(r, why, wc->status);
+		if (!detect_hides(r, why, wc->status)) {
+			stash_push(v, wc);
+			return;
+		}
 	}
 	/* hidden: the repair re-posts what it failed */
 }
@@ -969,8 +982,8 @@ int r2cc_repair_poll_errors(struct r2cc_cq *c, struct ibv_wc *wc, int got)
 			snprintf(why, sizeof(why), "error completion (status %d) on %.64s",
 				 wc[i].status, c->ctx->nic->name);
 			nic_failure_seen(c->ctx->nic);
-			detect(r, why, wc[i].status);
-			continue; /* hidden */
+			if (detect_hides(r, why, wc[i].status))
+				continue; /* hidden */
 		}
 		wc[out++] = wc[i];
 	}

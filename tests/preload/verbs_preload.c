@@ -320,6 +320,21 @@ int main(int argc, char **argv)
 	printf("read back                            %s\n",
 	       memcmp(src, back, len) ? "differs" : "equal");
 
+	/* A receive flushed by NCCL's own move to ERR (as at teardown): its error
+	 * completion is the application's, not a failure to hide. */
+	memset(&rwr, 0, sizeof(rwr));
+	rwr.wr_id = 88;
+	note_int("post_recv before ERR", qp2->context->ops.post_recv(qp2, &rwr, &rbad));
+	struct ibv_qp_attr err;
+	memset(&err, 0, sizeof(err));
+	err.qp_state = IBV_QPS_ERR;
+	note_int("modify_qp ERR", p_ibv_modify_qp(qp2, &err, IBV_QP_STATE));
+	got = poll_n(cq, 1, wc);
+	printf("flushed                              %d wr_id=%llu status=%d\n", got,
+	       got == 1 ? (unsigned long long)wc[0].wr_id : 0ull, got == 1 ? (int)wc[0].status : -1);
+	CHECK(got == 1 && wc[0].wr_id == 88 && wc[0].status == IBV_WC_WR_FLUSH_ERR,
+	      "the flushed receive's completion");
+
 	if (!strcmp(mode, "--expect-wrapped")) {
 		int (*stats)(struct r2cc_nic_stat *, int) =
 		    (int (*)(struct r2cc_nic_stat *, int))dlsym(RTLD_DEFAULT, "r2cc_nic_stats");
