@@ -1311,8 +1311,13 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		    now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))
 			drill_inject_second(p, s, delivered);
 		if (now > deadline && alive > 0 && !s->timed_out) {
+			char *list[] = {(char *)"list", NULL};
+
 			s->timed_out = true;
 			drill_snapshot(o, s, st);
+			/* The device's view of the stall (every QP's state and receive
+			 * queue), kept in ctl.log with --keep. */
+			drill_ctl(p, s, list);
 			if (kill_at > now)
 				kill_at = now;
 		}
