@@ -69,8 +69,9 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
 # A healthy job is never taken down (tests/drill/stall-matrix.sh): slow NICs, many QPs,
 # several processes per node, large messages with a declared failure; no repair at all
-# without a fault, every message exactly once through a black hole or a link down. The
-# bench runs the no-fault rows 64 times over (960 scenarios) beside these 75.
-CPU_TESTS   += 400@$(DRILL_DIR)/stall-matrix.sh:$(BUILD):5
-BENCHES     += $(DRILL_DIR)/stall-matrix.sh:$(BUILD):64:none
+# without a fault or under jitter, every message exactly once through a black hole, a
+# link down or lost acknowledgements: 300 scenarios, 120 of them with no repair allowed.
+# The bench runs the no-fault and jitter rows 32 times over (960 more).
+CPU_TESTS   += 500@$(DRILL_DIR)/stall-matrix.sh:$(BUILD):4
+BENCHES     += $(DRILL_DIR)/stall-matrix.sh:$(BUILD):32:none,jitter
 BENCH_TARGETS += $(DRILL) $(DRILL_RUNTIME)
