@@ -2229,8 +2229,8 @@ static void localise(struct r2cc_rqp *r)
  * (repair/stall.h). R2CC_STALL_MS is the longest pause of a healthy port beyond its
  * queue that R2CC tolerates: the test's write, delayed that long, still answers in
  * time, and so does some request of a port that has work. A user who raises it
- * for a fabric whose healthy ports pause longer raises the test's patience too. Without an answer by then, the NIC
- * is dead only if it also completed nothing at all while it had work: a NIC that
+ * for a fabric whose healthy ports pause longer raises the test's patience too. Without an answer
+ * by then, the NIC is dead only if it also completed nothing at all while it had work: a NIC that
  * drains is alive however slowly (the test is extended, up to SELFTEST_MAX_NS,
  * then called inconclusive), and congestion cannot make a NIC that has work
  * complete nothing while its test goes unanswered. A dead NIC has every QP on it
