@@ -120,6 +120,8 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 	r2cc_counter_add(&q->tx_bytes, bytes);
 	r2cc_counter_add(&q->tx_wrs, n);
 	r2cc_gate_exit(&q->gate);
+	if (r2cc_unlikely(rc != 0) && q->rep)
+		rc = r2cc_repair_send_refused(q, rc, bad);
 	return rc;
 }
 
@@ -151,6 +153,8 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 	r2cc_counter_add(&c->nic->cnt.recv_posted, n);
 	r2cc_counter_add(&q->rx_wrs, n);
 	r2cc_gate_exit(&q->gate);
+	if (r2cc_unlikely(rc != 0) && q->rep)
+		rc = r2cc_repair_recv_refused(q, rc, bad);
 	return rc;
 }
 

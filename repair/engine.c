@@ -1168,7 +1168,76 @@ static void declared_first_post(struct r2cc_rqp *r, bool recv)
 	detect(r, "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
 }
 
+static void nic_failed(struct r2cc_nic *nic, const char *why);
+
+/* Errors with which a dead device refuses posts (the provider's EIO after a fatal
+ * event, ENETDOWN): the NIC has failed, not the request. */
+static bool refused_by_dead_device(int rc)
+{
+	return rc == EIO || rc == ENETDOWN;
+}
+
+/*
+ * A post that the device of `nic` refused because the device is dead: that NIC has
+ * failed (every QP on it is detected), and r, taken by the repair, holds what it is
+ * asked to post until its new path is live; or the repair already moved r off that
+ * NIC (another QP's detection got there first), and the requests go to the new
+ * path. They never reached the dead QP (the refused ones are not in its shadow), so
+ * this is their only post. false when no repair took r (the error is NCCL's).
+ * Slow path: it follows a failure, and waits on nothing.
+ */
+static bool refused_take(struct r2cc_rqp *r, int rc, struct r2cc_nic *nic)
+{
+	if (!refused_by_dead_device(rc) || !nic)
+		return false;
+	char why[96];
+	snprintf(why, sizeof(why), "a post on it failed (%s): the device is dead", strerror(rc));
+	nic_failed(nic, why);
+	pthread_mutex_lock(&r->mu);
+	int s = load_state(r);
+	bool moved = s == RQ_MIGRATED && r->cur_nic != nic;
+	bool taken = moved || s == RQ_DETECTED || s == RQ_FENCING || s == RQ_EXCHANGE;
+	if (taken && !moved)
+		r->hold_all = true;
+	pthread_mutex_unlock(&r->mu);
+	return taken;
+}
+
+static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+static int repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+
+static struct r2cc_nic *cur_nic_of(const struct r2cc_qp *q)
+{
+	return q->rep ? __atomic_load_n(&q->rep->cur_nic, __ATOMIC_ACQUIRE) : NULL;
+}
+
 int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct r2cc_nic *at = cur_nic_of(q);
+	int rc = repair_post_send(q, wr, bad);
+	return rc && q->rep && refused_take(q->rep, rc, at) ? repair_post_send(q, *bad, bad) : rc;
+}
+
+int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct r2cc_nic *at = cur_nic_of(q);
+	int rc = repair_post_recv(q, wr, bad);
+	return rc && q->rep && refused_take(q->rep, rc, at) ? repair_post_recv(q, *bad, bad) : rc;
+}
+
+int r2cc_repair_send_refused(struct r2cc_qp *q, int rc, struct ibv_send_wr **bad)
+{
+	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? repair_post_send(q, *bad, bad)
+							       : rc;
+}
+
+int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad)
+{
+	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? repair_post_recv(q, *bad, bad)
+							       : rc;
+}
+
+static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct r2cc_rqp *r = q->rep;
 	if (!r)
@@ -1198,7 +1267,7 @@ int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_
 	return 0;
 }
 
-int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+static int repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct r2cc_rqp *r = q->rep;
 	if (!r)
