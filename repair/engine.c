@@ -302,9 +302,40 @@ static int64_t now_ns(void)
 	return (int64_t)r2cc_now_ns();
 }
 
+/*
+ * NCCL's own port failover (2.29.7+, NCCL_IB_RESILIENCY_PORT_FAILOVER, and the
+ * failback of 2.30.3+, ..._PORT_RECOVERY) acts on the same error completions as
+ * hot repair: both at once would each move QPs the other is moving. When either is
+ * set to non-zero for an NCCL that reads it (or one whose version is not known
+ * yet), R2CC steps aside: hot repair is off for the process, with one warning
+ * naming the variable; counters, reports and the NCCL wrappers stay. An older
+ * NCCL ignores the variables, and R2CC repairs as usual.
+ */
+static bool nccl_failover_on(void)
+{
+	static const char *const vars[] = {"NCCL_IB_RESILIENCY_PORT_FAILOVER",
+					   "NCCL_IB_RESILIENCY_PORT_RECOVERY"};
+	static int warned;
+	int code = __atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED);
+	if (code && code < 22907)
+		return false;
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+		if (!v || !*v || !strcmp(v, "0"))
+			continue;
+		if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+			R2CC_WARN("%s=%s: NCCL's own port failover is on and acts on the same "
+				  "errors; R2CC's hot repair steps aside (unset it to let R2CC "
+				  "repair, or set R2CC_MODE=0)",
+				  vars[i], v);
+		return true;
+	}
+	return false;
+}
+
 bool r2cc_repair_enabled(void)
 {
-	return r2cc_active() && r2cc_param.mode != 0;
+	return r2cc_active() && r2cc_param.mode != 0 && !nccl_failover_on();
 }
 
 void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v)
