@@ -357,8 +357,8 @@ static void query_port_attrs(struct ibv_context *ctx, struct r2cc_nic *nic)
 static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 {
 	struct ibv_context *ctx = real_ibv_open_device(dev);
-	if (!ctx)
-		return NULL;
+	if (!ctx || !r2cc_active()) /* pass-through since (a forked child, a disable) */
+		return ctx;
 	int saved = errno;
 	const char *name = REAL(ibv_get_device_name) ? real_ibv_get_device_name(dev) : NULL;
 	struct r2cc_nic *nic = r2cc_nic_get(name ? name : "?");

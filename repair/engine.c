@@ -813,6 +813,8 @@ static bool connected(const struct r2cc_rqp *r)
 
 static void detect(struct r2cc_rqp *r, const char *cause, int status)
 {
+	if (!r2cc_active())
+		return; /* pass-through now (a forked child has no repair thread) */
 	int s = load_state(r);
 	if ((s != RQ_HEALTHY && s != RQ_MIGRATED) || !connected(r))
 		return;
