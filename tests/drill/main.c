@@ -806,6 +806,16 @@ static double drill_qp_timeout_ms(const struct drill_opts *o)
 	return 4.096e-3 * (double)(1ull << o->qp_timeout) * (o->retry_cnt + 1) * o->time_scale;
 }
 
+/* R2CC's stall floor as the workers get it: R2CC_STALL_MS, or its default (auto). */
+static double drill_stall_floor_ms(void)
+{
+	const char *v = getenv("R2CC_STALL_MS");
+	char *end;
+	long ms = v ? strtol(v, &end, 10) : 0;
+
+	return v && *v && !*end && ms > 0 ? (double)ms : 100.0;
+}
+
 /* Where, what and when, all from the seed. */
 static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 {
@@ -832,8 +842,12 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 	} else if (s->kind == DRILL_FAULT_SLOW) {
 		s->arg = DRILL_SLOW_GBPS;
 	} else if (s->kind == DRILL_FAULT_JITTER) {
-		/* Delays up to half the QP timeout: congestion that must raise no alarm. */
-		s->arg = (int)ceil(0.5 * drill_qp_timeout_ms(o));
+		/* Delays of every request by up to R2CC's stall floor (100 ms by
+		 * default): the longest pause of a healthy port that R2CC promises to
+		 * tolerate beyond its queue, so it must raise no alarm. It follows
+		 * R2CC_STALL_MS, not --time-scale: R2CC's floor is a time of its own,
+		 * which no transport timeout scales. */
+		s->arg = (int)ceil(drill_stall_floor_ms());
 	}
 }
 
@@ -1309,8 +1323,13 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		    now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))
 			drill_inject_second(p, s, delivered);
 		if (now > deadline && alive > 0 && !s->timed_out) {
+			char *list[] = {(char *)"list", NULL};
+
 			s->timed_out = true;
 			drill_snapshot(o, s, st);
+			/* The device's view of the stall (every QP's state and receive
+			 * queue), kept in ctl.log with --keep. */
+			drill_ctl(p, s, list);
 			if (kill_at > now)
 				kill_at = now;
 		}
