@@ -213,7 +213,6 @@ struct sv_cq_slot {
 	pthread_mutex_t lock;	 /* producers */
 	int nic; /* of its context: a dead device's CQs take no completions */
 	uint32_t epoch;
-	pthread_mutex_t lock; /* producers */
 	_Atomic uint64_t head, tail;
 	_Atomic uint64_t overruns;
 	struct ibv_wc ring[SV_CQ_CAP];
