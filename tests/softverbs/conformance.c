@@ -2078,7 +2078,7 @@ static void fatal_shared(struct peer *p)
 
 static void jitter_a(struct peer *p)
 {
-	double t0, last = 0, first;
+	double t0, last = 0, first = 0;
 	struct ibv_wc wc;
 
 	setup(p);
