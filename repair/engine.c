@@ -61,6 +61,7 @@
 #define CHURN_RING	 16	      /* migrations of one QP remembered */
 #define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
 #define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
+#define OOM_GIVEUP_NS	 1000000000ll /* a repair without memory for this long fails */
 
 enum rq_state {
 	RQ_HEALTHY,
@@ -197,6 +198,7 @@ struct r2cc_rqp {
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
 	int64_t recent[CHURN_RING]; /* when the last migrations finished (ring) */
+	int64_t oom_since;	    /* batch_add() has found no memory for it since (0: has) */
 };
 
 struct incident {
@@ -2645,16 +2647,26 @@ struct batch {
 	int n, cap;
 };
 
+static void fail(struct r2cc_rqp *r, const char *why);
+
 static void batch_add(struct batch *b, struct r2cc_rqp *r)
 {
 	if (b->n == b->cap) {
 		int cap = b->cap ? 2 * b->cap : 64;
 		struct r2cc_rqp **g = realloc(b->r, sizeof(*g) * (size_t)cap);
 		if (!g) {
-			/* Leave it queued: the next round takes it. */
+			/* Leave it queued: the next round takes it. While memory stays
+			 * short that is never, and NCCL would wait forever on a QP
+			 * whose errors are hidden: past a bound it gets them. */
+			int64_t t = now_ns();
+			if (!r->oom_since)
+				r->oom_since = t;
+			bool give_up = t - r->oom_since > OOM_GIVEUP_NS;
+			if (give_up)
+				fail(r, "out of memory for its repair");
 			pthread_mutex_lock(&eng.mu);
 			r->busy = false;
-			if (!r->queued) {
+			if (!give_up && !r->queued) {
 				r->queued = true;
 				r->next_work = eng.work_head;
 				eng.work_head = r;
@@ -2666,6 +2678,7 @@ static void batch_add(struct batch *b, struct r2cc_rqp *r)
 		b->r = g;
 		b->cap = cap;
 	}
+	r->oom_since = 0;
 	b->r[b->n++] = r;
 }
 
