@@ -166,6 +166,7 @@ struct r2cc_rqp {
 	 * the job and rank of the peer's process once known */
 	struct r2cc_peer_ep ep_local, ep_remote;
 	bool tracked;
+	bool ready; /* r2cc_repair_qp_ready() ran: its peer is tracked, detections count */
 	const struct r2cc_ctl_dir *dir;
 	int peer_rank;
 	int batch; /* queue pairs repaired at once with this one, here or by the peer */
@@ -774,10 +775,15 @@ static void note_detection(struct r2cc_rqp *r, const char *cause, int status)
 /* A failure is suspected on r's current path: queue it (any thread). */
 /* Only a connected QP is fenced: NCCL still moves one in INIT or RTR to RTS, and
  * a QP in ERR would refuse that. One on a failed NIC moves when it reaches RTS
- * (r2cc_repair_qp_ready). */
+ * (r2cc_repair_qp_ready), and only once that has run: between NCCL's modify_qp
+ * to RTS and the tracking of its peer, a detection would find no peer to ask.
+ * qp_ready publishes `ready` and then reads the NIC's state, a failure stores
+ * the state and then reads `ready` (both sequentially consistent), so one of the
+ * two sees the other and the QP is detected once. */
 static bool connected(const struct r2cc_rqp *r)
 {
-	return r->q && __atomic_load_n(&r->q->state, __ATOMIC_RELAXED) == IBV_QPS_RTS;
+	return r->q && __atomic_load_n(&r->q->state, __ATOMIC_RELAXED) == IBV_QPS_RTS &&
+	       __atomic_load_n(&r->ready, __ATOMIC_SEQ_CST);
 }
 
 static void detect(struct r2cc_rqp *r, const char *cause, int status)
@@ -2268,7 +2274,7 @@ static void localise(struct r2cc_rqp *r)
 	bool port_down = eng.v.query_port(r->cur_ctx->ctx, nic->port ? nic->port : 1, &pa) == 0 &&
 			 pa.state != IBV_PORT_ACTIVE;
 	if (port_down && __atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP) {
-		__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_RELAXED);
+		__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_SEQ_CST);
 		R2CC_WARN("repair: %s: port not active; migrating its queue pairs", nic->name);
 	}
 	struct same_path sp = {.r = r, .nic = nic, .port_down = port_down};
@@ -2293,8 +2299,10 @@ static void localise(struct r2cc_rqp *r)
  * a stall may also be no failure at all, only a loaded fabric. The test tells
  * them apart: a signalled zero-byte write from the suspect NIC to a sibling NIC
  * of this process, through the fabric, on a QP pair of R2CC's own. It queues
- * behind what the node has queued on both NICs, so it is given SELFTEST_NS plus
- * what those queues explain (repair/stall.h). Without an answer by then, the NIC
+ * behind what the node has queued on both NICs, so it is given a base time (0.6
+ * of R2CC_STALL_MS: 60 ms by default) plus what those queues explain
+ * (repair/stall.h). A user who raises R2CC_STALL_MS for a fabric whose healthy
+ * ports pause that long raises the test's patience with it. Without an answer by then, the NIC
  * is dead only if it also completed nothing at all while it had work: a NIC that
  * drains is alive however slowly (the test is extended, up to SELFTEST_MAX_NS,
  * then called inconclusive), and congestion cannot make a NIC that has work
@@ -2303,7 +2311,6 @@ static void localise(struct r2cc_rqp *r)
  * passed is not tested again for a back-off that doubles while the suspicions
  * go on (a healthy, loaded NIC is not tested on every scan).
  */
-#define SELFTEST_NS	     60000000ll
 #define SELFTEST_MAX_NS	     5000000000ll
 #define SELFTEST_BACKOFF_NS  100000000ll
 #define SELFTEST_BACKOFF_MAX 2000000000ll
@@ -2360,6 +2367,13 @@ static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2c
 }
 
 static void nic_failed(struct r2cc_nic *nic, const char *why);
+static int64_t stall_floor(void);
+
+/* The test's base wait: 0.6 of the stall floor. */
+static int64_t selftest_base_ns(void)
+{
+	return stall_floor() * 3 / 5;
+}
 
 /* How long the test waits for its answer before the NIC's progress is looked at:
  * the base time, and what the largest request in service on the NICs may take
@@ -2372,7 +2386,7 @@ static int64_t selftest_window(const struct selftest *t)
 		int64_t x = r2cc_stall_explained_ns(t->b[i], 0, 0);
 		w = x > w ? x : w;
 	}
-	return SELFTEST_NS + r2cc_stall_explained_ns(t->a, 0, 0) + w;
+	return selftest_base_ns() + r2cc_stall_explained_ns(t->a, 0, 0) + w;
 }
 
 /*
@@ -2420,7 +2434,7 @@ static int selftest_run(struct selftest *t)
 		 * the load model has been brought up to date meanwhile. A sibling that
 		 * had work and completed none, or failed lately, is no witness. */
 		uint64_t da2 = r2cc_stall_drained(t->a);
-		bool fresh = r2cc_stall_updated() > until - SELFTEST_NS / 2, witness = false;
+		bool fresh = r2cc_stall_updated() > until - selftest_base_ns() / 2, witness = false;
 		for (int i = 0; i < t->nb; i++) {
 			uint64_t d2 = r2cc_stall_drained(t->b[i]);
 			b_busy[i] = b_busy[i] || r2cc_stall_queued(t->b[i]) > 0;
@@ -3624,11 +3638,12 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 		r->tracked = !r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote) &&
 			     r2cc_peer_track_qp(q, r) == 0;
 	}
+	__atomic_store_n(&r->ready, true, __ATOMIC_SEQ_CST);
 	declared_mark();
-	if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED &&
-	    !q->rep->declared_pending)
+	int st = __atomic_load_n(&q->ctx->nic->state, __ATOMIC_SEQ_CST);
+	if (st == R2CC_NIC_DECLARED && !q->rep->declared_pending)
 		declared_move(q->rep);
-	else if (__atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN)
+	else if (st == R2CC_NIC_DOWN)
 		detect(q->rep, "created on a NIC that has failed", 0);
 }
 
@@ -3639,7 +3654,7 @@ static void nic_failed(struct r2cc_nic *nic, const char *why)
 	nic_failure_seen(nic);
 	if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
-	__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_RELAXED);
+	__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_SEQ_CST);
 	struct r2cc_rqp **list;
 	int n = collect(&list, on_nic, nic);
 	for (int i = 0; i < n; i++)

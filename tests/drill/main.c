@@ -803,6 +803,16 @@ static double drill_qp_timeout_ms(const struct drill_opts *o)
 	return 4.096e-3 * (double)(1ull << o->qp_timeout) * (o->retry_cnt + 1) * o->time_scale;
 }
 
+/* R2CC's stall floor as the workers get it: R2CC_STALL_MS, or its default (auto). */
+static double drill_stall_floor_ms(void)
+{
+	const char *v = getenv("R2CC_STALL_MS");
+	char *end;
+	long ms = v ? strtol(v, &end, 10) : 0;
+
+	return v && *v && !*end && ms > 0 ? (double)ms : 100.0;
+}
+
 /* Where, what and when, all from the seed. */
 static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 {
@@ -829,8 +839,11 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 	} else if (s->kind == DRILL_FAULT_SLOW) {
 		s->arg = DRILL_SLOW_GBPS;
 	} else if (s->kind == DRILL_FAULT_JITTER) {
-		/* Delays up to half the QP timeout: congestion that must raise no alarm. */
-		s->arg = (int)ceil(0.5 * drill_qp_timeout_ms(o));
+		/* Delays up to 1.72 x R2CC's stall floor (172 ms by default, half the
+		 * QP timeout at the default time scale): congestion well past the floor
+		 * that must raise no alarm. It follows R2CC_STALL_MS, not --time-scale:
+		 * R2CC's floor is a time of its own, which no transport timeout scales. */
+		s->arg = (int)ceil(1.72 * drill_stall_floor_ms());
 	}
 }
 
