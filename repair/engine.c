@@ -2330,7 +2330,8 @@ struct selftest {
 
 /* Per NIC (registry index): no new self-test before next, the back-off, and
  * the last time a failure was seen on it (it is then a poor witness for its
- * siblings' tests). */
+ * siblings' tests). next and failure_at are read by other threads (atomic);
+ * backoff only by the NIC's self-test, of which one runs at a time. */
 static struct {
 	int64_t next, backoff, failure_at;
 } st_nic[R2CC_STALL_MAX_NICS];
@@ -2520,7 +2521,9 @@ static void *selftest_main(void *arg)
 			int64_t b = st_nic[i].backoff;
 			b = b ? 2 * b : SELFTEST_BACKOFF_NS;
 			st_nic[i].backoff = b < SELFTEST_BACKOFF_MAX ? b : SELFTEST_BACKOFF_MAX;
-			st_nic[i].next = now_ns() + st_nic[i].backoff;
+			/* Read by the repair thread before it claims the NIC's test. */
+			__atomic_store_n(&st_nic[i].next, now_ns() + st_nic[i].backoff,
+					 __ATOMIC_RELAXED);
 		}
 	}
 	selftest_free(t);
@@ -2566,7 +2569,8 @@ static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 	    __atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return; /* RoCE needs a GID index NCCL chose: not tested */
 	int i = a->index;
-	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS && now_ns() < st_nic[i].next)
+	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS &&
+	    now_ns() < __atomic_load_n(&st_nic[i].next, __ATOMIC_RELAXED))
 		return;
 	int zero = 0;
 	if (!__atomic_compare_exchange_n(&a->selftest, &zero, 1, false, __ATOMIC_ACQ_REL,
