@@ -120,6 +120,8 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 	r2cc_counter_add(&q->tx_bytes, bytes);
 	r2cc_counter_add(&q->tx_wrs, n);
 	r2cc_gate_exit(&q->gate);
+	if (r2cc_unlikely(rc != 0) && q->rep)
+		rc = r2cc_repair_send_refused(q, rc, bad);
 	return rc;
 }
 
@@ -151,6 +153,8 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 	r2cc_counter_add(&c->nic->cnt.recv_posted, n);
 	r2cc_counter_add(&q->rx_wrs, n);
 	r2cc_gate_exit(&q->gate);
+	if (r2cc_unlikely(rc != 0) && q->rep)
+		rc = r2cc_repair_recv_refused(q, rc, bad);
 	return rc;
 }
 
@@ -353,8 +357,8 @@ static void query_port_attrs(struct ibv_context *ctx, struct r2cc_nic *nic)
 static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 {
 	struct ibv_context *ctx = real_ibv_open_device(dev);
-	if (!ctx)
-		return NULL;
+	if (!ctx || !r2cc_active()) /* pass-through since (a forked child, a disable) */
+		return ctx;
 	int saved = errno;
 	const char *name = REAL(ibv_get_device_name) ? real_ibv_get_device_name(dev) : NULL;
 	struct r2cc_nic *nic = r2cc_nic_get(name ? name : "?");

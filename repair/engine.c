@@ -308,9 +308,40 @@ static int64_t now_ns(void)
 	return (int64_t)r2cc_now_ns();
 }
 
+/*
+ * NCCL's own port failover (2.29.7+, NCCL_IB_RESILIENCY_PORT_FAILOVER, and the
+ * failback of 2.30.3+, ..._PORT_RECOVERY) acts on the same error completions as
+ * hot repair: both at once would each move QPs the other is moving. When either is
+ * set to non-zero for an NCCL that reads it (or one whose version is not known
+ * yet), R2CC steps aside: hot repair is off for the process, with one warning
+ * naming the variable; counters, reports and the NCCL wrappers stay. An older
+ * NCCL ignores the variables, and R2CC repairs as usual.
+ */
+static bool nccl_failover_on(void)
+{
+	static const char *const vars[] = {"NCCL_IB_RESILIENCY_PORT_FAILOVER",
+					   "NCCL_IB_RESILIENCY_PORT_RECOVERY"};
+	static int warned;
+	int code = __atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED);
+	if (code && code < 22907)
+		return false;
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+		if (!v || !*v || !strcmp(v, "0"))
+			continue;
+		if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+			R2CC_WARN("%s=%s: NCCL's own port failover is on and acts on the same "
+				  "errors; R2CC's hot repair steps aside (unset it to let R2CC "
+				  "repair, or set R2CC_MODE=0)",
+				  vars[i], v);
+		return true;
+	}
+	return false;
+}
+
 bool r2cc_repair_enabled(void)
 {
-	return r2cc_active() && r2cc_param.mode != 0;
+	return r2cc_active() && r2cc_param.mode != 0 && !nccl_failover_on();
 }
 
 void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v)
@@ -788,6 +819,8 @@ static bool connected(const struct r2cc_rqp *r)
 
 static void detect(struct r2cc_rqp *r, const char *cause, int status)
 {
+	if (!r2cc_active())
+		return; /* pass-through now (a forked child has no repair thread) */
 	int s = load_state(r);
 	if ((s != RQ_HEALTHY && s != RQ_MIGRATED) || !connected(r))
 		return;
@@ -804,6 +837,16 @@ static void detect(struct r2cc_rqp *r, const char *cause, int status)
 	start_locked();
 	pthread_cond_signal(&eng.cond);
 	pthread_mutex_unlock(&eng.mu);
+}
+
+/* An error completion on r: a repair takes it (and re-posts what failed), so it is
+ * kept from NCCL; or none does, because NCCL moved the QP out of RTS itself (as at
+ * teardown), and the completion is NCCL's. */
+static bool detect_hides(struct r2cc_rqp *r, const char *why, int status)
+{
+	detect(r, why, status);
+	int s = load_state(r);
+	return s != RQ_HEALTHY && s != RQ_MIGRATED;
 }
 
 /* A failure seen on nic, for a QP found on it: it counts only while the QP is still
@@ -916,7 +959,10 @@ static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 		char why[128];
 		snprintf(why, sizeof(why), "error completion (status %d) on %.64s", wc->status,
 			 r->cur_nic->name);
-		detect(r, why, wc->status);
+		if (!detect_hides(r, why, wc->status)) {
+			stash_push(v, wc);
+			return;
+		}
 	}
 	/* hidden: the repair re-posts what it failed */
 }
@@ -1001,8 +1047,8 @@ int r2cc_repair_poll_errors(struct r2cc_cq *c, struct ibv_wc *wc, int got)
 			snprintf(why, sizeof(why), "error completion (status %d) on %.64s",
 				 wc[i].status, c->ctx->nic->name);
 			nic_failure_seen(c->ctx->nic);
-			detect(r, why, wc[i].status);
-			continue; /* hidden */
+			if (detect_hides(r, why, wc[i].status))
+				continue; /* hidden */
 		}
 		wc[out++] = wc[i];
 	}
@@ -1187,7 +1233,76 @@ static void declared_first_post(struct r2cc_rqp *r, bool recv)
 	detect(r, "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
 }
 
+static void nic_failed(struct r2cc_nic *nic, const char *why);
+
+/* Errors with which a dead device refuses posts (the provider's EIO after a fatal
+ * event, ENETDOWN): the NIC has failed, not the request. */
+static bool refused_by_dead_device(int rc)
+{
+	return rc == EIO || rc == ENETDOWN;
+}
+
+/*
+ * A post that the device of `nic` refused because the device is dead: that NIC has
+ * failed (every QP on it is detected), and r, taken by the repair, holds what it is
+ * asked to post until its new path is live; or the repair already moved r off that
+ * NIC (another QP's detection got there first), and the requests go to the new
+ * path. They never reached the dead QP (the refused ones are not in its shadow), so
+ * this is their only post. false when no repair took r (the error is NCCL's).
+ * Slow path: it follows a failure, and waits on nothing.
+ */
+static bool refused_take(struct r2cc_rqp *r, int rc, struct r2cc_nic *nic)
+{
+	if (!refused_by_dead_device(rc) || !nic)
+		return false;
+	char why[96];
+	snprintf(why, sizeof(why), "a post on it failed (%s): the device is dead", strerror(rc));
+	nic_failed(nic, why);
+	pthread_mutex_lock(&r->mu);
+	int s = load_state(r);
+	bool moved = s == RQ_MIGRATED && r->cur_nic != nic;
+	bool taken = moved || s == RQ_DETECTED || s == RQ_FENCING || s == RQ_EXCHANGE;
+	if (taken && !moved)
+		r->hold_all = true;
+	pthread_mutex_unlock(&r->mu);
+	return taken;
+}
+
+static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+static int repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+
+static struct r2cc_nic *cur_nic_of(const struct r2cc_qp *q)
+{
+	return q->rep ? __atomic_load_n(&q->rep->cur_nic, __ATOMIC_ACQUIRE) : NULL;
+}
+
 int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct r2cc_nic *at = cur_nic_of(q);
+	int rc = repair_post_send(q, wr, bad);
+	return rc && q->rep && refused_take(q->rep, rc, at) ? repair_post_send(q, *bad, bad) : rc;
+}
+
+int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct r2cc_nic *at = cur_nic_of(q);
+	int rc = repair_post_recv(q, wr, bad);
+	return rc && q->rep && refused_take(q->rep, rc, at) ? repair_post_recv(q, *bad, bad) : rc;
+}
+
+int r2cc_repair_send_refused(struct r2cc_qp *q, int rc, struct ibv_send_wr **bad)
+{
+	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? repair_post_send(q, *bad, bad)
+							       : rc;
+}
+
+int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad)
+{
+	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? repair_post_recv(q, *bad, bad)
+							       : rc;
+}
+
+static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct r2cc_rqp *r = q->rep;
 	if (!r)
@@ -1217,7 +1332,7 @@ int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_
 	return 0;
 }
 
-int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+static int repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct r2cc_rqp *r = q->rep;
 	if (!r)
@@ -2299,11 +2414,13 @@ static void localise(struct r2cc_rqp *r)
  * a stall may also be no failure at all, only a loaded fabric. The test tells
  * them apart: a signalled zero-byte write from the suspect NIC to a sibling NIC
  * of this process, through the fabric, on a QP pair of R2CC's own. It queues
- * behind what the node has queued on both NICs, so it is given a base time (0.6
- * of R2CC_STALL_MS: 60 ms by default) plus what those queues explain
- * (repair/stall.h). A user who raises R2CC_STALL_MS for a fabric whose healthy
- * ports pause that long raises the test's patience with it. Without an answer by then, the NIC
- * is dead only if it also completed nothing at all while it had work: a NIC that
+ * behind what the node has queued on both NICs, so it is given a base time (1.5
+ * x R2CC_STALL_MS: 150 ms by default) plus what those queues explain
+ * (repair/stall.h). R2CC_STALL_MS is the longest pause of a healthy port beyond its
+ * queue that R2CC tolerates: the test's write, delayed that long, still answers in
+ * time, and so does some request of a port that has work. A user who raises it
+ * for a fabric whose healthy ports pause longer raises the test's patience too. Without an answer
+ * by then, the NIC is dead only if it also completed nothing at all while it had work: a NIC that
  * drains is alive however slowly (the test is extended, up to SELFTEST_MAX_NS,
  * then called inconclusive), and congestion cannot make a NIC that has work
  * complete nothing while its test goes unanswered. A dead NIC has every QP on it
@@ -2370,10 +2487,10 @@ static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2c
 static void nic_failed(struct r2cc_nic *nic, const char *why);
 static int64_t stall_floor(void);
 
-/* The test's base wait: 0.6 of the stall floor. */
+/* The test's base wait: 1.5 x the stall floor. */
 static int64_t selftest_base_ns(void)
 {
-	return stall_floor() * 3 / 5;
+	return stall_floor() * 3 / 2;
 }
 
 /* How long the test waits for its answer before the NIC's progress is looked at:

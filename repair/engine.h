@@ -103,6 +103,11 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q);
 /* Data path, slow side (gate closed). */
 int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+/* The fast path's post was refused with rc (*bad: the first request not posted):
+ * if the device is dead, its NIC has failed and those requests are held for the
+ * QP's new path (0); otherwise rc, for NCCL. Called outside the QP's gate. */
+int r2cc_repair_send_refused(struct r2cc_qp *q, int rc, struct ibv_send_wr **bad);
+int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad);
 int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc);
 /* The fast poll found error completions among wc[0..got): those of QPs hot repair
  * takes over are removed (and repair starts); returns how many are left. Called

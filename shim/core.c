@@ -25,6 +25,19 @@ int r2cc_nccl_version;
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/*
+ * A forked child (a data loader worker, a launcher's helper) has none of the
+ * parent's threads: no repair, control-plane or self-test thread runs there, so
+ * nothing R2CC started would be finished. The child runs as plain NCCL from the
+ * fork on: what it opens is passed through, errors on what it inherited reach it,
+ * one line says so (at INFO, since data loaders fork many).
+ */
+static void atfork_child(void)
+{
+	if (__atomic_exchange_n(&r2cc_state, -1, __ATOMIC_ACQ_REL) > 0)
+		R2CC_INFO("forked child: R2CC runs as plain NCCL (pass-through) in this process");
+}
+
 static void init_once_fn(void)
 {
 	int rc = r2cc_params_load();
@@ -42,6 +55,7 @@ static void init_once_fn(void)
 	if (state > 0) {
 		R2CC_INFO("R2CC %s active, mode %d", R2CC_VERSION_STRING, r2cc_param.mode);
 		r2cc_params_log_nondefault(&r2cc_param);
+		pthread_atfork(NULL, NULL, atfork_child);
 	}
 	__atomic_store_n(&r2cc_state, state, __ATOMIC_RELEASE);
 }

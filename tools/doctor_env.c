@@ -371,8 +371,9 @@ void dr_check_nccl(struct dr_state *st)
 				   "%s=%s: NCCL's own failover is on", res[i], getenv(res[i]));
 			dr_explain(c,
 				   "NCCL repairs inside fused virtual NICs itself; R2CC must not "
-				   "act on the same errors and leaves its verbs repair off "
-				   "(DESIGN.md section 3)",
+				   "act on the same errors, so the library turns its hot repair "
+				   "off for the process, with one warning in the log (counters and "
+				   "reports stay; DESIGN.md section 3)",
 				   "unset %s to let R2CC repair (across rails, several NICs, "
 				   "Balance, R2CC-AllReduce), or R2CC_MODE=0 to rely on NCCL's",
 				   res[i]);

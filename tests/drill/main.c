@@ -839,11 +839,12 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 	} else if (s->kind == DRILL_FAULT_SLOW) {
 		s->arg = DRILL_SLOW_GBPS;
 	} else if (s->kind == DRILL_FAULT_JITTER) {
-		/* Delays up to 1.72 x R2CC's stall floor (172 ms by default, half the
-		 * QP timeout at the default time scale): congestion well past the floor
-		 * that must raise no alarm. It follows R2CC_STALL_MS, not --time-scale:
-		 * R2CC's floor is a time of its own, which no transport timeout scales. */
-		s->arg = (int)ceil(1.72 * drill_stall_floor_ms());
+		/* Delays of every request by up to R2CC's stall floor (100 ms by
+		 * default): the longest pause of a healthy port that R2CC promises to
+		 * tolerate beyond its queue, so it must raise no alarm. It follows
+		 * R2CC_STALL_MS, not --time-scale: R2CC's floor is a time of its own,
+		 * which no transport timeout scales. */
+		s->arg = (int)ceil(drill_stall_floor_ms());
 	}
 }
 
@@ -1311,8 +1312,13 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		    now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))
 			drill_inject_second(p, s, delivered);
 		if (now > deadline && alive > 0 && !s->timed_out) {
+			char *list[] = {(char *)"list", NULL};
+
 			s->timed_out = true;
 			drill_snapshot(o, s, st);
+			/* The device's view of the stall (every QP's state and receive
+			 * queue), kept in ctl.log with --keep. */
+			drill_ctl(p, s, list);
 			if (kill_at > now)
 				kill_at = now;
 		}

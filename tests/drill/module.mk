@@ -30,6 +30,11 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 	       60@$(DRILL):--fault:slow:--seeds:2 \
 	       60@$(DRILL):--fault:none:--seeds:1:--nccl-stub \
 	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--selftest-corrupt
+# NCCL's own port failover on (DESIGN.md section 3): for a release that reads the variable
+# (the test double reports 2.30.7) R2CC steps aside and the error reaches the application
+# at the transport timeout; for 2.28.9, which ignores it, R2CC repairs.
+CPU_TESTS   += 60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:NCCLSTUB_REPORT_VERSION=23007:$(DRILL):--fault:down:--seeds:3:--nccl-stub:--expect:clean-error \
+	       60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL):--fault:down:--seeds:3:--nccl-stub
 # Hot repair (tests/drill/README.md): each NIC fault kind over 100 seeds, 4 processes,
 # a fault while connecting, a second NIC failing during the repair; then the faults R2CC
 # cannot repair, which must end in a clean application error, never a hang.
@@ -69,8 +74,9 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
 # A healthy job is never taken down (tests/drill/stall-matrix.sh): slow NICs, many QPs,
 # several processes per node, large messages with a declared failure; no repair at all
-# without a fault, every message exactly once through a black hole or a link down. The
-# bench runs the no-fault rows 64 times over (960 scenarios) beside these 75.
-CPU_TESTS   += 400@$(DRILL_DIR)/stall-matrix.sh:$(BUILD):5
-BENCHES     += $(DRILL_DIR)/stall-matrix.sh:$(BUILD):64:none
+# without a fault or under jitter, every message exactly once through a black hole, a
+# link down or lost acknowledgements: 300 scenarios, 120 of them with no repair allowed.
+# The bench runs the no-fault and jitter rows 32 times over (960 more).
+CPU_TESTS   += 500@$(DRILL_DIR)/stall-matrix.sh:$(BUILD):4
+BENCHES     += $(DRILL_DIR)/stall-matrix.sh:$(BUILD):32:none,jitter
 BENCH_TARGETS += $(DRILL) $(DRILL_RUNTIME)

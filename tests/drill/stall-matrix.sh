@@ -6,9 +6,10 @@
 # and with a black hole or a link down every message must still arrive exactly once.
 # Prints one row per (load, fault): scenarios passed, false repairs, detection times.
 #   tests/drill/stall-matrix.sh BUILD [SEEDS_SCALE] [KINDS]
-# SEEDS_SCALE multiplies the seeds of every row (1: what make test runs; the bench runs
-# more); KINDS defaults to "none blackhole down" (add ackloss, jitter where the device
-# has them). Exit status 1 if any row failed.
+# SEEDS_SCALE multiplies the seeds of every row (make test runs 4, the bench more);
+# KINDS, a comma-separated list, defaults to none,jitter,blackhole,down,ackloss: no fault
+# and congestion (jitter) must pass with no repair, the failures must repair. Exit
+# status 1 if any row failed.
 # The declared-failure row scales transport timeouts by 0.1 (3.4 s, NCCL's being 34 s)
 # rather than the drill's 0.01: a declared move is an exchange with the peer while its
 # old QP is fenced, and on a loaded 2-core machine that exchange has taken over the
@@ -17,7 +18,8 @@
 set -u
 B=${1:-build}
 SCALE=${2:-1}
-KINDS=${3:-none blackhole down}
+KINDS=${3:-none,jitter,blackhole,down,ackloss}
+KINDS=${KINDS//,/ }
 D=$B/bin/r2cc-verbs-drill
 [ -x "$D" ] || { echo "stall-matrix: $D missing (make)" >&2; exit 2; }
 # load name | drill options | seeds per kind at scale 1

@@ -299,7 +299,10 @@ STUB_API(ncclResult_t, ncclGetVersion, int *version)
 	argp(c, version);
 	if (!version)
 		return call_end(c, ncclInvalidArgument);
-	*version = STUB_VERSION;
+	/* NCCLSTUB_REPORT_VERSION: the version code to report (a test of what R2CC
+	 * does with a release the double does not otherwise imitate). */
+	const char *v = getenv("NCCLSTUB_REPORT_VERSION");
+	*version = v && *v ? atoi(v) : STUB_VERSION;
 	out(c, (uint64_t)*version);
 	return call_end(c, ncclSuccess);
 }

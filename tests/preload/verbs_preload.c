@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define FN(ret, name, params) static ret(*p_##name) params;
 FN(struct ibv_device **, ibv_get_device_list, (int *))
@@ -320,6 +322,22 @@ int main(int argc, char **argv)
 	printf("read back                            %s\n",
 	       memcmp(src, back, len) ? "differs" : "equal");
 
+	/* A receive flushed by NCCL's own move to ERR (as at teardown): its error
+	 * completion is the application's, not a failure to hide. */
+	memset(&rwr, 0, sizeof(rwr));
+	rwr.wr_id = 88;
+	note_int("post_recv before ERR", qp2->context->ops.post_recv(qp2, &rwr, &rbad));
+	struct ibv_qp_attr err;
+	memset(&err, 0, sizeof(err));
+	err.qp_state = IBV_QPS_ERR;
+	note_int("modify_qp ERR", p_ibv_modify_qp(qp2, &err, IBV_QP_STATE));
+	got = poll_n(cq, 1, wc);
+	printf("flushed                              %d wr_id=%llu status=%d\n", got,
+	       got == 1 ? (unsigned long long)wc[0].wr_id : 0ull,
+	       got == 1 ? (int)wc[0].status : -1);
+	CHECK(got == 1 && wc[0].wr_id == 88 && wc[0].status == IBV_WC_WR_FLUSH_ERR,
+	      "the flushed receive's completion");
+
 	if (!strcmp(mode, "--expect-wrapped")) {
 		int (*stats)(struct r2cc_nic_stat *, int) =
 		    (int (*)(struct r2cc_nic_stat *, int))dlsym(RTLD_DEFAULT, "r2cc_nic_stats");
@@ -340,8 +358,27 @@ int main(int argc, char **argv)
 		}
 	}
 
+	/* A forked child runs as plain verbs: a device it opens through the same
+	 * functions keeps the provider's data-path ops. */
+	fflush(stdout);
+	pid_t child = fork();
+	if (child == 0) {
+		struct ibv_context *cc = p_ibv_open_device(list[0]);
+		int plain = cc && !strstr(owner((void *)cc->ops.post_send), "libr2cc") &&
+			    !strstr(owner((void *)cc->ops.poll_cq), "libr2cc");
+		if (cc)
+			p_ibv_close_device(cc);
+		_exit(plain ? 0 : 1);
+	}
+	int st = 0;
+	int plain =
+	    child > 0 && waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	printf("forked child's device                %s\n", plain ? "plain" : "wrapped");
+	CHECK(plain, "a forked child's device has R2CC's data-path ops (status %d)", st);
+
 	note_int("destroy_qp", p_ibv_destroy_qp(qp));
 	note_int("destroy_qp second", p_ibv_destroy_qp(qp2));
+
 	note_int("destroy_cq", p_ibv_destroy_cq(cq));
 	note_int("dereg_mr", p_ibv_dereg_mr(msrc));
 	note_int("dereg_mr", p_ibv_dereg_mr(mdst));
