@@ -180,7 +180,8 @@ struct rdv_done {
 struct job_ent {
 	struct job_ent *next;
 	struct r2cc_ctl_job job;
-	bool serve; /* stamped here: this process runs its rendezvous */
+	bool serve; /* stamped here: this process runs its rendezvous (atomic: the
+		     * control thread reads it without ctl.lock) */
 	int *ranks; /* the ranks this process holds in the job */
 	int nlocal;
 	int cap_local;
@@ -410,8 +411,8 @@ static int job_ensure(const struct r2cc_ctl_job *job, bool serve, const int *ran
 	if (j) {
 		if (CRYPTO_memcmp(j->job.secret, job->secret, R2CC_CTL_SECRET_SIZE) != 0)
 			rc = -EINVAL;
-		else
-			j->serve |= serve;
+		else if (serve)
+			__atomic_store_n(&j->serve, true, __ATOMIC_RELEASE);
 	} else if (!r2cc_ctl_job_check(job)) {
 		rc = -EINVAL;
 	} else if ((j = calloc(1, sizeof(*j)))) {
@@ -1070,7 +1071,7 @@ static void rdv_register(struct conn *c, struct job_ent *j, const struct r2cc_ct
 			   0);
 		return;
 	}
-	if (!j->serve) {
+	if (!__atomic_load_n(&j->serve, __ATOMIC_ACQUIRE)) {
 		send_reply(c, j->job.secret, j->job.id, h->req_id, -1, h->from_rank, -ENOENT, NULL,
 			   0);
 		return;
@@ -1171,7 +1172,8 @@ static void rdv_serve(struct conn *c, struct job_ent *j, const struct r2cc_ctl_h
 		count_drop(R2CC_CTL_DROP_MALFORMED, c);
 		return;
 	}
-	struct rdv_done *d = j->serve ? rdv_find(j, h, p) : NULL;
+	struct rdv_done *d =
+	    __atomic_load_n(&j->serve, __ATOMIC_ACQUIRE) ? rdv_find(j, h, p) : NULL;
 	unsigned char *out = NULL;
 	size_t olen = 0;
 	int rc = -ENOENT;

@@ -61,6 +61,7 @@
 #define CHURN_RING	 16	      /* migrations of one QP remembered */
 #define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
 #define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
+#define OOM_GIVEUP_NS	 1000000000ll /* a repair without memory for this long fails */
 
 enum rq_state {
 	RQ_HEALTHY,
@@ -114,6 +115,9 @@ struct r2cc_vcq {
 	pthread_mutex_t mu;
 	struct ibv_wc *stash;
 	size_t cap, head, count;
+	/* Entries kept free for the error completion fail() owes each repaired QP
+	 * of this CQ: count + reserved <= cap, and only fail() takes from them. */
+	size_t reserved;
 	struct pcq *pcqs; /* R2CC's CQs behind this one */
 };
 
@@ -149,6 +153,7 @@ struct r2cc_rqp {
 	bool declared_pending; /* on a declared-failed NIC, waiting for NCCL's first post */
 	bool loopback;	       /* connected to itself (NCCL's GPU flush QP) */
 	bool hold_all;	       /* every post is held until the new path is live */
+	bool stash_held;       /* one of its CQ's reserved stash entries is its own */
 	/* path being built */
 	struct ibv_qp *new_qp;
 	struct ibv_cq *new_cq;
@@ -194,6 +199,7 @@ struct r2cc_rqp {
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
 	int64_t recent[CHURN_RING]; /* when the last migrations finished (ring) */
+	int64_t oom_since;	    /* batch_add() has found no memory for it since (0: has) */
 };
 
 struct incident {
@@ -1020,25 +1026,49 @@ static void gate_close(uint32_t *g)
 
 /* --- the virtual CQ ------------------------------------------------------------------ */
 
-/* Under vcq->mu. */
+/*
+ * Room in the stash for n more completions besides the reserved ones, grown if
+ * need be; false when there is no memory for it. A completion must never be
+ * dropped (NCCL would see the next one out of order): whoever finds no room
+ * leaves its completions where they are, or fails before it changes anything.
+ * Under vcq->mu.
+ */
+static bool stash_room(struct r2cc_vcq *v, size_t n)
+{
+	size_t need = v->count + v->reserved + n;
+	if (need <= v->cap)
+		return true;
+	size_t cap = v->cap ? v->cap : 256;
+	while (cap < need)
+		cap *= 2;
+	struct ibv_wc *s = malloc(cap * sizeof(*s));
+	if (!s)
+		return false;
+	for (size_t i = 0; i < v->count; i++)
+		s[i] = v->stash[(v->head + i) % v->cap];
+	free(v->stash);
+	v->stash = s;
+	v->cap = cap;
+	v->head = 0;
+	return true;
+}
+
+/* Into room that stash_room() made (or a reserved entry). Under vcq->mu. */
 static void stash_push(struct r2cc_vcq *v, const struct ibv_wc *wc)
 {
-	if (v->count == v->cap) {
-		size_t cap = v->cap ? 2 * v->cap : 256;
-		struct ibv_wc *n = malloc(cap * sizeof(*n));
-		if (!n) {
-			R2CC_WARN("repair: out of memory holding a completion; it is lost");
-			return;
-		}
-		for (size_t i = 0; i < v->count; i++)
-			n[i] = v->stash[(v->head + i) % v->cap];
-		free(v->stash);
-		v->stash = n;
-		v->cap = cap;
-		v->head = 0;
-	}
 	v->stash[(v->head + v->count) % v->cap] = *wc;
 	v->count++;
+}
+
+/* How many completions the pump may take from a CQ now, at most want: what the
+ * stash holds besides its reserved entries (none when memory is short: they
+ * stay in the CQ until the stash drains). Under vcq->mu. */
+static int stash_take(struct r2cc_vcq *v, int want)
+{
+	if (stash_room(v, (size_t)want))
+		return want;
+	size_t used = v->count + v->reserved;
+	return used < v->cap ? (int)(v->cap - used) : 0;
 }
 
 static void count_wc(struct r2cc_nic *nic, const struct ibv_wc *wc)
@@ -1100,7 +1130,8 @@ static void vcq_pump(struct r2cc_cq *c)
 	struct r2cc_vcq *v = c->v;
 	struct ibv_wc buf[32];
 	for (;;) {
-		int n = c->ctx->poll_cq(c->cq, 32, buf);
+		int k = stash_take(v, 32);
+		int n = k ? c->ctx->poll_cq(c->cq, k, buf) : 0;
 		for (int i = 0; i < n; i++) {
 			struct r2cc_qp *q = r2cc_qp_by_num(c->ctx->nic, buf[i].qp_num);
 			struct r2cc_rqp *r = q ? q->rep : NULL;
@@ -1113,12 +1144,13 @@ static void vcq_pump(struct r2cc_cq *c)
 				route(v, r, &buf[i]);
 			}
 		}
-		if (n < 32)
+		if (n < k || !k)
 			break;
 	}
 	for (struct pcq *pc = v->pcqs; pc; pc = pc->next) {
 		for (;;) {
-			int n = pc->ctx->poll_cq(pc->cq, 32, buf);
+			int k = stash_take(v, 32);
+			int n = k ? pc->ctx->poll_cq(pc->cq, k, buf) : 0;
 			for (int i = 0; i < n; i++) {
 				struct r2cc_rqp *r = r2cc_hmap_get(&pc->by_qpn, buf[i].qp_num);
 				if (r)
@@ -1126,7 +1158,7 @@ static void vcq_pump(struct r2cc_cq *c)
 				else /* a path already gone: it was drained before */
 					count_wc(pc->ctx->nic, &buf[i]);
 			}
-			if (n < 32)
+			if (n < k || !k)
 				break;
 		}
 	}
@@ -1570,6 +1602,23 @@ void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *at
 			  q->qpn);
 		return;
 	}
+	/* The stash entry for the error completion fail() may owe NCCL, taken now:
+	 * when the repair runs out of memory later, that error must still get out. */
+	struct r2cc_vcq *v = q->send_cq->v;
+	pthread_mutex_lock(&v->mu);
+	r->stash_held = stash_room(v, 1);
+	if (r->stash_held)
+		v->reserved++;
+	pthread_mutex_unlock(&v->mu);
+	if (!r->stash_held) {
+		r2cc_qp_shadow_destroy(q->shadow);
+		q->shadow = NULL;
+		free(r);
+		R2CC_WARN("repair: out of memory for qp 0x%x's completions; it runs without hot "
+			  "repair",
+			  q->qpn);
+		return;
+	}
 	pthread_mutex_init(&r->mu, NULL);
 	r->q = q;
 	r->vcq = q->send_cq;
@@ -1681,6 +1730,23 @@ static void destroy_private(struct ibv_qp *qp, struct ibv_cq *cq)
 	}
 }
 
+/* r gives back its reserved stash entry. Under r->mu and its vcq->mu. */
+static void stash_release_locked(struct r2cc_rqp *r)
+{
+	if (!r->stash_held)
+		return;
+	r->stash_held = false;
+	r->vcq->v->reserved--;
+}
+
+/* The same, under r->mu only. */
+static void stash_release(struct r2cc_rqp *r)
+{
+	pthread_mutex_lock(&r->vcq->v->mu);
+	stash_release_locked(r);
+	pthread_mutex_unlock(&r->vcq->v->mu);
+}
+
 /* Forget the path being built (a failure, or the peer's exchange won). Under
  * r->mu. */
 static void drop_new_path(struct r2cc_rqp *r)
@@ -1737,6 +1803,7 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	if (r->have_plan)
 		r2cc_qp_shadow_plan_free(&r->plan);
 	r->have_plan = false;
+	stash_release(r);
 	set_state(r, RQ_FAILED);
 	pthread_mutex_unlock(&r->mu);
 	/* The record stays on eng.all (marked dead): the stall scan may hold it. */
@@ -2122,9 +2189,14 @@ static int make_plan(struct r2cc_rqp *r)
 	int rc = r2cc_qp_shadow_plan_build(r->cur_sh, &in, &r->plan);
 	if (rc)
 		return rc;
-	r->have_plan = true;
 	struct r2cc_vcq *v = r->vcq->v;
 	pthread_mutex_lock(&v->mu);
+	if (!stash_room(v, r->plan.n_synth)) {
+		pthread_mutex_unlock(&v->mu);
+		r2cc_qp_shadow_plan_free(&r->plan);
+		return -ENOMEM;
+	}
+	r->have_plan = true;
 	for (size_t i = 0; i < r->plan.n_synth; i++) {
 		struct ibv_wc wc;
 		r2cc_qp_shadow_plan_wc(&r->plan, i, r->qpn, &wc);
@@ -2134,7 +2206,8 @@ static int make_plan(struct r2cc_rqp *r)
 	return 0;
 }
 
-/* The new path becomes the current one. Under r->mu. */
+/* The new path becomes the current one (its completions registered by
+ * register_path()). Under r->mu. */
 static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ibv_qp **old_qp,
 			struct pcq **old_pcq, struct r2cc_qp_shadow **old_sh)
 {
@@ -2148,9 +2221,6 @@ static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ib
 	pthread_mutex_lock(&v->mu);
 	if (*old_qp && r2cc_hmap_get(&r->cur_pcq->by_qpn, (*old_qp)->qp_num) == r)
 		r2cc_hmap_del(&r->cur_pcq->by_qpn, (*old_qp)->qp_num);
-	if (r2cc_hmap_put(&r->new_pcq->by_qpn, r->new_qp->qp_num, r))
-		R2CC_WARN("repair: qp 0x%x: out of memory; its new path's completions are lost",
-			  r->qpn);
 	r->cur_qp = r->new_qp;
 	r->cur_cq = r->new_cq;
 	r->cur_pcq = r->new_pcq;
@@ -2203,6 +2273,18 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 	return rc;
 }
 
+/* The new path's QP number in its shared CQ, so that its completions reach r;
+ * before anything else of the switch, because this may run out of memory: a
+ * path whose completions could not be routed must not become current (they
+ * would be lost). Nothing completes on the path yet. Under r->mu. */
+static int register_path(struct r2cc_rqp *r)
+{
+	pthread_mutex_lock(&r->vcq->v->mu);
+	int rc = r2cc_hmap_put(&r->new_pcq->by_qpn, r->new_qp->qp_num, r);
+	pthread_mutex_unlock(&r->vcq->v->mu);
+	return rc;
+}
+
 /*
  * The plan against the peer's count (its synthesised completions queued for NCCL),
  * the new path made current, the receives re-posted and, with sends, the sends and
@@ -2215,7 +2297,9 @@ static int commit_path(struct r2cc_rqp *r, const struct peer_path *p, bool sends
 	struct pcq *oc = NULL;
 	struct r2cc_qp_shadow *osh = NULL;
 	pthread_mutex_lock(&r->mu);
-	int rc = make_plan(r);
+	int rc = register_path(r);
+	if (!rc)
+		rc = make_plan(r);
 	if (!rc) {
 		switch_path(r, p, &oq, &oc, &osh);
 		rc = post_plan_recvs(r);
@@ -2263,7 +2347,11 @@ static void fail(struct r2cc_rqp *r, const char *why)
 	wc.qp_num = r->qpn;
 	wc.opcode = IBV_WC_RDMA_WRITE;
 	pthread_mutex_lock(&r->vcq->v->mu);
-	stash_push(r->vcq->v, &wc);
+	/* Into the entry reserved for it when the QP was created. */
+	bool room = r->stash_held;
+	stash_release_locked(r);
+	if (room || stash_room(r->vcq->v, 1))
+		stash_push(r->vcq->v, &wc);
 	pthread_mutex_unlock(&r->vcq->v->mu);
 	while (r->hr_head) {
 		struct held_recv *h = r->hr_head;
@@ -2576,7 +2664,8 @@ struct selftest {
 
 /* Per NIC (registry index): no new self-test before next, the back-off, and
  * the last time a failure was seen on it (it is then a poor witness for its
- * siblings' tests). */
+ * siblings' tests). next and failure_at are read by other threads (atomic);
+ * backoff only by the NIC's self-test, of which one runs at a time. */
 static struct {
 	int64_t next, backoff, failure_at;
 } st_nic[R2CC_STALL_MAX_NICS];
@@ -2766,7 +2855,9 @@ static void *selftest_main(void *arg)
 			int64_t b = st_nic[i].backoff;
 			b = b ? 2 * b : SELFTEST_BACKOFF_NS;
 			st_nic[i].backoff = b < SELFTEST_BACKOFF_MAX ? b : SELFTEST_BACKOFF_MAX;
-			st_nic[i].next = now_ns() + st_nic[i].backoff;
+			/* Read by the repair thread before it claims the NIC's test. */
+			__atomic_store_n(&st_nic[i].next, now_ns() + st_nic[i].backoff,
+					 __ATOMIC_RELAXED);
 		}
 	}
 	selftest_free(t);
@@ -2812,7 +2903,8 @@ static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 	    __atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return; /* RoCE needs a GID index NCCL chose: not tested */
 	int i = a->index;
-	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS && now_ns() < st_nic[i].next)
+	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS &&
+	    now_ns() < __atomic_load_n(&st_nic[i].next, __ATOMIC_RELAXED))
 		return;
 	int zero = 0;
 	if (!__atomic_compare_exchange_n(&a->selftest, &zero, 1, false, __ATOMIC_ACQ_REL,
@@ -2907,16 +2999,26 @@ struct batch {
 	int n, cap;
 };
 
+static void fail(struct r2cc_rqp *r, const char *why);
+
 static void batch_add(struct batch *b, struct r2cc_rqp *r)
 {
 	if (b->n == b->cap) {
 		int cap = b->cap ? 2 * b->cap : 64;
 		struct r2cc_rqp **g = realloc(b->r, sizeof(*g) * (size_t)cap);
 		if (!g) {
-			/* Leave it queued: the next round takes it. */
+			/* Leave it queued: the next round takes it. While memory stays
+			 * short that is never, and NCCL would wait forever on a QP
+			 * whose errors are hidden: past a bound it gets them. */
+			int64_t t = now_ns();
+			if (!r->oom_since)
+				r->oom_since = t;
+			bool give_up = t - r->oom_since > OOM_GIVEUP_NS;
+			if (give_up)
+				fail(r, "out of memory for its repair");
 			pthread_mutex_lock(&eng.mu);
 			r->busy = false;
-			if (!r->queued) {
+			if (!give_up && !r->queued) {
 				r->queued = true;
 				r->next_work = eng.work_head;
 				eng.work_head = r;
@@ -2928,6 +3030,7 @@ static void batch_add(struct batch *b, struct r2cc_rqp *r)
 		b->r = g;
 		b->cap = cap;
 	}
+	r->oom_since = 0;
 	b->r[b->n++] = r;
 }
 

@@ -11,12 +11,13 @@
 #   CRASH / HANG / WRONG   a worker died of a signal / the drill's deadline struck /
 #                          delivered data was corrupt, duplicated or late
 # Any of the last three fails the walk.
-#   tests/fault/walk.sh BUILD POINTS [TABLE]
+#   tests/fault/walk.sh BUILD POINTS [TABLE] [+]
 # POINTS 0 walks every point; POINTS K walks K points of each kind spread evenly over
 # its calls (CI: tests/fault/module.mk). TABLE gets one line per run: kind N outcome
-# seconds detail.
+# seconds detail. With '+', every call of the kind fails from the Nth on (kind:N+):
+# memory, verbs or the control plane stay unavailable, as in a real shortage.
 set -u
-B=${1:-build} points=${2:-0} table=${3:-}
+B=${1:-build} points=${2:-0} table=${3:-} from=${4:-}
 drill=("$B/bin/r2cc-verbs-drill" --fault down --seeds 1 --first-seed 7 --nccl-stub --timeout 30)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -30,10 +31,10 @@ for k in alloc verbs send; do
 done
 [ "${max[alloc]}" -gt 0 ] || { echo "walk: no counts were written"; exit 1; }
 echo "walk: ${drill[*]}"
-echo "walk: injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]} (walking ${points/#0/all})"
+echo "walk: injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]} (walking ${points/#0/all}${from:+, each failing from N on})"
 [ -n "$table" ] && {
 	echo "# ${drill[*]}"
-	echo "# injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}; walking ${points/#0/all}"
+	echo "# injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}; walking ${points/#0/all}${from:+, each failing from N on}"
 	echo "# kind N outcome detail"
 } >"$table"
 
@@ -46,7 +47,7 @@ for k in alloc verbs send; do
 	for ((n = 1; n <= last; n += stride)); do
 		out=$tmp/run.out
 		start=$(date +%s.%N)
-		R2CC_FAULT_INJECT=$k:$n timeout 120 "${drill[@]}" >"$out" 2>&1
+		R2CC_FAULT_INJECT=$k:$n$from timeout 120 "${drill[@]}" >"$out" 2>&1
 		st=$?
 		secs=$(echo "$(date +%s.%N) - $start" | bc)
 		line=$(grep -m1 -E '^down +seed' "$out")
@@ -68,7 +69,7 @@ for k in alloc verbs send; do
 		tally[$what]=$((${tally[$what]:-0} + 1))
 		case $what in pass | clean-error) ;; *)
 			bad=1
-			echo "walk: $k:$n $what: $detail"
+			echo "walk: $k:$n$from $what: $detail"
 			sed -n '1,40p' "$out"
 			;;
 		esac

@@ -1981,7 +1981,8 @@ static void fatal_b(struct peer *p)
 	CHECK(p, ibv_query_port(p->ctx, 1, &pa) == EIO && ibv_query_port(same, 1, &pa) == EIO);
 	CHECK(p, ibv_query_port(other, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE);
 	CHECK(p, ibv_query_device(p->ctx, &da) == EIO);
-	CHECK(p, ibv_query_gid(p->ctx, 1, 0, &gid) == -1 && errno == EIO, "(rdma-core: -1 and errno)");
+	CHECK(p, ibv_query_gid(p->ctx, 1, 0, &gid) == -1 && errno == EIO,
+	      "(rdma-core: -1 and errno)");
 	errno = 0;
 	CHECK(p, !ibv_alloc_pd(p->ctx) && errno == EIO);
 	errno = 0;
@@ -2081,7 +2082,7 @@ static void fatal_shared(struct peer *p)
 
 static void jitter_a(struct peer *p)
 {
-	double t0, last = 0, first;
+	double t0, last = 0, first = 0;
 	struct ibv_wc wc;
 
 	setup(p);

@@ -211,7 +211,7 @@ struct sv_cq_slot {
 	_Atomic bool armed;
 	_Atomic uint32_t events; /* counted, not yet taken by ibv_get_cq_event */
 	pthread_mutex_t lock;	 /* producers */
-	int nic; /* of its context: a dead device's CQs take no completions */
+	int nic;		 /* of its context: a dead device's CQs take no completions */
 	uint32_t epoch;
 	_Atomic uint64_t head, tail;
 	_Atomic uint64_t overruns;
@@ -266,7 +266,7 @@ struct sv_config {
 	const char *faults;
 	struct sv_net net; /* what this process asks for; the fabric's first process decides */
 	bool net_set;	   /* one of SOFTVERBS_LINK/ROUTED/LOSSLESS_TC/MTU was set */
-	uint64_t seed; /* SOFTVERBS_SEED: what lands at a black hole, jitter delays */
+	uint64_t seed;	   /* SOFTVERBS_SEED: what lands at a black hole, jitter delays */
 	uint64_t
 	    inflight; /* SOFTVERBS_INFLIGHT: bytes per QP on the wire when a black hole opens */
 };

@@ -141,10 +141,10 @@ struct sv_qp {
 	uint64_t key;		  /* identity in seeded draws: node, NIC, creation order */
 	bool srq_held;		  /* sq_exec took the SRQ receive below and has not all landed */
 	struct sv_rwqe srq_wqe;
-	struct sv_engine *eng;	  /* executes this QP; NULL with SOFTVERBS_ENGINES=0 */
-	_Atomic bool ready;	  /* handed to the engine since it last looked */
-	int64_t eng_wake;	  /* engine only: when to run it again */
-	struct sv_qp *eng_next;	  /* the engine's list, under sv_engine.lock */
+	struct sv_engine *eng;	/* executes this QP; NULL with SOFTVERBS_ENGINES=0 */
+	_Atomic bool ready;	/* handed to the engine since it last looked */
+	int64_t eng_wake;	/* engine only: when to run it again */
+	struct sv_qp *eng_next; /* the engine's list, under sv_engine.lock */
 	struct sv_qp *next;
 };
 

@@ -1619,8 +1619,8 @@ static void sv_recv_done(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv 
 }
 
 /* A request that failed after taking an SRQ receive: the receive completes in error. */
-static int sv_recv_fail(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *r,
-			int recv_status, int status)
+static int sv_recv_fail(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *r, int recv_status,
+			int status)
 {
 	struct ibv_wc wc;
 
@@ -1686,7 +1686,8 @@ static int sv_deliver(struct sv_qp *qp, struct sv_swr *w, struct sv_qp_slot *t, 
 		/* A zero-length write carries no address: the rkey is not checked. */
 		if (w->len &&
 		    !sv_remote_addr(t, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE, &addr))
-			return sv_recv_fail(qp, t, &rcv, IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_ACCESS_ERR);
+			return sv_recv_fail(qp, t, &rcv, IBV_WC_LOC_ACCESS_ERR,
+					    IBV_WC_REM_ACCESS_ERR);
 		riov[0].iov_base = (void *)(uintptr_t)addr;
 		riov[0].iov_len = w->len;
 		break;
