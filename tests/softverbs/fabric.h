@@ -210,7 +210,6 @@ struct sv_cq_slot {
 	int ch_fd; /* the channel's eventfd in the owner, -1 = none */
 	_Atomic bool armed;
 	_Atomic uint32_t events; /* counted, not yet taken by ibv_get_cq_event */
-	pthread_mutex_t lock;	 /* producers */
 	int nic; /* of its context: a dead device's CQs take no completions */
 	uint32_t epoch;
 	pthread_mutex_t lock; /* producers */
