@@ -1455,7 +1455,8 @@ static void channel_a(struct peer *p)
 		lat[CH_ITERS * 9 / 10]);
 	CHECK(p, med < 40, "(median wake %.1f us)", med);
 	sync_send(p, 4);
-	CHECK(p, ibv_destroy_qp(p->qp[0]) == 0 && ibv_destroy_qp(p->qp[1]) == 0);
+	for (int q = 0; q < p->nqp; q++)
+		CHECK(p, ibv_destroy_qp(p->qp[q]) == 0);
 	CHECK(p, ibv_destroy_comp_channel(p->ch) == EBUSY, "(a CQ still uses it)");
 	CHECK(p, ibv_destroy_cq(p->cq) == 0 && ibv_destroy_comp_channel(p->ch) == 0);
 }
@@ -1976,7 +1977,9 @@ static void fatal_b(struct peer *p)
 	/* EIO from every verb that would reach the device. */
 	CHECK(p, ibv_query_port(p->ctx, 1, &pa) == EIO && ibv_query_port(same, 1, &pa) == EIO);
 	CHECK(p, ibv_query_port(other, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE);
-	CHECK(p, ibv_query_device(p->ctx, &da) == EIO && ibv_query_gid(p->ctx, 1, 0, &gid) == EIO);
+	CHECK(p, ibv_query_device(p->ctx, &da) == EIO);
+	errno = 0;
+	CHECK(p, ibv_query_gid(p->ctx, 1, 0, &gid) == -1 && errno == EIO, "(rdma-core's -1, errno)");
 	errno = 0;
 	CHECK(p, !ibv_alloc_pd(p->ctx) && errno == EIO);
 	errno = 0;
@@ -2141,13 +2144,6 @@ static void jitter_b(struct peer *p)
 #define FAIR_SKIP  0.2 /* ramp-up not measured */
 #define FAIR_SMALL 4000
 #define FAIR_DEPTH 8 /* writes in flight per stream: the NIC stays busy if this thread is late */
-
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
 
 static void fair_a(struct peer *p)
 {
