@@ -2131,7 +2131,8 @@ static void fatal_b(struct peer *p)
 	CHECK(p, ibv_query_port(other, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE);
 	CHECK(p, ibv_query_device(p->ctx, &da) == EIO);
 	errno = 0;
-	CHECK(p, ibv_query_gid(p->ctx, 1, 0, &gid) == -1 && errno == EIO, "(rdma-core's -1, errno)");
+	CHECK(p, ibv_query_gid(p->ctx, 1, 0, &gid) == -1 && errno == EIO,
+	      "(rdma-core's -1, errno)");
 	errno = 0;
 	CHECK(p, !ibv_alloc_pd(p->ctx) && errno == EIO);
 	errno = 0;
