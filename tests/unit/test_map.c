@@ -10,7 +10,7 @@
 struct r2cc_map;
 static void map_race(const struct r2cc_map *m, size_t slot);
 static void map_race2(const struct r2cc_map *m, size_t slot);
-#define R2CC_MAP_TEST_RACE(m, i) map_race((m), (i))
+#define R2CC_MAP_TEST_RACE(m, i)  map_race((m), (i))
 #define R2CC_MAP_TEST_RACE2(m, i) map_race2((m), (i))
 
 #include "shim/map.h"
