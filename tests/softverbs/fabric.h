@@ -222,7 +222,8 @@ struct sv_cq_slot {
 	_Atomic uint32_t events; /* counted, not yet taken by ibv_get_cq_event */
 	int nic;		 /* of its context: a dead device's CQs take no completions */
 	uint32_t epoch;
-	pthread_mutex_t lock; /* producers */
+	pthread_mutex_t lock;	 /* producers */
+	_Atomic bool lock_ready; /* lock is initialised once: a slot reused never redoes it */
 	_Atomic uint64_t head, tail;
 	_Atomic uint64_t overruns;
 	uint32_t ring_cap; /* entries: SV_CQ_CAP (the inline ring) or more (its own) */

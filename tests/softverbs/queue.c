@@ -369,7 +369,14 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 	cq->s->pid = getpid();
 	cq->s->nic = sv_ctx_of(context)->nic;
 	cq->s->epoch = sv_ctx_of(context)->epoch;
-	sv_mutex_init_shared(&cq->s->lock);
+	/*
+	 * Initialised once, as another thread of this process may hold it on a free slot
+	 * (the progress thread letting a mapping go); robust, a dead holder is recovered.
+	 */
+	if (!atomic_load(&cq->s->lock_ready)) {
+		sv_mutex_init_shared(&cq->s->lock);
+		atomic_store(&cq->s->lock_ready, true);
+	}
 	atomic_store(&cq->s->head, 0);
 	atomic_store(&cq->s->tail, 0);
 	atomic_store(&cq->s->overruns, 0);
@@ -380,12 +387,14 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 	cq->ring = ring ? ring : cq->s->ring;
 	cq->mask = entries - 1;
 	if (ring) {
+		sv_lock(&cq->s->lock);
 		if (sv_rings[i].ring && !sv_rings[i].owned) {
 			munmap(sv_rings[i].ring, sv_ring_bytes(sv_rings[i].mask + 1));
 			atomic_fetch_sub(&sv_rings_foreign, 1);
 		}
 		sv_rings[i] = (struct sv_ring_map){
 		    .id = id, .ring_id = id, .mask = cq->mask, .owned = true, .ring = ring};
+		pthread_mutex_unlock(&cq->s->lock);
 	}
 	cq->s->ch_fd = channel ? channel->fd : -1;
 	atomic_store(&cq->s->armed, false);
