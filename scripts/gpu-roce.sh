@@ -22,6 +22,8 @@
 #            verified 512 MiB AllReduces: whether it survives, how long it stalls, the
 #            rate after; without NCCL's failover as a control; and the black hole once
 #            more at the real transport timeout (SOFTVERBS_TIME_SCALE=1, ~34 s)
+#            FUSED_RUNS picks some of its runs: healthy blackhole down down-nofailover
+#            blackhole-realtime (default all), e.g. to split it over two calls
 #
 # NCCL_XZ: the xz-compressed libnccl.so.2 of NCCL 2.30.7 (sm_90 only), default
 # .artifacts/libnccl-2.30.7-sm90.so.2.xz; it is unpacked to a temporary folder.
@@ -151,6 +153,8 @@ unpack_nccl() {
 
 fused_env() { # NAME
 	export LD_LIBRARY_PATH=$BASE_LDP
+	# The IB link layer, whatever the RoCE parts before it left set.
+	unset SOFTVERBS_LINK SOFTVERBS_LOSSLESS_TC NCCL_IB_GID_INDEX NCCL_IB_TC NCCL_IB_ADDR_FAMILY
 	SOFTFABRIC_FUSED=1 softfabric_env mlx5_0:25,mlx5_1:25,mlx5_2:25 "$1"
 	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=${SCALE:-0.05}
 	export LD_LIBRARY_PATH=$NCCLDIR:$LD_LIBRARY_PATH NCCL_GIN_ENABLE=0
@@ -206,11 +210,17 @@ fused_run() { # NAME FAULT(none|down|blackhole) ITERS
 part_fused() {
 	[ -r "$NCCL_XZ" ] || { say "=== fused: $NCCL_XZ not found (set NCCL_XZ)"; fail=1; return; }
 	unpack_nccl
-	fused_run healthy none 20
-	fused_run blackhole blackhole 60
-	fused_run down down 60
-	FAILOVER=0 fused_run down-nofailover down 40
-	PERF_TIMEOUT=200 SCALE=1 fused_run blackhole-realtime blackhole 30
+	local r
+	for r in ${FUSED_RUNS:-healthy blackhole down down-nofailover blackhole-realtime}; do
+		case $r in
+		healthy) fused_run healthy none 20 ;;
+		blackhole) fused_run blackhole blackhole 60 ;;
+		down) fused_run down down 60 ;;
+		down-nofailover) FAILOVER=0 fused_run down-nofailover down 40 ;;
+		blackhole-realtime) PERF_TIMEOUT=200 SCALE=1 fused_run blackhole-realtime blackhole 30 ;;
+		*) say "unknown fused run $r"; fail=1 ;;
+		esac
+	done
 	rm -rf "$NCCLDIR"
 }
 

@@ -56,6 +56,8 @@ struct peer {
 	struct ibv_cq *cq;
 	bool want_srq;	   /* set before setup(): the QPs take receives from p->srq */
 	bool want_channel; /* set before setup(): p->cq reports to p->ch */
+	int want_cqe;	   /* set before setup(): p->cq's size, default 512 */
+	int want_rq;	   /* set before setup(): each QP's max_recv_wr, default 256 */
 	struct ibv_srq *srq;
 	struct ibv_comp_channel *ch;
 	int nqp;
@@ -214,7 +216,7 @@ static struct ibv_qp *make_qp(struct peer *p)
 	    .send_cq = p->cq,
 	    .recv_cq = p->cq,
 	    .cap = {.max_send_wr = 512,
-		    .max_recv_wr = 256,
+		    .max_recv_wr = p->want_rq ? (uint32_t)p->want_rq : 256,
 		    .max_send_sge = 4,
 		    .max_recv_sge = 4,
 		    .max_inline_data = 128},
@@ -251,7 +253,7 @@ static void setup(struct peer *p)
 		p->ch = ibv_create_comp_channel(p->ctx);
 		CHECK(p, p->ch != NULL);
 	}
-	p->cq = ibv_create_cq(p->ctx, 512, p, p->ch, 0);
+	p->cq = ibv_create_cq(p->ctx, p->want_cqe ? p->want_cqe : 512, p, p->ch, 0);
 	CHECK(p, p->pd && p->cq);
 	if (p->want_srq) {
 		struct ibv_srq_init_attr si = {.attr = {.max_wr = 16, .max_sge = 1}};
@@ -1367,6 +1369,156 @@ static void sq_refill_a(struct peer *p)
 	sync_send(p, 1);
 }
 
+/*
+ * ---- a CQ beyond the fabric's inline ring (NCCL's port failover asks for 4608 over
+ * three fused NICs), filled by the other process before its owner polls ----
+ */
+
+#define BIGCQ_N	 65536
+#define BIGCQ_RQ 2048 /* receives per QP: NCCL's failover asks 256 per device */
+
+/* Mappings of CQ rings of their own (memfds) in this process. */
+static int ring_maps(struct peer *p)
+{
+	char line[512];
+	FILE *f = fopen("/proc/self/maps", "r");
+	int n = 0;
+
+	CHECK(p, f != NULL);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, "memfd:softverbs-cq") != NULL;
+	fclose(f);
+	return n;
+}
+
+/* A asks B for `n` receive completions (n = 0: done) and waits until B has them sent. */
+static void bigcq_ask(struct peer *p, int n)
+{
+	sync_send(p, n);
+	if (n)
+		sync_wait(p, -1);
+}
+
+/* `n` receive completions, wr_id and immediate data first..., in order, then none. */
+static void bigcq_drain(struct peer *p, uint32_t first, int n)
+{
+	static struct ibv_wc wc[512];
+	int got = 0;
+
+	for (double end = now_ms() + 5000; got < n && now_ms() < end;) {
+		int k = ibv_poll_cq(p->cq, 512, wc);
+
+		CHECK(p, k >= 0);
+		for (int i = 0; i < k; i++, got++) {
+			uint32_t want = first + (uint32_t)got;
+
+			CHECK(p, wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == want,
+			      "(completion %d: wr_id %llu status %d, want %u)", got,
+			      (unsigned long long)wc[i].wr_id, wc[i].status, want);
+			CHECK(p, wc[i].opcode == IBV_WC_RECV &&
+				     (wc[i].wc_flags & IBV_WC_WITH_IMM) &&
+				     wc[i].imm_data == htonl(want) && wc[i].byte_len == 0 &&
+				     wc[i].qp_num == p->qp[0]->qp_num);
+		}
+	}
+	CHECK(p, got == n, "(%d of %d completions)", got, n);
+	expect_no_wc(p, 20);
+}
+
+static void bigcq_recvs(struct peer *p, uint32_t first, int n)
+{
+	for (int k = 0; k < n; k++)
+		post_recv(p, 0, first + (uint32_t)k);
+}
+
+static void bigcq_a(struct peer *p)
+{
+	uint32_t next;
+
+	p->nqp = 1;
+	p->want_cqe = BIGCQ_N;
+	p->want_rq = BIGCQ_RQ;
+	setup(p);
+	CHECK(p, p->cq->cqe == BIGCQ_N);
+	/* B fills it a receive queue at a time; A does not poll. */
+	for (next = 0; next < BIGCQ_N; next += BIGCQ_RQ) {
+		bigcq_recvs(p, next, BIGCQ_RQ);
+		bigcq_ask(p, BIGCQ_RQ);
+	}
+	CHECK(p, ring_maps(p) == 1);
+	/* One more finds it full: that completion is lost (and logged), its receive taken. */
+	bigcq_recvs(p, next++, 1);
+	bigcq_ask(p, 1);
+	bigcq_drain(p, 0, BIGCQ_N);
+	/* The CQ goes on after the overrun. */
+	bigcq_recvs(p, next, 1);
+	bigcq_ask(p, 1);
+	bigcq_drain(p, next++, 1);
+	/* Grown with completions queued, while B has the old ring mapped. */
+	bigcq_recvs(p, next, BIGCQ_RQ);
+	bigcq_ask(p, BIGCQ_RQ);
+	CHECK(p, ibv_resize_cq(p->cq, 100000) == 0 && p->cq->cqe == 100000);
+	CHECK(p, ring_maps(p) == 1, "(the old ring is unmapped)");
+	bigcq_recvs(p, next + BIGCQ_RQ, BIGCQ_RQ);
+	bigcq_ask(p, BIGCQ_RQ);
+	bigcq_drain(p, next, 2 * BIGCQ_RQ);
+	bigcq_ask(p, 0);
+}
+
+/* SEND_WITH_IMMs of no data, immediate = wr_id = 0, 1, ..., 256 a batch, as A asks. */
+static void bigcq_b(struct peer *p)
+{
+	uint32_t next = 0;
+	int n;
+
+	p->nqp = 1;
+	setup(p);
+	while (read(p->sock, &n, sizeof(n)) == sizeof(n) && n > 0) {
+		for (int k = 0; k < n; k++, next++) {
+			bool last = k == n - 1 || k % 256 == 255;
+
+			post(p, 0, IBV_WR_SEND_WITH_IMM, next, last ? IBV_SEND_SIGNALED : 0, 0, 0,
+			     0, 0, htonl(next));
+			if (last)
+				expect_wc(p, next, IBV_WC_SUCCESS, 5000, NULL);
+		}
+		sync_send(p, -1);
+	}
+	CHECK(p, n == 0);
+	/* B placed A's completions: it maps A's ring, the one after the resize only. */
+	CHECK(p, ring_maps(p) == 1, "(%d rings mapped)", ring_maps(p));
+}
+
+/* The owner of a large CQ dies: the peer that mapped its ring lets it go. */
+static void bigcq_dies_a(struct peer *p)
+{
+	char c;
+
+	p->nqp = 1;
+	setup(p);
+	post(p, 0, IBV_WR_RDMA_WRITE_WITH_IMM, 1, IBV_SEND_SIGNALED, 0, 64, 0, p->peer.rkey, 7);
+	expect_wc(p, 1, IBV_WC_SUCCESS, 2000, NULL);
+	CHECK(p, ring_maps(p) == 1, "(A placed B's completion in B's ring)");
+	sync_send(p, 1);
+	CHECK(p, read(p->sock, &c, 1) == 0, "(B should have died)");
+	/* Reaping (every 200 ms) frees B's CQ slot; the same tick unmaps the ring. */
+	for (double end = now_ms() + 3000; ring_maps(p) && now_ms() < end;)
+		usleep(10000);
+	CHECK(p, ring_maps(p) == 0, "(the dead owner's ring is still mapped)");
+}
+
+static void bigcq_dies_b(struct peer *p)
+{
+	p->nqp = 1;
+	p->want_cqe = 4096;
+	setup(p);
+	post_recv(p, 0, 9);
+	expect_wc(p, 9, IBV_WC_SUCCESS, 2000, NULL);
+	CHECK(p, ring_maps(p) == 1);
+	sync_wait(p, 1);
+	raise(SIGKILL);
+}
+
 /* ---- completion channels: armed, woken by the other process's completion, at once ---- */
 
 #define CH_ITERS 300
@@ -1981,8 +2133,9 @@ static void fatal_b(struct peer *p)
 	CHECK(p, ibv_query_port(p->ctx, 1, &pa) == EIO && ibv_query_port(same, 1, &pa) == EIO);
 	CHECK(p, ibv_query_port(other, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE);
 	CHECK(p, ibv_query_device(p->ctx, &da) == EIO);
+	errno = 0;
 	CHECK(p, ibv_query_gid(p->ctx, 1, 0, &gid) == -1 && errno == EIO,
-	      "(rdma-core: -1 and errno)");
+	      "(rdma-core's -1, errno)");
 	errno = 0;
 	CHECK(p, !ibv_alloc_pd(p->ctx) && errno == EIO);
 	errno = 0;
@@ -2261,6 +2414,8 @@ static const struct test tests[] = {
     {.name = "srq", .a = srq_a, .b = srq_b},
     {.name = "sq_refill", .a = sq_refill_a, .b = idle_b},
     {.name = "channel", .a = channel_a, .b = channel_b},
+    {.name = "large_cq", .a = bigcq_a, .b = bigcq_b},
+    {.name = "large_cq_owner_dies", .a = bigcq_dies_a, .b = bigcq_dies_b, .b_dies = true},
     {.name = "ackloss_sender", .a = ackloss_a, .b = ackloss_b, .env = "SVTEST_FAULT=A"},
     {.name = "ackloss_responder", .a = ackloss_a, .b = ackloss_b, .env = "SVTEST_FAULT=B"},
     {.name = "ackloss_heals", .a = ackheal_a, .b = ackheal_b},

@@ -423,7 +423,7 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 	attr->max_sge = SV_MAX_SEND_SGE;
 	attr->max_sge_rd = SV_MAX_SEND_SGE;
 	attr->max_cq = SV_MAX_CQS;
-	attr->max_cqe = SV_CQ_CAP;
+	attr->max_cqe = SV_MAX_CQE;
 	attr->max_mr = SV_MAX_MRS;
 	attr->max_pd = 1 << 16;
 	attr->max_srq = SV_MAX_SRQS;

@@ -22,7 +22,7 @@
 #include <sys/types.h>
 
 #define SV_MAGIC	 0x534f465456524253ull /* "SOFTVRBS" */
-#define SV_VERSION	 7
+#define SV_VERSION	 8
 #define SV_NAME_LEN	 64
 #define SV_MAX_NODES	 32
 #define SV_MAX_NICS	 128
@@ -31,17 +31,19 @@
 #define SV_MAX_MRS	 16384
 #define SV_MR_SHIFT	 14 /* key = gen << SV_MR_SHIFT | slot */
 #define SV_MAX_QPS	 4096
-#define SV_QP_SHIFT	 12 /* qpn = gen << SV_QP_SHIFT | slot */
-#define SV_RQ_CAP	 512
+#define SV_QP_SHIFT	 12   /* qpn = gen << SV_QP_SHIFT | slot */
+#define SV_RQ_CAP	 2048 /* NCCL's port failover asks 256 per device of a fused NIC (up to 8) */
 #define SV_RQ_SGE	 4
 #define SV_MAX_CQS	 2048
-#define SV_CQ_CAP	 2048
+#define SV_CQ_CAP	 2048	 /* the ring inside a CQ slot; a larger CQ has a ring of its own */
+#define SV_MAX_CQE	 4194303 /* what ConnectX reports as max_cqe */
 #define SV_MAX_SRQS	 256
 #define SV_SRQ_CAP	 4096
 #define SV_MAX_SCHED	 32
 /* Sizes are fabric-wide; the region is sparse, only what is used takes memory. */
 _Static_assert(SV_MAX_MRS == 1 << SV_MR_SHIFT, "MR keys encode their slot");
 _Static_assert(SV_MAX_QPS == 1 << SV_QP_SHIFT, "QPNs encode their slot");
+_Static_assert((SV_CQ_CAP & (SV_CQ_CAP - 1)) == 0, "CQ rings are indexed by a mask");
 
 /* Values are part of softverbs.h (enum softverbs_nic_state). */
 enum sv_fault {
@@ -203,6 +205,14 @@ struct sv_srq_slot {
  * A completion queue. Completion events: the owner arms it (req_notify_cq); whoever
  * places the next completion disarms it, counts an event and adds 1 to the owner's
  * channel, an eventfd (ch_fd in process pid), which it reaches through pidfd_getfd.
+ *
+ * Its ring: `ring` below while ring_cap is SV_CQ_CAP; a CQ made or resized beyond
+ * that has a ring of ring_cap entries (a power of two) of its own, a memfd (ring_fd in
+ * the owner) that every process placing a completion in it maps on first use, reaching
+ * it through pidfd_getfd as it reaches the channel (queue.c); ring_id tells one such
+ * ring from the next (ibv_resize_cq replaces it). The kernel frees it when the owner
+ * and the last mapping are gone, dead owner or not. The ring fields are set before id
+ * is published and changed under lock.
  */
 struct sv_cq_slot {
 	_Atomic uint32_t id; /* 0 = free */
@@ -210,11 +220,15 @@ struct sv_cq_slot {
 	int ch_fd; /* the channel's eventfd in the owner, -1 = none */
 	_Atomic bool armed;
 	_Atomic uint32_t events; /* counted, not yet taken by ibv_get_cq_event */
-	pthread_mutex_t lock;	 /* producers */
 	int nic;		 /* of its context: a dead device's CQs take no completions */
 	uint32_t epoch;
+	pthread_mutex_t lock;	 /* producers */
+	_Atomic bool lock_ready; /* lock is initialised once: a slot reused never redoes it */
 	_Atomic uint64_t head, tail;
 	_Atomic uint64_t overruns;
+	uint32_t ring_cap; /* entries: SV_CQ_CAP (the inline ring) or more (its own) */
+	uint32_t ring_id;
+	int ring_fd; /* its own ring's memfd in the owner */
 	struct ibv_wc ring[SV_CQ_CAP];
 };
 

@@ -58,6 +58,8 @@ struct sv_cq {
 	struct ibv_cq cq;
 	int slot;
 	struct sv_cq_slot *s;
+	struct ibv_wc *ring; /* s->ring, or this process's mapping of its own ring */
+	uint32_t mask;	     /* ring entries - 1; ring and mask change under poll_lock */
 	pthread_mutex_t poll_lock;
 	_Atomic int users;
 	struct sv_cq *next; /* sv_process.cqs, CQs with a channel */
@@ -190,6 +192,8 @@ int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr *
 struct ibv_qp *sv_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *init);
 /* Forgets the engines of the parent in a forked child (its threads do not exist there). */
 void sv_engines_forget(void);
+/* Unmaps the rings of other processes' CQs that were destroyed or replaced since. */
+void sv_cq_rings_sweep(void);
 /* Runs the send queues of QPs without an engine once; returns when to look again. */
 int64_t sv_progress_all(int64_t now);
 bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc);

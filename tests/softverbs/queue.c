@@ -40,7 +40,9 @@
 #include <linux/futex.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -164,18 +166,176 @@ static int sv_free_slot(int *hint, int n, bool (*used)(const struct sv_fabric *,
 
 /* ---- completion queues ---- */
 
+/*
+ * CQ rings. A CQ of up to SV_CQ_CAP entries uses the ring inside its slot of the
+ * fabric. A larger one (mlx5 accepts up to max_cqe, and NCCL's port failover asks
+ * for more than SV_CQ_CAP) gets a memfd of its own, which the owner maps for polling;
+ * since other processes place completions in it too (a SEND's or WRITE_WITH_IMM's
+ * receive completion is placed by the sender), each takes the memfd from the owner
+ * with pidfd_getfd the first time it places one, maps it, and keeps the mapping in
+ * sv_rings, per slot, with the CQ id and ring id it was made for. Entry `slot`
+ * changes only under f->cqs[slot].lock, which every producer holds while it writes
+ * and the owner while it replaces or closes the memfd, so a descriptor taken under
+ * it with the id checked is the ring's. The progress thread unmaps the mappings
+ * whose CQ was destroyed or whose ring was replaced.
+ */
+struct sv_ring_map {
+	uint32_t id, ring_id; /* what it maps: the CQ and its ring */
+	uint32_t mask;
+	bool owned; /* the owner's own mapping: its sv_cq unmaps it */
+	struct ibv_wc *ring;
+};
+
+static struct sv_ring_map sv_rings[SV_MAX_CQS];
+static _Atomic int sv_rings_foreign; /* mappings of other processes' rings */
+static _Atomic bool sv_rings_warned;
+
+/* Entries of the ring of a CQ of `cqe` entries: the inline ring, or a power of two. */
+static uint32_t sv_ring_entries(int cqe)
+{
+	uint32_t n = SV_CQ_CAP;
+
+	while (n < (uint32_t)cqe)
+		n <<= 1;
+	return n;
+}
+
+static size_t sv_ring_bytes(uint32_t entries)
+{
+	return (size_t)entries * sizeof(struct ibv_wc);
+}
+
+/*
+ * A new ring of `entries` entries: its memfd in *fd, its memory allocated (a store
+ * into a page tmpfs cannot give would be SIGBUS, and a NIC pins its CQ's memory
+ * too), mapped; NULL with errno.
+ */
+static struct ibv_wc *sv_ring_create(uint32_t entries, int *fd)
+{
+	size_t bytes = sv_ring_bytes(entries);
+	struct ibv_wc *ring = MAP_FAILED;
+	int err;
+
+	*fd = memfd_create("softverbs-cq", MFD_CLOEXEC);
+	if (*fd < 0)
+		return NULL;
+	err = posix_fallocate(*fd, 0, (off_t)bytes);
+	if (!err) {
+		ring = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+		err = ring == MAP_FAILED ? errno : 0;
+	}
+	if (!err)
+		return ring;
+	close(*fd);
+	errno = err == ENOSPC ? ENOMEM : err;
+	return NULL;
+}
+
+/* Maps another process's ring of CQ slot `s`, under its lock; NULL with errno. */
+static struct ibv_wc *sv_ring_fetch(struct sv_cq_slot *s)
+{
+	size_t bytes = sv_ring_bytes(s->ring_cap);
+	struct ibv_wc *ring = NULL;
+	struct stat st;
+	int pidfd, fd, err = 0;
+
+	pidfd = (int)syscall(SYS_pidfd_open, s->pid, 0);
+	if (pidfd < 0)
+		return NULL;
+	fd = (int)syscall(SYS_pidfd_getfd, pidfd, s->ring_fd, 0);
+	err = fd < 0 ? errno : 0;
+	close(pidfd);
+	if (!err && (fstat(fd, &st) != 0 || (size_t)st.st_size != bytes))
+		err = EPROTO;
+	if (!err) {
+		ring = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (ring == MAP_FAILED) {
+			err = errno;
+			ring = NULL;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	errno = err;
+	return ring;
+}
+
+/*
+ * The ring completions of CQ slot `slot` (id `id`, checked) go to, its mask in
+ * *mask; under the slot's lock. NULL when another process's ring cannot be mapped.
+ */
+static struct ibv_wc *sv_ring_of(struct sv_cq_slot *s, int slot, uint32_t id, uint32_t *mask)
+{
+	struct sv_ring_map *m = &sv_rings[slot];
+	struct ibv_wc *ring;
+
+	if (s->ring_cap == SV_CQ_CAP) {
+		*mask = SV_CQ_CAP - 1;
+		return s->ring;
+	}
+	if (m->ring && m->id == id && m->ring_id == s->ring_id) {
+		*mask = m->mask;
+		return m->ring;
+	}
+	if (m->ring && !m->owned) {
+		munmap(m->ring, sv_ring_bytes(m->mask + 1));
+		atomic_fetch_sub(&sv_rings_foreign, 1);
+	}
+	m->ring = NULL;
+	ring = sv_ring_fetch(s);
+	if (!ring) {
+		if (!atomic_exchange(&sv_rings_warned, true))
+			fprintf(stderr,
+				"softverbs: cannot map the ring of a CQ of pid %d: %s (its "
+				"completions are lost; pidfd_getfd needs Linux >= 5.6 and the "
+				"permission process_vm_writev needs)\n",
+				s->pid, strerror(errno));
+		return NULL;
+	}
+	*m = (struct sv_ring_map){
+	    .id = id, .ring_id = s->ring_id, .mask = s->ring_cap - 1, .ring = ring};
+	atomic_fetch_add(&sv_rings_foreign, 1);
+	*mask = m->mask;
+	return ring;
+}
+
+void sv_cq_rings_sweep(void)
+{
+	struct sv_fabric *f = sv_proc.f;
+
+	if (!atomic_load(&sv_rings_foreign))
+		return;
+	for (int i = 0; i < SV_MAX_CQS; i++) {
+		struct sv_ring_map *m = &sv_rings[i];
+		struct sv_cq_slot *s = &f->cqs[i];
+
+		if (!m->ring || m->owned)
+			continue;
+		sv_lock(&s->lock);
+		if (m->ring && !m->owned &&
+		    (atomic_load(&s->id) != m->id || s->ring_id != m->ring_id)) {
+			munmap(m->ring, sv_ring_bytes(m->mask + 1));
+			m->ring = NULL;
+			atomic_fetch_sub(&sv_rings_foreign, 1);
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+}
+
 SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, void *cq_context,
 				       struct ibv_comp_channel *channel, int comp_vector)
 {
 	struct sv_fabric *f = sv_proc.f;
+	struct ibv_wc *ring = NULL;
+	uint32_t entries, id;
 	struct sv_cq *cq;
-	int i;
+	int i, fd = -1;
 
 	if (sv_ctx_dead(context)) {
 		errno = EIO;
 		return NULL;
 	}
-	if (cqe < 1 || cqe > SV_CQ_CAP) {
+	if (cqe < 1 || cqe > SV_MAX_CQE) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -184,10 +344,22 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 		errno = ENOMEM;
 		return NULL;
 	}
+	entries = sv_ring_entries(cqe);
+	if (entries > SV_CQ_CAP) {
+		ring = sv_ring_create(entries, &fd);
+		if (!ring) {
+			free(cq);
+			return NULL;
+		}
+	}
 	sv_lock(&f->lock);
 	i = sv_free_slot(&cq_hint, SV_MAX_CQS, cq_slot_used, f);
 	if (i == SV_MAX_CQS) {
 		pthread_mutex_unlock(&f->lock);
+		if (ring) {
+			munmap(ring, sv_ring_bytes(entries));
+			close(fd);
+		}
 		free(cq);
 		errno = ENOMEM;
 		return NULL;
@@ -197,14 +369,37 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 	cq->s->pid = getpid();
 	cq->s->nic = sv_ctx_of(context)->nic;
 	cq->s->epoch = sv_ctx_of(context)->epoch;
-	sv_mutex_init_shared(&cq->s->lock);
+	/*
+	 * Initialised once, as another thread of this process may hold it on a free slot
+	 * (the progress thread letting a mapping go); robust, a dead holder is recovered.
+	 */
+	if (!atomic_load(&cq->s->lock_ready)) {
+		sv_mutex_init_shared(&cq->s->lock);
+		atomic_store(&cq->s->lock_ready, true);
+	}
 	atomic_store(&cq->s->head, 0);
 	atomic_store(&cq->s->tail, 0);
 	atomic_store(&cq->s->overruns, 0);
+	id = sv_next_gen(f, 31);
+	cq->s->ring_cap = entries;
+	cq->s->ring_id = id;
+	cq->s->ring_fd = fd;
+	cq->ring = ring ? ring : cq->s->ring;
+	cq->mask = entries - 1;
+	if (ring) {
+		sv_lock(&cq->s->lock);
+		if (sv_rings[i].ring && !sv_rings[i].owned) {
+			munmap(sv_rings[i].ring, sv_ring_bytes(sv_rings[i].mask + 1));
+			atomic_fetch_sub(&sv_rings_foreign, 1);
+		}
+		sv_rings[i] = (struct sv_ring_map){
+		    .id = id, .ring_id = id, .mask = cq->mask, .owned = true, .ring = ring};
+		pthread_mutex_unlock(&cq->s->lock);
+	}
 	cq->s->ch_fd = channel ? channel->fd : -1;
 	atomic_store(&cq->s->armed, false);
 	atomic_store(&cq->s->events, 0);
-	atomic_store(&cq->s->id, sv_next_gen(f, 31));
+	atomic_store(&cq->s->id, id);
 	pthread_mutex_unlock(&f->lock);
 	pthread_mutex_init(&cq->poll_lock, NULL);
 	cq->cq.context = context;
@@ -227,6 +422,9 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 {
 	struct sv_cq *cq = to_cq(ibcq);
+	struct sv_cq_slot *s = cq->s;
+	bool own = cq->ring != s->ring;
+	int fd = s->ring_fd;
 
 	if (atomic_load(&cq->users))
 		return EBUSY;
@@ -241,7 +439,16 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 		pthread_mutex_unlock(&sv_proc.lock);
 		ibcq->channel->refcnt--;
 	}
-	atomic_store(&cq->s->id, 0);
+	/* Under the producers' lock: none is taking the memfd while it is closed. */
+	sv_lock(&s->lock);
+	atomic_store(&s->id, 0);
+	if (own) {
+		sv_rings[cq->slot].ring = NULL;
+		close(fd);
+	}
+	pthread_mutex_unlock(&s->lock);
+	if (own)
+		munmap(cq->ring, sv_ring_bytes(cq->mask + 1));
 	pthread_mutex_destroy(&cq->poll_lock);
 	free(cq);
 	return 0;
@@ -322,20 +529,25 @@ static void sv_cq_fire(struct sv_cq_slot *s, int slot, uint32_t id)
 bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc)
 {
 	struct sv_cq_slot *s = &f->cqs[slot];
+	struct ibv_wc *ring;
 	uint64_t tail;
+	uint32_t mask;
 	bool ok = false;
 
 	sv_lock(&s->lock);
 	/* A dead device writes no more completions, not even flush errors. */
 	if (atomic_load(&s->id) != id || sv_nic_dead(f, s->nic, s->epoch))
 		goto out;
+	ring = sv_ring_of(s, slot, id, &mask);
+	if (!ring)
+		goto out;
 	tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
-	if (tail - atomic_load(&s->head) >= SV_CQ_CAP) {
+	if (tail - atomic_load(&s->head) > mask) {
 		if (atomic_fetch_add(&s->overruns, 1) == 0)
 			fprintf(stderr, "softverbs: CQ %d overrun, completions lost\n", slot);
 		goto out;
 	}
-	s->ring[tail % SV_CQ_CAP] = *wc;
+	ring[tail & mask] = *wc;
 	atomic_store_explicit(&s->tail, tail + 1, memory_order_release);
 	ok = true;
 out:
@@ -363,26 +575,76 @@ int sv_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 	head = atomic_load_explicit(&s->head, memory_order_relaxed);
 	tail = atomic_load_explicit(&s->tail, memory_order_acquire);
 	for (; k < n && head != tail; k++, head++)
-		wc[k] = s->ring[head % SV_CQ_CAP];
+		wc[k] = cq->ring[head & cq->mask];
 	atomic_store_explicit(&s->head, head, memory_order_release);
 	pthread_mutex_unlock(&cq->poll_lock);
 	return k;
 }
 
-/* Entries beyond what is queued now, up to the ring's fixed size. */
+/*
+ * Up to max_cqe, as ibv_create_cq. A CQ that needs a larger ring than it has gets a
+ * new one of its own, with what is queued copied over, while neither producers (the
+ * slot's lock) nor pollers (poll_lock) run; the others map it when they next place a
+ * completion. A smaller size keeps the ring.
+ */
 SV_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
 {
-	struct sv_cq_slot *s = to_cq(ibcq)->s;
+	struct sv_cq *cq = to_cq(ibcq);
+	struct sv_cq_slot *s = cq->s;
+	struct ibv_wc *ring = NULL, *old = cq->ring;
+	uint32_t entries, old_mask = cq->mask;
+	int fd = -1, old_fd = -1, err = 0;
+	uint64_t head, tail;
 
 	if (sv_ctx_dead(ibcq->context))
 		return EIO;
-	if (cqe < 1 || cqe > SV_CQ_CAP ||
-	    (uint64_t)cqe < atomic_load(&s->tail) - atomic_load(&s->head))
+	if (cqe < 1 || cqe > SV_MAX_CQE)
 		return EINVAL;
+	entries = sv_ring_entries(cqe);
+	if (entries > cq->mask + 1) {
+		ring = sv_ring_create(entries, &fd);
+		if (!ring)
+			return errno;
+	}
+	sv_lock(&s->lock);
+	pthread_mutex_lock(&cq->poll_lock);
+	head = atomic_load(&s->head);
+	tail = atomic_load(&s->tail);
+	if ((uint64_t)cqe < tail - head) {
+		err = EINVAL;
+		goto out;
+	}
+	if (ring) {
+		for (uint64_t k = head; k != tail; k++)
+			ring[k & (entries - 1)] = old[k & old_mask];
+		if (old != s->ring)
+			old_fd = s->ring_fd;
+		s->ring_cap = entries;
+		s->ring_id = sv_next_gen(sv_proc.f, 31);
+		s->ring_fd = fd;
+		sv_rings[cq->slot] = (struct sv_ring_map){.id = atomic_load(&s->id),
+							  .ring_id = s->ring_id,
+							  .mask = entries - 1,
+							  .owned = true,
+							  .ring = ring};
+		cq->ring = ring;
+		cq->mask = entries - 1;
+		if (old_fd >= 0)
+			close(old_fd);
+	}
 	pthread_mutex_lock(&ibcq->mutex);
 	ibcq->cqe = cqe;
 	pthread_mutex_unlock(&ibcq->mutex);
-	return 0;
+out:
+	pthread_mutex_unlock(&cq->poll_lock);
+	pthread_mutex_unlock(&s->lock);
+	if (ring && err) {
+		munmap(ring, sv_ring_bytes(entries));
+		close(fd);
+	} else if (ring && old != s->ring) {
+		munmap(old, sv_ring_bytes(old_mask + 1));
+	}
+	return err;
 }
 
 SV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
@@ -2225,6 +2487,7 @@ static void *sv_thread_main(void *arg)
 		sv_srq_events();
 		if (now - last_reap > SV_REAP_PERIOD) {
 			sv_fabric_reap(sv_proc.f);
+			sv_cq_rings_sweep();
 			last_reap = now;
 		}
 		if (wake > now + SV_IDLE_TICK)

@@ -3,10 +3,11 @@
  * fabric) of what the software RDMA device offers rdma-core's own programs: every
  * version node and name of rdma-core 44-50's libibverbs, the helpers and queries they
  * call (rates, P_Key and device indexes, the IB GID table, ibv_query_device_ex,
- * rereg and resize), what fails cleanly at call time, shared receive queues and the
- * extended send API (ibv_wr_*), each over a QP connected to another of this process.
+ * rereg and resize, CQs beyond the inline ring), what fails cleanly at call time, shared receive
+ * queues and the extended send API (ibv_wr_*), each over a QP connected to another of this process.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <endian.h>
 #include <errno.h>
@@ -25,6 +26,7 @@ static uint8_t *buf;
 static struct ibv_mr *mr;
 
 #define BUF_LEN	  (1 << 20)
+#define MAX_CQE	  4194303 /* ConnectX's max_cqe, which the device reports */
 #define ACCESS_RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
 static void setup(void)
@@ -310,7 +312,123 @@ Test(compat, rereg_mr_and_resize_cq)
 		      IBV_REREG_MR_ERR_INPUT,
 		  "access without CHANGE_ACCESS");
 	cr_expect(ibv_resize_cq(cq, 1024) == 0 && cq->cqe == 1024);
-	cr_expect(ibv_resize_cq(cq, 1 << 20) == EINVAL);
+	cr_expect(ibv_resize_cq(cq, 0) == EINVAL);
+	cr_expect(ibv_resize_cq(cq, MAX_CQE + 1) == EINVAL);
+}
+
+/* ---- CQs larger than the ring inside the fabric (NCCL's port failover asks for them) ---- */
+
+/* The rings of this process's large CQs: memfds, as /proc/self/fd shows them. */
+static int cq_memfds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	char path[300], link[256];
+	int n = 0;
+
+	cr_assert(d);
+	while ((e = readdir(d))) {
+		ssize_t len;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+		len = readlink(path, link, sizeof(link) - 1);
+		if (len > 0) {
+			link[len] = '\0';
+			n += strstr(link, "memfd:softverbs-cq") != NULL;
+		}
+	}
+	closedir(d);
+	return n;
+}
+
+/* `n` signalled writes (wr_id first...), posted without polling. */
+static void post_writes(struct ibv_qp *qp, uint64_t first, int n)
+{
+	for (int k = 0; k < n; k++)
+		post_write(qp, first + (uint64_t)k, buf, 8, buf + 4096, mr->rkey);
+}
+
+/* Waits until `c` holds more than `n` completions (a resize to n is then refused). */
+static void wait_queued(struct ibv_cq *c, int n)
+{
+	for (int i = 0; i < 4000 && ibv_resize_cq(c, n) != EINVAL; i++)
+		usleep(500);
+	cr_assert(ibv_resize_cq(c, n) == EINVAL, "fewer than %d completions queued", n + 1);
+}
+
+/* `n` completions, wr_id first... in order, and nothing after them. */
+static void drain_in_order(struct ibv_cq *c, uint64_t first, int n)
+{
+	static struct ibv_wc wc[256];
+	int got = 0;
+
+	for (int tries = 0; got < n && tries < 4000;) {
+		int k = ibv_poll_cq(c, 256, wc);
+
+		cr_assert(k >= 0);
+		if (!k) {
+			usleep(500);
+			tries++;
+		}
+		for (int i = 0; i < k; i++, got++)
+			cr_assert(wc[i].status == IBV_WC_SUCCESS &&
+				      wc[i].wr_id == first + (uint64_t)got,
+				  "completion %d: wr_id %llu status %d", got,
+				  (unsigned long long)wc[i].wr_id, wc[i].status);
+	}
+	cr_assert(got == n, "%d of %d completions", got, n);
+	cr_expect(ibv_poll_cq(c, 256, wc) == 0);
+}
+
+Test(compat, large_cq_and_resize)
+{
+	struct ibv_device_attr da;
+	struct ibv_device_attr_ex ax;
+	struct ibv_cq *small = cq, *big;
+	struct ibv_qp *qp;
+	int fds = cq_memfds();
+
+	cr_assert(ibv_query_device(ctx, &da) == 0 && ibv_query_device_ex(ctx, NULL, &ax) == 0);
+	cr_expect(da.max_cqe == MAX_CQE && ax.orig_attr.max_cqe == MAX_CQE, "max_cqe %d",
+		  da.max_cqe);
+	errno = 0;
+	cr_expect(!ibv_create_cq(ctx, MAX_CQE + 1, NULL, NULL, 0) && errno == EINVAL);
+	big = ibv_create_cq(ctx, 65536, NULL, NULL, 0);
+	cr_assert(big && big->cqe == 65536, "create_cq(65536): errno %d", errno);
+	cr_expect(cq_memfds() == fds + 1);
+
+	/* 5000 completions before the first poll; then a resize that keeps the ring. */
+	cq = big;
+	qp = qp_new(NULL, 8192);
+	qp_connect(qp, qp->qp_num);
+	post_writes(qp, 0, 5000);
+	wait_queued(big, 4999);
+	drain_in_order(big, 0, 5000);
+	cr_expect(ibv_resize_cq(big, 4096) == 0 && big->cqe == 4096);
+	/* Grown with 3000 queued: they move to the new ring, in order, and more follow. */
+	post_writes(qp, 5000, 3000);
+	wait_queued(big, 2999);
+	cr_expect(ibv_resize_cq(big, 100000) == 0 && big->cqe == 100000);
+	cr_expect(cq_memfds() == fds + 1, "the old ring is closed");
+	post_writes(qp, 8000, 2000);
+	drain_in_order(big, 5000, 5000);
+	cr_expect(ibv_resize_cq(big, MAX_CQE + 1) == EINVAL && big->cqe == 100000);
+	cr_expect(ibv_destroy_cq(big) == EBUSY);
+	cr_assert(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(big) == 0);
+	cr_expect(cq_memfds() == fds, "destroy closes the ring");
+
+	/* A CQ on the fabric's ring grown past it with completions queued. */
+	cq = small;
+	qp = qp_new(NULL, 8192);
+	qp_connect(qp, qp->qp_num);
+	post_writes(qp, 0, 1000);
+	wait_queued(small, 999);
+	cr_expect(ibv_resize_cq(small, 8192) == 0 && small->cqe == 8192);
+	cr_expect(cq_memfds() == fds + 1);
+	post_writes(qp, 1000, 3000);
+	wait_queued(small, 3999);
+	drain_in_order(small, 0, 4000);
+	cr_assert(ibv_destroy_qp(qp) == 0);
 }
 
 Test(compat, unsupported_fails_at_call_time)
