@@ -3139,6 +3139,18 @@ static int cmp_by_peer(const void *a, const void *b)
 
 static void handle_msg(struct inbox *in);
 
+/* The oldest message in from the control thread, taken off the queue. Under eng.mu. */
+static struct inbox *inbox_pop_locked(void)
+{
+	struct inbox *in = eng.in_head;
+	if (in) {
+		eng.in_head = in->next;
+		if (!eng.in_head)
+			eng.in_tail = &eng.in_head;
+	}
+	return in;
+}
+
 /*
  * While a batch is being initiated, the messages already in that carry no
  * REQ (REPs, GOs, NACKs, notices), in their order of arrival: the queue pairs
@@ -3158,9 +3170,7 @@ static void replies_now(void)
 			pthread_mutex_unlock(&eng.mu);
 			return;
 		}
-		eng.in_head = in->next;
-		if (!eng.in_head)
-			eng.in_tail = &eng.in_head;
+		inbox_pop_locked();
 		pthread_mutex_unlock(&eng.mu);
 		handle_msg(in);
 		free(in);
@@ -3922,10 +3932,7 @@ static void *repair_main(void *arg)
 			continue;
 		}
 		if (eng.in_head) {
-			struct inbox *in = eng.in_head;
-			eng.in_head = in->next;
-			if (!eng.in_head)
-				eng.in_tail = &eng.in_head;
+			struct inbox *in = inbox_pop_locked();
 			pthread_mutex_unlock(&eng.mu);
 			handle_msg(in);
 			free(in);
