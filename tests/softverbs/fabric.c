@@ -172,6 +172,8 @@ static void sv_fabric_init(struct sv_fabric *f)
 	atomic_store_explicit(&f->magic, SV_MAGIC, memory_order_release);
 }
 
+#define SV_ATTACH_WAIT_MS 10000 /* for a fabric being made by another process */
+
 struct sv_fabric *sv_fabric_attach(const char *name, bool create)
 {
 	char path[128];
@@ -192,8 +194,9 @@ struct sv_fabric *sv_fabric_attach(const char *name, bool create)
 		fd = shm_open(path, O_RDWR, 0600);
 		if (fd < 0)
 			return NULL;
-		/* The creator sizes the region right after creating it. */
-		for (i = 0; i < 2000; i++) {
+		/* The creator sizes the region right after creating it (a creator that
+		 * loses its CPU on a loaded machine may take seconds: wait up to 10 s). */
+		for (i = 0; i < SV_ATTACH_WAIT_MS; i++) {
 			if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct sv_fabric))
 				break;
 			usleep(1000);
@@ -210,7 +213,8 @@ struct sv_fabric *sv_fabric_attach(const char *name, bool create)
 		return NULL;
 	if (creator)
 		sv_fabric_init(f);
-	for (i = 0; i < 2000 && atomic_load_explicit(&f->magic, memory_order_acquire) != SV_MAGIC;
+	for (i = 0; i < SV_ATTACH_WAIT_MS &&
+		    atomic_load_explicit(&f->magic, memory_order_acquire) != SV_MAGIC;
 	     i++)
 		usleep(1000);
 	if (atomic_load(&f->magic) != SV_MAGIC || f->version != SV_VERSION) {
