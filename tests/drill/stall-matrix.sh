@@ -5,11 +5,13 @@
 # pass with no repair at all (--expect no-repair: a migration there is a false repair),
 # and with a black hole or a link down every message must still arrive exactly once.
 # Prints one row per (load, fault): scenarios passed, false repairs, detection times.
-#   tests/drill/stall-matrix.sh BUILD [SEEDS_SCALE] [KINDS]
+#   tests/drill/stall-matrix.sh BUILD [SEEDS_SCALE] [KINDS] [SKIP]
 # SEEDS_SCALE multiplies the seeds of every row (make test runs 4, the bench more);
 # KINDS, a comma-separated list, defaults to none,jitter,blackhole,down,ackloss: no fault
 # and congestion (jitter) must pass with no repair, the failures must repair. Exit
-# status 1 if any row failed.
+# status 1 if any row failed. SKIP, a comma-separated list of LOAD/KIND, leaves those
+# rows out (printed as such): make test leaves out the fault kinds of the declared row,
+# whose open failure (docs: logs/repair/stall/README.md, "Open") the bench keeps running.
 # The declared-failure row scales transport timeouts by 0.1 (3.4 s, NCCL's being 34 s)
 # rather than the drill's 0.01: a declared move is an exchange with the peer while its
 # old QP is fenced, and on a loaded 2-core machine that exchange has taken over the
@@ -20,6 +22,7 @@ B=${1:-build}
 SCALE=${2:-1}
 KINDS=${3:-none,jitter,blackhole,down,ackloss}
 KINDS=${KINDS//,/ }
+SKIP=",${4:-},"
 D=$B/bin/r2cc-verbs-drill
 [ -x "$D" ] || { echo "stall-matrix: $D missing (make)" >&2; exit 2; }
 # load name | drill options | seeds per kind at scale 1
@@ -36,6 +39,10 @@ for l in "${LOADS[@]}"; do
 	IFS='|' read -r name opts seeds <<<"$l"
 	for kind in $KINDS; do
 		n=$((seeds * SCALE))
+		if [[ $SKIP == *",$name/$kind,"* ]]; then
+			printf '%-18s %-10s %9s %7s %14s %24s\n' "$name" "$kind" "$n" - - "left out (SKIP)"
+			continue
+		fi
 		args=(--fault "$kind" --seeds "$n" --nccl-stub --timeout 60)
 		[ "$kind" = none ] && args+=(--expect no-repair)
 		[ "$kind" = jitter ] && args+=(--expect no-repair)
