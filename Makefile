@@ -41,8 +41,9 @@ BENCH_TARGETS :=
 BENCHES      :=
 FORMAT_SRCS  :=
 
+# tests/sanitize comes last: its test-build lists every module's TEST_DEPS when it is read.
 MODULES := shim intercept repair strategies tests tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tests/compat tools bench \
-	   tests/sanitize tests/fuzz tests/fault
+	   tests/fuzz tests/fault tests/sanitize
 include $(wildcard $(MODULES:%=%/module.mk))
 
 LIBR2CC_OBJS := $(LIBR2CC_SRCS:%.c=$(BUILD)/obj/%.o)
