@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <link.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -359,8 +360,34 @@ R2CC_EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm)
 	FORWARD(CommDestroy, (comm));
 }
 
+struct parent_abort {
+	real_ncclCommAbort_fn f;
+	ncclComm_t comm;
+	ncclResult_t rc;
+};
+
+static void *parent_abort_main(void *arg)
+{
+	struct parent_abort *a = arg;
+	a->rc = a->f(a->comm);
+	return NULL;
+}
+
+/* A communicator with strategy state has sub-communicators of R2CC's: the
+ * parent is aborted on a thread of its own while they are (strategies/
+ * allreduce2.c says why all at once), so that each abort's wait for the GPU
+ * ends when every kernel of the family has seen its abort flag. */
 R2CC_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
 {
+	struct r2cc_comm *c = r2cc_comm_find(comm);
+	struct parent_abort a = {REAL(CommAbort), comm, ncclInternalError};
+	pthread_t t;
+
+	if (c && c->strategy && a.f && pthread_create(&t, NULL, parent_abort_main, &a) == 0) {
+		unregister_comm(comm, true);
+		pthread_join(t, NULL);
+		return a.rc;
+	}
 	unregister_comm(comm, true);
 	FORWARD(CommAbort, (comm));
 }

@@ -44,6 +44,7 @@
 #include "strategies/allreduce2.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -362,24 +363,67 @@ static void warn_fallback(enum r2cc_ar2_reason r)
 
 /* ---- Per-communicator state ---- */
 
+/* One sub-communicator's abort, on a thread of its own. */
+struct sub_abort {
+	const struct r2cc_ar2_ops *ops;
+	void *comm;
+	pthread_t thread;
+	bool started;
+};
+
+static void *sub_abort_main(void *arg)
+{
+	struct sub_abort *a = arg;
+	a->ops->comm_abort(a->ops->ctx, a->comm);
+	return NULL;
+}
+
 /*
- * Sub-communicators first (on abort, so that nothing of ours stays blocked on
- * them), the healthy one before aPlusH since stage 2 waits for it, then the
- * events and streams; CUDA releases those once pending work completes.
+ * Aborts the sub-communicators all at once, each on a thread, and waits for
+ * them. NCCL's abort of a communicator sets its abort flag and then frees its
+ * device memory, and cuMemFree waits for every kernel of the process: aborted
+ * one after the other, the first abort would wait for the kernels of the others,
+ * which only their own aborts stop (a job whose node lost every NIC hung so in
+ * mode 3). A thread that cannot start aborts its communicator here, last.
+ */
+static void abort_subs(const struct r2cc_ar2_ops *ops, void **subs, int n)
+{
+	struct sub_abort a[3];
+	int i, k = 0;
+
+	for (i = 0; i < n; i++) {
+		if (!subs[i])
+			continue;
+		a[k] = (struct sub_abort){.ops = ops, .comm = subs[i]};
+		a[k].started = pthread_create(&a[k].thread, NULL, sub_abort_main, &a[k]) == 0;
+		k++;
+	}
+	for (i = 0; i < k; i++)
+		if (!a[i].started)
+			ops->comm_abort(ops->ctx, a[i].comm);
+	for (i = 0; i < k; i++)
+		if (a[i].started)
+			pthread_join(a[i].thread, NULL);
+}
+
+/*
+ * Sub-communicators first, then the events and streams; CUDA releases those once
+ * pending work completes. On destroy, the healthy one before aPlusH since stage
+ * 2 waits for it; on abort all at once (abort_subs).
  */
 static void release(struct r2cc_ar2_comm *c, bool abort)
 {
 	const struct r2cc_ar2_ops *ops = c->ops;
-	int (*drop)(void *, void *) =
-	    abort && ops->comm_abort ? ops->comm_abort : ops->comm_destroy;
+	void *subs[3] = {c->healthy, c->aplush, c->bcast};
 	int i;
 
-	if (c->healthy)
-		drop(ops->ctx, c->healthy);
-	if (c->aplush)
-		drop(ops->ctx, c->aplush);
-	if (c->bcast)
-		drop(ops->ctx, c->bcast);
+	if (abort && ops->comm_abort) {
+		abort_subs(ops, subs, 3);
+	} else {
+		for (i = 0; i < 3; i++)
+			if (subs[i])
+				ops->comm_destroy(ops->ctx, subs[i]);
+	}
 	for (i = 0; i < c->nevents; i++)
 		if (c->event[i])
 			ops->event_destroy(ops->ctx, c->event[i]);

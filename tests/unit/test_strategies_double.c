@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define RENDEZVOUS_TIMEOUT_S 5
 #define ERR_FAULT	     2	/* an injected failure (ncclSystemError) */
@@ -719,8 +720,10 @@ static int d_comm_split(void *ctx, void *comm, int color, int key, void **newcom
 	}
 	if (r->fail_split)
 		return ERR_FAULT;
-	if (c.newh)
+	if (c.newh) {
 		count_live(r->w, &r->w->live_comms, 1);
+		__atomic_add_fetch(&r->live_subs, 1, __ATOMIC_SEQ_CST);
+	}
 	*newcomm = c.newh;
 	return 0;
 }
@@ -735,16 +738,42 @@ static int d_comm_destroy(void *ctx, void *comm)
 		return ERR_BROKEN;
 	}
 	count_live(r->w, &r->w->live_comms, -1);
+	__atomic_sub_fetch(&r->live_subs, 1, __ATOMIC_SEQ_CST);
 	dcomm_put(h->c);
 	free(h);
 	return 0;
+}
+
+static uint64_t dbl_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static int d_comm_abort(void *ctx, void *comm)
 {
 	struct dbl_rank *r = ctx;
 
-	r->aborts++;
+	__atomic_add_fetch(&r->aborts, 1, __ATOMIC_SEQ_CST);
+	if (r->abort_waits_for_all) {
+		int flagged = __atomic_add_fetch(&r->flagged, 1, __ATOMIC_SEQ_CST);
+		uint64_t t0 = dbl_now_ns();
+		while (flagged < __atomic_load_n(&r->live_subs, __ATOMIC_SEQ_CST)) {
+			if (dbl_now_ns() - t0 > 2000000000ull) {
+				pthread_mutex_lock(&r->w->mu);
+				note_error(r, "comm_abort waited 2 s for the kernels of a "
+					      "sub-communicator not yet aborted");
+				pthread_mutex_unlock(&r->w->mu);
+				break;
+			}
+			usleep(1000);
+			flagged = __atomic_load_n(&r->flagged, __ATOMIC_SEQ_CST);
+		}
+		/* destroyed: no longer counted among the flagged */
+		__atomic_sub_fetch(&r->flagged, 1, __ATOMIC_SEQ_CST);
+	}
 	return d_comm_destroy(ctx, comm);
 }
 

@@ -56,7 +56,13 @@ struct dbl_rank {
 	int parent_allreduces; /* allreduce calls on the parent since dbl_begin */
 	int parent_bcasts;     /* broadcast calls on the parent since dbl_begin */
 	int aborts;	       /* comm_abort calls, ever */
-	int async_error;       /* what comm_async_error reports for sub-communicators */
+	int live_subs;	       /* this rank's sub-communicators not yet destroyed */
+	int flagged;	       /* of those, how many comm_abort has flagged */
+	/* comm_abort as NCCL's: it flags the communicator, then waits (up to 2 s) for
+	 * every kernel of the process, that is until every live sub-communicator of
+	 * the rank is flagged too; a wait that times out is an error of the rank */
+	bool abort_waits_for_all;
+	int async_error; /* what comm_async_error reports for sub-communicators */
 	/* faults */
 	bool fail_split;	 /* this rank's comm_split calls fail */
 	bool fail_stream_create; /* this rank's stream_create calls fail */

@@ -44,8 +44,9 @@ struct run {
 	pthread_barrier_t before_destroy;
 	/* a second view applied before the last count, -1: none */
 	int new_degraded;
-	bool abort;    /* destroy with abort */
-	int sub_error; /* a sub-communicator's async error before destroy, 0: none */
+	bool abort;	  /* destroy with abort */
+	bool abort_waits; /* the double's comm_abort waits for every kernel, as NCCL's */
+	int sub_error;	  /* a sub-communicator's async error before destroy, 0: none */
 	/* filled by the run */
 	struct dbl_world *w;
 	int nranks;
@@ -241,8 +242,11 @@ static void *rank_main(void *p)
 	dr->async_error = run->sub_error;
 	res->async_after = r2cc_ar2_comm_async_error(c);
 	pthread_barrier_wait(&run->before_destroy);
+	dr->abort_waits_for_all = run->abort_waits;
 	r2cc_ar2_comm_destroy(c, run->abort);
 	res->aborts = dr->aborts;
+	if (run->abort_waits && dr->error[0])
+		fail_rank(res, "destroy with abort: %s", dr->error);
 	free(dr);
 	return NULL;
 }
@@ -413,6 +417,22 @@ Test(ar2_exec, destroy_with_abort)
 	run_one(run);
 	for (int r = 0; r < 6; r++)
 		cr_assert_eq(run->res[r].aborts, 0);
+	free(run);
+}
+
+/* NCCL's abort flags its communicator, then waits for every kernel of the
+ * process (cuMemFree): the sub-communicators are aborted all at once, or the
+ * first abort waits for kernels that only the later ones stop. */
+Test(ar2_exec, abort_flags_every_sub_communicator_before_any_waits)
+{
+	struct run *run = malloc(sizeof(*run));
+
+	init_run(run, &shapes[2]);
+	run->abort = true;
+	run->abort_waits = true;
+	run_one(run);
+	for (int r = 0; r < 6; r++)
+		cr_assert_eq(run->res[r].aborts, r == 4 ? 3 : 2, "rank %d", r);
 	free(run);
 }
 
