@@ -28,7 +28,8 @@
 #              (see docs/nccl-versions.md); reported as failover-blackhole/failover-down
 #
 # What each version needs beyond scripts/softfabric.sh (docs/nccl-versions.md says why):
-# NCCL_IB_MERGE_NICS=0 below 2.24 (2.20-2.23 compare the PCI paths of the NICs to fuse
+# a bus id on the topology's <nic> for 2.19 (SOFTVERBS_TOPO_NIC_BUSID); NCCL_IB_MERGE_NICS=0
+# below 2.24 (2.20-2.23 compare the PCI paths of the NICs to fuse
 # them, and soft NICs have none); NCCL_GIN_TYPE=2 is ignored below 2.28.7.
 #
 # Output: LOGDIR/summary.txt, one line per version
@@ -179,6 +180,8 @@ run_env() { # NAME FUSED(0|1)
 	# ahead of any other libnccl.so.2 on the caller's path
 	export LD_LIBRARY_PATH=$NCCLDIR${BASE_LDP:+:$BASE_LDP}
 	unset NCCL_IB_MERGE_NICS NCCL_IB_RESILIENCY_PORT_FAILOVER NCCL_GIN_ENABLE NCCL_TOPO_DUMP_FILE
+	# 2.19 wants a bus id on every child of the GPU's CPU node (tests/softverbs/topo.sh)
+	if [ "$(minor "$V")" = 19 ]; then export SOFTVERBS_TOPO_NIC_BUSID=ffff:ff:1f.7; else unset SOFTVERBS_TOPO_NIC_BUSID; fi
 	SOFTFABRIC_FUSED=$2 softfabric_env "${NICS//,/:$GBPS,}:$GBPS" "cmp-$1-$$"
 	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=$SCALE
 	[ "$(minor "$V")" -lt 24 ] && [ "$2" = 0 ] && export NCCL_IB_MERGE_NICS=0

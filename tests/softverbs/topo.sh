@@ -18,6 +18,11 @@
 # common node or, with none, under the node itself, i.e. in a <nic> inside the <nic>,
 # which the topology never reads: no GPU then reaches any network.
 #
+# SOFTVERBS_TOPO_NIC_BUSID=BUSID gives that <nic> a busid attribute. NCCL 2.19 needs one:
+# it keeps a CPU node's children ordered by bus id when it adds the GPU it found in sysfs
+# under the same CPU node, and fails ("Attribute busid of node nic not found") on a child
+# without one (2.20 skips such a child). Use a bus id above the GPU's, e.g. ffff:ff:1f.7.
+#
 # --fused: the NICs are the ports of one PCI device (class network, a bus id in PCI
 # domain 0x5efe, which no real device uses), as NCCL lays out a multi-port NIC it reads
 # from sysfs. At the default merge level NCCL fuses them into one virtual NIC
@@ -55,7 +60,14 @@ if [ $fused -eq 1 ]; then
 	echo "    <pci busid=\"5efe:00:00.0\" class=\"$class\" link_speed=\"32.0 GT/s PCIe\" link_width=\"16\">"
 	ind='      '
 fi
-echo "$ind<nic>"
+nicattr=
+if [ -n "${SOFTVERBS_TOPO_NIC_BUSID:-}" ]; then
+	case "$SOFTVERBS_TOPO_NIC_BUSID" in
+	*[!0-9a-fA-F:.]*) echo "topo.sh: bad SOFTVERBS_TOPO_NIC_BUSID '$SOFTVERBS_TOPO_NIC_BUSID' (want a PCI bus id)" >&2; exit 2 ;;
+	esac
+	nicattr=" busid=\"$SOFTVERBS_TOPO_NIC_BUSID\""
+fi
+echo "$ind<nic$nicattr>"
 dev=0
 for spec in "${specs[@]}"; do
 	name=${spec%%:*}
