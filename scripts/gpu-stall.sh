@@ -52,6 +52,10 @@ one() { # RUN
 	mkdir -p "$dir"
 	softfabric_env "mlx5_0:$gbps,mlx5_2:$gbps,mlx5_3:$gbps" "st-$label-$$"
 	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=${SOFTVERBS_TIME_SCALE:-0.05} NCCL_TESTS_DEVICE=0
+	# NCCL's own warnings in the console; nccl-tests' rows line by line (a process that
+	# hangs at its end would otherwise never print the failure it found)
+	export NCCL_DEBUG=${NCCL_DEBUG:-WARN} R2CC_STDBUF=
+	command -v stdbuf >/dev/null && R2CC_STDBUF="stdbuf -oL"
 	local -a env=() launch=()
 	if [ "$LIB" != none ]; then
 		env+=(LD_PRELOAD="$LIB" R2CC_MODE="$mode" R2CC_REPORT="$dir/report.%p" R2CC_DEBUG=INFO)
@@ -61,9 +65,9 @@ one() { # RUN
 	if [ -n "${NCCL_TESTS_DIR:-}" ]; then
 		local x=() e
 		for e in "${env[@]}"; do x+=(-x "$e"); done
-		for e in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_)' | grep -v '^NCCL_TESTS_DIR$'); do x+=(-x "$e"); done
+		for e in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_)' | grep -v '^NCCL_TESTS_DIR$') R2CC_STDBUF; do x+=(-x "$e"); done
 		launch=(mpirun --allow-run-as-root -np "$nodes" --oversubscribe --bind-to none "${x[@]}" -x PATH
-			-x LD_LIBRARY_PATH bash -c 'export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK; exec "$0" "$@"'
+			-x LD_LIBRARY_PATH bash -c 'export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK; exec $R2CC_STDBUF "$0" "$@"'
 			"$NCCL_TESTS_DIR/all_reduce_perf" $BYTES -f 2 -g 1 -c 1 $ITERS)
 	else
 		launch=(env "${env[@]}" "$B/bin/r2cc-perf" --nodes "$nodes" --gpus-per-node 1 --coll allreduce
@@ -100,20 +104,30 @@ one() { # RUN
 			t_fault=-1
 		fi
 	fi
-	# A run still there shortly before its limit: every rank's threads' stacks
-	# (cuda-gdb attaches to programs without GPU code too), to see where it waits.
-	local watcher=
-	if [ "${STACKS:-1}" = 1 ] && command -v cuda-gdb >/dev/null; then
+	# A run still there shortly before its limit: every rank's threads' stacks, to see
+	# where it waits. gdb first: cuda-gdb cannot attach to an MPS client ("Late attach
+	# is not supported with CUDA MPS"); it does attach without MPS.
+	local watcher='' dbg=''
+	if command -v gdb >/dev/null; then
+		dbg=gdb
+	elif command -v cuda-gdb >/dev/null && [ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]; then
+		dbg=cuda-gdb
+	fi
+	if [ "${STACKS:-1}" = 1 ]; then
 		(
 			sleep $((TIMEOUT_S - 25))
 			kill -0 $pid 2>/dev/null || exit 0
+			[ -n "$dbg" ] || { echo "stacks: no gdb here (cuda-gdb cannot attach under MPS)" >>"$dir/console.txt"; exit 0; }
 			# the ranks: the processes whose environment names an emulated node
+			local n=0 q
 			for q in $(grep -lz '^NCCL_HOSTID=node' /proc/[0-9]*/environ 2>/dev/null |
 				sed 's,/proc/\([0-9]*\)/.*,\1,'); do
 				case $(cat /proc/"$q"/comm 2>/dev/null) in all_reduce_perf | r2cc-perf) ;; *) continue ;; esac
-				timeout 15 cuda-gdb -p "$q" -batch -ex "thread apply all bt 14" \
-					>"$dir/stacks.$q.txt" 2>&1
+				n=$((n + 1))
+				timeout 15 "$dbg" -p "$q" -batch -ex "thread apply all bt 14" 2>&1 |
+					grep -v -e '^\[New LWP' -e '^\[New Thread' -e '^\[Thread ' >"$dir/stacks.$q.txt"
 			done
+			echo "stacks: $n rank processes, with $dbg, $((TIMEOUT_S - 25)) s into the run" >>"$dir/console.txt"
 		) &
 		watcher=$!
 	fi
@@ -123,9 +137,10 @@ one() { # RUN
 	local secs
 	secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
 	softfabric_reset
-	# A rank killed while it held the GPU can leave the MPS server refusing new
-	# clients ("CUDA-capable device(s) is/are busy or unavailable"): start it again.
-	if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { [ $rc = 124 ] || [ $rc = 137 ] || [ "$fault" = kill ]; }; then
+	# A rank killed, or one that ended on an aborted communicator, while it held the
+	# GPU can leave the MPS server refusing new clients ("CUDA-capable device(s)
+	# is/are busy or unavailable"): start it again after any run that failed.
+	if [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] && { [ $rc != 0 ] || [ "$fault" = kill ]; }; then
 		pkill -9 -f all_reduce_perf 2>/dev/null
 		echo quit | nvidia-cuda-mps-control >/dev/null 2>&1
 		sleep 1
