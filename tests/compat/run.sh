@@ -4,7 +4,8 @@
 # names the libnccl.so.2 it was given and reacts to the fake softverbs-ctl's faults, and
 # tiny libnccl.so.2 stand-ins whose ncclGetVersion() answers a chosen version, xz'd as
 # scripts/nccl-versions.sh writes them), asserting on summary.txt and the exit status:
-# every part passes; the NCCL_IB_MERGE_NICS=0 setting below 2.24 only; the failover parts
+# every part passes; the NCCL_IB_MERGE_NICS=0 setting below 2.24 only; a bus id on the
+# topology's <nic> for 2.19 only; the failover parts
 # from 2.29 only, over fused NICs; plain NCCL dying at the fault, a repair with no R2CC
 # incident, a declared NIC that still carries traffic, a library that reports another
 # version and a missing library all fail; bad arguments are refused. Then
@@ -66,7 +67,8 @@ fake_lib() { # FILE-VERSION CODE [old]
 	cc -shared -fPIC -O1 -DFAKE_NCCL_VERSION="$2" "${extra[@]}" -o "$T/libnccl-$1.so.2" \
 		tests/compat/fake/nccl.c && xz -c "$T/libnccl-$1.so.2" >"$A/libnccl-$1-sm90.so.2.xz"
 }
-fake_lib 2.18.3 21803 old && fake_lib 2.21.5 22105 && fake_lib 2.30.7 23007 && fake_lib 2.26.5 22809 ||
+fake_lib 2.18.3 21803 old && fake_lib 2.21.5 22105 && fake_lib 2.30.7 23007 && fake_lib 2.26.5 22809 &&
+	fake_lib 2.19.3 21903 old ||
 	{ echo "FAIL: cannot build the fake libraries"; exit 1; }
 cc -shared -fPIC -o "$T/libr2cc.so" -x c /dev/null || { echo "FAIL: cannot build a stand-in libr2cc.so"; exit 1; }
 
@@ -102,6 +104,13 @@ c=$(grep -c 'merge=0' "$T/state/perf.calls")
 c=$(grep -c 'failover=1 fused_merge_level=unset' "$T/state/perf.calls")
 [ "$c" = 2 ] && ok || fail "perf.calls: $c failover runs over fused NICs, expected 2"
 has "$T/state/perf.calls" 'mode=3'
+c=$(grep -c 'nic_busid=1' "$T/state/perf.calls")
+[ "$c" = 0 ] && ok || fail "perf.calls: a bus id on the topology's <nic> in $c runs, expected none (2.19 only)"
+rm -f "$T/state/perf.calls"
+
+# 2.19 alone gets a bus id on the soft topology's <nic> (tests/softverbs/topo.sh says why).
+PARTS=healthy run v219 0 scripts/gpu-compat.sh "$T/v219" 2.19.3
+has "$T/state/perf.calls" '^merge=0 .* nic_busid=1$'
 rm -f "$T/state/perf.calls"
 
 # A libnccl.so.2 already on the caller's path (the system's, say) must not be the one run.

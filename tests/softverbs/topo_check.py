@@ -141,6 +141,14 @@ def check_common(root, what, names, speeds):
     check(readable_nets(root) == set(names), f"{what}: every NIC readable by NCCL")
 
 
+def gpu_fits_under_cpu_219(root):
+    """NCCL 2.19's ncclTopoGetPciNode path (xml.cc): the GPU found in sysfs is added
+    under the <cpu> of its NUMA node (numaid -1 here, the same node as the file's), and
+    the CPU's children are kept sorted by bus id, read with xmlGetAttrStr, which fails
+    on a child without one. 2.20 reads it with xmlGetAttr and skips such a child."""
+    return all(c.get("busid") is not None for c in root.find("cpu"))
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     script = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "topo.sh")
@@ -168,6 +176,18 @@ def main():
         name, merged = fuse(fused)
         check(merged and name == "mlx5_0+mlx5_2+mlx5_3", f"{what}: NCCL fuses all NICs")
         check(name in readable_nets(fused), f"{what}: the fused NIC is reachable")
+
+    # NCCL 2.19 stops at init on a child of the GPU's CPU node without a bus id; the
+    # matrix gives the <nic> one for 2.19 (scripts/gpu-compat.sh).
+    check(not gpu_fits_under_cpu_219(plain), "default: 2.19 would find a <nic> without busid")
+    nb = topo(script, *specs, env={"SOFTVERBS_TOPO_NIC_BUSID": "ffff:ff:1f.7"})
+    check_common(nb, "nic busid", names, speeds)
+    check(nb.find("cpu/nic").get("busid") == "ffff:ff:1f.7", "nic busid: written")
+    check(gpu_fits_under_cpu_219(nb), "nic busid: 2.19 can add the GPU under the CPU")
+    bad = subprocess.run([script, *specs], capture_output=True, text=True,
+                         env={**os.environ, "SOFTVERBS_TOPO_NIC_BUSID": "x y"})
+    check(bad.returncode == 2 and "SOFTVERBS_TOPO_NIC_BUSID" in bad.stderr,
+          "bad nic busid: exit 2 naming the variable")
 
     # SOFTVERBS_NICS is the default list.
     env_nics = topo(script, "--fused", env={"SOFTVERBS_NICS": "a:10,b:20"})
