@@ -22,6 +22,10 @@
 #   mode3      R2CC_MODE=3 with R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2, 64-512 MiB
 #              verified, the NIC table of node 0: mlx5_2 must carry nothing; R2CC's log
 #              says whether R2CC-AllReduce ran or fell back to Balance (it may at 2 nodes)
+#   nccltests  with NCCL_TESTS_DIR set (nccl-tests built on the GPU machine; against
+#              2.28.3's headers it runs on every later library): NVIDIA's all_reduce_perf,
+#              2 ranks by mpirun, a verified sweep 8 B - 256 MiB, node0's mlx5_2
+#              black-holed FAULT_AFTER_S (8) s in; R2CC must repair, every row right
 #   failover   2.29 and later only: blackhole and down again with R2CC preloaded and
 #              NCCL_IB_RESILIENCY_PORT_FAILOVER=1 over fused soft NICs (SOFTFABRIC_FUSED=1,
 #              NCCL_GIN_ENABLE=0): whether the job survives when both act on the fault
@@ -48,8 +52,10 @@
 # pair two with PERF_TIMEOUT=60).
 #
 # Settings: NCCL_DIR, PARTS, ITERS (40), FAULT_AFTER (10), GBPS (25), SCALE (0.05),
-# PERF_TIMEOUT (100), BUILD (build); R2CC_PERF, SOFTVERBS_CTL, R2CC_LIB override the build's
-# programs (the CPU test uses test doubles). Needs build/ made on the build machine.
+# PERF_TIMEOUT (100), BUILD (build), NCCL_TESTS_DIR and FAULT_AFTER_S (8, seconds) for
+# nccltests; R2CC_PERF, SOFTVERBS_CTL, R2CC_LIB, MPIRUN override the build's and the
+# machine's programs (the CPU test uses test doubles). Needs build/ made on the build
+# machine.
 set -u
 cd "$(dirname "$0")/.." || exit 2
 export R2CC_ROOT=$PWD
@@ -59,7 +65,7 @@ LOG=${1:?usage: scripts/gpu-compat.sh LOGDIR VERSION...}
 shift
 [ $# -gt 0 ] || { echo "usage: scripts/gpu-compat.sh LOGDIR VERSION..." >&2; exit 2; }
 NCCL_DIR=${NCCL_DIR:-.artifacts}
-PARTS=${PARTS:-preflight healthy blackhole down mode3 failover}
+PARTS=${PARTS:-preflight healthy blackhole down mode3 failover${NCCL_TESTS_DIR:+ nccltests}}
 ITERS=${ITERS:-40}
 FAULT_AFTER=${FAULT_AFTER:-10}
 GBPS=${GBPS:-25}
@@ -83,7 +89,7 @@ for v in "$@"; do
 	[[ $v =~ ^2\.[0-9]+\.[0-9]+$ ]] || { echo "gpu-compat.sh: $v is not a version like 2.28.9" >&2; exit 2; }
 done
 for p in $PARTS; do
-	case $p in preflight | healthy | blackhole | down | mode3 | failover) ;;
+	case $p in preflight | healthy | blackhole | down | mode3 | failover | nccltests) ;;
 	*) echo "gpu-compat.sh: unknown part $p" >&2; exit 2 ;; esac
 done
 if [ "$PARTS" != preflight ]; then
@@ -322,6 +328,57 @@ part_mode3() {
 	return $st
 }
 
+# NVIDIA's nccl-tests: all_reduce_perf from NCCL_TESTS_DIR, 2 ranks started by mpirun
+# (MPIRUN), R2CC preloaded, a verified sweep 8 B - 256 MiB with a black hole on node0's
+# CUT after FAULT_AFTER_S seconds (the rows after it run on two NICs); every row must
+# be right, R2CC must have repaired, and the library nccl-tests reports must be this one.
+part_nccltests() {
+	local log=$VLOG/nccltests.log rep=$VLOG/nccltests-reports rc out st want e
+	if [ -z "${NCCL_TESTS_DIR:-}" ] || [ ! -x "$NCCL_TESTS_DIR/all_reduce_perf" ]; then
+		note "nccltests: no NCCL_TESTS_DIR/all_reduce_perf (build nccl-tests on the GPU machine)"
+		return 1
+	fi
+	run_env nccltests 0
+	mkdir -p "$rep"
+	export NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_TESTS_DEVICE=0
+	local x=()
+	for e in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_)' | grep -v '^NCCL_TESTS_DIR$'); do x+=(-x "$e"); done
+	timeout "$PERF_TIMEOUT" "${MPIRUN:-mpirun}" --allow-run-as-root -np 2 --oversubscribe --bind-to none \
+		-x LD_PRELOAD="$LIB" -x R2CC_REPORT="$rep/report.%p" "${x[@]}" -x PATH -x LD_LIBRARY_PATH \
+		bash -c 'export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK; exec "$0" "$@"' \
+		"$NCCL_TESTS_DIR/all_reduce_perf" -b 8 -e 256M -f 4 -g 1 -c 1 -n 20 -w 1 >"$log" 2>&1 &
+	local job=$!
+	sleep "${FAULT_AFTER_S:-8}"
+	local t_fault
+	t_fault=$(date +%s.%N)
+	if kill -0 $job 2>/dev/null &&
+		"$CTL" --fabric "$SOFTVERBS_FABRIC" fault node0 "$CUT" blackhole >"$log.fault" 2>&1; then
+		echo "fault blackhole of node0/$CUT at $t_fault" >>"$log.fault"
+	else
+		note "nccltests: the fault was not injected (the run had ended)"
+		st=1
+	fi
+	wait $job
+	rc=$?
+	softfabric_reset
+	out=$(python3 -I -S scripts/scenarios/results.py check --label nccltests --status $rc "$log")
+	[ $? -eq 0 ] || st=1
+	indent <<<"$out"
+	[ "${st:-0}" = 0 ] || note "nccltests: $(grep -vE 'busbw at|#wrong 0' <<<"$out" | tail -n1)"
+	IFS=. read -r e want _ <<<"$V"
+	want=$((e * 10000 + want * 100 + ${V##*.}))
+	grep -qE "nccl-library=$want\b" "$log" ||
+		{ note "nccltests: not the NCCL under test: $(grep -m1 -oE 'nccl-library=[0-9]+' "$log" || echo 'no nccl-library')"; st=1; }
+	local d
+	d=$(detect_ms "$rep" "$t_fault")
+	FIG+=("nccltests_detect_ms=$d")
+	if [ "$d" = - ]; then
+		note "nccltests: no incident in R2CC's reports after the fault: R2CC did not repair"
+		st=1
+	fi
+	return "${st:-0}"
+}
+
 verdict() { # PART STATUS
 	if [ "$2" = 0 ]; then V_LINE+=" $1=PASS"; else V_LINE+=" $1=FAIL"; fail=1; fi
 }
@@ -355,6 +412,7 @@ for V in "$@"; do
 			healthy) part_healthy; verdict healthy $? ;;
 			blackhole | down) repair_run "$p" "$p" 0; verdict "$p" $? ;;
 			mode3) part_mode3; verdict mode3 $? ;;
+			nccltests) part_nccltests; verdict nccltests $? ;;
 			failover)
 				if [ "$(minor "$V")" -ge 29 ]; then
 					for f in blackhole down; do

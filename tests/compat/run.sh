@@ -108,6 +108,17 @@ c=$(grep -c 'nic_busid=1' "$T/state/perf.calls")
 [ "$c" = 0 ] && ok || fail "perf.calls: a bus id on the topology's <nic> in $c runs, expected none (2.19 only)"
 rm -f "$T/state/perf.calls"
 
+# nccl-tests (NCCL_TESTS_DIR, started by mpirun): the part passes with a repair after the
+# fault and the library under test; without an all_reduce_perf it fails and says why.
+NCCL_TESTS_DIR=$ROOT/tests/compat/fake MPIRUN=$ROOT/tests/compat/fake/mpirun FAULT_AFTER_S=0.1 \
+	FAKE_ITER_S=0.1 PARTS="preflight nccltests" run nt 0 scripts/gpu-compat.sh "$T/nt" 2.21.5
+has "$T/nt/summary.txt" '^2\.21\.5 nccltests=PASS preflight=PASS nccltests_detect_ms=[0-9]+\.[0-9] '
+has "$T/nt/2.21.5/nccltests.log" 'nccl-library=22105' '^ +8192 '
+has "$T/nt/2.21.5/nccltests.log.fault" '^fault blackhole of node0/mlx5_2 at '
+NCCL_TESTS_DIR=$T/none PARTS=nccltests run nt-none 1 scripts/gpu-compat.sh "$T/nt-none" 2.21.5
+has "$T/nt-none/summary.txt" '^2\.21\.5 nccltests=FAIL' 'nccltests: no NCCL_TESTS_DIR/all_reduce_perf'
+rm -f "$T/state/perf.calls"
+
 # 2.19 alone gets a bus id on the soft topology's <nic> (tests/softverbs/topo.sh says why).
 PARTS=healthy run v219 0 scripts/gpu-compat.sh "$T/v219" 2.19.3
 has "$T/state/perf.calls" '^merge=0 .* nic_busid=1$'
