@@ -61,6 +61,7 @@
 #define CHURN_RING	 16	      /* migrations of one QP remembered */
 #define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
 #define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
+#define LEFT_RING	 4	      /* NICs a QP's path failed on, remembered */
 #define OOM_GIVEUP_NS	 1000000000ll /* a repair without memory for this long fails */
 
 enum rq_state {
@@ -199,7 +200,14 @@ struct r2cc_rqp {
 	struct r2cc_rqp *next_all, *next_work;
 	int migrations;
 	int64_t recent[CHURN_RING]; /* when the last migrations finished (ring) */
-	int64_t oom_since;	    /* batch_add() has found no memory for it since (0: has) */
+	unsigned churn;		    /* migrations in recent[]: all but declared moves */
+	struct left_nic {
+		const struct r2cc_nic *nic;
+		int64_t t;
+	} left[LEFT_RING]; /* NICs whose path failed under it, and when (left_failed) */
+	unsigned nleft;
+	bool churn_skip;   /* the move under way does not count towards churning */
+	int64_t oom_since; /* batch_add() has found no memory for it since (0: has) */
 };
 
 struct incident {
@@ -1961,6 +1969,38 @@ static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resor
 	return last_resort || (nic != r->orig_nic && nic != r->cur_nic);
 }
 
+/* The NIC r is on showed a failure of its path (an error completion of the
+ * transport, a failed self-test): r avoids it for CHURN_NS. A NIC whose black hole
+ * r's transport has just found is otherwise often r's first choice at its next
+ * move (asked by its peer, say), where it fails again, and enough such moves make
+ * its repair give up (churning). The NIC itself stays up for the other QPs: the
+ * fault may be the peer's, or one path's. */
+static void left_failed(struct r2cc_rqp *r)
+{
+	r->left[r->nleft % LEFT_RING] = (struct left_nic){r->cur_nic, now_ns()};
+	r->nleft++;
+}
+
+static bool failed_on_lately(const struct r2cc_rqp *r, const struct r2cc_nic *nic)
+{
+	int64_t now = now_ns();
+	for (int i = 0; i < LEFT_RING; i++)
+		if (r->left[i].nic == nic && r->left[i].t && now - r->left[i].t < CHURN_NS)
+			return true;
+	return false;
+}
+
+/* Placement passes, in order: another NIC than the QP's own and its current one,
+ * and not one it failed on lately; then its own or current one too (a fresh QP
+ * pair on the same NICs), still not one it failed on lately; then any NIC that is
+ * up. */
+static bool nic_usable_pass(struct r2cc_rqp *r, struct r2cc_nic *nic, int pass)
+{
+	if (!nic_usable(r, nic, pass > 0))
+		return false;
+	return pass == 2 || !failed_on_lately(r, nic);
+}
+
 /* The node ledger (repair/ledger.h), opened at the first placement once the
  * job is known; its counts read 0 without it. */
 static void ledger_use(void)
@@ -1997,16 +2037,15 @@ static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 {
 	int n = r2cc_nic_count();
 	bool want_rail = rail && rail[0];
-	for (int pass = 0; pass < 2; pass++) {
-		bool last = pass == 1;
+	for (int pass = 0; pass < 3; pass++) {
 		if (r2cc_param.mode == 1) {
 			for (int i = 0; i < n && want_rail; i++) {
 				struct r2cc_nic *nic = r2cc_nic_by_index(i);
-				if (nic_usable(r, nic, last) && !strcmp(nic->name, rail))
+				if (nic_usable_pass(r, nic, pass) && !strcmp(nic->name, rail))
 					return nic;
 			}
 			for (int i = 0; i < n; i++)
-				if (nic_usable(r, r2cc_nic_by_index(i), last))
+				if (nic_usable_pass(r, r2cc_nic_by_index(i), pass))
 					return r2cc_nic_by_index(i);
 			continue;
 		}
@@ -2020,7 +2059,7 @@ static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 		bool rx = receiving(r);
 		for (int k = 0; k < n; k++) {
 			struct r2cc_nic *nic = r2cc_nic_by_index((start + k) % n);
-			if (!nic_usable(r, nic, last))
+			if (!nic_usable_pass(r, nic, pass))
 				continue;
 			int node = r2cc_ledger_get(nic->name, rx);
 			int load = nic_load(nic, rx);
@@ -2380,9 +2419,12 @@ static void fail(struct r2cc_rqp *r, const char *why)
 static void done(struct r2cc_rqp *r, uint64_t held)
 {
 	int64_t t = now_ns();
-	r->recent[r->migrations % CHURN_RING] = t;
-	r->migrations++;
 	pthread_mutex_lock(&eng.mu);
+	/* A declared move is no failure of a path: it does not count towards churning. */
+	if ((r->incident < 0 || !eng.inc[r->incident].declared) && !r->churn_skip)
+		r->recent[r->churn++ % CHURN_RING] = t;
+	r->churn_skip = false;
+	r->migrations++;
 	if (r->incident >= 0) {
 		struct incident *in = &eng.inc[r->incident];
 		in->migrated++;
@@ -2941,9 +2983,9 @@ static bool churning(const struct r2cc_rqp *r)
 {
 	int k = r2cc_nic_count();
 	k = k < 3 ? 3 : k > CHURN_RING ? CHURN_RING : k;
-	if (r->migrations < k)
+	if (r->churn < (unsigned)k)
 		return false;
-	int64_t oldest = r->recent[(r->migrations - k) % CHURN_RING];
+	int64_t oldest = r->recent[(r->churn - (unsigned)k) % CHURN_RING];
 	return now_ns() - oldest < CHURN_NS;
 }
 
@@ -3091,6 +3133,8 @@ static bool initiate_check(struct r2cc_rqp *r)
 	 * event) is this QP's own: only it moves. */
 	bool path_level = r->status_seen == 0 || r->status_seen == IBV_WC_RETRY_EXC_ERR ||
 			  r->status_seen == IBV_WC_RNR_RETRY_EXC_ERR;
+	if (path_level && strncmp(r->cause, "declared", 8) && strncmp(r->cause, "created on", 10))
+		left_failed(r);
 	if (path_level && strncmp(r->cause, "same ", 5) && strncmp(r->cause, "declared", 8) &&
 	    strncmp(r->cause, "created on", 10))
 		localise(r);
@@ -3103,6 +3147,7 @@ static bool initiate_check(struct r2cc_rqp *r)
 /* Fenced, then a new path: the REQ entry in *m. 0, or the QP failed. */
 static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 {
+	r->churn_skip = false;
 	struct r2cc_nic *nic = place(r, NULL);
 	if (!nic) {
 		fail(r, r2cc_param.mr_mirror ? "no healthy NIC left"
@@ -3365,6 +3410,11 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 	 * following the peer's new rail instead would pile every moved QP of this
 	 * node onto the NICs the peer picked. Otherwise this side's NIC is suspect
 	 * too: another one, the least loaded, on the peer's rail among equals. */
+	if (!peer_nic_failed)
+		left_failed(r);
+	/* A move for the peer's own NIC is not this side leaving a failing path: it
+	 * does not count towards this QP's churning (the peer's QP counts it). */
+	r->churn_skip = peer_nic_failed;
 	struct r2cc_nic *nic =
 	    peer_nic_failed && nic_usable(r, r->cur_nic, true) ? r->cur_nic : place(r, p.nic);
 	int rc = nic ? new_path(r, nic) : -ENODEV;

@@ -10,8 +10,7 @@
 # KINDS, a comma-separated list, defaults to none,jitter,blackhole,down,ackloss: no fault
 # and congestion (jitter) must pass with no repair, the failures must repair. Exit
 # status 1 if any row failed. SKIP, a comma-separated list of LOAD/KIND, leaves those
-# rows out (printed as such): make test leaves out the fault kinds of the declared row,
-# whose open failure (docs: logs/repair/stall/README.md, "Open") the bench keeps running.
+# rows out (printed as such).
 # The declared-failure row scales transport timeouts by 0.1 (3.4 s, NCCL's being 34 s)
 # rather than the drill's 0.01: a declared move is an exchange with the peer while its
 # old QP is fenced, and on a loaded 2-core machine that exchange has taken over the
