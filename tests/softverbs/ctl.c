@@ -119,7 +119,7 @@ static int cmd_list(struct sv_fabric *f)
 		uint32_t qpn = atomic_load(&q->qpn);
 		int st = atomic_load(&q->state), peer;
 
-		if (!qpn)
+		if (!qpn || qpn == SV_QPN_CLAIMED)
 			continue;
 		peer = f->net.link == SV_LL_ROCE ? atomic_load(&q->grh_peer)
 						 : peer_nic(f, atomic_load(&q->dlid));

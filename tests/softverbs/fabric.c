@@ -339,8 +339,11 @@ static void sv_free_pid(struct sv_fabric *f, int pid)
 	for (int i = 0; i < SV_MAX_MRS; i++)
 		if (atomic_load(&f->mrs[i].key) && f->mrs[i].pid == pid)
 			atomic_store(&f->mrs[i].key, 0);
+	/* A slot being claimed may still carry its last owner's pid: left alone (a
+	 * maker that died between its claim and its QPN leaves the slot taken). */
 	for (int i = 0; i < SV_MAX_QPS; i++)
-		if (atomic_load(&f->qps[i].qpn) && f->qps[i].pid == pid) {
+		if (atomic_load(&f->qps[i].qpn) && atomic_load(&f->qps[i].qpn) != SV_QPN_CLAIMED &&
+		    f->qps[i].pid == pid) {
 			atomic_store(&f->qps[i].state, IBV_QPS_ERR);
 			atomic_store(&f->qps[i].qpn, 0);
 		}

@@ -31,15 +31,17 @@
 #define SV_MAX_MRS	 16384
 #define SV_MR_SHIFT	 14 /* key = gen << SV_MR_SHIFT | slot */
 #define SV_MAX_QPS	 4096
-#define SV_QP_SHIFT	 12   /* qpn = gen << SV_QP_SHIFT | slot */
-#define SV_RQ_CAP	 2048 /* NCCL's port failover asks 256 per device of a fused NIC (up to 8) */
-#define SV_RQ_SGE	 4
-#define SV_MAX_CQS	 2048
-#define SV_CQ_CAP	 2048	 /* the ring inside a CQ slot; a larger CQ has a ring of its own */
-#define SV_MAX_CQE	 4194303 /* what ConnectX reports as max_cqe */
-#define SV_MAX_SRQS	 256
-#define SV_SRQ_CAP	 4096
-#define SV_MAX_SCHED	 32
+#define SV_QP_SHIFT	 12 /* qpn = gen << SV_QP_SHIFT | slot */
+/* A QP slot claimed by its maker and not filled in yet: never a QPN (24 bits). */
+#define SV_QPN_CLAIMED 0xffffffffu
+#define SV_RQ_CAP      2048 /* NCCL's port failover asks 256 per device of a fused NIC (up to 8) */
+#define SV_RQ_SGE      4
+#define SV_MAX_CQS     2048
+#define SV_CQ_CAP      2048    /* the ring inside a CQ slot; a larger CQ has a ring of its own */
+#define SV_MAX_CQE     4194303 /* what ConnectX reports as max_cqe */
+#define SV_MAX_SRQS    256
+#define SV_SRQ_CAP     4096
+#define SV_MAX_SCHED   32
 /* Sizes are fabric-wide; the region is sparse, only what is used takes memory. */
 _Static_assert(SV_MAX_MRS == 1 << SV_MR_SHIFT, "MR keys encode their slot");
 _Static_assert(SV_MAX_QPS == 1 << SV_QP_SHIFT, "QPNs encode their slot");
@@ -158,7 +160,7 @@ struct sv_rwqe {
 };
 
 struct sv_qp_slot {
-	_Atomic uint32_t qpn; /* 0 = free */
+	_Atomic uint32_t qpn; /* 0 = free, SV_QPN_CLAIMED = being made */
 	int pid;
 	int nic;
 	uint32_t pd;

@@ -143,12 +143,8 @@ static bool cq_slot_used(const struct sv_fabric *f, int i)
 	return atomic_load(&f->cqs[i].id) != 0;
 }
 
-static bool qp_slot_used(const struct sv_fabric *f, int i)
-{
-	return atomic_load(&f->qps[i].qpn) != 0;
-}
-
-static int cq_hint, qp_hint;
+static int cq_hint;
+static _Atomic int qp_hint;
 
 static int sv_free_slot(int *hint, int n, bool (*used)(const struct sv_fabric *, int),
 			const struct sv_fabric *f)
@@ -162,6 +158,32 @@ static int sv_free_slot(int *hint, int n, bool (*used)(const struct sv_fabric *,
 		}
 	}
 	return n;
+}
+
+/*
+ * A free QP slot, claimed without the fabric lock: its qpn goes from 0 to
+ * SV_QPN_CLAIMED by compare-and-swap, and the maker fills the slot in and stores
+ * the real QPN last. Every lookup compares QPNs, which the claim value never
+ * matches. With the lock, a job of 65 processes on 2 cores made its QPs one after
+ * another behind whichever holder the scheduler had preempted: 106 ms of one
+ * repair of 512 QPs went there (docs/scale.md). SV_MAX_QPS when every slot is
+ * taken.
+ */
+static int sv_qp_claim(struct sv_fabric *f)
+{
+	int h = atomic_load_explicit(&qp_hint, memory_order_relaxed);
+
+	for (int k = 0; k < SV_MAX_QPS; k++) {
+		int i = (h + k) % SV_MAX_QPS;
+		uint32_t free_qpn = 0;
+
+		if (atomic_load_explicit(&f->qps[i].qpn, memory_order_relaxed) == 0 &&
+		    atomic_compare_exchange_strong(&f->qps[i].qpn, &free_qpn, SV_QPN_CLAIMED)) {
+			atomic_store_explicit(&qp_hint, (i + 1) % SV_MAX_QPS, memory_order_relaxed);
+			return i;
+		}
+	}
+	return SV_MAX_QPS;
 }
 
 /* ---- completion queues ---- */
@@ -806,10 +828,8 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	pthread_mutex_init(&qp->post_lock, NULL);
 	qp->eng_wake = SV_NEVER;
 
-	sv_lock(&f->lock);
-	i = sv_free_slot(&qp_hint, SV_MAX_QPS, qp_slot_used, f);
+	i = sv_qp_claim(f);
 	if (i == SV_MAX_QPS) {
-		pthread_mutex_unlock(&f->lock);
 		err = ENOMEM;
 		goto err_free;
 	}
@@ -831,8 +851,8 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	s->rq_size = cap->max_recv_wr;
 	sv_mutex_init_shared(&s->rq_lock);
 	s->rq_head = s->rq_tail = 0;
+	/* last: the slot is found by this QPN from now on */
 	atomic_store(&s->qpn, (sv_next_gen(f, 24 - SV_QP_SHIFT) << SV_QP_SHIFT) | (uint32_t)i);
-	pthread_mutex_unlock(&f->lock);
 
 	qp->slot = i;
 	qp->s = s;

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <unistd.h>
 
 static char fabric[64];
@@ -218,6 +219,45 @@ Test(softverbs, query_device_port_gid)
 	cr_expect(strcmp(ibv_event_type_str(IBV_EVENT_PORT_ERR), "port error") == 0);
 	ibv_close_device(c2);
 	ibv_free_device_list(devs);
+}
+
+/* QP slots are claimed without the fabric lock: threads making QPs at once each get
+ * a slot and a QPN of their own, and destroyed ones free their slots. */
+#define CLAIM_THREADS 8
+#define CLAIM_QPS     256
+static struct ibv_qp *claimed[CLAIM_THREADS][CLAIM_QPS];
+
+static void *claim_main(void *arg)
+{
+	struct ibv_qp **out = arg;
+
+	for (int i = 0; i < CLAIM_QPS; i++)
+		out[i] = qp_new();
+	return NULL;
+}
+
+Test(softverbs, qp_slots_claimed_at_once)
+{
+	static unsigned char seen[4096];
+	pthread_t t[CLAIM_THREADS];
+
+	for (int round = 0; round < 2; round++) {
+		memset(seen, 0, sizeof(seen));
+		for (int k = 0; k < CLAIM_THREADS; k++)
+			cr_assert(pthread_create(&t[k], NULL, claim_main, claimed[k]) == 0);
+		for (int k = 0; k < CLAIM_THREADS; k++)
+			pthread_join(t[k], NULL);
+		for (int k = 0; k < CLAIM_THREADS; k++)
+			for (int i = 0; i < CLAIM_QPS; i++) {
+				uint32_t qpn = claimed[k][i]->qp_num;
+				cr_assert(qpn && qpn < (1u << 24), "qpn 0x%x", qpn);
+				cr_assert(!seen[qpn & 4095], "slot %u given twice", qpn & 4095);
+				seen[qpn & 4095] = 1;
+			}
+		for (int k = 0; k < CLAIM_THREADS; k++)
+			for (int i = 0; i < CLAIM_QPS; i++)
+				cr_assert(ibv_destroy_qp(claimed[k][i]) == 0);
+	}
 }
 
 Test(softverbs, qp_state_machine)
