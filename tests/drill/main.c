@@ -1394,8 +1394,11 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				 s->reports, o->procs);
 		}
 		/* Every REQ and REP carries its sender's rkey map for the NICs its
-		 * queue pairs move between: a fetch instead is a message without it. */
-		if (s->pass && s->maps_fetched) {
+		 * queue pairs move between: a fetch instead is a message without it.
+		 * Except under R2CC's fault injection (tests/fault/walk.sh): a map that
+		 * could not be encoded for want of memory is fetched, and the job's data
+		 * are still right, which is what the walk asks. */
+		if (s->pass && s->maps_fetched && !getenv("R2CC_FAULT_INJECT")) {
 			s->pass = false;
 			snprintf(s->why, sizeof(s->why),
 				 "%llu queue pair(s) migrated with a peer's rkey map that its "
