@@ -341,11 +341,8 @@ part_nccltests() {
 	run_env nccltests 0
 	mkdir -p "$rep"
 	export NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_TESTS_DEVICE=0
-	local x=()
-	for e in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_)' | grep -v '^NCCL_TESTS_DIR$'); do x+=(-x "$e"); done
-	timeout "$PERF_TIMEOUT" "${MPIRUN:-mpirun}" --allow-run-as-root -np 2 --oversubscribe --bind-to none \
-		-x LD_PRELOAD="$LIB" -x R2CC_REPORT="$rep/report.%p" "${x[@]}" -x PATH -x LD_LIBRARY_PATH \
-		bash -c 'export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK; exec "$0" "$@"' \
+	softfabric_mpirun 2 LD_PRELOAD="$LIB" R2CC_REPORT="$rep/report.%p"
+	timeout "$PERF_TIMEOUT" "${SOFTFABRIC_MPIRUN[@]}" \
 		"$NCCL_TESTS_DIR/all_reduce_perf" -b 8 -e 256M -f 4 -g 1 -c 1 -n 20 -w 1 >"$log" 2>&1 &
 	local job=$!
 	sleep "${FAULT_AFTER_S:-8}"

@@ -63,12 +63,8 @@ one() { # RUN
 	fi
 	# shellcheck disable=SC2086 # BYTES and ITERS are word lists
 	if [ -n "${NCCL_TESTS_DIR:-}" ]; then
-		local x=() e
-		for e in "${env[@]}"; do x+=(-x "$e"); done
-		for e in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_)' | grep -v '^NCCL_TESTS_DIR$') R2CC_STDBUF; do x+=(-x "$e"); done
-		launch=(mpirun --allow-run-as-root -np "$nodes" --oversubscribe --bind-to none "${x[@]}" -x PATH
-			-x LD_LIBRARY_PATH bash -c 'export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK; exec $R2CC_STDBUF "$0" "$@"'
-			"$NCCL_TESTS_DIR/all_reduce_perf" $BYTES -f 2 -g 1 -c 1 $ITERS)
+		softfabric_mpirun "$nodes" ${env[@]+"${env[@]}"}
+		launch=("${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/all_reduce_perf" $BYTES -f 2 -g 1 -c 1 $ITERS)
 	else
 		launch=(env "${env[@]}" "$B/bin/r2cc-perf" --nodes "$nodes" --gpus-per-node 1 --coll allreduce
 			$BYTES -f 2 -c 1 $ITERS -T $((TIMEOUT_S - 10)))

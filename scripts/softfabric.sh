@@ -27,6 +27,26 @@ softfabric_env() {
 	[ ${#fused[@]} -eq 0 ] || unset NCCL_NET_MERGE_LEVEL
 }
 
+# The mpirun command that starts NP ranks over the soft fabric, one emulated node each
+# (NCCL_HOSTID=nodeR), into the array SOFTFABRIC_MPIRUN: the given VAR=VALUE, every
+# NCCL_* and SOFTVERBS_* variable of the caller (NCCL_TESTS_DIR aside), R2CC_STDBUF when
+# it is set (a prefix of the program, e.g. "stdbuf -oL"), PATH and LD_LIBRARY_PATH.
+# MPIRUN names another mpirun (the CPU tests' double).
+#   softfabric_mpirun NP [VAR=VALUE...]; "${SOFTFABRIC_MPIRUN[@]}" PROGRAM ARGS...
+softfabric_mpirun() {
+	local np=$1 e
+	shift
+	SOFTFABRIC_MPIRUN=("${MPIRUN:-mpirun}" --allow-run-as-root -np "$np" --oversubscribe --bind-to none)
+	for e in "$@"; do SOFTFABRIC_MPIRUN+=(-x "$e"); done
+	for e in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_)' | grep -v '^NCCL_TESTS_DIR$'); do
+		SOFTFABRIC_MPIRUN+=(-x "$e")
+	done
+	[ -n "${R2CC_STDBUF:-}" ] && SOFTFABRIC_MPIRUN+=(-x R2CC_STDBUF)
+	# shellcheck disable=SC2016 # expanded by the rank's shell
+	SOFTFABRIC_MPIRUN+=(-x PATH -x LD_LIBRARY_PATH bash -c
+		'export NCCL_HOSTID=node$OMPI_COMM_WORLD_RANK; exec $R2CC_STDBUF "$0" "$@"')
+}
+
 softfabric_reset() {
 	"${R2CC_ROOT:-$PWD}/${BUILD:-build}"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" reset >/dev/null 2>&1 || true
 }
