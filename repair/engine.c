@@ -3133,10 +3133,11 @@ static bool initiate_check(struct r2cc_rqp *r)
 	 * event) is this QP's own: only it moves. */
 	bool path_level = r->status_seen == 0 || r->status_seen == IBV_WC_RETRY_EXC_ERR ||
 			  r->status_seen == IBV_WC_RNR_RETRY_EXC_ERR;
-	if (path_level && strncmp(r->cause, "declared", 8) && strncmp(r->cause, "created on", 10))
+	bool path_failed =
+	    path_level && strncmp(r->cause, "declared", 8) && strncmp(r->cause, "created on", 10);
+	if (path_failed)
 		left_failed(r);
-	if (path_level && strncmp(r->cause, "same ", 5) && strncmp(r->cause, "declared", 8) &&
-	    strncmp(r->cause, "created on", 10))
+	if (path_failed && strncmp(r->cause, "same ", 5))
 		localise(r);
 	else if (!path_level)
 		incident_event(r->incident, "qp 0x%x: localised to this QP (status %d)", r->qpn,
