@@ -71,6 +71,13 @@ FAULT_AFTER=${FAULT_AFTER:-10}
 GBPS=${GBPS:-25}
 SCALE=${SCALE:-0.05}
 PERF_TIMEOUT=${PERF_TIMEOUT:-100}
+FAULT_AFTER_S=${FAULT_AFTER_S:-8}
+for s in ITERS FAULT_AFTER GBPS PERF_TIMEOUT; do
+	[[ ${!s} =~ ^[1-9][0-9]*$ ]] || { echo "gpu-compat.sh: $s='${!s}': a positive whole number" >&2; exit 2; }
+done
+for s in SCALE FAULT_AFTER_S; do
+	[[ ${!s} =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] || { echo "gpu-compat.sh: $s='${!s}': a number of the form 0.05" >&2; exit 2; }
+done
 PERF=${R2CC_PERF:-$PWD/$B/bin/r2cc-perf}
 CTL=${SOFTVERBS_CTL:-$PWD/$B/bin/softverbs-ctl}
 LIB=${R2CC_LIB:-$PWD/$B/lib/libr2cc.so}
@@ -345,7 +352,7 @@ part_nccltests() {
 	timeout "$PERF_TIMEOUT" "${SOFTFABRIC_MPIRUN[@]}" \
 		"$NCCL_TESTS_DIR/all_reduce_perf" -b 8 -e 256M -f 4 -g 1 -c 1 -n 20 -w 1 >"$log" 2>&1 &
 	local job=$!
-	sleep "${FAULT_AFTER_S:-8}"
+	sleep "$FAULT_AFTER_S"
 	local t_fault
 	t_fault=$(date +%s.%N)
 	if kill -0 $job 2>/dev/null &&

@@ -149,6 +149,10 @@ has "$T/missing/summary.txt" '^2\.99\.1 healthy=FAIL blackhole=FAIL down=FAIL mo
 run badver 2 scripts/gpu-compat.sh "$T/bad" 2.28
 PARTS=nonsense run badpart 2 scripts/gpu-compat.sh "$T/bad" 2.28.9
 run noargs 2 scripts/gpu-compat.sh "$T/bad"
+ITERS=4x run baditers 2 scripts/gpu-compat.sh "$T/bad" 2.28.9
+has "$T/baditers.out" "ITERS='4x': a positive whole number"
+FAULT_AFTER_S=soon run badfault 2 scripts/gpu-compat.sh "$T/bad" 2.28.9
+has "$T/badfault.out" "FAULT_AFTER_S='soon': a number"
 
 # --- scripts/nccl-versions.sh -----------------------------------------------------------
 mkdir -p "$T/bin"
