@@ -1969,6 +1969,15 @@ static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resor
 	return last_resort || (nic != r->orig_nic && nic != r->cur_nic);
 }
 
+/* Per NIC (registry index), when QPs of this process last left a path on it
+ * because the path failed (left_failed): the placement's evidence against a NIC
+ * that every candidate QP has failed on lately. */
+#define NIC_LEFT_RING 16
+static struct {
+	unsigned n;
+	int64_t t[NIC_LEFT_RING];
+} nic_left[R2CC_MAX_NICS];
+
 /* The NIC r is on showed a failure of its path (an error completion of the
  * transport, a failed self-test): r avoids it for CHURN_NS. A NIC whose black hole
  * r's transport has just found is otherwise often r's first choice at its next
@@ -1977,8 +1986,29 @@ static bool nic_usable(struct r2cc_rqp *r, struct r2cc_nic *nic, bool last_resor
  * fault may be the peer's, or one path's. */
 static void left_failed(struct r2cc_rqp *r)
 {
-	r->left[r->nleft % LEFT_RING] = (struct left_nic){r->cur_nic, now_ns()};
+	int64_t now = now_ns();
+	r->left[r->nleft % LEFT_RING] = (struct left_nic){r->cur_nic, now};
 	r->nleft++;
+	int i = r->cur_nic ? r->cur_nic->index : -1;
+	if (i >= 0 && i < R2CC_MAX_NICS) {
+		unsigned k = __atomic_fetch_add(&nic_left[i].n, 1, __ATOMIC_RELAXED);
+		__atomic_store_n(&nic_left[i].t[k % NIC_LEFT_RING], now, __ATOMIC_RELAXED);
+	}
+}
+
+/* How many QPs of this process left a path on nic because it failed, within
+ * CHURN_NS (up to NIC_LEFT_RING). */
+static int nic_left_lately(const struct r2cc_nic *nic)
+{
+	if (!nic || nic->index < 0 || nic->index >= R2CC_MAX_NICS)
+		return 0;
+	int64_t now = now_ns();
+	int n = 0;
+	for (int k = 0; k < NIC_LEFT_RING; k++) {
+		int64_t t = __atomic_load_n(&nic_left[nic->index].t[k], __ATOMIC_RELAXED);
+		n += t && now - t < CHURN_NS;
+	}
+	return n;
 }
 
 static bool failed_on_lately(const struct r2cc_rqp *r, const struct r2cc_nic *nic)
@@ -2025,7 +2055,35 @@ static void ledger_move(struct r2cc_rqp *r, struct r2cc_nic *nic, int dir)
 		r2cc_ledger_add(nic->name, dir, 1);
 }
 
-/* Mode 1: the first usable NIC (the peer's rail first, when it asked for one).
+/* Evidence against nic at a placement pass: whether QPs of this process left a
+ * path on it for a failure lately; at the last pass, where every NIC up is a
+ * candidate, how many did (the NIC most of them fled is the likely culprit,
+ * though it is not down: the fault may be a peer's or one path's). */
+static int place_evidence(const struct r2cc_nic *nic, int pass)
+{
+	int n = nic_left_lately(nic);
+	return pass == 2 ? n : n > 0;
+}
+
+/* A candidate NIC, compared in this order: the evidence against it, the QPs
+ * the node has moved onto it, this process's QPs on it, off the peer's rail. */
+struct place_key {
+	int evidence, node, load, off_rail;
+};
+
+static bool place_key_less(const struct place_key *a, const struct place_key *b)
+{
+	if (a->evidence != b->evidence)
+		return a->evidence < b->evidence;
+	if (a->node != b->node)
+		return a->node < b->node;
+	if (a->load != b->load)
+		return a->load < b->load;
+	return a->off_rail < b->off_rail;
+}
+
+/* Within a pass, a NIC without such evidence first (place_evidence). Then:
+ * Mode 1: the first usable NIC (the peer's rail first, when it asked for one).
  * Mode 2 and up, for this QP's direction: the NIC the node's R2CC processes
  * have moved the fewest QPs onto (the node ledger), then the one with the
  * fewest of this process's QPs, then the peer's rail. Each node balances its
@@ -2039,20 +2097,26 @@ static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 	bool want_rail = rail && rail[0];
 	for (int pass = 0; pass < 3; pass++) {
 		if (r2cc_param.mode == 1) {
-			for (int i = 0; i < n && want_rail; i++) {
+			struct r2cc_nic *first = NULL;
+			struct place_key first_key = {0};
+			for (int i = 0; i < n; i++) {
 				struct r2cc_nic *nic = r2cc_nic_by_index(i);
-				if (nic_usable_pass(r, nic, pass) && !strcmp(nic->name, rail))
-					return nic;
+				if (!nic_usable_pass(r, nic, pass))
+					continue;
+				struct place_key key = {place_evidence(nic, pass), 0, 0,
+							!(want_rail && !strcmp(nic->name, rail))};
+				if (!first || place_key_less(&key, &first_key)) {
+					first = nic;
+					first_key = key;
+				}
 			}
-			for (int i = 0; i < n; i++)
-				if (nic_usable_pass(r, r2cc_nic_by_index(i), pass))
-					return r2cc_nic_by_index(i);
+			if (first)
+				return first;
 			continue;
 		}
 		ledger_use();
 		struct r2cc_nic *best = NULL;
-		int best_node = 0, best_load = 0;
-		bool best_rail = false;
+		struct place_key best_key = {0};
 		/* Ties go round from a per-process start, so that the processes of a
 		 * node do not all pick the same one. */
 		int start = n > 0 ? (int)(getpid() % n) : 0;
@@ -2061,15 +2125,12 @@ static struct r2cc_nic *place(struct r2cc_rqp *r, const char *rail)
 			struct r2cc_nic *nic = r2cc_nic_by_index((start + k) % n);
 			if (!nic_usable_pass(r, nic, pass))
 				continue;
-			int node = r2cc_ledger_get(nic->name, rx);
-			int load = nic_load(nic, rx);
-			bool on_rail = want_rail && !strcmp(nic->name, rail);
-			if (!best || node < best_node || (node == best_node && load < best_load) ||
-			    (node == best_node && load == best_load && on_rail && !best_rail)) {
+			struct place_key key = {place_evidence(nic, pass),
+						r2cc_ledger_get(nic->name, rx), nic_load(nic, rx),
+						!(want_rail && !strcmp(nic->name, rail))};
+			if (!best || place_key_less(&key, &best_key)) {
 				best = nic;
-				best_node = node;
-				best_load = load;
-				best_rail = on_rail;
+				best_key = key;
 			}
 		}
 		if (best) {
