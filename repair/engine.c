@@ -61,6 +61,8 @@
 #define CHURN_RING	 16	      /* migrations of one QP remembered */
 #define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
 #define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
+#define BARREN_WHY	 "every path it moved to failed before completing anything (as many in a row as NICs)"
+#define BARREN_MAX_NS	 600000000000ll /* a failure later than this after a move is a new one */
 #define LEFT_RING	 4	      /* NICs a QP's path failed on, remembered */
 #define OOM_GIVEUP_NS	 1000000000ll /* a repair without memory for this long fails */
 
@@ -207,6 +209,14 @@ struct r2cc_rqp {
 	} left[LEFT_RING]; /* NICs whose path failed under it, and when (left_failed) */
 	unsigned nleft;
 	bool churn_skip;   /* the move under way does not count towards churning */
+	/* Barren moves (barren_check): the path a move gave the QP failed with sends
+	 * owed and none completed. barren counts them in a row; moved_at and
+	 * moved_retired are the last move's time and the signalled sends its path had
+	 * retired then; barren_seen is the move a failure was last weighed for. */
+	unsigned barren;
+	int barren_seen;
+	int64_t moved_at;
+	uint64_t moved_retired;
 	int64_t oom_since; /* batch_add() has found no memory for it since (0: has) */
 };
 
@@ -2486,6 +2496,11 @@ static void done(struct r2cc_rqp *r, uint64_t held)
 		r->recent[r->churn++ % CHURN_RING] = t;
 	r->churn_skip = false;
 	r->migrations++;
+	r->moved_at = t;
+	if (r->cur_sh) {
+		uint64_t posted;
+		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &r->moved_retired);
+	}
 	if (r->incident >= 0) {
 		struct incident *in = &eng.inc[r->incident];
 		in->migrated++;
@@ -3040,14 +3055,53 @@ static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
  * black-holed); give NCCL the error instead of migrating forever. Every
  * migration had evidence of a failure (a stall alone moves nothing), and NICs
  * failing one after the other may each take a QP along once. */
-static bool churning(const struct r2cc_rqp *r)
+static int churn_limit(void)
 {
 	int k = r2cc_nic_count();
-	k = k < 3 ? 3 : k > CHURN_RING ? CHURN_RING : k;
-	if (r->churn < (unsigned)k)
-		return false;
-	int64_t oldest = r->recent[(r->churn - (unsigned)k) % CHURN_RING];
-	return now_ns() - oldest < CHURN_NS;
+	return k < 3 ? 3 : k > CHURN_RING ? CHURN_RING : k;
+}
+
+/* How long one attempt of r's transport may take before it reports an error:
+ * the local ACK timeout (4.096 us << timeout) times the tries, twice over, capped. */
+static int64_t attempt_ns(const struct r2cc_rqp *r)
+{
+	unsigned t = r->q && r->q->timeout ? r->q->timeout : 20;
+	unsigned tries = (r->q && r->q->retry_cnt ? r->q->retry_cnt : 7) + 1u;
+	if (t > 31)
+		t = 31;
+	double ns = 2.0 * 4096.0 * (double)(1u << t) * tries;
+	return ns < (double)BARREN_MAX_NS ? (int64_t)ns : BARREN_MAX_NS;
+}
+
+/* A failure of r's path, once per move: was that move barren? Its path owed
+ * signalled sends and completed none of them since the move, and the failure
+ * came while that attempt could still be running (a QP that sat idle for an
+ * hour and is moved again has not failed twice in a row). The churn window
+ * alone does not bound a repair whose every path black-holes: each attempt
+ * then ends at the transport timeout, which on hardware is far above
+ * CHURN_NS / NICs (4.3 s x 8 tries at NCCL's default NCCL_IB_TIMEOUT of 20). */
+static void barren_check(struct r2cc_rqp *r)
+{
+	if (!r->migrations || r->barren_seen == r->migrations || !r->cur_sh)
+		return;
+	r->barren_seen = r->migrations;
+	uint64_t posted, retired;
+	r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
+	bool barren = posted != retired && retired == r->moved_retired &&
+		      now_ns() - r->moved_at < attempt_ns(r);
+	r->barren = barren ? r->barren + 1 : 0;
+}
+
+/* The reason r's repair gives up, or NULL. */
+static const char *churning(const struct r2cc_rqp *r)
+{
+	unsigned k = (unsigned)churn_limit();
+	if (r->barren >= k)
+		return BARREN_WHY;
+	if (r->churn < k)
+		return NULL;
+	int64_t oldest = r->recent[(r->churn - k) % CHURN_RING];
+	return now_ns() - oldest < CHURN_NS ? CHURN_WHY : NULL;
 }
 
 /*
@@ -3174,8 +3228,10 @@ static bool initiate_check(struct r2cc_rqp *r)
 		return false;
 	}
 	if (r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote)) {
-		if (churning(r))
-			fail(r, CHURN_WHY);
+		barren_check(r);
+		const char *why = churning(r);
+		if (why)
+			fail(r, why);
 		else
 			migrate_loopback(r);
 		return false;
@@ -3185,8 +3241,12 @@ static bool initiate_check(struct r2cc_rqp *r)
 		return false;
 	}
 	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
-	if (churning(r)) {
-		fail(r, CHURN_WHY);
+	if (!strncmp(r->cause, "declared", 8) || !strncmp(r->cause, "created on", 10))
+		r->barren_seen = r->migrations; /* not a failure of the path it is on */
+	barren_check(r);
+	const char *why = churning(r);
+	if (why) {
+		fail(r, why);
 		return false;
 	}
 	/* A path-level symptom (the transport gave up, a stall, a port event) widens to
@@ -3414,9 +3474,12 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 	}
 	if (!connected(r))
 		return false; /* still connecting: the initiator asks again */
-	if (s != RQ_EXCHANGE && churning(r)) {
+	if (s != RQ_EXCHANGE)
+		barren_check(r);
+	const char *gave_up = s != RQ_EXCHANGE ? churning(r) : NULL;
+	if (gave_up) {
 		nack(out, dir, in->from_rank, m, -ENETUNREACH);
-		fail(r, CHURN_WHY);
+		fail(r, gave_up);
 		return false;
 	}
 	if (s == RQ_EXCHANGE) {

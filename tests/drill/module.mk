@@ -50,6 +50,10 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       90@$(DRILL):--fault:down:--fault-nics:all:--expect:clean-error:--seeds:3:--nics:2:--nccl-stub \
 	       90@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--nccl-stub \
 	       90@$(DRILL):--kill-peer:--expect:clean-error:--seeds:3:--nccl-stub
+# Every NIC of a node black-holed behind a slow transport (QP timeout 1.7 s): each path
+# R2CC tries fails only at that timeout, too seldom for the 5 s churn window; the repair
+# must still give up (barren moves in a row) and the application get its error.
+CPU_TESTS   += 120@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-error:--seeds:4:--time-scale:0.05:--bound:25:--timeout:30:--nccl-stub
 # Scale: 16 processes x 2 NICs (240 connections, 480 data QPs); above 4 workers the drill's
 # defaults shrink to fit 2 cores (tests/drill/README.md).
 CPU_TESTS   += 240@$(DRILL):--procs:16:--nics:2:--fault:down:--seeds:5:--nccl-stub \
