@@ -24,8 +24,9 @@
 #              says whether R2CC-AllReduce ran or fell back to Balance (it may at 2 nodes)
 #   nccltests  with NCCL_TESTS_DIR set (nccl-tests built on the GPU machine; against
 #              2.28.3's headers it runs on every later library): NVIDIA's all_reduce_perf,
-#              2 ranks by mpirun, a verified sweep 8 B - 256 MiB, node0's mlx5_2
-#              black-holed FAULT_AFTER_S (8) s in; R2CC must repair, every row right
+#              2 ranks by mpirun, a verified sweep 8 B - 128 MiB (-n 40), node0's
+#              mlx5_2 black-holed once the 512 KiB row is out (FAULT_ROW bytes; at the
+#              latest FAULT_AFTER_S (30) s in); R2CC must repair, every row right
 #   failover   2.29 and later only: blackhole and down again with R2CC preloaded and
 #              NCCL_IB_RESILIENCY_PORT_FAILOVER=1 over fused soft NICs (SOFTFABRIC_FUSED=1,
 #              NCCL_GIN_ENABLE=0): whether the job survives when both act on the fault
@@ -52,8 +53,8 @@
 # pair two with PERF_TIMEOUT=60).
 #
 # Settings: NCCL_DIR, PARTS, ITERS (40), FAULT_AFTER (10), GBPS (25), SCALE (0.05),
-# PERF_TIMEOUT (100), BUILD (build), NCCL_TESTS_DIR and FAULT_AFTER_S (8, seconds) for
-# nccltests; R2CC_PERF, SOFTVERBS_CTL, R2CC_LIB, MPIRUN override the build's and the
+# PERF_TIMEOUT (100), BUILD (build), NCCL_TESTS_DIR, FAULT_ROW (524288) and FAULT_AFTER_S
+# (30, seconds) for nccltests; R2CC_PERF, SOFTVERBS_CTL, R2CC_LIB, MPIRUN override the build's and the
 # machine's programs (the CPU test uses test doubles). Needs build/ made on the build
 # machine.
 set -u
@@ -71,8 +72,9 @@ FAULT_AFTER=${FAULT_AFTER:-10}
 GBPS=${GBPS:-25}
 SCALE=${SCALE:-0.05}
 PERF_TIMEOUT=${PERF_TIMEOUT:-100}
-FAULT_AFTER_S=${FAULT_AFTER_S:-8}
-for s in ITERS FAULT_AFTER GBPS PERF_TIMEOUT; do
+FAULT_AFTER_S=${FAULT_AFTER_S:-30}
+FAULT_ROW=${FAULT_ROW:-524288}
+for s in ITERS FAULT_AFTER GBPS PERF_TIMEOUT FAULT_ROW; do
 	[[ ${!s} =~ ^[1-9][0-9]*$ ]] || { echo "gpu-compat.sh: $s='${!s}': a positive whole number" >&2; exit 2; }
 done
 for s in SCALE FAULT_AFTER_S; do
@@ -337,7 +339,8 @@ part_mode3() {
 
 # NVIDIA's nccl-tests: all_reduce_perf from NCCL_TESTS_DIR, 2 ranks started by mpirun
 # (MPIRUN), R2CC preloaded, a verified sweep 8 B - 256 MiB with a black hole on node0's
-# CUT after FAULT_AFTER_S seconds (the rows after it run on two NICs); every row must
+# CUT once nccl-tests has printed its FAULT_ROW row, printed line by line (the rows after
+# it run on two NICs; FAULT_AFTER_S bounds the wait); every row must
 # be right, R2CC must have repaired, and the library nccl-tests reports must be this one.
 part_nccltests() {
 	local log=$VLOG/nccltests.log rep=$VLOG/nccltests-reports rc out st want e
@@ -347,12 +350,16 @@ part_nccltests() {
 	fi
 	run_env nccltests 0
 	mkdir -p "$rep"
-	export NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_TESTS_DEVICE=0
+	export NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_TESTS_DEVICE=0 R2CC_STDBUF=
+	command -v stdbuf >/dev/null && R2CC_STDBUF="stdbuf -oL"
 	softfabric_mpirun 2 LD_PRELOAD="$LIB" R2CC_REPORT="$rep/report.%p"
 	timeout "$PERF_TIMEOUT" "${SOFTFABRIC_MPIRUN[@]}" \
-		"$NCCL_TESTS_DIR/all_reduce_perf" -b 8 -e 256M -f 4 -g 1 -c 1 -n 20 -w 1 >"$log" 2>&1 &
-	local job=$!
-	sleep "$FAULT_AFTER_S"
+		"$NCCL_TESTS_DIR/all_reduce_perf" -b 8 -e 128M -f 4 -g 1 -c 1 -n 40 -w 1 >"$log" 2>&1 &
+	local job=$! t_end=$((SECONDS + ${FAULT_AFTER_S%.*} + 1))
+	while kill -0 $job 2>/dev/null && [ $SECONDS -lt $t_end ] &&
+		! awk -v b="$FAULT_ROW" '$1 == b { f = 1 } END { exit !f }' "$log"; do
+		sleep 0.1
+	done
 	local t_fault
 	t_fault=$(date +%s.%N)
 	if kill -0 $job 2>/dev/null &&

@@ -109,9 +109,12 @@ c=$(grep -c 'nic_busid=1' "$T/state/perf.calls")
 rm -f "$T/state/perf.calls"
 
 # nccl-tests (NCCL_TESTS_DIR, started by mpirun): the part passes with a repair after the
-# fault and the library under test; without an all_reduce_perf it fails and says why.
-NCCL_TESTS_DIR=$ROOT/tests/compat/fake MPIRUN=$ROOT/tests/compat/fake/mpirun FAULT_AFTER_S=0.1 \
-	FAKE_ITER_S=0.1 PARTS="preflight nccltests" run nt 0 scripts/gpu-compat.sh "$T/nt" 2.21.5
+# fault and the library under test; without an all_reduce_perf it fails and says why. The
+# fault follows the FAULT_ROW row (the double's 512 B row, 0.3 s in), not FAULT_AFTER_S
+# (20 s: the run would be over).
+rm -f "$T/state/dead" # an earlier run's fault
+NCCL_TESTS_DIR=$ROOT/tests/compat/fake MPIRUN=$ROOT/tests/compat/fake/mpirun FAULT_AFTER_S=20 \
+	FAULT_ROW=512 FAKE_ITER_S=0.1 PARTS="preflight nccltests" run nt 0 scripts/gpu-compat.sh "$T/nt" 2.21.5
 has "$T/nt/summary.txt" '^2\.21\.5 nccltests=PASS preflight=PASS nccltests_detect_ms=[0-9]+\.[0-9] '
 has "$T/nt/2.21.5/nccltests.log" 'nccl-library=22105' '^ +8192 '
 has "$T/nt/2.21.5/nccltests.log.fault" '^fault blackhole of node0/mlx5_2 at '
