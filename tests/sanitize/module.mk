@@ -45,7 +45,7 @@ TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/
 # software device's conformance test, which asserts shaped rates that ASan's slower
 # copies miss (README, "Hardening: what was run").
 ASAN_CI_TESTS = $(filter-out %--nccl-stub %--nccl-stub:--timeout:5 %/softverbs/conformance \
-		  %:$(STALL_KINDS):$(STALL_SKIP),$(CPU_TESTS))
+		  %:$(STALL_KINDS),$(CPU_TESTS))
 
 .PHONY: test-build test-run test-run-ci test-asan test-asan-ci test-tsan
 
