@@ -61,10 +61,10 @@
 #define CHURN_RING	 16	      /* migrations of one QP remembered */
 #define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
 #define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
-#define BARREN_WHY	 "every path it moved to failed before completing anything (as many in a row as NICs)"
+#define BARREN_WHY	 "each new path failed before completing anything (as many in a row as NICs)"
 #define BARREN_MAX_NS	 600000000000ll /* a failure later than this after a move is a new one */
-#define LEFT_RING	 4	      /* NICs a QP's path failed on, remembered */
-#define OOM_GIVEUP_NS	 1000000000ll /* a repair without memory for this long fails */
+#define LEFT_RING	 4		/* NICs a QP's path failed on, remembered */
+#define OOM_GIVEUP_NS	 1000000000ll	/* a repair without memory for this long fails */
 
 enum rq_state {
 	RQ_HEALTHY,
@@ -208,7 +208,7 @@ struct r2cc_rqp {
 		int64_t t;
 	} left[LEFT_RING]; /* NICs whose path failed under it, and when (left_failed) */
 	unsigned nleft;
-	bool churn_skip;   /* the move under way does not count towards churning */
+	bool churn_skip; /* the move under way does not count towards churning */
 	/* Barren moves (barren_check): the path a move gave the QP failed with sends
 	 * owed and none completed. barren counts them in a row; moved_at and
 	 * moved_retired are the last move's time and the signalled sends its path had
