@@ -1101,6 +1101,22 @@ static void count_wc(struct r2cc_nic *nic, const struct ibv_wc *wc)
 }
 
 /* A completion of r's current path (NCCL's QP or R2CC's), under vcq->mu. */
+/* An error completion that the virtual CQ hands NCCL while no repair took it (the
+ * QP is not connected as far as R2CC knows, or R2CC is off): the first few, then one
+ * in a thousand, so that a job that fails on it says why. Not for a QP whose repair
+ * failed: fail() said so already. */
+static void vcq_error_to_nccl(const struct ibv_wc *wc, const struct r2cc_rqp *r, const char *why)
+{
+	static unsigned long reports;
+	unsigned long n = __atomic_fetch_add(&reports, 1, __ATOMIC_RELAXED);
+	if (n < 8 || n % 1000 == 0)
+		R2CC_WARN(
+		    "repair: an error completion (status %d, qp 0x%x%s%s) reaches NCCL with no "
+		    "repair: %s",
+		    wc->status, r ? r->qpn : wc->qp_num, r ? " on " : "", r ? r->cur_nic->name : "",
+		    why);
+}
+
 static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 {
 	if (wc->wr_id == MARK_S || wc->wr_id == MARK_R) {
@@ -1134,6 +1150,11 @@ static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 		snprintf(why, sizeof(why), "error completion (status %d) on %.64s", wc->status,
 			 r->cur_nic->name);
 		if (!detect_hides(r, why, wc->status)) {
+			vcq_error_to_nccl(wc, r,
+					  !r2cc_active() ? "hot repair is off"
+					  : !connected(r)
+					      ? "the QP is not connected (not in RTS, or not ready)"
+					      : "the detection did not take it");
 			stash_push(v, wc);
 			return;
 		}
@@ -1155,6 +1176,11 @@ static void vcq_pump(struct r2cc_cq *c)
 			struct r2cc_rqp *r = q ? q->rep : NULL;
 			if (!r) {
 				count_wc(c->ctx->nic, &buf[i]);
+				if (buf[i].status != IBV_WC_SUCCESS)
+					vcq_error_to_nccl(
+					    &buf[i], NULL,
+					    q ? "a QP without a repair record"
+					      : "a QP R2CC does not know on this NIC");
 				stash_push(v, &buf[i]);
 			} else if (r->cur_cq) {
 				/* NCCL's QP left behind: only flushes arrive there */
