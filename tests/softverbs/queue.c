@@ -1839,16 +1839,22 @@ static int sv_rnr(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wake
 
 /*
  * Consumes the receive peeked at index `idx` and completes it, unless the owner
- * flushed or reset the queue meanwhile (then the receive already completed).
+ * flushed or reset the queue meanwhile (then the receive already completed, and
+ * false: the responder left RTS while the message was landing, and drops it unacked,
+ * as a NIC's responder in ERR does).
  */
-static void sv_rq_consume(struct sv_qp_slot *t, uint32_t idx, const struct ibv_wc *wc)
+static bool sv_rq_consume(struct sv_qp_slot *t, uint32_t idx, const struct ibv_wc *wc)
 {
+	bool ok;
+
 	sv_lock(&t->rq_lock);
-	if (t->rq_head == idx && t->rq_tail != idx) {
+	ok = t->rq_head == idx && t->rq_tail != idx;
+	if (ok) {
 		t->rq_head++;
 		sv_cq_push(sv_proc.f, t->rcq, t->rcq_id, wc);
 	}
 	pthread_mutex_unlock(&t->rq_lock);
+	return ok;
 }
 
 /*
@@ -1889,15 +1895,16 @@ static bool sv_recv_get(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *
 	return got;
 }
 
-static void sv_recv_done(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *r,
+/* False when the responder's own queue was flushed or reset meanwhile (sv_rq_consume). */
+static bool sv_recv_done(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *r,
 			 const struct ibv_wc *wc)
 {
 	if (r->srq) {
 		qp->srq_held = false;
 		sv_cq_push(sv_proc.f, t->rcq, t->rcq_id, wc);
-	} else {
-		sv_rq_consume(t, r->idx, wc);
+		return true;
 	}
+	return sv_rq_consume(t, r->idx, wc);
 }
 
 /* A request that failed after taking an SRQ receive: the receive completes in error. */
@@ -2032,7 +2039,11 @@ static int sv_deliver(struct sv_qp *qp, struct sv_swr *w, struct sv_qp_slot *t, 
 		}
 		wc.src_qp = qp->qp.qp_num;
 		wc.slid = f->nics[qp->s->nic].lid;
-		sv_recv_done(qp, t, &rcv, &wc);
+		/* Its responder left RTS while it landed: no acknowledgement comes back (the
+		 * requester retries), so the requester never retires a message whose receive
+		 * the responder flushed. */
+		if (!sv_recv_done(qp, t, &rcv, &wc))
+			return SV_SILENT;
 	}
 	return 0;
 }
