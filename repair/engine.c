@@ -1100,7 +1100,6 @@ static void count_wc(struct r2cc_nic *nic, const struct ibv_wc *wc)
 		r2cc_counter_add(&nic->cnt.tx_cqes, 1);
 }
 
-/* A completion of r's current path (NCCL's QP or R2CC's), under vcq->mu. */
 /* An error completion that the virtual CQ hands NCCL while no repair took it (the
  * QP is not connected as far as R2CC knows, or R2CC is off): the first few, then one
  * in a thousand, so that a job that fails on it says why. Not for a QP whose repair
@@ -1117,6 +1116,7 @@ static void vcq_error_to_nccl(const struct ibv_wc *wc, const struct r2cc_rqp *r,
 		    why);
 }
 
+/* A completion of r's current path (NCCL's QP or R2CC's), under vcq->mu. */
 static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 {
 	if (wc->wr_id == MARK_S || wc->wr_id == MARK_R) {
@@ -3118,9 +3118,10 @@ static void barren_check(struct r2cc_rqp *r)
 	r->barren = barren ? r->barren + 1 : 0;
 }
 
-/* The reason r's repair gives up, or NULL. */
-static const char *churning(const struct r2cc_rqp *r)
+/* At a failure of r's path: the reason r's repair gives up, or NULL. */
+static const char *churning(struct r2cc_rqp *r)
 {
+	barren_check(r);
 	unsigned k = (unsigned)churn_limit();
 	if (r->barren >= k)
 		return BARREN_WHY;
@@ -3254,7 +3255,6 @@ static bool initiate_check(struct r2cc_rqp *r)
 		return false;
 	}
 	if (r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote)) {
-		barren_check(r);
 		const char *why = churning(r);
 		if (why)
 			fail(r, why);
@@ -3267,9 +3267,11 @@ static bool initiate_check(struct r2cc_rqp *r)
 		return false;
 	}
 	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
-	if (!strncmp(r->cause, "declared", 8) || !strncmp(r->cause, "created on", 10))
-		r->barren_seen = r->migrations; /* not a failure of the path it is on */
-	barren_check(r);
+	/* A declared NIC, or one that had failed before the QP was made: not a failure
+	 * of the path the QP is on. */
+	bool of_path = strncmp(r->cause, "declared", 8) && strncmp(r->cause, "created on", 10);
+	if (!of_path)
+		r->barren_seen = r->migrations;
 	const char *why = churning(r);
 	if (why) {
 		fail(r, why);
@@ -3280,8 +3282,7 @@ static bool initiate_check(struct r2cc_rqp *r)
 	 * event) is this QP's own: only it moves. */
 	bool path_level = r->status_seen == 0 || r->status_seen == IBV_WC_RETRY_EXC_ERR ||
 			  r->status_seen == IBV_WC_RNR_RETRY_EXC_ERR;
-	bool path_failed =
-	    path_level && strncmp(r->cause, "declared", 8) && strncmp(r->cause, "created on", 10);
+	bool path_failed = path_level && of_path;
 	if (path_failed)
 		left_failed(r);
 	if (path_failed && strncmp(r->cause, "same ", 5))
@@ -3500,8 +3501,6 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 	}
 	if (!connected(r))
 		return false; /* still connecting: the initiator asks again */
-	if (s != RQ_EXCHANGE)
-		barren_check(r);
 	const char *gave_up = s != RQ_EXCHANGE ? churning(r) : NULL;
 	if (gave_up) {
 		nack(out, dir, in->from_rank, m, -ENETUNREACH);

@@ -338,7 +338,7 @@ part_mode3() {
 }
 
 # NVIDIA's nccl-tests: all_reduce_perf from NCCL_TESTS_DIR, 2 ranks started by mpirun
-# (MPIRUN), R2CC preloaded, a verified sweep 8 B - 256 MiB with a black hole on node0's
+# (MPIRUN), R2CC preloaded, a verified sweep 8 B - 128 MiB with a black hole on node0's
 # CUT once nccl-tests has printed its FAULT_ROW row, printed line by line (the rows after
 # it run on two NICs; FAULT_AFTER_S bounds the wait); every row must
 # be right, R2CC must have repaired, and the library nccl-tests reports must be this one.
