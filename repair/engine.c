@@ -176,6 +176,13 @@ struct r2cc_rqp {
 	char peer_orig_nic[R2CC_NIC_NAME_MAX];
 	char peer_cur_nic[R2CC_NIC_NAME_MAX];
 	uint64_t k_local, k_peer;
+	/* the peer's messages retired on the old path, and its record of the last
+	 * of them (their receive completions, should this side's device have lost
+	 * them: repair/qp_shadow.h) */
+	uint64_t peer_sent;
+	int npeer_lost;
+	struct r2cc_shadow_msg peer_lost[R2CC_SHADOW_LOST_MAX];
+	int lost_synth; /* receive completions made from it in this migration */
 	uint64_t pair_id;
 	bool initiator;
 	int64_t t_detect, t_deadline, t_sent;
@@ -247,7 +254,7 @@ struct incident {
  * asking (a round trip per peer, to a process that must be scheduled first).
  * Little-endian, ends as in repair/peer.h (the exact identities of NCCL's QPs).
  */
-#define WIRE_VERSION  3
+#define WIRE_VERSION  4
 #define WIRE_MAX_MAPS 255
 
 struct rep_hdr {
@@ -272,7 +279,18 @@ struct rep_wire {
 	uint8_t new_gid[16];
 	char new_nic[64];
 	char orig_nic[64];
+	/* messages (receive-consuming requests) the sender's sends retired on the
+	 * old path, and the last nlost of them, oldest first (numbers sent - nlost
+	 * + 1 .. sent): the addressee makes the receive completions its device lost
+	 * from them */
+	uint64_t sent;
+	uint8_t nlost;
+	uint8_t lost_op[R2CC_SHADOW_LOST_MAX]; /* WIRE_MSG_* */
+	uint32_t lost_imm[R2CC_SHADOW_LOST_MAX];
+	uint32_t lost_len[R2CC_SHADOW_LOST_MAX];
 } __attribute__((packed));
+
+enum { WIRE_MSG_WRITE_IMM = 1, WIRE_MSG_SEND, WIRE_MSG_SEND_IMM };
 
 /* An rkey map after the entries: NUL-terminated NIC names, then len bytes as
  * repair/mr_mirror.h encodes a full map. */
@@ -627,6 +645,44 @@ static void wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
 				   (st == R2CC_NIC_DECLARED ? WIRE_F_DECLARED : 0));
 }
 
+/* This side's counts after its fence: the receives its old path consumed, the
+ * messages its sends retired and its record of the last of them. */
+static void wire_counts(struct rep_wire *m, const struct r2cc_rqp *r)
+{
+	m->count = htole64(r->k_local);
+	struct r2cc_shadow_msg last[R2CC_SHADOW_LOST_MAX];
+	int n = r2cc_qp_shadow_retired_msgs(r->cur_sh, last);
+	m->sent = htole64(r2cc_qp_shadow_msgs_retired(r->cur_sh));
+	m->nlost = (uint8_t)n;
+	for (int i = 0; i < n; i++) {
+		m->lost_op[i] = last[i].opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? WIRE_MSG_WRITE_IMM
+				: last[i].opcode == IBV_WR_SEND		      ? WIRE_MSG_SEND
+									      : WIRE_MSG_SEND_IMM;
+		m->lost_imm[i] = last[i].imm_data; /* network order, as posted */
+		m->lost_len[i] = htole32(last[i].byte_len);
+	}
+}
+
+/* The peer's counts from its REQ or REP. Under r->mu. */
+static void wire_take_counts(struct r2cc_rqp *r, const struct rep_wire *m)
+{
+	static const enum ibv_wr_opcode op[] = {
+	    [WIRE_MSG_WRITE_IMM] = IBV_WR_RDMA_WRITE_WITH_IMM,
+	    [WIRE_MSG_SEND] = IBV_WR_SEND,
+	    [WIRE_MSG_SEND_IMM] = IBV_WR_SEND_WITH_IMM,
+	};
+	r->k_peer = le64toh(m->count);
+	r->peer_sent = le64toh(m->sent);
+	r->npeer_lost = m->nlost; /* checked by r2cc_repair_wire_parse() */
+	for (int i = 0; i < r->npeer_lost; i++)
+		r->peer_lost[i] = (struct r2cc_shadow_msg){
+		    .n = r->peer_sent - (uint64_t)(r->npeer_lost - 1 - i),
+		    .imm_data = m->lost_imm[i],
+		    .byte_len = le32toh(m->lost_len[i]),
+		    .opcode = op[m->lost_op[i]],
+		};
+}
+
 static void wire_path(struct rep_wire *m, const struct r2cc_rqp *r)
 {
 	struct r2cc_nic *nic = r->new_ctx->nic;
@@ -853,6 +909,7 @@ _Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange entry
 _Static_assert(sizeof(struct rep_map) == R2CC_REPAIR_WIRE_MAP_HDR, "rkey map header size");
 _Static_assert(offsetof(struct rep_wire, new_nic) == R2CC_REPAIR_WIRE_NEW_NIC, "new_nic");
 _Static_assert(offsetof(struct rep_wire, orig_nic) == R2CC_REPAIR_WIRE_ORIG_NIC, "orig_nic");
+_Static_assert(offsetof(struct rep_wire, sent) == R2CC_REPAIR_WIRE_ORIG_NIC + 64, "sent");
 _Static_assert(WIRE_MAX_ENTRIES <= R2CC_REPAIR_WIRE_MAX, "entries per message");
 
 /* The maps after a message's entries: exactly nmaps of them in len bytes, each
@@ -889,8 +946,12 @@ int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
 	struct rep_wire *m = out;
 	memcpy(m, (const unsigned char *)payload + sizeof(h), (size_t)n * sizeof(*m));
 	for (int i = 0; i < n; i++) {
-		if (m[i].op < OP_REQ || m[i].op > OP_SUSPECT)
+		if (m[i].op < OP_REQ || m[i].op > OP_SUSPECT || m[i].nlost > R2CC_SHADOW_LOST_MAX ||
+		    m[i].nlost > le64toh(m[i].sent))
 			return -EPROTO;
+		for (int j = 0; j < m[i].nlost; j++)
+			if (m[i].lost_op[j] < WIRE_MSG_WRITE_IMM || m[i].lost_op[j] > WIRE_MSG_SEND_IMM)
+				return -EPROTO;
 		m[i].new_nic[sizeof(m[i].new_nic) - 1] = 0;
 		m[i].orig_nic[sizeof(m[i].orig_nic) - 1] = 0;
 	}
@@ -2319,20 +2380,54 @@ static int connect_path(struct r2cc_rqp *r, const struct peer_path *p)
 
 /* The plan from the drained current path and the peer's count; its synthesised
  * completions go to NCCL first. Under r->mu. */
+/*
+ * The receive completions of messages the peer retired and this side never
+ * counted: its device lost them (repair/qp_shadow.h), made from the peer's
+ * record of those messages into wc. How many, or -EPROTO when the record does
+ * not reach back to this side's count. Under r->mu, fenced.
+ */
+static int recv_lost(struct r2cc_rqp *r, struct ibv_wc *wc)
+{
+	uint64_t k = r2cc_qp_shadow_recv_consumed(r->cur_sh);
+	if (r->peer_sent <= k)
+		return 0;
+	uint64_t first = r->peer_sent - (uint64_t)r->npeer_lost + 1;
+	if (k + 1 < first)
+		return -EPROTO;
+	int n = 0;
+	for (uint64_t m = k + 1; m <= r->peer_sent; m++, n++) {
+		int rc = r2cc_qp_shadow_recv_lost(r->cur_sh, &r->peer_lost[m - first], r->qpn, &wc[n]);
+		if (rc)
+			return rc;
+	}
+	R2CC_WARN("repair: qp 0x%x: %d receive completion(s) lost by %s (the peer's sends were "
+		  "acknowledged); made from the peer's record",
+		  r->qpn, n, r->cur_nic->name);
+	r->k_local = k + (uint64_t)n;
+	return n;
+}
+
 static int make_plan(struct r2cc_rqp *r)
 {
-	struct r2cc_qp_shadow_plan_in in = {.peer_recv_consumed = r->k_peer};
+	struct ibv_wc lost[R2CC_SHADOW_LOST_MAX];
+	int nlost = recv_lost(r, lost);
+	if (nlost < 0)
+		return nlost;
+	struct r2cc_qp_shadow_plan_in in = {.peer_recv_consumed = r->k_peer, .lost_sent = true};
 	int rc = r2cc_qp_shadow_plan_build(r->cur_sh, &in, &r->plan);
 	if (rc)
 		return rc;
 	struct r2cc_vcq *v = r->vcq->v;
 	pthread_mutex_lock(&v->mu);
-	if (!stash_room(v, r->plan.n_synth)) {
+	if (!stash_room(v, r->plan.n_synth + (size_t)nlost)) {
 		pthread_mutex_unlock(&v->mu);
 		r2cc_qp_shadow_plan_free(&r->plan);
 		return -ENOMEM;
 	}
 	r->have_plan = true;
+	r->lost_synth = nlost;
+	for (int i = 0; i < nlost; i++)
+		stash_push(v, &lost[i]);
 	for (size_t i = 0; i < r->plan.n_synth; i++) {
 		struct ibv_wc wc;
 		r2cc_qp_shadow_plan_wc(&r->plan, i, r->qpn, &wc);
@@ -2532,7 +2627,7 @@ static void done(struct r2cc_rqp *r, uint64_t held)
 		in->migrated++;
 		in->bytes_reposted += r->plan.bytes_reposted;
 		in->bytes_saved += r->plan.bytes_saved;
-		in->synth += r->plan.completions_synth;
+		in->synth += r->plan.completions_synth + (uint64_t)r->lost_synth;
 		in->held += held;
 		if (t > in->t_done)
 			in->t_done = t;
@@ -2543,7 +2638,7 @@ static void done(struct r2cc_rqp *r, uint64_t held)
 		       "%llu held, %zu completions synthesised",
 		       r->qpn, r->orig_nic->name, r->cur_nic->name, r->peer_orig_nic,
 		       r->peer_cur_nic, r->plan.n_send, r->plan.n_recv, (unsigned long long)held,
-		       r->plan.n_synth);
+		       r->plan.n_synth + (size_t)r->lost_synth);
 	R2CC_INFO("repair: qp 0x%x migrated to %s in %.1f ms (%s)", r->qpn, r->cur_nic->name,
 		  (t - r->t_detect) / 1e6, r->cause);
 	r2cc_qp_shadow_plan_free(&r->plan);
@@ -3164,6 +3259,8 @@ static void migrate_loopback(struct r2cc_rqp *r)
 	r->loopback = true;
 	r->initiator = true;
 	r->k_peer = r->k_local;
+	r->peer_sent = 0; /* its receives are its own sends: nothing lost between */
+	r->npeer_lost = 0;
 	if (!r->migrations)
 		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", r->orig_nic->name);
 	pthread_mutex_unlock(&r->mu);
@@ -3316,7 +3413,7 @@ static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 	r->pair_id = ((uint64_t)getpid() << 32) | ++eng.next_pair;
 	pthread_mutex_unlock(&eng.mu);
 	wire_fill(m, OP_REQ, r);
-	m->count = htole64(r->k_local);
+	wire_counts(m, r);
 	wire_path(m, r);
 	r->resends = 0;
 	pthread_mutex_unlock(&r->mu);
@@ -3581,7 +3678,7 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 	r->dir = dir;
 	r->peer_rank = in->from_rank;
 	r->pair_id = le64toh(m->pair_id);
-	r->k_peer = le64toh(m->count);
+	wire_take_counts(r, m);
 	/* The initiator answers with its GO once it has been through everything
 	 * it repairs, not just this message. */
 	int work = (int)le32toh(m->work);
@@ -3590,7 +3687,7 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
 	wire_fill(&rep, OP_REP, r);
 	rep.pair_id = m->pair_id;
-	rep.count = htole64(r->k_local);
+	wire_counts(&rep, r);
 	wire_path(&rep, r);
 	r->t_deadline = now_ns() + exchange_ns(r->batch);
 	pthread_mutex_unlock(&r->mu);
@@ -3686,7 +3783,7 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 		pthread_mutex_lock(&r->mu);
 		r->dir = dir;
 		r->peer_rank = in->from_rank;
-		r->k_peer = le64toh(m->count);
+		wire_take_counts(r, m);
 		if (!r->migrations)
 			snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
 		pthread_mutex_unlock(&r->mu);
@@ -3887,7 +3984,7 @@ static void exchanges_tick(int64_t t)
 			}
 			pthread_mutex_lock(&r->mu);
 			wire_fill(&m[k], OP_REQ, r);
-			m[k].count = htole64(r->k_local);
+			wire_counts(&m[k], r);
 			m[k].work = htole32((uint32_t)r->batch);
 			wire_path(&m[k], r);
 			r->t_sent = now_ns();

@@ -53,7 +53,7 @@
 #define R2CC_REPAIR_BASE_MS   5000 /* an exchange's deadline: this, */
 #define R2CC_REPAIR_PER_QP_US 2000 /* plus this per queue pair of its message */
 
-/* An exchange message: a header (version 3, the number of rkey maps as a byte,
+/* An exchange message: a header (version 4, the number of rkey maps as a byte,
  * the entry count as a little-endian u16), then that many entries of
  * R2CC_REPAIR_WIRE_SIZE bytes, one per queue pair (the op is an entry's first
  * byte and its NIC names are 64 bytes at the offsets given), then the maps:
@@ -63,7 +63,7 @@
  * its queue pair moves between; the whole message is at most
  * R2CC_CTL_MAX_PAYLOAD (larger ones are split, each part with its maps). */
 #define R2CC_REPAIR_WIRE_HDR	  4
-#define R2CC_REPAIR_WIRE_SIZE	  226
+#define R2CC_REPAIR_WIRE_SIZE	  307
 #define R2CC_REPAIR_WIRE_MAX	  4096 /* entries in one message */
 #define R2CC_REPAIR_WIRE_NEW_NIC  98
 #define R2CC_REPAIR_WIRE_ORIG_NIC 162

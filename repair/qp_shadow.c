@@ -42,7 +42,8 @@ struct r2cc_qp_shadow {
 	uint64_t sig_retired;	     /* signalled send requests retired */
 	uint64_t send_bytes_retired; /* atomic: bytes_upto of the last retired request */
 	uint32_t max_request;	     /* atomic: the largest request recorded */
-	int error;		     /* sticky, written by either side */
+	struct r2cc_shadow_msg done[R2CC_SHADOW_LOST_MAX]; /* the last messages retired */
+	int error;					   /* sticky, written by either side */
 };
 
 static uint64_t load_acq(const uint64_t *p)
@@ -350,6 +351,12 @@ int r2cc_qp_shadow_send_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 			continue;
 		if (e->wr_id != wc->wr_id)
 			return set_broken(sh, -EPROTO);
+		for (uint64_t m = sh->sq.tail + 1; m <= seq; m++) {
+			const struct r2cc_shadow_send *d = &sh->sends[m & sh->sq.mask];
+			if (is_consumer(d->opcode))
+				sh->done[d->msgs % R2CC_SHADOW_LOST_MAX] = (struct r2cc_shadow_msg){
+				    d->msgs, d->imm_data, d->byte_len, d->opcode};
+		}
 		sh->msgs_retired = e->msgs;
 		stat_add(&sh->send_retired, seq - sh->sq.tail);
 		store_rel(&sh->send_bytes_retired, e->bytes_upto);
@@ -391,6 +398,43 @@ int r2cc_qp_shadow_wc(struct r2cc_qp_shadow *sh, const struct ibv_wc *wc)
 uint64_t r2cc_qp_shadow_recv_consumed(const struct r2cc_qp_shadow *sh)
 {
 	return load_acq(&sh->rq.tail);
+}
+
+uint64_t r2cc_qp_shadow_msgs_retired(const struct r2cc_qp_shadow *sh)
+{
+	return sh->msgs_retired;
+}
+
+int r2cc_qp_shadow_retired_msgs(const struct r2cc_qp_shadow *sh, struct r2cc_shadow_msg *out)
+{
+	uint64_t last = sh->msgs_retired;
+	int n = last < R2CC_SHADOW_LOST_MAX ? (int)last : R2CC_SHADOW_LOST_MAX;
+	for (int i = 0; i < n; i++)
+		out[i] = sh->done[(last - (uint64_t)(n - 1 - i)) % R2CC_SHADOW_LOST_MAX];
+	return n;
+}
+
+int r2cc_qp_shadow_recv_lost(struct r2cc_qp_shadow *sh, const struct r2cc_shadow_msg *m,
+			     uint32_t qp_num, struct ibv_wc *wc)
+{
+	if (!sh || !m || !wc)
+		return -EINVAL;
+	if (m->n != r2cc_qp_shadow_recv_consumed(sh) + 1 || !is_consumer(m->opcode))
+		return -EPROTO;
+	uint64_t tail = sh->rq.tail;
+	if (tail == load_acq(&sh->rq.head))
+		return -EPROTO;
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = sh->recvs[(tail + 1) & sh->rq.mask].wr_id;
+	wc->status = IBV_WC_SUCCESS;
+	wc->opcode = m->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+	wc->byte_len = m->byte_len;
+	wc->qp_num = qp_num;
+	if (m->opcode != IBV_WR_SEND) {
+		wc->wc_flags = IBV_WC_WITH_IMM;
+		wc->imm_data = m->imm_data;
+	}
+	return r2cc_qp_shadow_recv_completed(sh, wc);
 }
 
 int r2cc_qp_shadow_error(const struct r2cc_qp_shadow *sh)
@@ -521,6 +565,8 @@ int r2cc_qp_shadow_plan_build(const struct r2cc_qp_shadow *sh,
 		return err;
 
 	uint64_t k = in->peer_recv_consumed;
+	if (in->lost_sent && k < sh->msgs_retired && sh->msgs_retired - k <= R2CC_SHADOW_LOST_MAX)
+		k = sh->msgs_retired; /* the peer completes them from our record */
 	uint64_t s_tail = sh->sq.tail, s_head = sh->sq.head;
 	uint64_t r_tail = sh->rq.tail, r_head = sh->rq.head;
 	if (k < sh->msgs_retired || k > sh->msgs_posted)

@@ -80,7 +80,9 @@
  *  Atomics never get this far (refused when posted).
  *  Consistency checks: k below the number of consuming requests already
  *  retired here (a completion we saw acknowledges a message the peer says it
- *  never consumed) or above the number ever posted gives -EPROTO.
+ *  never consumed) or above the number ever posted gives -EPROTO, unless the
+ *  peer's device lost those receive completions and the peer makes them from
+ *  this side's record (below).
  *
  * Receive side: every posted receive not consumed, in order, same wr_id and
  * SGEs, is re-posted.
@@ -228,6 +230,40 @@ int r2cc_qp_shadow_wc(struct r2cc_qp_shadow *sh, const struct ibv_wc *wc);
 
 /* What the peer needs for its plan: successful receive completions so far. */
 uint64_t r2cc_qp_shadow_recv_consumed(const struct r2cc_qp_shadow *sh);
+
+/*
+ * --- Receive completions the peer's device lost ------------------------------------
+ * A send completion says the peer's NIC placed the message and consumed its
+ * receive; a device that dies between that acknowledgement and writing the
+ * receive completion leaves the peer's count k below this side's retired
+ * messages (their data landed, its NCCL never hears of them). The last
+ * R2CC_SHADOW_LOST_MAX retired messages are kept (a few stores at retirement)
+ * so the peer can make those completions from them: the migration sends them,
+ * the peer applies them with r2cc_qp_shadow_recv_lost(), and this side's plan
+ * takes k as its retired count when it fell short by no more than that.
+ */
+#define R2CC_SHADOW_LOST_MAX 8
+
+struct r2cc_shadow_msg {
+	uint64_t n;	   /* its number on this QP: 1, 2, ... */
+	uint32_t imm_data; /* as posted (network order); 0 for a SEND */
+	uint32_t byte_len;
+	enum ibv_wr_opcode opcode; /* WRITE_WITH_IMM, SEND or SEND_WITH_IMM */
+};
+
+/* Receive-consuming requests retired (quiesced shadow). */
+uint64_t r2cc_qp_shadow_msgs_retired(const struct r2cc_qp_shadow *sh);
+/* The last retired messages, oldest first, ending at the newest: out has room
+ * for R2CC_SHADOW_LOST_MAX; returns how many (fewer when fewer were retired). */
+int r2cc_qp_shadow_retired_msgs(const struct r2cc_qp_shadow *sh, struct r2cc_shadow_msg *out);
+/*
+ * Receiver, quiesced: message m (the next one this QP has not counted, m->n ==
+ * recv_consumed + 1) landed without its completion; retires the oldest posted
+ * receive for it and fills wc with the completion the NIC would have made.
+ * -EPROTO when m is not the next message or no receive is posted for it.
+ */
+int r2cc_qp_shadow_recv_lost(struct r2cc_qp_shadow *sh, const struct r2cc_shadow_msg *m,
+			     uint32_t qp_num, struct ibv_wc *wc);
 /* 0, or the negative errno that broke the shadow. */
 int r2cc_qp_shadow_error(const struct r2cc_qp_shadow *sh);
 /* Outstanding (recorded, not retired) requests. */
@@ -248,7 +284,11 @@ void r2cc_qp_shadow_bytes(const struct r2cc_qp_shadow *sh, uint64_t *posted, uin
 /* --- repair path (allocates) --------------------------------------------------- */
 
 struct r2cc_qp_shadow_plan_in {
-	uint64_t peer_recv_consumed; /* k */
+	/* k; when it is below this side's retired messages by no more than
+	 * R2CC_SHADOW_LOST_MAX, the peer made the rest from this side's record (above)
+	 * only if lost_sent: then k is taken as the retired count, else -EPROTO */
+	uint64_t peer_recv_consumed;
+	bool lost_sent;
 	/*
 	 * Optional: true when the peer has consumed what this plain WRITE (after
 	 * the boundary) carried, so it must not be written again.

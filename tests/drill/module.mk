@@ -36,13 +36,15 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 # for ever, as under plain NCCL); for 2.28.9, which ignores it, R2CC repairs.
 CPU_TESTS   += 60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:NCCLSTUB_REPORT_VERSION=23007:$(DRILL_DIR)/expect-fail.sh:exceeded:$(DRILL):--fault:down:--seeds:2:--nccl-stub:--timeout:5 \
 	       60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL):--fault:down:--seeds:3:--nccl-stub
-# Hot repair (tests/drill/README.md): each NIC fault kind over 100 seeds, 4 processes,
+# Hot repair (tests/drill/README.md): each NIC fault kind over 100 seeds (fatal: a dead
+# device, whose lost receive completions are made from the peer's record), 4 processes,
 # a fault while connecting, a second NIC failing during the repair; then the faults R2CC
 # cannot repair, which must end in a clean application error, never a hang.
 CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       180@$(DRILL):--fault:blackhole:--seeds:100:--nccl-stub \
 	       120@$(DRILL):--fault:flap:--seeds:100:--nccl-stub \
 	       120@$(DRILL):--fault:slow:--seeds:100:--nccl-stub \
+	       120@$(DRILL):--fault:fatal:--seeds:100:--nccl-stub \
 	       180@$(DRILL):--fault:all:--seeds:5:--procs:4:--nics:2:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--fault-phase:connect:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--second-fault:2:--nccl-stub \

@@ -620,3 +620,71 @@ Test(qp_shadow, one_poster_one_poller)
 	cr_assert_eq(r2cc_qp_shadow_send_outstanding(s.sh), 0);
 	r2cc_qp_shadow_destroy(s.sh);
 }
+
+/*
+ * The peer's device acknowledged messages and died before writing their receive
+ * completions: the sender retired 6 messages, the receiver counted 3. The
+ * sender's record of its last R2CC_SHADOW_LOST_MAX messages lets the receiver
+ * make the 3 completions (wr_id of its oldest receives, immediates, lengths);
+ * the sender's plan takes k as its retired count, and only with a record sent.
+ */
+Test(qp_shadow, receive_completions_a_dead_device_lost)
+{
+	struct r2cc_qp_shadow *tx = mk(64, 64, false, 0), *rx = mk(64, 64, false, 0);
+	for (uint64_t i = 0; i < 6; i++) {
+		struct ibv_recv_wr r = {.wr_id = 100 + i};
+		cr_assert_eq(r2cc_qp_shadow_post_recv(rx, &r, NULL), 0);
+		enum ibv_wr_opcode op = i == 4 ? IBV_WR_SEND : IBV_WR_RDMA_WRITE_WITH_IMM;
+		cr_assert_eq(post1(tx, IBV_WR_RDMA_WRITE, 0, 50 + i, 4096 * i, 512), 0);
+		cr_assert_eq(post1(tx, op, IBV_SEND_SIGNALED, i, 4096 * i + 512, 16 + (uint32_t)i),
+			     0);
+		struct ibv_wc wc = wc_of(i, op == IBV_WR_SEND ? IBV_WC_SEND : IBV_WC_RDMA_WRITE);
+		cr_assert_eq(r2cc_qp_shadow_wc(tx, &wc), 0);
+		if (i < 3) {
+			wc = wc_of(100 + i, IBV_WC_RECV_RDMA_WITH_IMM);
+			cr_assert_eq(r2cc_qp_shadow_wc(rx, &wc), 0);
+		}
+	}
+	cr_assert_eq(r2cc_qp_shadow_msgs_retired(tx), 6);
+	cr_assert_eq(r2cc_qp_shadow_recv_consumed(rx), 3);
+	struct r2cc_shadow_msg rec[R2CC_SHADOW_LOST_MAX];
+	int n = r2cc_qp_shadow_retired_msgs(tx, rec);
+	cr_assert_eq(n, R2CC_SHADOW_LOST_MAX);
+	cr_assert_eq(rec[0].n, 3);
+	cr_assert_eq(rec[n - 1].n, 6);
+
+	/* Not the next message: refused, nothing retired. */
+	struct ibv_wc wc;
+	cr_assert_eq(r2cc_qp_shadow_recv_lost(rx, &rec[0], 0x99, &wc), -EPROTO);
+	for (int i = 1; i < n; i++) {
+		cr_assert_eq(r2cc_qp_shadow_recv_lost(rx, &rec[i], 0x99, &wc), 0);
+		cr_assert_eq(wc.wr_id, 100 + rec[i].n - 1);
+		cr_assert_eq(wc.qp_num, 0x99);
+		cr_assert_eq(wc.byte_len, 16 + rec[i].n - 1);
+		if (rec[i].n == 5) { /* the SEND */
+			cr_assert_eq(wc.opcode, IBV_WC_RECV);
+			cr_assert_eq(wc.wc_flags & IBV_WC_WITH_IMM, 0);
+		} else {
+			cr_assert_eq(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+			cr_assert_eq(wc.wc_flags & IBV_WC_WITH_IMM, IBV_WC_WITH_IMM);
+			cr_assert_eq(wc.imm_data, htobe32(16 + (uint32_t)rec[i].n - 1));
+		}
+	}
+	cr_assert_eq(r2cc_qp_shadow_recv_consumed(rx), 6);
+	cr_assert_eq(r2cc_qp_shadow_recv_outstanding(rx), 0);
+
+	/* The sender: k = 3 is refused without a record, taken as 6 with one. */
+	struct r2cc_qp_shadow_plan p;
+	struct r2cc_qp_shadow_plan_in in = {.peer_recv_consumed = 3};
+	cr_assert_eq(r2cc_qp_shadow_plan_build(tx, &in, &p), -EPROTO);
+	in.lost_sent = true;
+	cr_assert_eq(r2cc_qp_shadow_plan_build(tx, &in, &p), 0);
+	cr_assert_eq(p.n_send, 0);
+	cr_assert_eq(p.n_synth, 0);
+	r2cc_qp_shadow_plan_free(&p);
+	/* More than the record holds: refused. */
+	in.peer_recv_consumed = 6 - R2CC_SHADOW_LOST_MAX - 1;
+	cr_assert_eq(r2cc_qp_shadow_plan_build(tx, &in, &p), -EPROTO);
+	r2cc_qp_shadow_destroy(tx);
+	r2cc_qp_shadow_destroy(rx);
+}
