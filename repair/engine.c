@@ -254,7 +254,7 @@ struct incident {
  * asking (a round trip per peer, to a process that must be scheduled first).
  * Little-endian, ends as in repair/peer.h (the exact identities of NCCL's QPs).
  */
-#define WIRE_VERSION  4
+#define WIRE_VERSION  R2CC_REPAIR_WIRE_VERSION
 #define WIRE_MAX_MAPS 255
 
 struct rep_hdr {
@@ -656,8 +656,8 @@ static void wire_counts(struct rep_wire *m, const struct r2cc_rqp *r)
 	m->nlost = (uint8_t)n;
 	for (int i = 0; i < n; i++) {
 		m->lost_op[i] = last[i].opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? WIRE_MSG_WRITE_IMM
-				: last[i].opcode == IBV_WR_SEND		      ? WIRE_MSG_SEND
-									      : WIRE_MSG_SEND_IMM;
+				: last[i].opcode == IBV_WR_SEND		     ? WIRE_MSG_SEND
+									     : WIRE_MSG_SEND_IMM;
 		m->lost_imm[i] = last[i].imm_data; /* network order, as posted */
 		m->lost_len[i] = htole32(last[i].byte_len);
 	}
@@ -909,7 +909,8 @@ _Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange entry
 _Static_assert(sizeof(struct rep_map) == R2CC_REPAIR_WIRE_MAP_HDR, "rkey map header size");
 _Static_assert(offsetof(struct rep_wire, new_nic) == R2CC_REPAIR_WIRE_NEW_NIC, "new_nic");
 _Static_assert(offsetof(struct rep_wire, orig_nic) == R2CC_REPAIR_WIRE_ORIG_NIC, "orig_nic");
-_Static_assert(offsetof(struct rep_wire, sent) == R2CC_REPAIR_WIRE_ORIG_NIC + 64, "sent");
+_Static_assert(offsetof(struct rep_wire, sent) == R2CC_REPAIR_WIRE_SENT, "sent");
+_Static_assert(R2CC_SHADOW_LOST_MAX == R2CC_REPAIR_WIRE_LOST, "records per entry");
 _Static_assert(WIRE_MAX_ENTRIES <= R2CC_REPAIR_WIRE_MAX, "entries per message");
 
 /* The maps after a message's entries: exactly nmaps of them in len bytes, each
@@ -950,7 +951,8 @@ int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
 		    m[i].nlost > le64toh(m[i].sent))
 			return -EPROTO;
 		for (int j = 0; j < m[i].nlost; j++)
-			if (m[i].lost_op[j] < WIRE_MSG_WRITE_IMM || m[i].lost_op[j] > WIRE_MSG_SEND_IMM)
+			if (m[i].lost_op[j] < WIRE_MSG_WRITE_IMM ||
+			    m[i].lost_op[j] > WIRE_MSG_SEND_IMM)
 				return -EPROTO;
 		m[i].new_nic[sizeof(m[i].new_nic) - 1] = 0;
 		m[i].orig_nic[sizeof(m[i].orig_nic) - 1] = 0;
@@ -2396,7 +2398,8 @@ static int recv_lost(struct r2cc_rqp *r, struct ibv_wc *wc)
 		return -EPROTO;
 	int n = 0;
 	for (uint64_t m = k + 1; m <= r->peer_sent; m++, n++) {
-		int rc = r2cc_qp_shadow_recv_lost(r->cur_sh, &r->peer_lost[m - first], r->qpn, &wc[n]);
+		int rc =
+		    r2cc_qp_shadow_recv_lost(r->cur_sh, &r->peer_lost[m - first], r->qpn, &wc[n]);
 		if (rc)
 			return rc;
 	}

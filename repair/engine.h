@@ -53,21 +53,26 @@
 #define R2CC_REPAIR_BASE_MS   5000 /* an exchange's deadline: this, */
 #define R2CC_REPAIR_PER_QP_US 2000 /* plus this per queue pair of its message */
 
-/* An exchange message: a header (version 4, the number of rkey maps as a byte,
- * the entry count as a little-endian u16), then that many entries of
- * R2CC_REPAIR_WIRE_SIZE bytes, one per queue pair (the op is an entry's first
- * byte and its NIC names are 64 bytes at the offsets given), then the maps:
- * each two NUL-terminated NIC names of 64 bytes (from, to), a little-endian u32
- * length and that many bytes of the sender's full rkey map between the two NICs
+/* An exchange message: a header (version R2CC_REPAIR_WIRE_VERSION, the number of rkey maps as a
+ * byte, the entry count as a little-endian u16), then that many entries of R2CC_REPAIR_WIRE_SIZE
+ * bytes, one per queue pair (the op is an entry's first byte and its NIC names are 64 bytes at the
+ * offsets given), then the maps: each two NUL-terminated NIC names of 64 bytes (from, to), a
+ * little-endian u32 length and that many bytes of the sender's full rkey map between the two NICs
  * as repair/mr_mirror.h encodes it. A REQ or REP carries the map for the NICs
- * its queue pair moves between; the whole message is at most
+ * its queue pair moves between. An entry ends with the sender's retired message
+ * count (u64 at R2CC_REPAIR_WIRE_SENT), a count of records (a byte, at most
+ * R2CC_REPAIR_WIRE_LOST and at most the retired count) and that many message
+ * opcodes (1..3), immediates and lengths. The whole message is at most
  * R2CC_CTL_MAX_PAYLOAD (larger ones are split, each part with its maps). */
+#define R2CC_REPAIR_WIRE_VERSION  4
 #define R2CC_REPAIR_WIRE_HDR	  4
 #define R2CC_REPAIR_WIRE_SIZE	  307
 #define R2CC_REPAIR_WIRE_MAX	  4096 /* entries in one message */
 #define R2CC_REPAIR_WIRE_NEW_NIC  98
 #define R2CC_REPAIR_WIRE_ORIG_NIC 162
 #define R2CC_REPAIR_WIRE_MAP_HDR  132
+#define R2CC_REPAIR_WIRE_SENT	  226
+#define R2CC_REPAIR_WIRE_LOST	  8 /* records of retired messages in an entry */
 
 /* The control thread's check of an exchange message from a peer (version,
  * entry count and length, ops, strings terminated, the maps' framing: their

@@ -427,7 +427,8 @@ int r2cc_qp_shadow_recv_lost(struct r2cc_qp_shadow *sh, const struct r2cc_shadow
 	memset(wc, 0, sizeof(*wc));
 	wc->wr_id = sh->recvs[(tail + 1) & sh->rq.mask].wr_id;
 	wc->status = IBV_WC_SUCCESS;
-	wc->opcode = m->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+	wc->opcode =
+	    m->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
 	wc->byte_len = m->byte_len;
 	wc->qp_num = qp_num;
 	if (m->opcode != IBV_WR_SEND) {

@@ -1,10 +1,12 @@
 /*
  * libFuzzer target: hot repair's exchange messages (repair/engine.c) as the
  * control thread receives them from a peer: the check that decides what the
- * repair thread is handed. What passes must be a version-3 message whose
+ * repair thread is handed. What passes must be a message of the current version whose
  * length is its header, its entries, each with a known op and NUL-terminated
  * NIC names, and exactly the rkey maps its header counts, each with two
- * NUL-terminated, non-empty NIC names and a body within the message.
+ * NUL-terminated, non-empty NIC names and a body within the message; each
+ * entry's records of retired messages no more than it has room for and than its
+ * retired count, each with a known opcode.
  */
 #include "repair/engine.h"
 
@@ -22,8 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (n < 0)
 		return 0;
 	size_t at = R2CC_REPAIR_WIRE_HDR + (size_t)n * R2CC_REPAIR_WIRE_SIZE;
-	if (n < 1 || n > R2CC_REPAIR_WIRE_MAX || data[0] != 3 || (data[2] | data[3] << 8) != n ||
-	    size < at)
+	if (n < 1 || n > R2CC_REPAIR_WIRE_MAX || data[0] != R2CC_REPAIR_WIRE_VERSION ||
+	    (data[2] | data[3] << 8) != n || size < at)
 		abort();
 	for (int j = 0; j < data[1]; j++) {
 		const uint8_t *h = data + at;
@@ -44,6 +46,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		    strnlen((const char *)m + R2CC_REPAIR_WIRE_NEW_NIC, 64) == 64 ||
 		    strnlen((const char *)m + R2CC_REPAIR_WIRE_ORIG_NIC, 64) == 64)
 			abort();
+		uint64_t sent = 0;
+		for (int b = 7; b >= 0; b--)
+			sent = sent << 8 | m[R2CC_REPAIR_WIRE_SENT + b];
+		int nlost = m[R2CC_REPAIR_WIRE_SENT + 8];
+		if (nlost > R2CC_REPAIR_WIRE_LOST || (uint64_t)nlost > sent)
+			abort();
+		for (int j = 0; j < nlost; j++)
+			if (m[R2CC_REPAIR_WIRE_SENT + 9 + j] < 1 ||
+			    m[R2CC_REPAIR_WIRE_SENT + 9 + j] > 3)
+				abort();
 	}
 	return 0;
 }

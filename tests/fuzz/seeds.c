@@ -194,18 +194,18 @@ static void wire_entry(unsigned char *m, int op)
 	strcpy((char *)m + R2CC_REPAIR_WIRE_NEW_NIC, "mlx5_0");
 	strcpy((char *)m + R2CC_REPAIR_WIRE_ORIG_NIC, "mlx5_2");
 	/* two messages retired, both on record: a WRITE_WITH_IMM and a SEND */
-	m[R2CC_REPAIR_WIRE_ORIG_NIC + 64] = 2;
-	m[R2CC_REPAIR_WIRE_ORIG_NIC + 72] = 2;
-	m[R2CC_REPAIR_WIRE_ORIG_NIC + 73] = 1, m[R2CC_REPAIR_WIRE_ORIG_NIC + 74] = 2;
-	m[R2CC_REPAIR_WIRE_ORIG_NIC + 81] = 0x2a;      /* the first one's immediate */
-	m[R2CC_REPAIR_WIRE_ORIG_NIC + 113] = 0x40;     /* lengths 64 and 8 */
-	m[R2CC_REPAIR_WIRE_ORIG_NIC + 117] = 8;
+	m[R2CC_REPAIR_WIRE_SENT] = 2;
+	m[R2CC_REPAIR_WIRE_SENT + 8] = 2;
+	m[R2CC_REPAIR_WIRE_SENT + 9] = 1, m[R2CC_REPAIR_WIRE_SENT + 10] = 2;
+	m[R2CC_REPAIR_WIRE_SENT + 17] = 0x2a; /* the first one's immediate */
+	m[R2CC_REPAIR_WIRE_SENT + 49] = 0x40; /* lengths 64 and 8 */
+	m[R2CC_REPAIR_WIRE_SENT + 53] = 8;
 }
 
 static void wire_seeds(void)
 {
 	unsigned char m[R2CC_REPAIR_WIRE_HDR + 3 * R2CC_REPAIR_WIRE_SIZE +
-			R2CC_REPAIR_WIRE_MAP_HDR + 24 + 24] = {4, 0, 1, 0};
+			R2CC_REPAIR_WIRE_MAP_HDR + 24 + 24] = {R2CC_REPAIR_WIRE_VERSION, 0, 1, 0};
 	for (int op = 1; op <= 5; op++) {
 		wire_entry(m + R2CC_REPAIR_WIRE_HDR, op);
 		char name[16];
