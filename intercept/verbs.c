@@ -295,6 +295,38 @@ static int fi_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_
 	FI_INT(real_ibv_query_port(ctx, port, attr));
 }
 
+static int fi_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
+{
+	FI_INT(real_ibv_query_gid(ctx, port, index, gid));
+}
+
+/* The type (IBV_GID_TYPE_*) of a GID table entry: from rdma-core's
+ * ibv_query_gid_ex (IBVERBS_1.11, rdma-core 32 on), looked up once; -1 when the
+ * library has none, the entry is empty or the call fails. */
+typedef int (*query_gid_ex_fn)(struct ibv_context *, uint32_t, uint32_t, struct ibv_gid_entry *,
+			       uint32_t, size_t);
+static query_gid_ex_fn real_query_gid_ex;
+static int query_gid_ex_looked; /* 1: real_query_gid_ex is what there is */
+
+static int gid_type_of(struct ibv_context *ctx, uint8_t port, int index)
+{
+	if (!__atomic_load_n(&query_gid_ex_looked, __ATOMIC_ACQUIRE)) {
+		dlvsym_fn f = get_real_dlvsym();
+		void *h = __atomic_load_n(&verbs_handle, __ATOMIC_ACQUIRE);
+		if (!f || !h)
+			return -1;
+		__atomic_store_n(&real_query_gid_ex,
+				 (query_gid_ex_fn)f(h, "_ibv_query_gid_ex", "IBVERBS_1.11"),
+				 __ATOMIC_RELEASE);
+		__atomic_store_n(&query_gid_ex_looked, 1, __ATOMIC_RELEASE);
+	}
+	query_gid_ex_fn q = __atomic_load_n(&real_query_gid_ex, __ATOMIC_ACQUIRE);
+	struct ibv_gid_entry e;
+	if (!q || index < 0 || q(ctx, port, (uint32_t)index, &e, 0, sizeof(e)))
+		return -1;
+	return (int)e.gid_type;
+}
+
 static struct ibv_pd *fi_alloc_pd(struct ibv_context *ctx)
 {
 	FI_PTR(real_ibv_alloc_pd(ctx));
@@ -381,6 +413,8 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 		    .modify_qp = REAL(ibv_modify_qp) ? fi_modify_qp : NULL,
 		    .destroy_qp = REAL(ibv_destroy_qp) ? fi_destroy_qp : NULL,
 		    .query_port = REAL(ibv_query_port) ? fi_query_port : NULL,
+		    .query_gid = REAL(ibv_query_gid) ? fi_query_gid : NULL,
+		    .gid_type = gid_type_of,
 		    .ack_async_event = REAL(ibv_ack_async_event),
 		};
 		r2cc_repair_set_verbs(&rv);
@@ -589,18 +623,29 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 			q->state = attr->qp_state;
 		if (mask & IBV_QP_DEST_QPN)
 			q->peer.qpn = attr->dest_qp_num;
+		if (mask & IBV_QP_PKEY_INDEX)
+			q->path.pkey_index = attr->pkey_index;
 		if (mask & IBV_QP_AV) {
 			q->peer.lid = attr->ah_attr.dlid;
 			q->peer.has_grh = attr->ah_attr.is_global;
 			q->peer.port = attr->ah_attr.port_num;
+			q->path.sl = attr->ah_attr.sl;
+			q->path.sgid_type = -1;
 			if (attr->ah_attr.is_global) {
-				q->peer.gid = attr->ah_attr.grh.dgid;
+				const struct ibv_global_route *g = &attr->ah_attr.grh;
+				q->peer.gid = g->dgid;
+				q->path.sgid_index = g->sgid_index;
+				q->path.hop_limit = g->hop_limit;
+				q->path.traffic_class = g->traffic_class;
+				q->path.flow_label = g->flow_label;
 				/* This end's identity as the peer sees it (hot repair
 				 * finds QPs by GID and QP number on RoCE). */
 				uint8_t port = mask & IBV_QP_PORT ? attr->port_num : q->port_num;
-				if (real_ibv_query_gid(qp->context, port ? port : 1,
-						       attr->ah_attr.grh.sgid_index, &q->peer.sgid))
+				port = port ? port : 1;
+				if (real_ibv_query_gid(qp->context, port, g->sgid_index,
+						       &q->peer.sgid))
 					memset(&q->peer.sgid, 0, sizeof(q->peer.sgid));
+				q->path.sgid_type = gid_type_of(qp->context, port, g->sgid_index);
 			}
 		}
 		if (mask & IBV_QP_TIMEOUT)

@@ -182,7 +182,9 @@ struct r2cc_rqp {
 	uint64_t peer_sent;
 	int npeer_lost;
 	struct r2cc_shadow_msg peer_lost[R2CC_SHADOW_LOST_MAX];
-	int lost_synth; /* receive completions made from it in this migration */
+	int lost_synth;		/* receive completions made from it in this migration */
+	union ibv_gid new_sgid; /* with a GRH: the new path's source GID, */
+	uint8_t new_sgid_index; /* its index */
 	uint64_t pair_id;
 	bool initiator;
 	int64_t t_detect, t_deadline, t_sent;
@@ -683,14 +685,21 @@ static void wire_take_counts(struct r2cc_rqp *r, const struct rep_wire *m)
 		};
 }
 
+/* The MTU of a new path on nic: its port's, not above NCCL's (NCCL_IB_MTU). */
+static uint8_t path_mtu(const struct r2cc_rqp *r, const struct r2cc_nic *nic)
+{
+	int mtu = nic->active_mtu ? nic->active_mtu : IBV_MTU_1024;
+	return (uint8_t)(r->q->path_mtu && r->q->path_mtu < mtu ? r->q->path_mtu : mtu);
+}
+
 static void wire_path(struct rep_wire *m, const struct r2cc_rqp *r)
 {
 	struct r2cc_nic *nic = r->new_ctx->nic;
 	m->new_qpn = htole32(r->new_qp->qp_num);
 	m->new_lid = htole16(nic->lid);
 	m->new_port = nic->port ? nic->port : 1;
-	m->new_mtu = (uint8_t)(nic->active_mtu ? nic->active_mtu : IBV_MTU_1024);
-	memcpy(m->new_gid, nic->gid.raw, 16);
+	m->new_mtu = path_mtu(r, nic);
+	memcpy(m->new_gid, r->q->peer.has_grh ? r->new_sgid.raw : nic->gid.raw, 16);
 	snprintf(m->new_nic, sizeof(m->new_nic), "%s", nic->name);
 }
 
@@ -2250,12 +2259,13 @@ static struct r2cc_ctx *ctx_of_nic(struct r2cc_nic *nic)
 
 /* --- QP state transitions of R2CC's own QPs ------------------------------------ */
 
-/* RESET -> INIT on nic's port with the given access. 0 or a positive errno. */
-static int qp_init(struct ibv_qp *qp, const struct r2cc_nic *nic, int access)
+/* RESET -> INIT on nic's port with the given access and partition key index.
+ * 0 or a positive errno. */
+static int qp_init(struct ibv_qp *qp, const struct r2cc_nic *nic, int access, uint16_t pkey_index)
 {
 	struct ibv_qp_attr a = {
 	    .qp_state = IBV_QPS_INIT,
-	    .pkey_index = 0,
+	    .pkey_index = pkey_index,
 	    .port_num = nic->port ? nic->port : 1,
 	    .qp_access_flags = access,
 	};
@@ -2268,7 +2278,11 @@ struct qp_link {
 	uint32_t qpn;
 	uint16_t lid;
 	enum ibv_mtu mtu;
-	const uint8_t *gid; /* non-NULL: a GRH to this GID */
+	const uint8_t *gid;		  /* non-NULL: a GRH to this GID, */
+	uint8_t sgid_index;		  /* from this one of ours, */
+	uint8_t hop_limit, traffic_class; /* (hop limit 0: 255) */
+	uint32_t flow_label;
+	uint8_t sl;
 	uint8_t timeout, retry_cnt, rnr_retry;
 };
 
@@ -2284,11 +2298,15 @@ static int qp_connect(struct ibv_qp *qp, const struct r2cc_nic *nic, const struc
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 12;
 	a.ah_attr.dlid = l->lid;
+	a.ah_attr.sl = l->sl;
 	a.ah_attr.port_num = nic->port ? nic->port : 1;
 	if (l->gid) {
 		a.ah_attr.is_global = 1;
 		memcpy(a.ah_attr.grh.dgid.raw, l->gid, 16);
-		a.ah_attr.grh.hop_limit = 255;
+		a.ah_attr.grh.sgid_index = l->sgid_index;
+		a.ah_attr.grh.hop_limit = l->hop_limit ? l->hop_limit : 255;
+		a.ah_attr.grh.traffic_class = l->traffic_class;
+		a.ah_attr.grh.flow_label = l->flow_label;
 	}
 	int rc =
 	    eng.v.modify_qp(qp, &a,
@@ -2307,12 +2325,63 @@ static int qp_connect(struct ibv_qp *qp, const struct r2cc_nic *nic, const struc
 				    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+/* What kind of address a GID is: 0 none (an empty entry), 1 IPv4-mapped, 2 IPv6
+ * link-local, 3 another IPv6 address. */
+static int gid_class(const union ibv_gid *g)
+{
+	static const uint8_t v4[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+	if (!memcmp(g->raw, v4, sizeof(v4)))
+		return 1;
+	if (g->raw[0] == 0xfe && (g->raw[1] & 0xc0) == 0x80)
+		return 2;
+	for (int i = 0; i < 16; i++)
+		if (g->raw[i])
+			return 3;
+	return 0;
+}
+
+/* Entry i of c's GID table, when it is of the same kind as the old path's
+ * source GID: the same class of address and, where the library tells GID types,
+ * the same type (RoCE v1 or v2). */
+static bool gid_like(struct r2cc_ctx *c, uint8_t port, int i, const struct r2cc_qp *q,
+		     union ibv_gid *gid)
+{
+	if (eng.v.query_gid(c->ctx, port, i, gid))
+		return false;
+	int cls = gid_class(gid);
+	if (!cls || cls != gid_class(&q->peer.sgid))
+		return false;
+	int t = q->path.sgid_type >= 0 && eng.v.gid_type ? eng.v.gid_type(c->ctx, port, i) : -1;
+	return t < 0 || t == q->path.sgid_type;
+}
+
+/*
+ * The source GID of a new path on c for NCCL's QP q, which has a GRH (RoCE, or IB
+ * across subnets): the entry with the index NCCL chose (NCCL_IB_GID_INDEX, or its
+ * own pick) when it is of the same kind on this NIC, as on NICs of one model and
+ * configuration, else the first entry of that kind (NCCL's pick can differ between
+ * NICs whose tables differ). Its index, or -1 when the NIC has none: a GID of
+ * another kind would be unroutable or leave the traffic class's network.
+ */
+#define GID_TABLE_MAX 256
+static int match_sgid(struct r2cc_ctx *c, uint8_t port, const struct r2cc_qp *q, union ibv_gid *gid)
+{
+	if (!eng.v.query_gid)
+		return -1;
+	if (gid_like(c, port, q->path.sgid_index, q, gid))
+		return q->path.sgid_index;
+	for (int i = 0; i < GID_TABLE_MAX; i++)
+		if (i != q->path.sgid_index && gid_like(c, port, i, q, gid))
+			return i;
+	return -1;
+}
+
 /* A QP (and its CQ) of R2CC's own on nic, in INIT. */
 static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {
 	struct r2cc_ctx *c = nic == r->orig_nic ? r->orig_ctx : ctx_of_nic(nic);
 	struct ibv_pd *pd = pd_on(r, nic);
-	if (!c || !pd)
+	if (!c || !pd || !r->q)
 		return -ENODEV;
 	struct pcq *pc = pcq_get(r, c);
 	if (!pc)
@@ -2335,7 +2404,18 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	}
 	own_add(qp);
 	int rc = qp_init(qp, nic,
-			 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+			 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+			 r->q->path.pkey_index);
+	if (!rc && r->q->peer.has_grh) {
+		int i = match_sgid(c, nic->port ? nic->port : 1, r->q, &r->new_sgid);
+		if (i < 0) {
+			R2CC_WARN("repair: qp 0x%x: %s has no GID of the kind NCCL's path uses "
+				  "(index %u there)",
+				  r->qpn, nic->name, r->q->path.sgid_index);
+			rc = ENOENT;
+		}
+		r->new_sgid_index = (uint8_t)(i < 0 ? 0 : i);
+	}
 	/* The shadow records NCCL's requests only (markers and probes go around
 	 * it): NCCL's caps, not the QP's, which would double its rings. */
 	struct r2cc_qp_shadow_attr sa = {
@@ -2361,16 +2441,23 @@ static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	return 0;
 }
 
+/* The new path towards p with NCCL's path attributes (its GRH's class, flow and
+ * hop limit, its service level) from the matching source GID. */
 static int connect_path(struct r2cc_rqp *r, const struct peer_path *p)
 {
 	const struct r2cc_qp *q = r->q;
 	const struct r2cc_nic *nic = r->new_ctx->nic;
-	int mtu = nic->active_mtu ? nic->active_mtu : IBV_MTU_1024;
+	int mtu = path_mtu(r, nic);
 	struct qp_link l = {
 	    .qpn = p->qpn,
 	    .lid = p->lid,
 	    .mtu = (enum ibv_mtu)(p->mtu && p->mtu < mtu ? p->mtu : mtu),
 	    .gid = q->peer.has_grh ? p->gid : NULL,
+	    .sgid_index = r->new_sgid_index,
+	    .hop_limit = q->path.hop_limit,
+	    .traffic_class = q->path.traffic_class,
+	    .flow_label = q->path.flow_label,
+	    .sl = q->path.sl,
 	    .timeout = q->timeout ? q->timeout : 20,
 	    .retry_cnt = q->retry_cnt ? q->retry_cnt : 7,
 	    .rnr_retry = q->rnr_retry ? q->rnr_retry : 7,
@@ -2931,7 +3018,7 @@ static bool nic_failed_lately(const struct r2cc_nic *nic)
 static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2cc_nic *peer,
 			    uint32_t peer_qpn)
 {
-	int rc = qp_init(qp, self, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE);
+	int rc = qp_init(qp, self, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE, 0);
 	if (rc)
 		return -rc;
 	struct qp_link l = {.qpn = peer_qpn,
@@ -3251,9 +3338,9 @@ static void migrate_loopback(struct r2cc_rqp *r)
 	    .qpn = r->new_qp->qp_num,
 	    .lid = nic->lid,
 	    .port = nic->port ? nic->port : 1,
-	    .mtu = (uint8_t)nic->active_mtu,
+	    .mtu = path_mtu(r, nic),
 	};
-	memcpy(p.gid, nic->gid.raw, 16);
+	memcpy(p.gid, r->q->peer.has_grh ? r->new_sgid.raw : nic->gid.raw, 16);
 	snprintf(p.nic, sizeof(p.nic), "%s", nic->name);
 	set_state(r, RQ_EXCHANGE);
 	rc = connect_path(r, &p);

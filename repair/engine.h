@@ -90,6 +90,8 @@ struct r2cc_repair_verbs {
 	int (*modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
 	int (*destroy_qp)(struct ibv_qp *);
 	int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *);
+	int (*query_gid)(struct ibv_context *, uint8_t, int, union ibv_gid *);
+	int (*gid_type)(struct ibv_context *, uint8_t, int); /* IBV_GID_TYPE_*, -1 unknown */
 	void (*ack_async_event)(struct ibv_async_event *);
 };
 

@@ -108,6 +108,15 @@ struct r2cc_qp {
 	int qp_type;
 	uint32_t max_send_wr, max_recv_wr;
 	struct r2cc_qp_peer peer; /* valid from RTR on */
+	/* NCCL's path as it set it (INIT's pkey, the RTR's address vector): hot repair
+	 * gives a new path of this QP the same, from its own NIC's matching GID */
+	struct r2cc_qp_path {
+		uint16_t pkey_index;
+		uint8_t sl;
+		uint8_t sgid_index, hop_limit, traffic_class; /* with a GRH */
+		uint32_t flow_label;
+		int sgid_type; /* IBV_GID_TYPE_* of the source GID, -1 unknown */
+	} path;
 	uint8_t timeout, retry_cnt, rnr_retry;
 	uint8_t path_mtu, port_num;
 	int access;	       /* qp_access_flags as set at INIT */
