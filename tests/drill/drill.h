@@ -61,6 +61,9 @@ enum drill_expect {
 	DRILL_EXPECT_NO_REPAIR, /* as PASS, and no incident in any report (declared moves aside) */
 };
 
+/* --link roce: the lossless class of the fabric, and NCCL_IB_TC's default there. */
+#define DRILL_ROCE_TC "106"
+
 /* Settings shared by the parent and the workers (workers get them on the command line). */
 struct drill_opts {
 	int procs;
@@ -86,6 +89,7 @@ struct drill_opts {
 	bool selftest_corrupt;
 	bool nccl_stub;	      /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
 	bool flush;	      /* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
+	bool roce;	      /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	const char *nccl_lib; /* worker: the NCCL library to form a communicator with */
 	int fault_phase;      /* enum drill_fault_phase */
 	bool fault_all_nics;  /* --fault-nics all: the fault on every NIC of the node */

@@ -129,7 +129,7 @@ static void usage(FILE *f)
 		"[--expect pass|clean-error|no-repair] [--bound SEC]\n"
 		"                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
 		"[--declare NODE:NIC]\n"
-		"                        [--nccl-version 2.18..2.32]\n"
+		"                        [--nccl-version 2.18..2.32] [--link ib|roce]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -146,6 +146,9 @@ static void usage(FILE *f)
 		"--nccl-version V: the verbs pattern of that NCCL release (default 2.28): request\n"
 		"slots, FIFO layout, one NIC per connection before 2.20, no receive queue on the\n"
 		"QPs that receive nothing from 2.29 (docs/nccl-versions.md).\n"
+		"--link roce: RoCE v2 soft NICs, a subnet per rail routed between rails, lossless\n"
+		"class 106; NCCL's GID index 3 and NCCL_IB_TC=106 (unless set); a scenario fails\n"
+		"if any byte travelled outside the lossless class (lossy_bytes).\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -240,6 +243,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_GBPS,
 		O_DECLARE,
 		O_NCCL_VERSION,
+		O_LINK,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -278,6 +282,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"gbps", required_argument, NULL, O_GBPS},
 	    {"declare", required_argument, NULL, O_DECLARE},
 	    {"nccl-version", required_argument, NULL, O_NCCL_VERSION},
+	    {"link", required_argument, NULL, O_LINK},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
@@ -487,6 +492,11 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			if (!ok)
 				o->pattern = drill_pattern_default();
 			name = "--nccl-version (an NCCL release 2.18 to 2.32, e.g. 2.18 or 2.21.5)";
+			break;
+		case O_LINK:
+			ok = !strcmp(optarg, "ib") || !strcmp(optarg, "roce");
+			o->roce = !strcmp(optarg, "roce");
+			name = "--link (ib or roce)";
 			break;
 		case O_HELP:
 			usage(stdout);
@@ -761,6 +771,46 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 	}
 	free(env);
 	return pid;
+}
+
+static int drill_ctl(const struct drill_paths *p, const struct drill_scenario *s,
+		     char *const args[]);
+
+/* RoCE: no byte of the scenario may have left the lossless class (softverbs-ctl
+ * list's lossy_bytes, every NIC); a failure names the NIC. */
+static void drill_check_lossless(const struct drill_paths *p, struct drill_scenario *s)
+{
+	char *list[] = {(char *)"list", NULL}, path[PATH_MAX + 16], line[512];
+	struct stat st;
+	FILE *f;
+	long from;
+	bool listed = false;
+
+	snprintf(path, sizeof(path), "%s/ctl.log", s->dir);
+	from = stat(path, &st) == 0 ? (long)st.st_size : 0;
+	if (drill_ctl(p, s, list) != 0 || !(f = fopen(path, "r"))) {
+		snprintf(s->why, sizeof(s->why), "softverbs-ctl list of %s failed", s->fabric);
+		return;
+	}
+	fseek(f, from, SEEK_SET);
+	while (fgets(line, sizeof(line), f)) {
+		const char *l = strstr(line, " lossy_bytes="), *node = strstr(line, "node=");
+		const char *nic = strstr(line, " name=");
+		unsigned long long n;
+
+		if (strncmp(line, "nic ", 4) || !l || sscanf(l, " lossy_bytes=%llu", &n) != 1)
+			continue;
+		listed = true;
+		if (n && !s->why[0])
+			snprintf(s->why, sizeof(s->why),
+				 "%llu bytes left the lossless class (%.*s, %.*s)", n,
+				 node ? (int)strcspn(node, " ") : 0, node ? node : "",
+				 nic ? (int)strcspn(nic + 1, " ") : 0, nic ? nic + 1 : "");
+	}
+	fclose(f);
+	if (!listed && !s->why[0])
+		snprintf(s->why, sizeof(s->why), "softverbs-ctl list of %s shows no NIC",
+			 s->fabric);
 }
 
 /* Runs softverbs-ctl with its output in the scenario's ctl.log; 0 if it succeeded. */
@@ -1378,6 +1428,8 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				 st[r].app_error);
 		}
 	}
+	if (o->roce && !s->why[0])
+		drill_check_lossless(p, s);
 	if (drill_ctl(p, s, reset) != 0 && !s->why[0])
 		snprintf(s->why, sizeof(s->why), "softverbs-ctl reset of %s failed", s->fabric);
 	drill_read_reports(o, s, t);
@@ -1496,6 +1548,15 @@ int main(int argc, char **argv)
 	if (o.worker)
 		return drill_worker_main(&o);
 	setvbuf(stdout, NULL, _IOLBF, 0);
+	/* RoCE: the fabric (read by its first process: a worker, or softverbs-ctl) and
+	 * NCCL's settings for it, which the workers and the library inherit. */
+	if (o.roce) {
+		setenv("SOFTVERBS_LINK", "roce", 1);
+		setenv("SOFTVERBS_ROUTED", "1", 1);
+		setenv("SOFTVERBS_LOSSLESS_TC", DRILL_ROCE_TC, 1);
+		setenv("NCCL_IB_GID_INDEX", "3", 0);
+		setenv("NCCL_IB_TC", DRILL_ROCE_TC, 0);
+	}
 	if (drill_paths(&p, &o))
 		return 2;
 	memset(&sa, 0, sizeof(sa));
@@ -1515,6 +1576,10 @@ int main(int argc, char **argv)
 	       o.flush ? ", GPU flush" : "",
 	       o.preload ? "LD_PRELOAD=libr2cc.so" : "no preload (baseline)",
 	       drill_qp_timeout_ms(&o), o.time_scale, o.timeout_s);
+	if (o.roce)
+		printf("  RoCE v2: a subnet per rail, routed; GID index %s, traffic class %s, "
+		       "lossless class %s\n",
+		       getenv("NCCL_IB_GID_INDEX"), getenv("NCCL_IB_TC"), DRILL_ROCE_TC);
 	if (o.pattern != drill_pattern_default())
 		printf(
 		    "  verbs of NCCL %s: %d request slots, %d-byte FIFO elements (idx at %d)%s%s\n",

@@ -65,6 +65,8 @@ struct drill_dev {
 	uint16_t lid;
 	enum ibv_mtu mtu;
 	bool ar;
+	bool eth; /* RoCE: GRHs from this GID, as NCCL_IB_GID_INDEX names it */
+	union ibv_gid gid;
 	char name[IBV_SYSFS_NAME_MAX];
 	struct drill_worker *w;
 };
@@ -147,6 +149,7 @@ struct drill_ep {
 	int32_t rank, nics;
 	uint32_t lid[DRILL_MAX_NICS];
 	uint32_t mtu[DRILL_MAX_NICS];
+	uint8_t gid[DRILL_MAX_NICS][16];
 	struct drill_ep_conn send[DRILL_MAX_PROCS]; /* my connection to peer p */
 	struct drill_ep_conn recv[DRILL_MAX_PROCS]; /* my connection from peer p */
 };
@@ -223,6 +226,7 @@ enum drill_fail_kind {
 
 static void drill_fail(struct drill_worker *w, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+static int drill_gid_index(void);
 static void drill_fail_app(struct drill_worker *w, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void drill_fail_check(struct drill_worker *w, const char *fmt, ...)
@@ -435,6 +439,14 @@ static int drill_devs_open(struct drill_worker *w)
 		}
 		d->lid = pa.lid;
 		d->mtu = pa.active_mtu;
+		/* On Ethernet, NCCL addresses its peers by the GID NCCL_IB_GID_INDEX names
+		 * (the drill's default: 3, RoCE v2 over IPv4) with NCCL_IB_TC's class. */
+		d->eth = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
+		if (d->eth && drill_ibv.query_gid(d->ctx, 1, drill_gid_index(), &d->gid)) {
+			drill_fail_app(w, "query of %s's GID %d failed", d->name,
+				       drill_gid_index());
+			return -1;
+		}
 		/* NCCL turns adaptive routing on for InfiniBand unless told otherwise. */
 		d->ar = pa.link_layer == IBV_LINK_LAYER_INFINIBAND;
 		w->ar = w->ar && d->ar;
@@ -592,6 +604,21 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 	return 0;
 }
 
+/* NCCL_IB_GID_INDEX (default 3 here) and NCCL_IB_TC (default 0), as NCCL reads them. */
+static int drill_env_int(const char *name, int dflt, int max)
+{
+	const char *v = getenv(name);
+	char *end;
+	long n = v && *v ? strtol(v, &end, 10) : dflt;
+
+	return v && *v && (*end || n < 0 || n > max) ? dflt : (int)n;
+}
+
+static int drill_gid_index(void)
+{
+	return drill_env_int("NCCL_IB_GID_INDEX", 3, 255);
+}
+
 /* INIT -> RTR -> RTS with NCCL's attributes (ncclIbRtrQp / ncclIbRtsQp). */
 static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t dqpn,
 			    const struct drill_ep *pe)
@@ -611,6 +638,13 @@ static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t
 	a.min_rnr_timer = 12;
 	a.ah_attr.is_global = 0;
 	a.ah_attr.dlid = (uint16_t)pe->lid[q->rem_dev];
+	if (w->devs[q->dev].eth) {
+		a.ah_attr.is_global = 1;
+		memcpy(a.ah_attr.grh.dgid.raw, pe->gid[q->rem_dev], 16);
+		a.ah_attr.grh.sgid_index = (uint8_t)drill_gid_index();
+		a.ah_attr.grh.hop_limit = 255;
+		a.ah_attr.grh.traffic_class = (uint8_t)drill_env_int("NCCL_IB_TC", 0, 255);
+	}
 	a.ah_attr.sl = 0;
 	a.ah_attr.src_path_bits = 0;
 	a.ah_attr.port_num = 1;
@@ -826,6 +860,7 @@ static int drill_setup(struct drill_worker *w)
 	for (int d = 0; d < o->nics; d++) {
 		w->ep.lid[d] = w->devs[d].lid;
 		w->ep.mtu[d] = w->devs[d].mtu;
+		memcpy(w->ep.gid[d], w->devs[d].gid.raw, 16);
 	}
 	for (int p = 0; p < o->procs; p++) {
 		if (p == o->rank)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Exactly once on both link layers: every NIC fault kind of the drill x {InfiniBand,
+# RoCE v2} x {2, 4 processes} x {GPU flush off, on}, each cell over its own seeds.
+# RoCE runs a subnet per rail, routed between rails, with a lossless class that every
+# byte must keep (--link roce); jitter must pass with no repair at all. Prints one row
+# per cell: scenarios passed, detection and migration times (median / max, ms).
+#   tests/drill/link-matrix.sh BUILD [SEEDS] [KINDS]
+# SEEDS per cell (default 5: 40 per kind over the 8 cells of a kind); KINDS, a
+# comma-separated list, defaults to every kind. Exit status 1 if any cell failed.
+set -u
+B=${1:-build}
+SEEDS=${2:-5}
+KINDS=${3:-down,blackhole,flap,slow,ackloss,blackhole-tx,blackhole-rx,fatal,jitter}
+KINDS=${KINDS//,/ }
+D=$B/bin/r2cc-verbs-drill
+[ -x "$D" ] || { echo "link-matrix: $D missing (make)" >&2; exit 2; }
+fail=0 cell=0
+printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s\n' fault link procs flush scenarios passed \
+	detection_ms migration_ms
+for kind in $KINDS; do
+	for link in ib roce; do
+		for procs in 2 4; do
+			for flush in off on; do
+				# every cell its own seeds, so that the suite covers SEEDS x 8 per kind
+				args=(--fault "$kind" --link "$link" --procs "$procs" --seeds "$SEEDS"
+					--first-seed $((1000 + cell * SEEDS)) --nccl-stub --timeout 60)
+				cell=$((cell + 1))
+				[ "$procs" = 4 ] && args+=(--nics 2)
+				[ "$flush" = on ] && args+=(--flush)
+				[ "$kind" = jitter ] && args+=(--expect no-repair)
+				out=$("$D" "${args[@]}" 2>&1)
+				rc=$?
+				last=$(echo "$out" | tail -1)
+				passed=$(echo "$last" | sed -n 's/.*scenarios \([0-9]*\)\/\([0-9]*\).*/\1/p')
+				det=$(echo "$last" | sed -n 's/.*detection median \([0-9.]*\) ms max \([0-9.]*\) ms.*/\1 \/ \2/p')
+				mig=$(echo "$last" | sed -n 's/.*migration median \([0-9.]*\) ms max \([0-9.]*\) ms.*/\1 \/ \2/p')
+				printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s\n' "$kind" "$link" "$procs" \
+					"$flush" "$SEEDS" "${passed:-0}" "${det:--}" "${mig:--}"
+				if [ $rc -ne 0 ]; then
+					fail=1
+					echo "$out" | grep -E "FAIL|R2CC WARN" | head -8 | cut -c1-400 | sed 's/^/    /'
+				fi
+			done
+		done
+	done
+done
+exit $fail
