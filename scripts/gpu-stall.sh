@@ -10,14 +10,18 @@
 #   3x1:5:3:declared          the one that hung (mode 3)
 #   2x1:1:2                   1 Gb/s, nothing declared
 #   4x1:5:2:declared:blackhole  the same load, node 1's mlx5_0 black-holed mid-run
-# FAULT (FAULT_AFTER_S into the run, on node 1): blackhole (mlx5_0; must be repaired,
-# every result right), and the faults nothing can repair, after which the job must end
-# by itself (not by the timeout) with no wrong result: blackhole-all and down-all (every
-# NIC of node 1), kill (node 1's process is killed).
+# FAULT (FAULT_AFTER_S into the run, on node 1): blackhole, ackloss, down or fatal (of
+# mlx5_0; must be repaired, every result right), and the faults nothing can repair,
+# after which the job must end by itself (not by the timeout) with no wrong result:
+# blackhole-all and down-all (every NIC of node 1), kill (node 1's process is killed).
+# COLL: the nccl-tests program (all_reduce, the default, all_gather, reduce_scatter,
+# sendrecv). LINK=roce: RoCE v2 soft NICs, a routed subnet per rail, lossless class 106
+# with NCCL_IB_GID_INDEX=3 NCCL_IB_TC=106; a run fails if any byte left that class.
 # Environment: NCCL_TESTS_DIR (else build/bin's r2cc-perf links), R2CC_LIB (the library
 # preloaded, default build/lib/libr2cc.so; 'none' runs plain NCCL), BYTES ("-b 256M -e
 # 512M"), ITERS ("-n 3 -w 1"), FAULT_AFTER_S (seconds into the run, default 12),
-# TIMEOUT_S (per run, default 150).
+# TIMEOUT_S (per run, default 150); FAULT_AT_ROW=N: the fault once N result rows are out
+# (instead of FAULT_AFTER_S).
 # One line per run in LOGDIR/summary.txt: PASS/FAIL, exit status, #wrong, incidents that
 # were not declared (false repairs when nothing was injected), what R2CC's stall scan
 # suspected, the detection time of an injected fault, the busbw of the largest size.
@@ -43,6 +47,9 @@ one() { # RUN
 	case ":$rest:" in *:declared:*) declared=1 ;; esac
 	case ":$rest:" in
 	*:blackhole:*) fault=blackhole bh=1 ;;
+	*:ackloss:*) fault=ackloss bh=1 ;;
+	*:down:*) fault=down bh=1 ;;
+	*:fatal:*) fault=fatal bh=1 ;;
 	*:blackhole-all:*) fault=blackhole-all ;;
 	*:down-all:*) fault=down-all ;;
 	*:kill:*) fault=kill ;;
@@ -52,6 +59,10 @@ one() { # RUN
 	mkdir -p "$dir"
 	softfabric_env "mlx5_0:$gbps,mlx5_2:$gbps,mlx5_3:$gbps" "st-$label-$$"
 	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=${SOFTVERBS_TIME_SCALE:-0.05} NCCL_TESTS_DEVICE=0
+	if [ "${LINK:-ib}" = roce ]; then
+		export SOFTVERBS_LINK=roce SOFTVERBS_ROUTED=1 SOFTVERBS_LOSSLESS_TC=106 \
+			NCCL_IB_GID_INDEX=3 NCCL_IB_TC=106
+	fi
 	# NCCL's own warnings in the console; nccl-tests' rows line by line (a process that
 	# hangs at its end would otherwise never print the failure it found)
 	export NCCL_DEBUG=${NCCL_DEBUG:-WARN} R2CC_STDBUF=
@@ -64,7 +75,7 @@ one() { # RUN
 	# shellcheck disable=SC2086 # BYTES and ITERS are word lists
 	if [ -n "${NCCL_TESTS_DIR:-}" ]; then
 		softfabric_mpirun "$nodes" ${env[@]+"${env[@]}"}
-		launch=("${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/all_reduce_perf" $BYTES -f 2 -g 1 -c 1 $ITERS)
+		launch=("${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/${COLL:-all_reduce}_perf" $BYTES -f 2 -g 1 -c 1 $ITERS)
 	else
 		launch=(env "${env[@]}" "$B/bin/r2cc-perf" --nodes "$nodes" --gpus-per-node 1 --coll allreduce
 			$BYTES -f 2 -c 1 $ITERS -T $((TIMEOUT_S - 10)))
@@ -74,8 +85,15 @@ one() { # RUN
 	t0=$(date +%s.%N)
 	timeout --kill-after=5 "$TIMEOUT_S" "${launch[@]}" >>"$dir/console.txt" 2>&1 &
 	local pid=$!
+	if [ -n "$fault" ] && [ -n "${FAULT_AT_ROW:-}" ]; then
+		# in traffic for sure: once the program printed that many result rows
+		while kill -0 $pid 2>/dev/null &&
+			[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +float ' "$dir/console.txt")" -lt "$FAULT_AT_ROW" ]; do
+			sleep 0.1
+		done
+	fi
 	if [ -n "$fault" ]; then
-		sleep "$FAULT_AFTER_S"
+		[ -n "${FAULT_AT_ROW:-}" ] || sleep "$FAULT_AFTER_S"
 		local ok=1 nic p
 		if ! kill -0 $pid 2>/dev/null; then
 			ok=0
@@ -87,7 +105,7 @@ one() { # RUN
 			[ -n "$p" ] && kill -9 "$p" || ok=0
 		else
 			local kind=${fault%-all} nics=mlx5_0
-			[ "$fault" != blackhole ] && nics="mlx5_0 mlx5_2 mlx5_3"
+			[ $bh = 0 ] && nics="mlx5_0 mlx5_2 mlx5_3"
 			for nic in $nics; do
 				"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" fault node1 "$nic" "$kind" >>"$dir/console.txt" 2>&1 || ok=0
 			done
@@ -130,9 +148,13 @@ one() { # RUN
 	wait $pid
 	local rc=$?
 	[ -n "$watcher" ] && { kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; }
-	local secs
+	local secs lossy=0
 	secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
+	# every NIC's bytes outside the lossless class (RoCE), before the reset clears them
+	"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" list >"$dir/nics.txt" 2>&1
+	lossy=$(sed -n 's/.* lossy_bytes=\([0-9]*\).*/\1/p' "$dir/nics.txt" | awk '{s += $1} END {print s + 0}')
 	softfabric_reset
+	unset SOFTVERBS_LINK SOFTVERBS_ROUTED SOFTVERBS_LOSSLESS_TC NCCL_IB_GID_INDEX NCCL_IB_TC
 	# A rank killed, or one that ended on an aborted communicator, while it held the
 	# GPU can leave the MPS server refusing new clients ("CUDA-capable device(s)
 	# is/are busy or unavailable"): start it again after any run that failed.
@@ -144,16 +166,18 @@ one() { # RUN
 	fi
 	# the verdict, from the program's rows and R2CC's reports
 	local v
-	v=$(python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" "$TIMEOUT_S" <<'PY'
+	v=$(python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" "$TIMEOUT_S" "$lossy" "${COLL:-all_reduce}" "${LINK:-ib}" <<'PY'
 import glob, json, re, sys
 d, rc, bh, t_fault, secs, spec, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
-limit = float(sys.argv[8])
+limit, lossy, coll, link = float(sys.argv[8]), int(sys.argv[9]), sys.argv[10], sys.argv[11]
 txt = open(d + "/console.txt", errors="replace").read()
-rows = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+sum\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)", txt, re.M)
-wrong = sum(int(r[4]) + int(r[8]) for r in rows if r[4].isdigit() and r[8].isdigit())
-nonnum = [r for r in rows if not (r[4].isdigit() and r[8].isdigit())]
+rows = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+\S+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)", txt, re.M)
+# #wrong, out of place and in place; nccl-tests checks no in-place sendrecv ("N/A")
+cnt = lambda v: int(v) if v.isdigit() else 0
+wrong = sum(cnt(r[4]) + cnt(r[8]) for r in rows)
+nonnum = [r for r in rows if not r[4].isdigit() or not (r[8].isdigit() or r[8] == "N/A")]
 busbw = rows[-1][3] if rows else "-"
-inc = decl = sus = 0
+inc = decl = sus = synth = 0
 det = []
 for f in glob.glob(d + "/report.*.json"):
     try:
@@ -165,6 +189,7 @@ for f in glob.glob(d + "/report.*.json"):
             decl += 1
         else:
             inc += 1
+            synth += i.get("completions_synthesised", 0)
             if bh and t_fault and i.get("detected_unix", 0) >= t_fault:
                 det.append((i["detected_unix"] - t_fault) * 1e3)
     sus += j.get("stall_scan", {}).get("suspected", 0)
@@ -176,10 +201,11 @@ if fault and not bh:
 else:
     ok = rc == 0 and bool(rows) and wrong == 0 and not nonnum and (inc > 0 if bh else inc == 0)
     ok = ok and t_fault >= 0
+ok = ok and lossy == 0
 detect = f"{min(det):.0f}" if det else "-"
-print(f"{'PASS' if ok else 'FAIL'} {spec} rc={rc} rows={len(rows)} wrong={wrong} "
-      f"repairs={inc} declared_incidents={decl} suspected={sus} detect_ms={detect} "
-      f"busbw={busbw} secs={secs}")
+print(f"{'PASS' if ok else 'FAIL'} {spec} coll={coll} link={link} rc={rc} rows={len(rows)} "
+      f"wrong={wrong} repairs={inc} synthesised={synth} declared_incidents={decl} "
+      f"suspected={sus} detect_ms={detect} lossy_bytes={lossy} busbw={busbw} secs={secs}")
 PY
 )
 	echo "$v" | tee -a "$LOG/summary.txt"
