@@ -646,6 +646,12 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 						       &q->peer.sgid))
 					memset(&q->peer.sgid, 0, sizeof(q->peer.sgid));
 				q->path.sgid_type = gid_type_of(qp->context, port, g->sgid_index);
+				struct r2cc_nic *nic = q->ctx->nic;
+				if (!__atomic_load_n(&nic->roce_known, __ATOMIC_ACQUIRE)) {
+					nic->roce_sgid_index = g->sgid_index;
+					nic->roce_tclass = g->traffic_class;
+					__atomic_store_n(&nic->roce_known, 1, __ATOMIC_RELEASE);
+				}
 			}
 		}
 		if (mask & IBV_QP_TIMEOUT)

@@ -2988,6 +2988,7 @@ struct selftest {
 	struct r2cc_ctx *cb[SELFTEST_SIBLINGS];
 	struct ibv_qp *qa[SELFTEST_SIBLINGS], *qb[SELFTEST_SIBLINGS];
 	struct ibv_cq *cqa, *cqb[SELFTEST_SIBLINGS];
+	bool calibrate; /* RoCE: only which siblings answer; no back-off after it */
 	char why[128];
 };
 
@@ -2997,6 +2998,12 @@ struct selftest {
  * backoff only by the NIC's self-test, of which one runs at a time. */
 static struct {
 	int64_t next, backoff, failure_at;
+	/* RoCE: siblings (bits of their registry index) whose self-test QP answered
+	 * this NIC's once, so that the fabric routes between them: only those are
+	 * witnesses (unrouted rails never answer, and would make any NIC look dead);
+	 * calib_at: the last test run to learn them (atomic, both) */
+	uint64_t reach;
+	int64_t calib_at;
 } st_nic[R2CC_STALL_MAX_NICS];
 
 static void nic_failure_seen(const struct r2cc_nic *nic)
@@ -3016,18 +3023,40 @@ static bool nic_failed_lately(const struct r2cc_nic *nic)
 /* Transport timeouts long enough for a loaded fabric (about 0.5 s on hardware);
  * the verdict is the test's own, from its answer and the NIC's progress. */
 static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2cc_nic *peer,
-			    uint32_t peer_qpn)
+			    struct r2cc_ctx *peer_ctx, uint32_t peer_qpn)
 {
-	int rc = qp_init(qp, self, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE, 0);
-	if (rc)
-		return -rc;
 	struct qp_link l = {.qpn = peer_qpn,
 			    .lid = peer->lid,
 			    .mtu = IBV_MTU_1024,
 			    .timeout = 14,
 			    .retry_cnt = 7,
 			    .rnr_retry = 7};
+	/* RoCE: addressed as NCCL addresses its own QPs on both NICs (GID index and
+	 * class), to the peer NIC's GID of that index */
+	union ibv_gid g;
+	if (self->link_layer == IBV_LINK_LAYER_ETHERNET) {
+		if (!__atomic_load_n(&self->roce_known, __ATOMIC_ACQUIRE) ||
+		    !__atomic_load_n(&peer->roce_known, __ATOMIC_ACQUIRE) || !eng.v.query_gid ||
+		    eng.v.query_gid(peer_ctx->ctx, peer->port ? peer->port : 1,
+				    peer->roce_sgid_index, &g))
+			return -ENOENT;
+		l.gid = g.raw;
+		l.sgid_index = self->roce_sgid_index;
+		l.traffic_class = self->roce_tclass;
+	}
+	int rc = qp_init(qp, self, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE, 0);
+	if (rc)
+		return -rc;
 	return qp_connect(qp, self, &l);
+}
+
+/* RoCE: does b witness a's test (it answered one of a's before)? IB: always. */
+static bool selftest_reaches(const struct r2cc_nic *a, const struct r2cc_nic *b)
+{
+	if (a->link_layer != IBV_LINK_LAYER_ETHERNET)
+		return true;
+	return a->index >= 0 && a->index < R2CC_STALL_MAX_NICS && b->index >= 0 && b->index < 64 &&
+	       (__atomic_load_n(&st_nic[a->index].reach, __ATOMIC_RELAXED) >> b->index & 1);
 }
 
 static void nic_failed(struct r2cc_nic *nic, const char *why);
@@ -3085,8 +3114,14 @@ static int selftest_run(struct selftest *t)
 		struct ibv_wc wc[SELFTEST_SIBLINGS];
 		int n = answered == posted ? 0 : t->ca->poll_cq(t->cqa, SELFTEST_SIBLINGS, wc);
 		for (int k = 0; k < n; k++) {
-			if (wc[k].status == IBV_WC_SUCCESS)
+			if (wc[k].status == IBV_WC_SUCCESS) {
+				int i = (int)wc[k].wr_id - 1, a = t->a->index;
+				if (i >= 0 && i < t->nb && a >= 0 && a < R2CC_STALL_MAX_NICS &&
+				    t->b[i]->index >= 0 && t->b[i]->index < 64)
+					__atomic_fetch_or(&st_nic[a].reach, 1ull << t->b[i]->index,
+							  __ATOMIC_RELAXED);
 				return 0;
+			}
 			if (wc[k].wr_id >= 1 && wc[k].wr_id <= SELFTEST_SIBLINGS)
 				answered |= 1 << (wc[k].wr_id - 1);
 		}
@@ -3102,8 +3137,9 @@ static int selftest_run(struct selftest *t)
 		for (int i = 0; i < t->nb; i++) {
 			uint64_t d2 = r2cc_stall_drained(t->b[i]);
 			b_busy[i] = b_busy[i] || r2cc_stall_queued(t->b[i]) > 0;
-			witness = witness || ((posted >> i & 1) && !(b_busy[i] && d2 == db[i]) &&
-					      !nic_failed_lately(t->b[i]));
+			witness = witness ||
+				  ((posted >> i & 1) && !(b_busy[i] && d2 == db[i]) &&
+				   !nic_failed_lately(t->b[i]) && selftest_reaches(t->a, t->b[i]));
 			db[i] = d2;
 		}
 		if (fresh && da2 == da && witness)
@@ -3152,8 +3188,8 @@ static void *selftest_main(void *arg)
 		if (t->qb[i])
 			own_add(t->qb[i]);
 		if (!t->qa[i] || !t->qb[i] ||
-		    selftest_connect(t->qa[i], t->a, t->b[i], t->qb[i]->qp_num) ||
-		    selftest_connect(t->qb[i], t->b[i], t->a, t->qa[i]->qp_num)) {
+		    selftest_connect(t->qa[i], t->a, t->b[i], t->cb[i], t->qb[i]->qp_num) ||
+		    selftest_connect(t->qb[i], t->b[i], t->a, t->ca, t->qa[i]->qp_num)) {
 			destroy_private(t->qa[i], NULL);
 			destroy_private(t->qb[i], NULL);
 			t->qa[i] = t->qb[i] = NULL;
@@ -3180,7 +3216,7 @@ static void *selftest_main(void *arg)
 				   __ATOMIC_RELAXED);
 		R2CC_INFO("repair: %s: self-test through %s %s (%s)", t->a->name, through,
 			  verdict == 0 ? "passed: the NIC is alive" : "inconclusive", t->why);
-		if (indexed) {
+		if (indexed && !t->calibrate) {
 			int64_t b = st_nic[i].backoff;
 			b = b ? 2 * b : SELFTEST_BACKOFF_NS;
 			st_nic[i].backoff = b < SELFTEST_BACKOFF_MAX ? b : SELFTEST_BACKOFF_MAX;
@@ -3226,11 +3262,10 @@ static void selftest_siblings(struct selftest *t)
 /* stall: the test confirms a suspected stall, and a NIC that passed one lately
  * is left alone; evidence of a failure (an error, the peer's request) is always
  * tested. */
-static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
+static void selftest_launch(struct r2cc_nic *a, const char *why, bool stall, bool calibrate)
 {
-	if (a->link_layer == IBV_LINK_LAYER_ETHERNET ||
-	    __atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
-		return; /* RoCE needs a GID index NCCL chose: not tested */
+	if (__atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
+		return;
 	int i = a->index;
 	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS &&
 	    now_ns() < __atomic_load_n(&st_nic[i].next, __ATOMIC_RELAXED))
@@ -3242,6 +3277,7 @@ static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 	struct selftest *t = calloc(1, sizeof(*t));
 	if (t) {
 		t->a = a;
+		t->calibrate = calibrate;
 		selftest_siblings(t);
 		snprintf(t->why, sizeof(t->why), "%s", why ? why : "");
 	}
@@ -3259,6 +3295,29 @@ static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
 	}
 	free(t);
 	__atomic_store_n(&a->selftest, 0, __ATOMIC_RELEASE);
+}
+
+static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
+{
+	selftest_launch(a, why, stall, false);
+}
+
+/* RoCE: learns which siblings' self-test QPs answer this NIC's (a fabric routes
+ * between rails, or not), at most once a second until one has; before that, no
+ * self-test of the NIC is conclusive. Once NCCL's first QP on it is connected. */
+static void selftest_calibrate(struct r2cc_nic *a)
+{
+	int i = a->index;
+	if (a->link_layer != IBV_LINK_LAYER_ETHERNET || i < 0 || i >= R2CC_STALL_MAX_NICS ||
+	    __atomic_load_n(&st_nic[i].reach, __ATOMIC_RELAXED) ||
+	    !__atomic_load_n(&a->roce_known, __ATOMIC_ACQUIRE))
+		return;
+	int64_t t = now_ns(), last = __atomic_load_n(&st_nic[i].calib_at, __ATOMIC_RELAXED);
+	if ((last && t - last < 1000000000ll) ||
+	    !__atomic_compare_exchange_n(&st_nic[i].calib_at, &last, t, false, __ATOMIC_RELAXED,
+					 __ATOMIC_RELAXED))
+		return;
+	selftest_launch(a, "which siblings answer it (RoCE)", false, true);
 }
 
 /* As many migrations of this QP within CHURN_NS as the process has NICs (at
@@ -4413,6 +4472,7 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 			     r2cc_peer_track_qp(q, r) == 0;
 	}
 	__atomic_store_n(&r->ready, true, __ATOMIC_SEQ_CST);
+	selftest_calibrate(q->ctx->nic);
 	declared_mark();
 	int st = __atomic_load_n(&q->ctx->nic->state, __ATOMIC_SEQ_CST);
 	if (st == R2CC_NIC_DECLARED && !q->rep->declared_pending)

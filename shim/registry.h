@@ -48,6 +48,10 @@ struct r2cc_nic {
 	bool gid_known;
 	int state;    /* enum r2cc_nic_state */
 	int selftest; /* hot repair: a self-test of this NIC is running */
+	/* with a GRH (RoCE): the GID index and traffic class of NCCL's QPs on this NIC,
+	 * from their RTR, for hot repair's self-test QPs; roce_known (atomic) once seen */
+	uint8_t roce_sgid_index, roce_tclass;
+	int roce_known;
 	struct r2cc_nic_counters cnt;
 };
 

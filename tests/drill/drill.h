@@ -87,16 +87,17 @@ struct drill_opts {
 	bool keep;
 	bool verbose;
 	bool selftest_corrupt;
-	bool nccl_stub;	      /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
-	bool flush;	      /* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
-	bool roce;	      /* --link roce: RoCE v2 soft NICs, a subnet per rail */
-	const char *nccl_lib; /* worker: the NCCL library to form a communicator with */
-	int fault_phase;      /* enum drill_fault_phase */
-	bool fault_all_nics;  /* --fault-nics all: the fault on every NIC of the node */
-	double second_ms;     /* --second-fault: ms after the first, on another NIC; < 0 none */
-	int expect;	      /* enum drill_expect */
-	double bound_s;	      /* --bound: the first application error within this of the fault */
-	int hold;	      /* worker: enum drill_hold */
+	bool nccl_stub;		 /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
+	bool flush;		 /* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
+	bool roce;		 /* --link roce: RoCE v2 soft NICs, a subnet per rail */
+	double detect_within_ms; /* --detect-within: 0 none */
+	const char *nccl_lib;	 /* worker: the NCCL library to form a communicator with */
+	int fault_phase;	 /* enum drill_fault_phase */
+	bool fault_all_nics;	 /* --fault-nics all: the fault on every NIC of the node */
+	double second_ms;	 /* --second-fault: ms after the first, on another NIC; < 0 none */
+	int expect;		 /* enum drill_expect */
+	double bound_s;		 /* --bound: the first application error within this of the fault */
+	int hold;		 /* worker: enum drill_hold */
 	const struct drill_pattern *pattern; /* --nccl-version */
 	/* worker only */
 	bool worker;

@@ -129,7 +129,8 @@ static void usage(FILE *f)
 		"[--expect pass|clean-error|no-repair] [--bound SEC]\n"
 		"                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
 		"[--declare NODE:NIC]\n"
-		"                        [--nccl-version 2.18..2.32] [--link ib|roce]\n"
+		"                        [--nccl-version 2.18..2.32] [--link ib|roce] "
+		"[--detect-within MS]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -149,6 +150,8 @@ static void usage(FILE *f)
 		"--link roce: RoCE v2 soft NICs, a subnet per rail routed between rails, lossless\n"
 		"class 106; NCCL's GID index 3 and NCCL_IB_TC=106 (unless set); a scenario fails\n"
 		"if any byte travelled outside the lossless class (lossy_bytes).\n"
+		"--detect-within MS: a scenario fails if any R2CC incident of its fault was\n"
+		"detected more than MS ms after the fault.\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -244,6 +247,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_DECLARE,
 		O_NCCL_VERSION,
 		O_LINK,
+		O_DETECT,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -283,6 +287,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"declare", required_argument, NULL, O_DECLARE},
 	    {"nccl-version", required_argument, NULL, O_NCCL_VERSION},
 	    {"link", required_argument, NULL, O_LINK},
+	    {"detect-within", required_argument, NULL, O_DETECT},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
@@ -497,6 +502,11 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			ok = !strcmp(optarg, "ib") || !strcmp(optarg, "roce");
 			o->roce = !strcmp(optarg, "roce");
 			name = "--link (ib or roce)";
+			break;
+		case O_DETECT:
+			ok = drill_num(optarg, 0.001, 86400000, &v);
+			o->detect_within_ms = v;
+			name = "--detect-within (ms, 0.001..86400000)";
 			break;
 		case O_HELP:
 			usage(stdout);
@@ -1432,7 +1442,15 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		drill_check_lossless(p, s);
 	if (drill_ctl(p, s, reset) != 0 && !s->why[0])
 		snprintf(s->why, sizeof(s->why), "softverbs-ctl reset of %s failed", s->fabric);
+	int det0 = t->ndetect;
 	drill_read_reports(o, s, t);
+	/* --detect-within: every incident of the fault found in time */
+	for (int i = det0; o->detect_within_ms > 0 && i < t->ndetect; i++)
+		if (t->detect[i] > o->detect_within_ms && !s->why[0])
+			snprintf(s->why, sizeof(s->why),
+				 "a detection came %.0f ms after the fault "
+				 "(--detect-within %g)",
+				 t->detect[i], o->detect_within_ms);
 
 	/* A fault run tests nothing unless the fault hit while messages were moving. */
 	missed = drill_fault_missed(o, s);

@@ -66,6 +66,11 @@ CPU_TESTS   += 600@$(DRILL_DIR)/link-matrix.sh:$(BUILD):4 \
 	       60@$(DRILL):--fault:ackloss:--seeds:20:--nccl-stub \
 	       90@$(DRILL):--fault:jitter:--expect:no-repair:--seeds:20:--nccl-stub
 BENCHES     += $(DRILL_DIR)/link-matrix.sh:$(BUILD):13
+# RoCE's self-test: with transport timeouts of 1.7 s (time scale 0.05), a black hole or
+# lost acknowledgements on a RoCE NIC must be found by the stall scan and the self-test,
+# well before the transport error (which was the only detection there before).
+CPU_TESTS   += 90@$(DRILL):--link:roce:--fault:blackhole:--seeds:4:--time-scale:0.05:--detect-within:1200:--nccl-stub \
+	       90@$(DRILL):--link:roce:--fault:ackloss:--seeds:4:--time-scale:0.05:--detect-within:1200:--nccl-stub
 # Scale: 16 processes x 2 NICs (240 connections, 480 data QPs); above 4 workers the drill's
 # defaults shrink to fit 2 cores (tests/drill/README.md).
 CPU_TESTS   += 240@$(DRILL):--procs:16:--nics:2:--fault:down:--seeds:5:--nccl-stub \
