@@ -38,7 +38,8 @@ for kind in $KINDS; do
 					"$flush" "$SEEDS" "${passed:-0}" "${det:--}" "${mig:--}"
 				if [ $rc -ne 0 ]; then
 					fail=1
-					echo "$out" | grep -E "FAIL|R2CC WARN" | head -8 | cut -c1-400 | sed 's/^/    /'
+					{ echo "$out" | grep -E "FAIL|R2CC WARN" || echo "$out" | tail -3; } |
+						head -8 | cut -c1-400 | sed 's/^/    /'
 				fi
 			done
 		done
