@@ -3115,11 +3115,15 @@ static int selftest_run(struct selftest *t)
 		int n = answered == posted ? 0 : t->ca->poll_cq(t->cqa, SELFTEST_SIBLINGS, wc);
 		for (int k = 0; k < n; k++) {
 			if (wc[k].status == IBV_WC_SUCCESS) {
+				/* the pair's QPs talk both ways: a witness for either */
 				int i = (int)wc[k].wr_id - 1, a = t->a->index;
-				if (i >= 0 && i < t->nb && a >= 0 && a < R2CC_STALL_MAX_NICS &&
-				    t->b[i]->index >= 0 && t->b[i]->index < 64)
-					__atomic_fetch_or(&st_nic[a].reach, 1ull << t->b[i]->index,
+				int b = i >= 0 && i < t->nb ? t->b[i]->index : -1;
+				if (a >= 0 && a < 64 && b >= 0 && b < 64) {
+					__atomic_fetch_or(&st_nic[a].reach, 1ull << b,
 							  __ATOMIC_RELAXED);
+					__atomic_fetch_or(&st_nic[b].reach, 1ull << a,
+							  __ATOMIC_RELAXED);
+				}
 				return 0;
 			}
 			if (wc[k].wr_id >= 1 && wc[k].wr_id <= SELFTEST_SIBLINGS)
