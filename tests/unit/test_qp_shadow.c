@@ -623,15 +623,17 @@ Test(qp_shadow, one_poster_one_poller)
 
 /*
  * The peer's device acknowledged messages and died before writing their receive
- * completions: the sender retired 6 messages, the receiver counted 3. The
+ * completions: the sender retired N = R2CC_SHADOW_LOST_MAX + 2 messages, the
+ * receiver counted 3. The
  * sender's record of its last R2CC_SHADOW_LOST_MAX messages lets the receiver
  * make the 3 completions (wr_id of its oldest receives, immediates, lengths);
  * the sender's plan takes k as its retired count, and only with a record sent.
  */
 Test(qp_shadow, receive_completions_a_dead_device_lost)
 {
+	const uint64_t N = R2CC_SHADOW_LOST_MAX + 2;
 	struct r2cc_qp_shadow *tx = mk(64, 64, false, 0), *rx = mk(64, 64, false, 0);
-	for (uint64_t i = 0; i < 6; i++) {
+	for (uint64_t i = 0; i < N; i++) {
 		struct ibv_recv_wr r = {.wr_id = 100 + i};
 		cr_assert_eq(r2cc_qp_shadow_post_recv(rx, &r, NULL), 0);
 		enum ibv_wr_opcode op = i == 4 ? IBV_WR_SEND : IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -645,13 +647,13 @@ Test(qp_shadow, receive_completions_a_dead_device_lost)
 			cr_assert_eq(r2cc_qp_shadow_wc(rx, &wc), 0);
 		}
 	}
-	cr_assert_eq(r2cc_qp_shadow_msgs_retired(tx), 6);
+	cr_assert_eq(r2cc_qp_shadow_msgs_retired(tx), N);
 	cr_assert_eq(r2cc_qp_shadow_recv_consumed(rx), 3);
 	struct r2cc_shadow_msg rec[R2CC_SHADOW_LOST_MAX];
 	int n = r2cc_qp_shadow_retired_msgs(tx, rec);
 	cr_assert_eq(n, R2CC_SHADOW_LOST_MAX);
 	cr_assert_eq(rec[0].n, 3);
-	cr_assert_eq(rec[n - 1].n, 6);
+	cr_assert_eq(rec[n - 1].n, N);
 
 	/* Not the next message: refused, nothing retired. */
 	struct ibv_wc wc;
@@ -670,10 +672,10 @@ Test(qp_shadow, receive_completions_a_dead_device_lost)
 			cr_assert_eq(wc.imm_data, htobe32(16 + (uint32_t)rec[i].n - 1));
 		}
 	}
-	cr_assert_eq(r2cc_qp_shadow_recv_consumed(rx), 6);
+	cr_assert_eq(r2cc_qp_shadow_recv_consumed(rx), N);
 	cr_assert_eq(r2cc_qp_shadow_recv_outstanding(rx), 0);
 
-	/* The sender: k = 3 is refused without a record, taken as 6 with one. */
+	/* The sender: k = 3 is refused without a record, taken as N with one. */
 	struct r2cc_qp_shadow_plan p;
 	struct r2cc_qp_shadow_plan_in in = {.peer_recv_consumed = 3};
 	cr_assert_eq(r2cc_qp_shadow_plan_build(tx, &in, &p), -EPROTO);
@@ -683,7 +685,7 @@ Test(qp_shadow, receive_completions_a_dead_device_lost)
 	cr_assert_eq(p.n_synth, 0);
 	r2cc_qp_shadow_plan_free(&p);
 	/* More than the record holds: refused. */
-	in.peer_recv_consumed = 6 - R2CC_SHADOW_LOST_MAX - 1;
+	in.peer_recv_consumed = N - R2CC_SHADOW_LOST_MAX - 1;
 	cr_assert_eq(r2cc_qp_shadow_plan_build(tx, &in, &p), -EPROTO);
 	r2cc_qp_shadow_destroy(tx);
 	r2cc_qp_shadow_destroy(rx);
