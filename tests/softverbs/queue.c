@@ -1632,6 +1632,25 @@ static int sv_split_local(const struct iovec *liov, const struct iovec *riov, in
 	size_t lo = 0;
 	int k = 0, li = 0;
 
+	/* One source and one target range (a write from one SGE, as NCCL's FIFO
+	 * entries and small steps are): the pieces in one pass, a fifth of the
+	 * general loop's time, which was about half of a 1 KiB write's extra cost. */
+	if (nr == 1 && liov[0].iov_len >= riov[0].iov_len) {
+		char *l = liov[0].iov_base;
+		size_t n = riov[0].iov_len, off = (8 - (uintptr_t)riov[0].iov_base % 8) % 8;
+
+		if (off > n)
+			off = n;
+		if (off) {
+			out[k].iov_base = l;
+			out[k++].iov_len = off;
+		}
+		for (; off < n; off += 8) {
+			out[k].iov_base = l + off;
+			out[k++].iov_len = n - off < 8 ? n - off : 8;
+		}
+		return k;
+	}
 	for (int ri = 0; ri < nr; ri++) {
 		uintptr_t ra = (uintptr_t)riov[ri].iov_base;
 		size_t rl = riov[ri].iov_len;
