@@ -471,9 +471,13 @@ static int wrap_ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, 
 {
 	int rc = real_ibv_query_gid(ctx, port, index, gid);
 	struct r2cc_ctx *c;
-	if (rc == 0 && (c = r2cc_ctx_find(ctx)) && !c->nic->gid_known) {
-		c->nic->gid = *gid;
-		c->nic->gid_known = true;
+	if (rc == 0 && (c = r2cc_ctx_find(ctx))) {
+		if (!c->nic->gid_known) {
+			c->nic->gid = *gid;
+			c->nic->gid_known = true;
+		}
+		/* what NCCL read, for a device that dies before the QP's RTR */
+		r2cc_nic_gid_cache(c->nic, index, gid);
 	}
 	return rc;
 }
@@ -617,8 +621,13 @@ static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_a
 static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
 	int rc = real_ibv_modify_qp(qp, attr, mask);
-	struct r2cc_qp *q;
-	if (rc == 0 && (q = r2cc_qp_find(qp))) {
+	struct r2cc_qp *q = NULL;
+	/* A dead device refuses the connection of a QP hot repair can move: it connects
+	 * on a healthy NIC instead, once NCCL has given it all its attributes. */
+	if (rc && (mask & IBV_QP_STATE) && (q = r2cc_qp_find(qp)) &&
+	    r2cc_repair_modify_refused(q, rc, attr->qp_state))
+		rc = 0;
+	if (rc == 0 && (q || (q = r2cc_qp_find(qp)))) {
 		if (mask & IBV_QP_STATE)
 			q->state = attr->qp_state;
 		if (mask & IBV_QP_DEST_QPN)
@@ -643,7 +652,8 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 				uint8_t port = mask & IBV_QP_PORT ? attr->port_num : q->port_num;
 				port = port ? port : 1;
 				if (real_ibv_query_gid(qp->context, port, g->sgid_index,
-						       &q->peer.sgid))
+						       &q->peer.sgid) &&
+				    !r2cc_nic_gid_cached(q->ctx->nic, g->sgid_index, &q->peer.sgid))
 					memset(&q->peer.sgid, 0, sizeof(q->peer.sgid));
 				q->path.sgid_type = gid_type_of(qp->context, port, g->sgid_index);
 				struct r2cc_nic *nic = q->ctx->nic;

@@ -1514,6 +1514,24 @@ static bool refused_by_dead_device(int rc)
 	return rc == EIO || rc == ENETDOWN;
 }
 
+bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state)
+{
+	struct r2cc_rqp *r = q->rep;
+	/* On RoCE the RTR resolves the peer's address through the NIC's network device,
+	 * which refuses while its link is down: those errors too, on a NIC that failed. */
+	bool down =
+	    __atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN &&
+	    (rc == ENETUNREACH || rc == EHOSTUNREACH || rc == ENODATA || rc == EADDRNOTAVAIL);
+	if (!r || !(refused_by_dead_device(rc) || down) || !r2cc_active() ||
+	    (to_state != IBV_QPS_INIT && to_state != IBV_QPS_RTR && to_state != IBV_QPS_RTS))
+		return false;
+	char why[96];
+	snprintf(why, sizeof(why), "connecting a queue pair on it failed (%s): the device is dead",
+		 strerror(rc));
+	nic_failed(q->ctx->nic, why);
+	return true;
+}
+
 /*
  * A post that the device of `nic` refused because the device is dead: that NIC has
  * failed (every QP on it is detected), and r, taken by the repair, holds what it is

@@ -122,6 +122,11 @@ int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_
  * QP's new path (0); otherwise rc, for NCCL. Called outside the QP's gate. */
 int r2cc_repair_send_refused(struct r2cc_qp *q, int rc, struct ibv_send_wr **bad);
 int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad);
+/* NCCL's ibv_modify_qp of q to INIT, RTR or RTS was refused with rc: if the device is
+ * dead (EIO, ENETDOWN) and hot repair has q, its NIC has failed and the QP is virtual
+ * from birth (DESIGN.md section 4): true, and the caller reports success and keeps
+ * the attributes; the QP migrates when NCCL moves it to RTS. false: rc is NCCL's. */
+bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state);
 int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc);
 /* The fast poll found error completions among wc[0..got): those of QPs hot repair
  * takes over are removed (and repair starts); returns how many are left. Called

@@ -54,6 +54,23 @@ int r2cc_registry_init(void)
 
 /* --- NICs ----------------------------------------------------------------- */
 
+void r2cc_nic_gid_cache(struct r2cc_nic *nic, int index, const union ibv_gid *gid)
+{
+	if (index < 0 || index >= R2CC_GID_CACHE)
+		return;
+	nic->gids[index] = *gid; /* the same value each time NCCL reads it */
+	__atomic_fetch_or(&nic->gids_known, 1u << index, __ATOMIC_RELEASE);
+}
+
+bool r2cc_nic_gid_cached(const struct r2cc_nic *nic, int index, union ibv_gid *gid)
+{
+	if (index < 0 || index >= R2CC_GID_CACHE ||
+	    !(__atomic_load_n(&nic->gids_known, __ATOMIC_ACQUIRE) >> index & 1))
+		return false;
+	*gid = nic->gids[index];
+	return true;
+}
+
 struct r2cc_nic *r2cc_nic_get(const char *name)
 {
 	struct r2cc_nic *nic = NULL;

@@ -35,6 +35,8 @@ struct r2cc_nic_counters {
 	uint64_t recv_posted;	   /* posted receive WRs */
 };
 
+#define R2CC_GID_CACHE 32
+
 struct r2cc_nic {
 	int index; /* order of first open, stable for the process */
 	char name[R2CC_NIC_NAME_MAX];
@@ -52,6 +54,10 @@ struct r2cc_nic {
 	 * from their RTR, for hot repair's self-test QPs; roce_known (atomic) once seen */
 	uint8_t roce_sgid_index, roce_tclass;
 	int roce_known;
+	/* the GID entries NCCL read (indices below R2CC_GID_CACHE), so that a QP's
+	 * identity is known when its device dies before its RTR can be queried */
+	union ibv_gid gids[R2CC_GID_CACHE];
+	uint32_t gids_known; /* atomic: bit i, gids[i] is valid */
 	struct r2cc_nic_counters cnt;
 };
 
@@ -134,6 +140,10 @@ struct r2cc_qp {
 
 /* Initialise once (idempotent); -ENOMEM when the tables cannot be made. */
 int r2cc_registry_init(void);
+
+/* A GID NCCL read of nic (kept for indices below R2CC_GID_CACHE), and the lookup. */
+void r2cc_nic_gid_cache(struct r2cc_nic *nic, int index, const union ibv_gid *gid);
+bool r2cc_nic_gid_cached(const struct r2cc_nic *nic, int index, union ibv_gid *gid);
 
 /* NICs: found or created by name. */
 struct r2cc_nic *r2cc_nic_get(const char *name);

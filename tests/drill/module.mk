@@ -47,6 +47,8 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       120@$(DRILL):--fault:fatal:--seeds:100:--nccl-stub \
 	       180@$(DRILL):--fault:all:--seeds:5:--procs:4:--nics:2:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--fault-phase:connect:--nccl-stub \
+	       60@$(DRILL):--fault:fatal:--seeds:5:--fault-phase:connect:--nccl-stub \
+	       60@$(DRILL):--fault:fatal:--seeds:5:--fault-phase:connect:--link:roce:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--second-fault:2:--nccl-stub \
 	       60@$(DRILL):--fault:blackhole:--seeds:5:--second-fault:100:--nccl-stub \
 	       90@$(DRILL):--fault:down:--fault-nics:all:--expect:clean-error:--seeds:3:--nics:2:--nccl-stub \
