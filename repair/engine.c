@@ -1343,7 +1343,7 @@ static int xlate_lkey(struct r2cc_rqp *r, uint32_t lkey, uint32_t len, uint32_t 
 	return rc;
 }
 
-static int xlate_rkey(struct r2cc_rqp *r, uint32_t rkey, uint32_t *out)
+static int xlate_rkey(struct r2cc_rqp *r, uint32_t rkey, uint64_t addr, uint64_t len, uint32_t *out)
 {
 	if (!strcmp(r->peer_cur_nic, r->peer_orig_nic)) {
 		*out = rkey;
@@ -1351,7 +1351,7 @@ static int xlate_rkey(struct r2cc_rqp *r, uint32_t rkey, uint32_t *out)
 	}
 	if (r->loopback) /* the "peer" is this process: its own mirrors */
 		return r2cc_mr_mirror_rkey(r->orig_nic, rkey, r->cur_nic, out);
-	return r2cc_mr_mirror_remote_rkey(r->dir, r->peer_rank, r->peer_orig_nic, rkey,
+	return r2cc_mr_mirror_remote_rkey(r->dir, r->peer_rank, r->peer_orig_nic, rkey, addr, len,
 					  r->peer_cur_nic, out, 2000);
 }
 
@@ -1383,7 +1383,8 @@ static int post_one_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 	    (one.opcode == IBV_WR_RDMA_WRITE || one.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
 	     one.opcode == IBV_WR_RDMA_READ) &&
 	    (bytes || one.opcode == IBV_WR_RDMA_READ))
-		rc = xlate_rkey(r, one.wr.rdma.rkey, &t.wr.rdma.rkey);
+		rc = xlate_rkey(r, one.wr.rdma.rkey, one.wr.rdma.remote_addr, bytes,
+				&t.wr.rdma.rkey);
 	if (!rc) {
 		struct ibv_send_wr *bad = NULL;
 		rc = -r->cur_ctx->post_send(r->cur_qp, &t, &bad);

@@ -688,13 +688,18 @@ static struct cache_ent *cache_find_locked(uint64_t job, int peer, const char *f
 	return NULL;
 }
 
-static int cache_lookup_locked(const struct cache_ent *c, uint32_t rkey, uint32_t *out)
+/* The translation of rkey for a request on [addr, addr + len): an entry of that key
+ * whose registration covers the range. A key the peer recycled for another
+ * registration (dereg, then reg) covers another range: a miss, then a refresh,
+ * never the old registration's mirror key. */
+static int cache_lookup_locked(const struct cache_ent *c, uint32_t rkey, uint64_t addr,
+			       uint64_t len, uint32_t *out)
 {
 	const struct r2cc_mr_mirror_entry key = {.rkey_from = rkey};
 	const struct r2cc_mr_mirror_entry *e =
 	    c && c->map.count ? bsearch(&key, c->map.e, c->map.count, sizeof(key), entry_cmp)
 			      : NULL;
-	if (!e)
+	if (!e || addr < e->addr || addr - e->addr > e->len || len > e->len - (addr - e->addr))
 		return -ENOENT;
 	*out = e->rkey_to;
 	return 0;
@@ -796,7 +801,8 @@ int r2cc_mr_mirror_remote_refresh(const struct r2cc_ctl_dir *dir, int peer_rank,
 }
 
 int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, const char *from_nic,
-			       uint32_t rkey, const char *to_nic, uint32_t *out, int timeout_ms)
+			       uint32_t rkey, uint64_t addr, uint64_t len, const char *to_nic,
+			       uint32_t *out, int timeout_ms)
 {
 	if (!dir || !from_nic || !to_nic || !out || peer_rank < 0 || peer_rank >= dir->nranks)
 		return -EINVAL;
@@ -806,7 +812,7 @@ int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, co
 	}
 	pthread_mutex_lock(&mm.lock);
 	int rc = cache_lookup_locked(cache_find_locked(dir->job.id, peer_rank, from_nic, to_nic),
-				     rkey, out);
+				     rkey, addr, len, out);
 	if (rc == 0)
 		mm.st.cache_hits++;
 	pthread_mutex_unlock(&mm.lock);
@@ -818,7 +824,7 @@ int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, co
 		return rc;
 	pthread_mutex_lock(&mm.lock);
 	rc = cache_lookup_locked(cache_find_locked(dir->job.id, peer_rank, from_nic, to_nic), rkey,
-				 out);
+				 addr, len, out);
 	pthread_mutex_unlock(&mm.lock);
 	return rc;
 }

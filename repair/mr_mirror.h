@@ -127,12 +127,15 @@ struct ibv_pd *r2cc_mr_mirror_pd(const struct r2cc_nic *nic);
 
 /* Remote translation. Register the service handler (idempotent). */
 int r2cc_mr_mirror_serve(void);
-/* The peer's rkey on its NIC to_nic for its rkey on from_nic. 0, -ENOENT (no
- * such rkey, or not mirrored there), -ENODEV (no such NIC there), a control
+/* The peer's rkey on its NIC to_nic for its rkey on from_nic, for a request on
+ * [addr, addr + len) of it (the registration must cover that range: a recycled
+ * key of another registration is a miss). 0, -ENOENT (no such rkey or range, or
+ * not mirrored there), -ENODEV (no such NIC there), a control
  * plane error (-ETIMEDOUT, -ECONNREFUSED, -EOPNOTSUPP: the peer does not
  * mirror), -EPROTO (malformed reply), -EINVAL. */
 int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, const char *from_nic,
-			       uint32_t rkey, const char *to_nic, uint32_t *out, int timeout_ms);
+			       uint32_t rkey, uint64_t addr, uint64_t len, const char *to_nic,
+			       uint32_t *out, int timeout_ms);
 /* Revalidate (or fetch) the cached map of one peer and NIC pair. */
 int r2cc_mr_mirror_remote_refresh(const struct r2cc_ctl_dir *dir, int peer_rank,
 				  const char *from_nic, const char *to_nic, int timeout_ms);

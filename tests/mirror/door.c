@@ -64,10 +64,11 @@ R2CC_EXPORT int r2cc_test_local_rkey(const char *from, uint32_t rkey, const char
 	return r2cc_mr_mirror_rkey(nic_named(from), rkey, nic_named(to), out);
 }
 
-R2CC_EXPORT int r2cc_test_remote_rkey(int peer, const char *from, uint32_t rkey, const char *to,
-				      uint32_t *out, int timeout_ms)
+R2CC_EXPORT int r2cc_test_remote_rkey(int peer, const char *from, uint32_t rkey, uint64_t addr,
+				      uint64_t len, const char *to, uint32_t *out, int timeout_ms)
 {
-	return r2cc_mr_mirror_remote_rkey(door_dir, peer, from, rkey, to, out, timeout_ms);
+	return r2cc_mr_mirror_remote_rkey(door_dir, peer, from, rkey, addr, len, to, out,
+					  timeout_ms);
 }
 
 R2CC_EXPORT int r2cc_test_refresh(int peer, const char *from, const char *to, int timeout_ms)

@@ -45,7 +45,8 @@
 static int (*t_join)(const unsigned char *, int, int, int);
 static int (*t_lkey)(const char *, uint32_t, const char *, uint32_t *);
 static int (*t_local_rkey)(const char *, uint32_t, const char *, uint32_t *);
-static int (*t_remote_rkey)(int, const char *, uint32_t, const char *, uint32_t *, int);
+static int (*t_remote_rkey)(int, const char *, uint32_t, uint64_t, uint64_t, const char *,
+			    uint32_t *, int);
 static int (*t_refresh)(int, const char *, const char *, int);
 static struct ibv_pd *(*t_pd)(const char *);
 static void (*t_stats)(uint64_t *);
@@ -372,17 +373,19 @@ static void rank1(void)
 	struct ep peer;
 	get("ep0", &peer, sizeof(peer));
 	uint32_t r1 = 0, again = 0;
-	int rc = t_remote_rkey(0, HOME, peer.rkey, BACKUP, &r1, CTL_MS);
+	int rc = t_remote_rkey(0, HOME, peer.rkey, peer.addr, 1, BACKUP, &r1, CTL_MS);
 	CHECK(rc == 0 && r1 != peer.rkey, "remote rkey translation: %s", strerror(-rc));
 	uint64_t fetches = stat_of(S_FETCHES);
 	CHECK(fetches == 1, "%llu fetches for one translation", (unsigned long long)fetches);
-	CHECK(t_remote_rkey(0, HOME, peer.rkey, BACKUP, &again, CTL_MS) == 0 && again == r1,
+	CHECK(t_remote_rkey(0, HOME, peer.rkey, peer.addr, 1, BACKUP, &again, CTL_MS) == 0 &&
+		  again == r1,
 	      "second translation differs");
 	CHECK(stat_of(S_FETCHES) == fetches && stat_of(S_HITS) == 1,
 	      "second translation not cached");
-	CHECK(t_remote_rkey(0, HOME, peer.rkey ^ 0x5a5a00, BACKUP, &x, CTL_MS) == -ENOENT,
+	CHECK(t_remote_rkey(0, HOME, peer.rkey ^ 0x5a5a00, peer.addr, 1, BACKUP, &x, CTL_MS) ==
+		  -ENOENT,
 	      "unknown remote rkey translated");
-	CHECK(t_remote_rkey(0, HOME, peer.rkey, "mlx9_9", &x, CTL_MS) == -ENODEV,
+	CHECK(t_remote_rkey(0, HOME, peer.rkey, peer.addr, 1, "mlx9_9", &x, CTL_MS) == -ENODEV,
 	      "unknown remote NIC not reported");
 
 	/* Malformed (authenticated) and forged (unauthenticated) requests. */
@@ -405,7 +408,7 @@ static void rank1(void)
 
 	get("dereg0", &ok, 0);
 	CHECK(t_refresh(0, HOME, BACKUP, CTL_MS) == 0, "refresh after the peer's dereg failed");
-	CHECK(t_remote_rkey(0, HOME, peer.rkey, BACKUP, &x, CTL_MS) == -ENOENT,
+	CHECK(t_remote_rkey(0, HOME, peer.rkey, peer.addr, 1, BACKUP, &x, CTL_MS) == -ENOENT,
 	      "the peer's deregistered rkey is still translated after a refresh");
 	memset(src, 0xee, BUF_LEN);
 	st = write_once(&c, src, l1, peer.addr, r1);

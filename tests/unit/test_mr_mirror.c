@@ -403,46 +403,87 @@ Test(mirror, cache_fetches_once_and_revalidates)
 	reg(&m1, 0, b1, 64, 0);
 	uint32_t want, got = 0;
 	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m1.rkey, nic[1], &want), 0);
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_1", &got, 100),
+		     0);
 	cr_expect_eq(got, want);
 	cr_expect_eq(fetches, 1);
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_1", &got, 100),
+		     0);
 	cr_expect_eq(fetches, 1, "a cached translation went to the peer");
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_0", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_0", &got, 100),
+		     0);
 	cr_expect_eq(got, m1.rkey);
 	cr_expect_eq(fetches, 1);
 
 	/* A key registered after the fetch: the miss revalidates. */
 	reg(&m2, 0, b2, 64, 0);
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m2.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m2.rkey, (uintptr_t)b2, 64,
+						"mlx5_1", &got, 100),
+		     0);
 	cr_expect_eq(fetches, 2);
 	/* Unknown: asked once, unchanged answer, -ENOENT. */
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", 0x123456, "mlx5_1", &got, 100),
-	    -ENOENT);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", 0x123456, 0, 64, "mlx5_1",
+						&got, 100),
+		     -ENOENT);
 	cr_expect_eq(fetches, 3);
 	/* The peer deregisters: a refresh drops the stale entry. */
 	r2cc_mr_mirror_dereg(&m1);
 	cr_expect_eq(r2cc_mr_mirror_remote_refresh(&fake_dir, 0, "mlx5_0", "mlx5_1", 100), 0);
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100),
-	    -ENOENT);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_1", &got, 100),
+		     -ENOENT);
 	/* Other peers and jobs have caches of their own; forget empties one. */
 	int before = fetches;
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m2.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m2.rkey, (uintptr_t)b2, 64,
+						"mlx5_1", &got, 100),
+		     0);
 	cr_expect_eq(fetches, before + 1);
 	r2cc_mr_mirror_remote_forget(42, -1);
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m2.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m2.rkey, (uintptr_t)b2, 64,
+						"mlx5_1", &got, 100),
+		     0);
 	cr_expect_eq(fetches, before + 2);
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 2, "mlx5_0", m2.rkey, "mlx5_1", &got, 100),
-	    -EINVAL, "rank out of range");
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 2, "mlx5_0", m2.rkey, (uintptr_t)b2, 64,
+						"mlx5_1", &got, 100),
+		     -EINVAL, "rank out of range");
+}
+
+/* The peer deregisters a buffer and registers another that gets the same rkey: a
+ * request on the new buffer must not translate through the cached entry of the old
+ * one (its mirror key is the old registration's). The range misses, the map is
+ * fetched again, and the translation is the new registration's. */
+Test(mirror, recycled_rkey_never_translates_to_the_old_mirror)
+{
+	static char b1[64], b2[4096];
+	r2cc_mr_mirror_set_fetch(fake_fetch);
+	struct ibv_mr m1 = nccl_mr(0xa1);
+	reg(&m1, 0, b1, sizeof(b1), 0);
+	uint32_t old, now, got = 0;
+	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m1.rkey, nic[1], &old), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1,
+						sizeof(b1), "mlx5_1", &got, 100),
+		     0);
+	cr_expect_eq(got, old);
+	int before = fetches;
+	r2cc_mr_mirror_dereg(&m1);
+	struct ibv_mr m2 = nccl_mr(0xa1); /* the same keys, another buffer */
+	reg(&m2, 0, b2, sizeof(b2), 0);
+	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m2.rkey, nic[1], &now), 0);
+	cr_assert_neq(now, old);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m2.rkey,
+						(uintptr_t)b2 + 1024, 512, "mlx5_1", &got, 100),
+		     0);
+	cr_expect_eq(got, now, "a recycled rkey translated to the old registration's mirror");
+	cr_expect_eq(fetches, before + 1);
+	/* Beyond the registration: no translation. */
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m2.rkey,
+						(uintptr_t)b2 + 4000, 512, "mlx5_1", &got, 100),
+		     -ENOENT);
+	r2cc_mr_mirror_dereg(&m2);
+	r2cc_mr_mirror_remote_forget(42, -1);
 }
 
 Test(mirror, cache_retries_larger_and_refuses_garbage)
@@ -453,13 +494,14 @@ Test(mirror, cache_retries_larger_and_refuses_garbage)
 	reg(&m1, 0, b1, 64, 0);
 	uint32_t got;
 	fetch_mode = 1;
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_2", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_2", &got, 100),
+		     0);
 	cr_expect_eq(fetches, 2, "no retry with the size the peer said");
 	fetch_mode = 2;
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100),
-	    -EPROTO);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_1", &got, 100),
+		     -EPROTO);
 }
 
 /* Hot repair's exchange carries the sender's map: the receiver stores it and
@@ -484,17 +526,20 @@ Test(mirror, map_carried_in_a_message_needs_no_fetch)
 		     "an older map is no error, it is only not kept");
 	uint32_t want, got = 0;
 	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m2.rkey, nic[1], &want), 0);
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m2.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m2.rkey, (uintptr_t)b2, 64,
+						"mlx5_1", &got, 100),
+		     0);
 	cr_expect_eq(got, want);
 	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m1.rkey, nic[1], &want), 0);
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_1", &got, 100),
+		     0);
 	cr_expect_eq(got, want);
 	cr_expect_eq(fetches, 0, "a map the message carried was fetched again");
 	/* Another NIC pair, or another peer, was not carried: that one is asked for. */
-	cr_expect_eq(
-	    r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m1.rkey, "mlx5_1", &got, 100), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 1, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_1", &got, 100),
+		     0);
 	cr_expect_eq(fetches, 1);
 	struct r2cc_mr_mirror_stats st;
 	r2cc_mr_mirror_get_stats(&st);
