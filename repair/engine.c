@@ -182,7 +182,10 @@ struct r2cc_rqp {
 	uint64_t peer_sent;
 	int npeer_lost;
 	struct r2cc_shadow_msg peer_lost[R2CC_SHADOW_LOST_MAX];
-	int lost_synth;		/* receive completions made from it in this migration */
+	int lost_synth; /* receive completions made from it in this migration */
+	/* atomic: the exchange's new path is current (switch_path) and the status of
+	 * an error completion it gave before the exchange ended (0: none) */
+	int switched, new_path_err;
 	union ibv_gid new_sgid; /* with a GRH: the new path's source GID, */
 	uint8_t new_sgid_index; /* its index */
 	uint64_t pair_id;
@@ -1231,7 +1234,10 @@ static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 			return;
 		}
 	}
-	/* hidden: the repair re-posts what it failed */
+	/* hidden: the repair re-posts what it failed; an error of the new path while
+	 * the exchange goes on starts a repair of its own once it ends (done()) */
+	if (s == RQ_EXCHANGE && __atomic_load_n(&r->switched, __ATOMIC_ACQUIRE))
+		__atomic_store_n(&r->new_path_err, (int)wc->status, __ATOMIC_RELEASE);
 }
 
 /* Pull everything from NCCL's CQ and the private CQs of migrated QPs into the
@@ -2395,6 +2401,38 @@ static int match_sgid(struct r2cc_ctx *c, uint8_t port, const struct r2cc_qp *q,
 	return -1;
 }
 
+static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic);
+static int connect_path(struct r2cc_rqp *r, const struct peer_path *p);
+static void nic_failed(struct r2cc_nic *nic, const char *why);
+
+/* A new path on the NIC placement gives (rail: the peer's, or NULL), and, with p,
+ * connected to it; a NIC whose device refuses (dead: EIO, ENETDOWN) has failed,
+ * and the next one is tried. 0 (*nicp the NIC), -ENODEV when none is left, or the
+ * error of the last try (a connection refused otherwise leaves the path made). */
+static int path_on_healthy(struct r2cc_rqp *r, struct r2cc_nic *first, const char *rail,
+			   const struct peer_path *p, struct r2cc_nic **nicp)
+{
+	struct r2cc_nic *nic = first ? first : place(r, rail);
+	int rc = -ENODEV;
+	for (int tries = 0; nic && tries <= R2CC_MAX_NICS; tries++) {
+		rc = new_path(r, nic);
+		if (!rc && p && (rc = connect_path(r, p)) && refused_by_dead_device(-rc))
+			drop_new_path(r);
+		*nicp = nic;
+		if (!rc || !refused_by_dead_device(-rc))
+			return rc;
+		char why[96];
+		snprintf(why, sizeof(why),
+			 "a queue pair of hot repair's on it failed (%s): the "
+			 "device is dead",
+			 strerror(-rc));
+		nic_failed(nic, why);
+		nic = place(r, rail);
+		rc = -ENODEV;
+	}
+	return rc;
+}
+
 /* A QP (and its CQ) of R2CC's own on nic, in INIT. */
 static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {
@@ -2567,6 +2605,8 @@ static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ib
 	r->cur_ctx = r->new_ctx;
 	__atomic_store_n(&r->cur_nic, r->new_ctx->nic, __ATOMIC_RELEASE);
 	r->cur_sh = r->new_sh;
+	__atomic_store_n(&r->new_path_err, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&r->switched, 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&v->mu);
 	r->new_qp = NULL;
 	r->new_cq = NULL;
@@ -2752,6 +2792,18 @@ static void done(struct r2cc_rqp *r, uint64_t held)
 		  (t - r->t_detect) / 1e6, r->cause);
 	r2cc_qp_shadow_plan_free(&r->plan);
 	r->have_plan = false;
+	__atomic_store_n(&r->switched, 0, __ATOMIC_RELEASE);
+	/* The new path failed while the exchange went on (its error was kept from NCCL,
+	 * as a repair's are): repaired now, not when the stall scan finds the wait. */
+	int e = __atomic_exchange_n(&r->new_path_err, 0, __ATOMIC_ACQ_REL);
+	if (e) {
+		char why[128];
+		snprintf(why, sizeof(why),
+			 "error completion (status %d) on its new path %.40s "
+			 "during the exchange",
+			 e, r->cur_nic->name);
+		detect(r, why, e);
+	}
 }
 
 /* --- the exchange ---------------------------------------------------------------------- */
@@ -3566,13 +3618,13 @@ static bool initiate_check(struct r2cc_rqp *r)
 static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 {
 	r->churn_skip = false;
-	struct r2cc_nic *nic = place(r, NULL);
-	if (!nic) {
+	struct r2cc_nic *nic = NULL;
+	int rc = path_on_healthy(r, NULL, NULL, NULL, &nic);
+	if (rc == -ENODEV) {
 		fail(r, r2cc_param.mr_mirror ? "no healthy NIC left"
 					     : "R2CC_MR_MIRROR=0: queue pairs cannot migrate");
-		return -ENODEV;
+		return rc;
 	}
-	int rc = new_path(r, nic);
 	if (rc) {
 		fail(r, "cannot create a QP on the new NIC");
 		return rc;
@@ -3834,15 +3886,16 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 	/* A move for the peer's own NIC is not this side leaving a failing path: it
 	 * does not count towards this QP's churning (the peer's QP counts it). */
 	r->churn_skip = peer_nic_failed;
-	struct r2cc_nic *nic =
-	    peer_nic_failed && nic_usable(r, r->cur_nic, true) ? r->cur_nic : place(r, p.nic);
-	int rc = nic ? new_path(r, nic) : -ENODEV;
-	if (rc) {
+	struct r2cc_nic *nic = NULL;
+	int rc = path_on_healthy(
+	    r, peer_nic_failed && nic_usable(r, r->cur_nic, true) ? r->cur_nic : NULL, p.nic, &p,
+	    &nic);
+	if (rc == -ENODEV || (rc && !r->new_qp)) {
 		nack(out, dir, in->from_rank, m, rc);
-		fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
+		fail(r,
+		     rc != -ENODEV ? "cannot create a QP on the new NIC" : "no healthy NIC left");
 		return;
 	}
-	rc = connect_path(r, &p);
 	struct rep_wire rep;
 	pthread_mutex_lock(&r->mu);
 	set_state(r, RQ_EXCHANGE);

@@ -60,11 +60,11 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 CPU_TESTS   += 120@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-error:--seeds:4:--time-scale:0.05:--bound:25:--timeout:30:--nccl-stub
 # Exactly once on both link layers (tests/drill/link-matrix.sh): every fault kind x
 # {InfiniBand, RoCE v2: a subnet per rail, routed, a lossless class no byte may leave}
-# x {2, 4 processes} x {flush off, on}, 4 seeds a cell (32 a kind); with the rows above
+# x {2, 4 processes} x {flush off, on}, 3 seeds a cell (24 a kind); with the rows above
 # and the stall matrix, at least 100 seeds of every kind.
-CPU_TESTS   += 600@$(DRILL_DIR)/link-matrix.sh:$(BUILD):4 \
-	       120@$(DRILL):--fault:blackhole-tx:--seeds:70:--nccl-stub \
-	       120@$(DRILL):--fault:blackhole-rx:--seeds:70:--nccl-stub \
+CPU_TESTS   += 600@$(DRILL_DIR)/link-matrix.sh:$(BUILD):3 \
+	       120@$(DRILL):--fault:blackhole-tx:--seeds:76:--nccl-stub \
+	       120@$(DRILL):--fault:blackhole-rx:--seeds:76:--nccl-stub \
 	       60@$(DRILL):--fault:ackloss:--seeds:20:--nccl-stub \
 	       90@$(DRILL):--fault:jitter:--expect:no-repair:--seeds:20:--nccl-stub
 BENCHES     += $(DRILL_DIR)/link-matrix.sh:$(BUILD):13

@@ -40,12 +40,12 @@ TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/
 	      300@$(TSAN_DRILL):--fault:down:--seeds:5:--flush:--nccl-stub:--time-scale:0.1
 
 # What CI runs under ASan (.ci/run): every CPU test except the drill's hot-repair cases
-# (the --nccl-stub ones, and stall-matrix.sh, which runs them under load), whose repair
+# (the --nccl-stub ones, and stall-matrix.sh and link-matrix.sh, which run them), whose repair
 # timing fails intermittently under ASan's slowdown on a loaded 2-core machine, and the
 # software device's conformance test, which asserts shaped rates that ASan's slower
 # copies miss (README, "Hardening: what was run").
 ASAN_CI_TESTS = $(filter-out %--nccl-stub %--nccl-stub:--timeout:5 %/softverbs/conformance \
-		  %:$(STALL_KINDS),$(CPU_TESTS))
+		  %:$(STALL_KINDS) %/link-matrix.sh:$(BUILD):3,$(CPU_TESTS))
 
 .PHONY: test-build test-run test-run-ci test-asan test-asan-ci test-tsan
 
