@@ -326,6 +326,9 @@ static struct {
 	pthread_mutex_t mu;
 	pthread_cond_t cond;
 	bool started, stop;
+	bool running;  /* the repair thread has not returned */
+	int selftests; /* self-test threads running */
+	pid_t pid;     /* the process that started them (a forked child has none) */
 	pthread_t thread;
 	struct r2cc_repair_verbs v;
 	bool have_verbs;
@@ -1012,6 +1015,7 @@ static void on_msg(void *arg, int from_rank, const void *payload, size_t len,
 /* --- the repair thread ------------------------------------------------------------ */
 
 static void *repair_main(void *arg);
+static void repair_shutdown(void);
 static void nic_failure_seen(const struct r2cc_nic *nic);
 static void report_stalls(FILE *text, FILE *json);
 
@@ -1037,8 +1041,38 @@ static void start_locked(void)
 	} else {
 		pthread_setname_np(eng.thread, "r2cc-repair");
 		pthread_detach(eng.thread);
+		__atomic_store_n(&eng.running, true, __ATOMIC_RELEASE);
+		eng.pid = getpid();
+		atexit(repair_shutdown);
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/*
+ * At exit, before the control plane goes (atexit runs this first): the repair
+ * thread and the self-tests stop and return, so that none of them runs on while
+ * the process's destructors free what they use. Bounded: a thread still inside a
+ * verbs or network call after 200 ms is left to the process's end. A forked child
+ * has no such threads (and its copy of the lock may be held): nothing to do.
+ */
+static void repair_shutdown(void)
+{
+	if (getpid() != eng.pid)
+		return;
+	pthread_mutex_lock(&eng.mu);
+	__atomic_store_n(&eng.stop, true, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&eng.cond);
+	pthread_mutex_unlock(&eng.mu);
+	int64_t until = now_ns() + 200000000ll;
+	bool busy;
+	while ((busy = __atomic_load_n(&eng.running, __ATOMIC_ACQUIRE) ||
+		       __atomic_load_n(&eng.selftests, __ATOMIC_ACQUIRE)) &&
+	       now_ns() < until)
+		usleep(1000);
+	if (busy)
+		R2CC_INFO("repair: at exit, %s still in a call; left to the process's end",
+			  __atomic_load_n(&eng.running, __ATOMIC_ACQUIRE) ? "the repair thread is"
+									  : "a self-test is");
 }
 
 /* Record a detection on r: when, why, and the incident of its NIC. Under eng.mu. */
@@ -3200,6 +3234,8 @@ static int selftest_run(struct selftest *t)
 			if (wc[k].wr_id >= 1 && wc[k].wr_id <= SELFTEST_SIBLINGS)
 				answered |= 1 << (wc[k].wr_id - 1);
 		}
+		if (__atomic_load_n(&eng.stop, __ATOMIC_RELAXED))
+			return -1; /* the process is exiting */
 		if (!late) {
 			usleep(200);
 			continue;
@@ -3301,6 +3337,7 @@ static void *selftest_main(void *arg)
 		}
 	}
 	selftest_free(t);
+	__atomic_sub_fetch(&eng.selftests, 1, __ATOMIC_ACQ_REL);
 	return NULL;
 }
 
@@ -3361,7 +3398,13 @@ static void selftest_launch(struct r2cc_nic *a, const char *why, bool stall, boo
 		pthread_attr_t at;
 		pthread_attr_init(&at);
 		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-		int rc = pthread_create(&th, &at, selftest_main, t);
+		/* counted first: the thread may end before pthread_create returns */
+		__atomic_add_fetch(&eng.selftests, 1, __ATOMIC_ACQ_REL);
+		int rc = __atomic_load_n(&eng.stop, __ATOMIC_ACQUIRE)
+			     ? EAGAIN
+			     : pthread_create(&th, &at, selftest_main, t);
+		if (rc)
+			__atomic_sub_fetch(&eng.selftests, 1, __ATOMIC_ACQ_REL);
 		pthread_attr_destroy(&at);
 		if (rc == 0) {
 			pthread_setname_np(th, "r2cc-selftest");
@@ -4470,6 +4513,7 @@ static void *repair_main(void *arg)
 		pthread_mutex_lock(&eng.mu);
 	}
 	pthread_mutex_unlock(&eng.mu);
+	__atomic_store_n(&eng.running, false, __ATOMIC_RELEASE);
 	return NULL;
 }
 
