@@ -209,6 +209,17 @@ struct sv_ring_map {
 };
 
 static struct sv_ring_map sv_rings[SV_MAX_CQS];
+
+/* A slot's mapping is written under its CQ slot's lock; `ring` is also read without
+ * it (sv_cq_rings_sweep()'s first look), so it is stored atomically, last. */
+static void sv_ring_put(struct sv_ring_map *m, const struct sv_ring_map *v)
+{
+	m->id = v->id;
+	m->ring_id = v->ring_id;
+	m->mask = v->mask;
+	m->owned = v->owned;
+	__atomic_store_n(&m->ring, v->ring, __ATOMIC_RELEASE);
+}
 static _Atomic int sv_rings_foreign; /* mappings of other processes' rings */
 static _Atomic bool sv_rings_warned;
 
@@ -303,7 +314,7 @@ static struct ibv_wc *sv_ring_of(struct sv_cq_slot *s, int slot, uint32_t id, ui
 		munmap(m->ring, sv_ring_bytes(m->mask + 1));
 		atomic_fetch_sub(&sv_rings_foreign, 1);
 	}
-	m->ring = NULL;
+	__atomic_store_n(&m->ring, NULL, __ATOMIC_RELEASE);
 	ring = sv_ring_fetch(s);
 	if (!ring) {
 		if (!atomic_exchange(&sv_rings_warned, true))
@@ -314,8 +325,8 @@ static struct ibv_wc *sv_ring_of(struct sv_cq_slot *s, int slot, uint32_t id, ui
 				s->pid, strerror(errno));
 		return NULL;
 	}
-	*m = (struct sv_ring_map){
-	    .id = id, .ring_id = s->ring_id, .mask = s->ring_cap - 1, .ring = ring};
+	sv_ring_put(m, &(struct sv_ring_map){
+			   .id = id, .ring_id = s->ring_id, .mask = s->ring_cap - 1, .ring = ring});
 	atomic_fetch_add(&sv_rings_foreign, 1);
 	*mask = m->mask;
 	return ring;
@@ -331,13 +342,13 @@ void sv_cq_rings_sweep(void)
 		struct sv_ring_map *m = &sv_rings[i];
 		struct sv_cq_slot *s = &f->cqs[i];
 
-		if (!m->ring || m->owned)
+		if (!__atomic_load_n(&m->ring, __ATOMIC_ACQUIRE))
 			continue;
 		sv_lock(&s->lock);
 		if (m->ring && !m->owned &&
 		    (atomic_load(&s->id) != m->id || s->ring_id != m->ring_id)) {
 			munmap(m->ring, sv_ring_bytes(m->mask + 1));
-			m->ring = NULL;
+			__atomic_store_n(&m->ring, NULL, __ATOMIC_RELEASE);
 			atomic_fetch_sub(&sv_rings_foreign, 1);
 		}
 		pthread_mutex_unlock(&s->lock);
@@ -414,8 +425,10 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 			munmap(sv_rings[i].ring, sv_ring_bytes(sv_rings[i].mask + 1));
 			atomic_fetch_sub(&sv_rings_foreign, 1);
 		}
-		sv_rings[i] = (struct sv_ring_map){
-		    .id = id, .ring_id = id, .mask = cq->mask, .owned = true, .ring = ring};
+		sv_ring_put(
+		    &sv_rings[i],
+		    &(struct sv_ring_map){
+			.id = id, .ring_id = id, .mask = cq->mask, .owned = true, .ring = ring});
 		pthread_mutex_unlock(&cq->s->lock);
 	}
 	cq->s->ch_fd = channel ? channel->fd : -1;
@@ -465,7 +478,7 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 	sv_lock(&s->lock);
 	atomic_store(&s->id, 0);
 	if (own) {
-		sv_rings[cq->slot].ring = NULL;
+		__atomic_store_n(&sv_rings[cq->slot].ring, NULL, __ATOMIC_RELEASE);
 		close(fd);
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -644,11 +657,11 @@ SV_EXPORT int ibv_resize_cq(struct ibv_cq *ibcq, int cqe)
 		s->ring_cap = entries;
 		s->ring_id = sv_next_gen(sv_proc.f, 31);
 		s->ring_fd = fd;
-		sv_rings[cq->slot] = (struct sv_ring_map){.id = atomic_load(&s->id),
-							  .ring_id = s->ring_id,
-							  .mask = entries - 1,
-							  .owned = true,
-							  .ring = ring};
+		sv_ring_put(&sv_rings[cq->slot], &(struct sv_ring_map){.id = atomic_load(&s->id),
+								       .ring_id = s->ring_id,
+								       .mask = entries - 1,
+								       .owned = true,
+								       .ring = ring});
 		cq->ring = ring;
 		cq->mask = entries - 1;
 		if (old_fd >= 0)
