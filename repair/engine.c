@@ -1059,10 +1059,13 @@ static void repair_shutdown(void)
 {
 	if (getpid() != eng.pid)
 		return;
-	pthread_mutex_lock(&eng.mu);
+	/* Never waits for the lock: exit() may come while a thread holds it. The repair
+	 * thread sees the flag at its next turn (it waits at most a scan's period). */
 	__atomic_store_n(&eng.stop, true, __ATOMIC_RELEASE);
-	pthread_cond_broadcast(&eng.cond);
-	pthread_mutex_unlock(&eng.mu);
+	if (pthread_mutex_trylock(&eng.mu) == 0) {
+		pthread_cond_broadcast(&eng.cond);
+		pthread_mutex_unlock(&eng.mu);
+	}
 	int64_t until = now_ns() + 200000000ll;
 	bool busy;
 	while ((busy = __atomic_load_n(&eng.running, __ATOMIC_ACQUIRE) ||
@@ -4466,7 +4469,7 @@ static void *repair_main(void *arg)
 	(void)arg;
 	int64_t next_scan = now_ns() + SCAN_NS;
 	pthread_mutex_lock(&eng.mu);
-	while (!eng.stop) {
+	while (!__atomic_load_n(&eng.stop, __ATOMIC_ACQUIRE)) {
 		/* The scan runs between pieces of work too: the load model the
 		 * self-tests judge by must stay current during a repair. */
 		int64_t t0 = now_ns();
