@@ -698,6 +698,13 @@ static uint8_t path_mtu(const struct r2cc_rqp *r, const struct r2cc_nic *nic)
 	return (uint8_t)(r->q->path_mtu && r->q->path_mtu < mtu ? r->q->path_mtu : mtu);
 }
 
+/* The new path's own GID, as its peer addresses it: the matching source GID with a
+ * GRH, the NIC's otherwise. */
+static const uint8_t *new_path_gid(const struct r2cc_rqp *r, const struct r2cc_nic *nic)
+{
+	return r->q->peer.has_grh ? r->new_sgid.raw : nic->gid.raw;
+}
+
 static void wire_path(struct rep_wire *m, const struct r2cc_rqp *r)
 {
 	struct r2cc_nic *nic = r->new_ctx->nic;
@@ -705,7 +712,7 @@ static void wire_path(struct rep_wire *m, const struct r2cc_rqp *r)
 	m->new_lid = htole16(nic->lid);
 	m->new_port = nic->port ? nic->port : 1;
 	m->new_mtu = path_mtu(r, nic);
-	memcpy(m->new_gid, r->q->peer.has_grh ? r->new_sgid.raw : nic->gid.raw, 16);
+	memcpy(m->new_gid, new_path_gid(r, nic), 16);
 	snprintf(m->new_nic, sizeof(m->new_nic), "%s", nic->name);
 }
 
@@ -1558,21 +1565,29 @@ static bool refused_by_dead_device(int rc)
 	return rc == EIO || rc == ENETDOWN;
 }
 
+/* A call on nic's device (`what`: "a post on it", ...) was refused with rc because
+ * the device is dead: the NIC has failed. */
+static void nic_dead(struct r2cc_nic *nic, const char *what, int rc)
+{
+	char why[112];
+	snprintf(why, sizeof(why), "%s failed (%s): the device is dead", what, strerror(rc));
+	nic_failed(nic, why);
+}
+
 bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state)
 {
 	struct r2cc_rqp *r = q->rep;
 	/* On RoCE the RTR resolves the peer's address through the NIC's network device,
 	 * which refuses while its link is down: those errors too, on a NIC that failed. */
+	bool dead = refused_by_dead_device(rc);
 	bool down =
 	    __atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN &&
 	    (rc == ENETUNREACH || rc == EHOSTUNREACH || rc == ENODATA || rc == EADDRNOTAVAIL);
-	if (!r || !(refused_by_dead_device(rc) || down) || !r2cc_active() ||
+	if (!r || !(dead || down) || !r2cc_active() ||
 	    (to_state != IBV_QPS_INIT && to_state != IBV_QPS_RTR && to_state != IBV_QPS_RTS))
 		return false;
-	char why[96];
-	snprintf(why, sizeof(why), "connecting a queue pair on it failed (%s): the device is dead",
-		 strerror(rc));
-	nic_failed(q->ctx->nic, why);
+	if (dead) /* (a NIC that is down has failed already) */
+		nic_dead(q->ctx->nic, "connecting a queue pair on it", rc);
 	return true;
 }
 
@@ -1589,9 +1604,7 @@ static bool refused_take(struct r2cc_rqp *r, int rc, struct r2cc_nic *nic)
 {
 	if (!refused_by_dead_device(rc) || !nic)
 		return false;
-	char why[96];
-	snprintf(why, sizeof(why), "a post on it failed (%s): the device is dead", strerror(rc));
-	nic_failed(nic, why);
+	nic_dead(nic, "a post on it", rc);
 	pthread_mutex_lock(&r->mu);
 	int s = load_state(r);
 	bool moved = s == RQ_MIGRATED && r->cur_nic != nic;
@@ -2440,7 +2453,6 @@ static int match_sgid(struct r2cc_ctx *c, uint8_t port, const struct r2cc_qp *q,
 
 static int new_path(struct r2cc_rqp *r, struct r2cc_nic *nic);
 static int connect_path(struct r2cc_rqp *r, const struct peer_path *p);
-static void nic_failed(struct r2cc_nic *nic, const char *why);
 
 /* A new path on the NIC placement gives (rail: the peer's, or NULL), and, with p,
  * connected to it; a NIC whose device refuses (dead: EIO, ENETDOWN) has failed,
@@ -2458,12 +2470,7 @@ static int path_on_healthy(struct r2cc_rqp *r, struct r2cc_nic *first, const cha
 		*nicp = nic;
 		if (!rc || !refused_by_dead_device(-rc))
 			return rc;
-		char why[96];
-		snprintf(why, sizeof(why),
-			 "a queue pair of hot repair's on it failed (%s): the "
-			 "device is dead",
-			 strerror(-rc));
-		nic_failed(nic, why);
+		nic_dead(nic, "a queue pair of hot repair's on it", -rc);
 		nic = place(r, rail);
 		rc = -ENODEV;
 	}
@@ -2561,8 +2568,6 @@ static int connect_path(struct r2cc_rqp *r, const struct peer_path *p)
 
 /* --- commit ------------------------------------------------------------------------ */
 
-/* The plan from the drained current path and the peer's count; its synthesised
- * completions go to NCCL first. Under r->mu. */
 /*
  * The receive completions of messages the peer retired and this side never
  * counted: its device lost them (repair/qp_shadow.h), made from the peer's
@@ -2591,6 +2596,9 @@ static int recv_lost(struct r2cc_rqp *r, struct ibv_wc *wc)
 	return n;
 }
 
+/* The plan from the drained current path and the peer's count; the receive
+ * completions this side's device lost and the plan's synthesised completions go to
+ * NCCL first. Under r->mu. */
 static int make_plan(struct r2cc_rqp *r)
 {
 	struct ibv_wc lost[R2CC_SHADOW_LOST_MAX];
@@ -3520,7 +3528,7 @@ static void migrate_loopback(struct r2cc_rqp *r)
 	    .port = nic->port ? nic->port : 1,
 	    .mtu = path_mtu(r, nic),
 	};
-	memcpy(p.gid, r->q->peer.has_grh ? r->new_sgid.raw : nic->gid.raw, 16);
+	memcpy(p.gid, new_path_gid(r, nic), 16);
 	snprintf(p.nic, sizeof(p.nic), "%s", nic->name);
 	set_state(r, RQ_EXCHANGE);
 	rc = connect_path(r, &p);

@@ -347,16 +347,16 @@ int r2cc_qp_shadow_send_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 	uint64_t head = load_acq(&sh->sq.head);
 	for (uint64_t seq = sh->sq.tail + 1; seq <= head; seq++) {
 		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
+		/* the record of retired messages, on the way (one written for a message
+		 * that then does not retire, the shadow breaking, is not read back:
+		 * r2cc_qp_shadow_retired_msgs() checks each record's number) */
+		if (is_consumer(e->opcode))
+			sh->done[e->msgs % R2CC_SHADOW_LOST_MAX] =
+			    (struct r2cc_shadow_msg){e->msgs, e->imm_data, e->byte_len, e->opcode};
 		if (!(e->send_flags & IBV_SEND_SIGNALED))
 			continue;
 		if (e->wr_id != wc->wr_id)
 			return set_broken(sh, -EPROTO);
-		for (uint64_t m = sh->sq.tail + 1; m <= seq; m++) {
-			const struct r2cc_shadow_send *d = &sh->sends[m & sh->sq.mask];
-			if (is_consumer(d->opcode))
-				sh->done[d->msgs % R2CC_SHADOW_LOST_MAX] = (struct r2cc_shadow_msg){
-				    d->msgs, d->imm_data, d->byte_len, d->opcode};
-		}
 		sh->msgs_retired = e->msgs;
 		stat_add(&sh->send_retired, seq - sh->sq.tail);
 		store_rel(&sh->send_bytes_retired, e->bytes_upto);
@@ -408,7 +408,10 @@ uint64_t r2cc_qp_shadow_msgs_retired(const struct r2cc_qp_shadow *sh)
 int r2cc_qp_shadow_retired_msgs(const struct r2cc_qp_shadow *sh, struct r2cc_shadow_msg *out)
 {
 	uint64_t last = sh->msgs_retired;
-	int n = last < R2CC_SHADOW_LOST_MAX ? (int)last : R2CC_SHADOW_LOST_MAX;
+	int n = 0; /* the newest records that really are the last messages retired */
+	while (n < R2CC_SHADOW_LOST_MAX && (uint64_t)n < last &&
+	       sh->done[(last - (uint64_t)n) % R2CC_SHADOW_LOST_MAX].n == last - (uint64_t)n)
+		n++;
 	for (int i = 0; i < n; i++)
 		out[i] = sh->done[(last - (uint64_t)(n - 1 - i)) % R2CC_SHADOW_LOST_MAX];
 	return n;
