@@ -4373,8 +4373,10 @@ static void suspect(struct r2cc_rqp *r, int64_t waited, int64_t explained)
 /*
  * Stall scan, every SCAN_NS. A QP whose oldest signalled request (NCCL's, or
  * R2CC's probe) has waited longer than what the node had queued ahead of it on
- * its NIC explains at the NIC's drain rate (repair/stall.h), while other paths of
- * this process completed work after it last did, is suspected. When every NIC of
+ * its NIC explains at the NIC's drain rate (repair/stall.h) is suspected; when no
+ * other path of this process completed work after it last did, only once it waited
+ * one stall floor longer (the process may not be polling at all, or the only work
+ * left waits on the dead path: a ring behind one black hole). When every NIC of
  * this process that has work (two or more) waits at once, that is the whole node slowing down
  * (congestion, or this process not getting a CPU), not a failure: nothing is
  * suspected. Under eng.mu.
@@ -4436,7 +4438,12 @@ static void scan(int64_t t)
 			r->wait_ahead = q;
 		int64_t waited = t - r->scan_progress;
 		int64_t explained = r2cc_stall_explained_ns(r->cur_nic, r->wait_ahead, floor);
-		if (waited <= explained + r->suspect_after || eng.last_progress <= r->scan_progress)
+		/* Nothing else progressed since the wait began: the process may not be
+		 * polling, or only dead paths have work left (a ring waits on one
+		 * black-holed path). Suspected after one floor more; the self-test,
+		 * which polls its own queues, tells the two apart. */
+		bool alone = eng.last_progress <= r->scan_progress;
+		if (waited <= explained + r->suspect_after + (alone ? floor : 0))
 			continue;
 		r->suspect_after = r->suspect_after ? 2 * r->suspect_after : SUSPECT_AGAIN_NS;
 		if (r->suspect_after > SUSPECT_MAX_NS)

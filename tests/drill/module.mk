@@ -73,6 +73,12 @@ BENCHES     += $(DRILL_DIR)/link-matrix.sh:$(BUILD):13
 # well before the transport error (which was the only detection there before).
 CPU_TESTS   += 90@$(DRILL):--link:roce:--fault:blackhole:--seeds:4:--time-scale:0.05:--detect-within:1200:--nccl-stub \
 	       90@$(DRILL):--link:roce:--fault:ackloss:--seeds:4:--time-scale:0.05:--detect-within:1200:--nccl-stub
+# One message in flight per connection: once it waits on the black hole, no other path
+# of either process has work, and nothing completes anywhere. The stall scan suspects
+# such a wait too, one stall floor later (before, only the transport error found it in
+# about a third of the seeds).
+CPU_TESTS   += 90@$(DRILL):--fault:blackhole:--window:1:--seeds:8:--time-scale:0.05:--detect-within:1500:--nccl-stub \
+	       90@$(DRILL):--link:roce:--fault:blackhole:--window:1:--seeds:8:--time-scale:0.05:--detect-within:1500:--nccl-stub
 # Scale: 16 processes x 2 NICs (240 connections, 480 data QPs); above 4 workers the drill's
 # defaults shrink to fit 2 cores (tests/drill/README.md).
 CPU_TESTS   += 240@$(DRILL):--procs:16:--nics:2:--fault:down:--seeds:5:--nccl-stub \
