@@ -157,6 +157,11 @@ struct r2cc_rqp {
 	bool loopback;	       /* connected to itself (NCCL's GPU flush QP) */
 	bool hold_all;	       /* every post is held until the new path is live */
 	bool stash_held;       /* one of its CQ's reserved stash entries is its own */
+	/* A held send waits for the peer's rkey map (a key the cache lacks: the
+	 * repair thread fetches it, then posts the held sends); fetch attempts that
+	 * failed in a row. Under mu. */
+	bool keys_wait;
+	int keys_tries;
 	/* path being built */
 	struct ibv_qp *new_qp;
 	struct ibv_cq *new_cq;
@@ -241,6 +246,8 @@ struct incident {
 	/* queue pairs whose peer's rkey map came with its message, and those for
 	 * which it did not and was fetched */
 	int maps_carried, maps_fetched;
+	/* maps fetched after the move, for keys the peer registered since (keys_tick) */
+	int maps_later;
 	bool declared; /* a declared failure moved these QPs, not a detected one */
 	int nevents;
 	struct {
@@ -344,6 +351,7 @@ static struct {
 	void **own; /* R2CC's own QPs and CQs */
 	int nown, owncap;
 	int64_t last_progress; /* latest retirement seen by the stall scan */
+	int keys_due;	       /* atomic: a QP holds sends for the peer's keys (keys_tick) */
 	/* stall suspicions (scan), and how the confirmations ended (self-tests) */
 	uint64_t stalls_suspected, stalls_node_wide;
 	uint64_t selftests_passed, selftests_failed, selftests_inconclusive;
@@ -1401,12 +1409,24 @@ static int xlate_rkey(struct r2cc_rqp *r, uint32_t rkey, uint64_t addr, uint64_t
 	}
 	if (r->loopback) /* the "peer" is this process: its own mirrors */
 		return r2cc_mr_mirror_rkey(r->orig_nic, rkey, r->cur_nic, out);
+	/* From the cache only (-EAGAIN on a miss): a fetch is a network round trip,
+	 * which the repair thread makes (keys_need), never NCCL's post. */
 	return r2cc_mr_mirror_remote_rkey(r->dir, r->peer_rank, r->peer_orig_nic, rkey, addr, len,
-					  r->peer_cur_nic, out, 2000);
+					  r->peer_cur_nic, out, 0);
+}
+
+/* A send needs a key of the peer that the cache lacks: it is held, and with it
+ * every later send of the QP; the repair thread fetches the map (keys_tick).
+ * Under r->mu. */
+static void keys_need(struct r2cc_rqp *r)
+{
+	__atomic_store_n(&r->keys_wait, true, __ATOMIC_RELAXED);
+	__atomic_store_n(&eng.keys_due, 1, __ATOMIC_RELEASE);
 }
 
 /* One NCCL send request (original keys) onto the current path: recorded in its
- * shadow, keys translated, posted. Under r->mu. */
+ * shadow, keys translated, posted; -EAGAIN (nothing posted) when the peer's key
+ * is not in the cache. Under r->mu. */
 static int post_one_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 {
 	struct ibv_send_wr one = *w;
@@ -1536,11 +1556,11 @@ static int hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
  */
 static bool hold_now(const struct r2cc_rqp *r, int s, bool live, bool queued)
 {
-	if (s == RQ_FENCING)
+	if (s == RQ_FENCING || queued) /* (queued: posts keep their order) */
 		return true;
 	if (s == RQ_EXCHANGE)
 		return !live;
-	return s != RQ_MIGRATED && (queued || r->hold_all);
+	return s != RQ_MIGRATED && r->hold_all;
 }
 
 /* NCCL's first post on a QP of a declared-failed NIC: its direction is known now
@@ -1665,8 +1685,9 @@ static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ib
 			rc = -r->orig_ctx->post_send(q->qp, &one, &b);
 		} else if (hold_now(r, s, r->send_live, r->hs_head != NULL)) {
 			rc = hold_send(r, w);
-		} else {
-			rc = post_one_send(r, w);
+		} else if ((rc = post_one_send(r, w)) == -EAGAIN) {
+			rc = hold_send(r, w);
+			keys_need(r);
 		}
 		if (rc)
 			break;
@@ -1732,6 +1753,10 @@ static int flush_held_sends(struct r2cc_rqp *r, uint64_t *n)
 	while (r->hs_head && !rc) {
 		struct held_send *h = r->hs_head;
 		rc = post_one_send(r, &h->wr);
+		if (rc == -EAGAIN) { /* it and the rest wait for the peer's keys */
+			keys_need(r);
+			return 0;
+		}
 		if (rc)
 			break;
 		r->hs_head = h->next;
@@ -2680,6 +2705,31 @@ static int post_plan_recvs(struct r2cc_rqp *r)
 	return rc;
 }
 
+/* The plan's sends from i on wait for the peer's keys: held ahead of NCCL's held
+ * posts, in their order, and the path is live (what follows is held behind
+ * them). Under r->mu. */
+static int hold_plan_sends(struct r2cc_rqp *r, size_t i)
+{
+	struct held_send *rest = r->hs_head, **rest_tail = r->hs_tail;
+	r->hs_head = NULL;
+	r->hs_tail = &r->hs_head;
+	int rc = 0;
+	for (; i < r->plan.n_send && !rc; i++) {
+		struct ibv_sge sge[17];
+		struct ibv_send_wr w;
+		r2cc_qp_shadow_plan_send_wr(&r->plan, i, &w, sge);
+		rc = hold_send(r, &w);
+	}
+	*r->hs_tail = rest;
+	if (rest)
+		r->hs_tail = rest_tail;
+	if (rc)
+		return rc;
+	keys_need(r);
+	r->send_live = true;
+	return 0;
+}
+
 static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 {
 	for (size_t i = 0; i < r->plan.n_send; i++) {
@@ -2689,6 +2739,8 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 			return -E2BIG;
 		r2cc_qp_shadow_plan_send_wr(&r->plan, i, &w, sge);
 		int rc = post_one_send(r, &w);
+		if (rc == -EAGAIN)
+			return hold_plan_sends(r, i);
 		if (rc)
 			return rc;
 	}
@@ -4479,6 +4531,92 @@ static void scan(int64_t t)
 	pthread_mutex_lock(&eng.mu);
 }
 
+#define KEYS_TRIES 3 /* fetches of a map that fail in a row before the QP's error */
+
+/*
+ * The QPs whose sends wait for their peer's rkey map (keys_need): the map fetched
+ * (the network round trip, here and without any lock NCCL takes), then the held
+ * sends posted. A key still missing from a map just fetched is not the peer's, and
+ * a map that cannot be fetched KEYS_TRIES times in a row (2 s each) gives up: the
+ * QP's clean error either way. Repair thread, without eng.mu.
+ */
+static void keys_tick(void)
+{
+	if (!__atomic_exchange_n(&eng.keys_due, 0, __ATOMIC_ACQ_REL))
+		return;
+	struct r2cc_rqp *list[64];
+	int n = 0;
+	bool more = false;
+	pthread_mutex_lock(&eng.mu);
+	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
+		if (r->dead || r->busy || !__atomic_load_n(&r->keys_wait, __ATOMIC_RELAXED))
+			continue;
+		if (n == (int)(sizeof(list) / sizeof(list[0]))) {
+			more = true;
+			break;
+		}
+		r->busy = true;
+		list[n++] = r;
+	}
+	pthread_mutex_unlock(&eng.mu);
+	for (int i = 0; i < n; i++) {
+		struct r2cc_rqp *r = list[i];
+		char from[R2CC_NIC_NAME_MAX], to[R2CC_NIC_NAME_MAX];
+		pthread_mutex_lock(&r->mu);
+		snprintf(from, sizeof(from), "%s", r->peer_orig_nic);
+		snprintf(to, sizeof(to), "%s", r->peer_cur_nic);
+		pthread_mutex_unlock(&r->mu);
+		int frc = r->dir
+			      ? r2cc_mr_mirror_remote_refresh(r->dir, r->peer_rank, from, to, 2000)
+			      : -ENOENT;
+		pthread_mutex_lock(&r->mu);
+		int s = load_state(r), rc = 0;
+		uint64_t posted = 0;
+		/* (in another repair now: its commit posts them, or asks again) */
+		bool flush =
+			 r->keys_wait && (s == RQ_MIGRATED || (s == RQ_EXCHANGE && r->send_live)),
+		     still = false;
+		if (flush) {
+			__atomic_store_n(&r->keys_wait, false, __ATOMIC_RELAXED);
+			rc = flush_held_sends(r, &posted);
+			still = r->keys_wait;
+		}
+		r->keys_tries = still && frc ? r->keys_tries + 1 : 0;
+		bool give_up = rc || (still && (!frc || r->keys_tries >= KEYS_TRIES));
+		if (still && !give_up)
+			__atomic_store_n(&eng.keys_due, 1, __ATOMIC_RELEASE); /* again next tick */
+		pthread_mutex_unlock(&r->mu);
+		pthread_mutex_lock(&eng.mu);
+		if (r->incident >= 0 && r->incident < eng.ninc) { /* the repair that moved it */
+			eng.inc[r->incident].maps_later += frc == 0;
+			eng.inc[r->incident].held += posted;
+		}
+		pthread_mutex_unlock(&eng.mu);
+		if (give_up) {
+			char why[160];
+			if (rc)
+				snprintf(why, sizeof(why), "a held send could not be posted (%s)",
+					 strerror(rc < 0 ? -rc : rc));
+			else if (!frc)
+				snprintf(why, sizeof(why),
+					 "a send's rkey is not registered by rank %d on %s",
+					 r->peer_rank, from);
+			else
+				snprintf(why, sizeof(why), "rank %d's rkey map %s -> %s: %s",
+					 r->peer_rank, from, to, strerror(-frc));
+			R2CC_WARN("repair: qp 0x%x: %s; NCCL gets its error", r->qpn, why);
+			fail(r, why);
+		}
+	}
+	pthread_mutex_lock(&eng.mu);
+	for (int i = 0; i < n; i++)
+		list[i]->busy = false;
+	pthread_cond_broadcast(&eng.cond);
+	pthread_mutex_unlock(&eng.mu);
+	if (more)
+		__atomic_store_n(&eng.keys_due, 1, __ATOMIC_RELEASE);
+}
+
 static void *repair_main(void *arg)
 {
 	(void)arg;
@@ -4491,6 +4629,11 @@ static void *repair_main(void *arg)
 		if (t0 >= next_scan) {
 			scan(t0);
 			next_scan = t0 + SCAN_NS;
+		}
+		if (__atomic_load_n(&eng.keys_due, __ATOMIC_ACQUIRE)) {
+			pthread_mutex_unlock(&eng.mu);
+			keys_tick();
+			pthread_mutex_lock(&eng.mu);
 		}
 		if (!eng.work_head && !eng.in_head) {
 			int64_t t = now_ns();
@@ -4746,12 +4889,13 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			    "incident %d: %s, %s%s: detected_ns=%lld qps=%d migrated=%d failed=%d "
 			    "migrate_ms=%.3f bytes_reposted=%llu bytes_saved=%llu "
 			    "completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
-			    "peer_maps_fetched=%d\n",
+			    "peer_maps_fetched=%d peer_maps_later=%d\n",
 			    i + 1, in->nic, in->declared ? "[declared] " : "", in->evidence,
 			    (long long)in->t_detect, in->qps, in->migrated, in->failed, mig,
 			    (unsigned long long)in->bytes_reposted,
 			    (unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
-			    (unsigned long long)in->held, in->maps_carried, in->maps_fetched);
+			    (unsigned long long)in->held, in->maps_carried, in->maps_fetched,
+			    in->maps_later);
 			for (int e = 0; e < in->nevents; e++)
 				fprintf(text, "  +%.3f ms %s\n", (in->ev[e].t - in->t_detect) / 1e6,
 					in->ev[e].text);
@@ -4777,10 +4921,12 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			fprintf(json,
 				",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
 				"\"completions_synthesised\":%llu,\"posts_held\":%llu,"
-				"\"peer_maps_carried\":%d,\"peer_maps_fetched\":%d,\"timeline\":[",
+				"\"peer_maps_carried\":%d,\"peer_maps_fetched\":%d,"
+				"\"peer_maps_later\":%d,\"timeline\":[",
 				(unsigned long long)in->bytes_reposted,
 				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
-				(unsigned long long)in->held, in->maps_carried, in->maps_fetched);
+				(unsigned long long)in->held, in->maps_carried, in->maps_fetched,
+				in->maps_later);
 			for (int e = 0; e < in->nevents; e++) {
 				fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
 					(in->ev[e].t - in->t_detect) / 1e6);

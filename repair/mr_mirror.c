@@ -818,6 +818,8 @@ int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, co
 	pthread_mutex_unlock(&mm.lock);
 	if (rc == 0)
 		return 0;
+	if (timeout_ms <= 0) /* the cache only: the caller fetches elsewhere */
+		return -EAGAIN;
 	/* Not cached: the peer may have registered it since; ask once. */
 	rc = refresh(dir, peer_rank, from_nic, to_nic, timeout_ms);
 	if (rc)

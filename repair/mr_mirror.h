@@ -132,7 +132,9 @@ int r2cc_mr_mirror_serve(void);
  * key of another registration is a miss). 0, -ENOENT (no such rkey or range, or
  * not mirrored there), -ENODEV (no such NIC there), a control
  * plane error (-ETIMEDOUT, -ECONNREFUSED, -EOPNOTSUPP: the peer does not
- * mirror), -EPROTO (malformed reply), -EINVAL. */
+ * mirror), -EPROTO (malformed reply), -EINVAL. timeout_ms <= 0: from the cache
+ * only, never the network: -EAGAIN when it is not there (the caller fetches with
+ * r2cc_mr_mirror_remote_refresh() where it may wait). */
 int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, const char *from_nic,
 			       uint32_t rkey, uint64_t addr, uint64_t len, const char *to_nic,
 			       uint32_t *out, int timeout_ms);

@@ -89,6 +89,7 @@ struct drill_opts {
 	bool selftest_corrupt;
 	bool nccl_stub;		 /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
 	bool flush;		 /* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
+	bool fresh_mr;		 /* --fresh-mr: receivers register their rings anew, 3/4 in */
 	bool roce;		 /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
 	const char *nccl_lib;	 /* worker: the NCCL library to form a communicator with */
@@ -164,8 +165,9 @@ struct drill_status {
 	_Atomic uint64_t sent;	    /* messages whose send completions all arrived */
 	_Atomic uint64_t errors;    /* error completions and other failures */
 	_Atomic uint64_t async_events;
-	_Atomic int interposed;	   /* 0 not known yet, 1 the data path is libr2cc's, 2 it is not */
-	char error[DRILL_ERR_LEN]; /* the first failure, written once */
+	_Atomic int interposed; /* 0 not known yet, 1 the data path is libr2cc's, 2 it is not */
+	_Atomic int64_t max_post_ns; /* the longest data ibv_post_send call */
+	char error[DRILL_ERR_LEN];   /* the first failure, written once */
 	/*
 	 * Failures by kind. Application errors are what NCCL would see: an error
 	 * completion, a fatal async event, a failed post or poll. Check failures are what

@@ -93,6 +93,7 @@ struct drill_scenario {
 	/* queue pairs whose peer's rkey map came with its exchange message, and
 	 * those for which it did not (R2CC fetched it: a message without its map) */
 	uint64_t maps_carried, maps_fetched;
+	uint64_t maps_later; /* fetched after a move, for keys registered since (--fresh-mr) */
 	char why[DRILL_ERR_LEN + 64];
 	char stall[256]; /* each node's phase and progress at the deadline */
 	double secs;
@@ -130,7 +131,7 @@ static void usage(FILE *f)
 		"                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
 		"[--declare NODE:NIC]\n"
 		"                        [--nccl-version 2.18..2.32] [--link ib|roce] "
-		"[--detect-within MS]\n"
+		"[--detect-within MS] [--fresh-mr]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -152,6 +153,11 @@ static void usage(FILE *f)
 		"if any byte travelled outside the lossless class (lossy_bytes).\n"
 		"--detect-within MS: a scenario fails if any R2CC incident of its fault was\n"
 		"detected more than MS ms after the fault.\n"
+		"--fresh-mr: 3/4 into its messages each receiver registers its data ring again\n"
+		"and sends the new rkeys; the faulted node's then stops for 1 s. A scenario fails "
+		"if a data\n"
+		"ibv_post_send took more than 250 ms (a migrated QP's key lookup waited on the\n"
+		"stopped peer), or if no R2CC report counted a fetched rkey map.\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -241,6 +247,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_KILL,
 		O_HOLD,
 		O_FLUSH,
+		O_FRESH_MR,
 		O_QPS,
 		O_PER_NODE,
 		O_GBPS,
@@ -281,6 +288,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"kill-peer", no_argument, NULL, O_KILL},
 	    {"hold-connect", required_argument, NULL, O_HOLD},
 	    {"flush", no_argument, NULL, O_FLUSH},
+	    {"fresh-mr", no_argument, NULL, O_FRESH_MR},
 	    {"qps", required_argument, NULL, O_QPS},
 	    {"per-node", required_argument, NULL, O_PER_NODE},
 	    {"gbps", required_argument, NULL, O_GBPS},
@@ -491,6 +499,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		case O_FLUSH:
 			o->flush = true;
 			break;
+		case O_FRESH_MR:
+			o->fresh_mr = true;
+			break;
 		case O_NCCL_VERSION:
 			o->pattern = drill_pattern_find(optarg);
 			ok = o->pattern != NULL;
@@ -695,6 +706,10 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 	}
 	DRILL_ENV("SOFTVERBS_TIME_SCALE=%g", o->time_scale);
 	DRILL_ENV("R2CC_REPORT=%s/r2cc-report.%d", s->dir, rank);
+	/* --fresh-mr: the process that stops is the faulted node's (the one that
+	 * moves to another NIC, so that its peer translates its new keys) */
+	if (o->fresh_mr)
+		DRILL_ENV("DRILL_FRESH_STOP=%d", s->node * o->per_node);
 #undef DRILL_ENV
 	env[n] = NULL;
 	return env;
@@ -753,6 +768,8 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 		argv[n++] = (char *)"--selftest-corrupt";
 	if (o->flush)
 		argv[n++] = (char *)"--flush";
+	if (o->fresh_mr)
+		argv[n++] = (char *)"--fresh-mr";
 	if (o->pattern != drill_pattern_default()) {
 		argv[n++] = (char *)"--nccl-version";
 		argv[n++] = (char *)o->pattern->name;
@@ -1082,6 +1099,10 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 						   DRILL_MAX_INCIDENT);
 				for (int i = 0; i < n; i++)
 					s->maps_fetched += (uint64_t)maps[i];
+				n = drill_scan_key(text, "peer_maps_later", maps,
+						   DRILL_MAX_INCIDENT);
+				for (int i = 0; i < n; i++)
+					s->maps_later += (uint64_t)maps[i];
 				/* a whole JSON report, at exit, with or without incidents */
 				if (k == 0 && strstr(text, "\"nics\":["))
 					found++;
@@ -1444,6 +1465,19 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		snprintf(s->why, sizeof(s->why), "softverbs-ctl reset of %s failed", s->fabric);
 	int det0 = t->ndetect;
 	drill_read_reports(o, s, t);
+	/* --fresh-mr: no post waited for the stopped peer, and the new keys were
+	 * fetched (else the scenario showed nothing: the fault moved no QP by then) */
+	for (int r = 0; o->fresh_mr && r < o->procs; r++) {
+		int64_t ns = atomic_load(&st[r].max_post_ns);
+		if (ns > 250000000 && !s->why[0])
+			snprintf(
+			    s->why, sizeof(s->why),
+			    "node%d: a data ibv_post_send took %.0f ms (--fresh-mr: 250 at most)",
+			    r, ns / 1e6);
+	}
+	if (o->fresh_mr && o->preload && s->injected && !s->maps_later && !s->why[0])
+		snprintf(s->why, sizeof(s->why),
+			 "--fresh-mr: no R2CC report fetched an rkey map (no QP had moved?)");
 	/* --detect-within: every incident of the fault found in time */
 	for (int i = det0; o->detect_within_ms > 0 && i < t->ndetect; i++)
 		if (t->detect[i] > o->detect_within_ms && !s->why[0])
@@ -1543,6 +1577,8 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 	if (s->maps_carried || s->maps_fetched)
 		printf(" maps %llu/%llu", (unsigned long long)s->maps_carried,
 		       (unsigned long long)(s->maps_carried + s->maps_fetched));
+	if (s->maps_later)
+		printf(" later-maps %llu", (unsigned long long)s->maps_later);
 	if (!s->pass)
 		printf(" -- %s", s->why);
 	printf("\n");

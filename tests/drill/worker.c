@@ -37,6 +37,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,6 +112,7 @@ struct drill_conn {
 	uint8_t *buf;
 	uint64_t buf_len;
 	struct ibv_mr *buf_mr[DRILL_MAX_NICS];
+	struct ibv_mr *buf_mr_old[DRILL_MAX_NICS]; /* --fresh-mr: the first registrations */
 	struct drill_ring ring;
 	/* send: the FIFO the peer writes; recv: the elements written to the peer's FIFO,
 	 * DRILL_MAX_RECVS elements of the pattern's size per slot */
@@ -186,6 +189,7 @@ struct drill_worker {
 	_Atomic bool failed;
 	_Atomic int logged;
 	bool rechecked;
+	bool stopped_once; /* --fresh-mr */
 	struct drill_ep ep;
 	struct drill_ep peers[DRILL_MAX_PROCS];
 	struct drill_nccl nccl;
@@ -944,6 +948,20 @@ static struct drill_msg *drill_msg_start(struct drill_conn *c, uint32_t slot, ui
 	return m;
 }
 
+/* A shell that continues this process ms from now (spawned: no fork handlers
+ * run); -1 if none could be started. */
+static pid_t drill_continue_in(int ms)
+{
+	char cmd[64];
+	char *argv[] = {(char *)"/bin/sh", (char *)"-c", cmd, NULL};
+	extern char **environ;
+	pid_t k;
+
+	snprintf(cmd, sizeof(cmd), "sleep %d.%03d; kill -CONT %d", ms / 1000, ms % 1000,
+		 (int)getpid());
+	return posix_spawn(&k, "/bin/sh", NULL, NULL, argv, environ) == 0 ? k : -1;
+}
+
 static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 {
 	const struct drill_opts *o = w->o;
@@ -981,6 +999,22 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 		c->qp_index = (c->qp_index + 1) % c->nqps;
 	}
 
+	/* --fresh-mr: the ring registered again 3/4 in, as NCCL registers a user buffer
+	 * mid-job; the old registrations stay for the writes still aimed at them. */
+	bool fresh = o->fresh_mr && !c->buf_mr_old[drill_conn_nic(w, c, 0)] &&
+		     seq == (uint64_t)o->messages * 3 / 4;
+	for (int i = 0; fresh && i < c->nnic; i++) {
+		int d = drill_conn_nic(w, c, i);
+		struct ibv_mr *mr = drill_reg(w, d, c->buf, c->buf_len,
+					      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+						  IBV_ACCESS_REMOTE_READ);
+
+		if (!mr)
+			return false;
+		c->buf_mr_old[d] = c->buf_mr[d];
+		c->buf_mr[d] = mr;
+	}
+
 	memset(&elem, 0, sizeof(elem));
 	elem.addr = (uintptr_t)(c->buf + off);
 	elem.size = size;
@@ -1013,7 +1047,20 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 		m->events++;
 		m->cts_pending = true;
 	}
+	/* --fresh-mr, the faulted node once: the whole process (R2CC's threads too) stops for 1 s
+	 * right after this clear-to-send with the new keys, a peer whose control plane
+	 * cannot answer while the sender posts to them */
+	pid_t cont = -1;
+	if (fresh && !w->stopped_once && getenv("DRILL_FRESH_STOP") &&
+	    atoi(getenv("DRILL_FRESH_STOP")) == o->rank) {
+		w->stopped_once = true;
+		cont = drill_continue_in(1000);
+	}
 	rc = cts->qp->context->ops.post_send(cts->qp, &swr, &bad_swr);
+	if (cont > 0) {
+		raise(SIGSTOP);
+		waitpid(cont, NULL, 0);
+	}
 	if (rc) {
 		drill_fail_app(w, "post_send (clear-to-send) on %s (qpn 0x%06x): %s",
 			       drill_nic(w, cts->dev), cts->qp->qp_num, strerror(rc));
@@ -1174,7 +1221,11 @@ static int drill_multi_send(struct drill_worker *w, struct drill_conn *c, uint32
 			wr->sg_list = sge;
 			wr->num_sge = 1;
 		}
+		int64_t t0 = drill_now_ns();
 		rc = q->qp->context->ops.post_send(q->qp, c->wrs, &bad);
+		int64_t took = drill_now_ns() - t0;
+		if (took > atomic_load(&w->st->max_post_ns))
+			atomic_store(&w->st->max_post_ns, took);
 		if (rc) {
 			drill_fail_app(w, "post_send (data) on %s (qpn 0x%06x): %s",
 				       drill_nic(w, q->dev), q->qp->qp_num, strerror(rc));
@@ -1543,6 +1594,8 @@ static void drill_teardown(struct drill_worker *w)
 			for (int d = 0; d < w->o->nics; d++) {
 				if (c->buf_mr[d])
 					drill_ibv.dereg_mr(c->buf_mr[d]);
+				if (c->buf_mr_old[d])
+					drill_ibv.dereg_mr(c->buf_mr_old[d]);
 				if (c->fifo_mr[d])
 					drill_ibv.dereg_mr(c->fifo_mr[d]);
 				if (c->scratch_mr[d])
