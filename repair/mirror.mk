@@ -14,7 +14,8 @@ MIRROR_UNIT_SRCS := $(MIRROR_SRCS) $(REPAIR_CTL_SRCS) shim/params.c shim/failspe
 
 $(MIRROR_UNIT): tests/unit/test_mr_mirror.c $(MIRROR_UNIT_SRCS) $(MIRROR_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(BIN_CFLAGS) -DR2CC_VERSION_STRING='"test"' -o $@ $< $(MIRROR_UNIT_SRCS) -lcriterion -lcrypto -ldl
+	$(CC) $(BIN_CFLAGS) -DR2CC_VERSION_STRING='"test"' -o $@ $< $(MIRROR_UNIT_SRCS) -lcriterion -lcrypto -ldl \
+		-Wl,--wrap=pthread_mutex_lock
 
 # End to end over the software RDMA device: two processes forming a job
 # through the NCCL test double, under a test copy of libr2cc.so (the same

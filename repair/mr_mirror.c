@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -47,12 +48,15 @@ struct mnic {
 	bool warned;
 };
 
+/* Published to lock-free readers: the list link and the map pointer are stored
+ * atomically, and a replaced map (or an unlinked entry) is freed only once no
+ * reader is inside (readers_drain). */
 struct cache_ent {
 	struct cache_ent *next;
 	uint64_t job;
 	int peer;
 	char from[64], to[64];
-	struct r2cc_mr_mirror_map map;
+	struct r2cc_mr_mirror_map *map;
 };
 
 static struct {
@@ -61,7 +65,9 @@ static struct {
 	struct mnic nics[R2CC_MAX_NICS];
 	struct group *groups;
 	struct r2cc_map by_mr, by_lkey, by_rkey;
-	bool maps_ready;
+	bool maps_ready;     /* atomic: read by the lock-free translations */
+	int readers;	     /* atomic: lock-free translations in progress */
+	uint64_t cache_hits; /* atomic */
 	uint64_t epoch, gen;
 	struct r2cc_mr_mirror_stats st;
 	struct cache_ent *cache;
@@ -134,8 +140,33 @@ static int ready_locked(void)
 	if (!mm.epoch)
 		mm.epoch = 1;
 	mm.gen = 1;
-	mm.maps_ready = true;
+	__atomic_store_n(&mm.maps_ready, true, __ATOMIC_RELEASE);
 	return 0;
+}
+
+/*
+ * The translations on the post path take no lock: a reader announces itself
+ * around its lookup, and a writer that unpublished an object (a group out of the
+ * key indices, a cache entry out of its list, a cache entry's replaced map)
+ * frees it only once no reader is inside, since a reader that enters after the
+ * unpublishing cannot find it. Readers hold an object for a few loads, so the
+ * wait is short; writers are registrations and map updates, never the data path.
+ */
+static void read_enter(void)
+{
+	__atomic_add_fetch(&mm.readers, 1, __ATOMIC_SEQ_CST);
+}
+
+static void read_exit(void)
+{
+	__atomic_sub_fetch(&mm.readers, 1, __ATOMIC_RELEASE);
+}
+
+static void readers_drain(void)
+{
+	__atomic_thread_fence(__ATOMIC_SEQ_CST); /* the unpublishing before the count */
+	while (__atomic_load_n(&mm.readers, __ATOMIC_ACQUIRE))
+		sched_yield();
 }
 
 static void ensure_pd_locked(int i)
@@ -330,20 +361,24 @@ void r2cc_mr_mirror_dereg(struct ibv_mr *mr)
 	struct group *g =
 	    mm.maps_ready ? r2cc_map_remove(&mm.by_mr, (uint64_t)(uintptr_t)mr) : NULL;
 	if (g) {
-		for (int k = 0; k < g->nkeys; k++)
+		for (int k = 0; k < g->nkeys; k++) {
+			if (g->keys[k].nic < 0)
+				continue; /* its NIC was closed */
 			unindex_locked(&g->keys[k]);
+			mm.st.mirrors -= k > 0;
+		}
 		*g->pprev = g->next;
 		if (g->next)
 			g->next->pprev = g->pprev;
 		mm.gen++;
 		mm.st.groups--;
-		mm.st.mirrors -= (uint64_t)g->nkeys - 1;
 	}
 	int (*dereg)(struct ibv_mr *) = mm.v.dereg_mr;
 	pthread_mutex_unlock(&mm.lock);
 	if (g) {
+		readers_drain();
 		for (int k = 1; k < g->nkeys; k++)
-			if (dereg && dereg(g->keys[k].mr))
+			if (g->keys[k].mr && dereg && dereg(g->keys[k].mr))
 				R2CC_WARN_ONCE("MR mirror: deregistering a mirror failed (%s)",
 					       strerror(errno));
 		free(g);
@@ -363,10 +398,13 @@ void r2cc_mr_mirror_ctx_closing(struct ibv_context *ctx)
 			for (int k = 1; k < g->nkeys; k++) {
 				if (g->keys[k].nic != i)
 					continue;
+				/* Marked, not compacted: a lock-free reader may be
+				 * walking the keys through another NIC's index. */
 				unindex_locked(&g->keys[k]);
+				__atomic_store_n(&g->keys[k].nic, -1, __ATOMIC_RELEASE);
 				if (mm.v.dereg_mr)
 					mm.v.dereg_mr(g->keys[k].mr);
-				g->keys[k] = g->keys[--g->nkeys];
+				g->keys[k].mr = NULL;
 				mm.st.mirrors--;
 				mm.gen++;
 				break;
@@ -392,16 +430,18 @@ static int translate(struct r2cc_map *idx, bool rkey, const struct r2cc_nic *fro
 		return 0;
 	}
 	int rc = -ENOENT;
-	pthread_mutex_lock(&mm.lock);
-	struct group *g = mm.maps_ready ? r2cc_map_get(idx, key_of(from->index, key)) : NULL;
+	if (!__atomic_load_n(&mm.maps_ready, __ATOMIC_ACQUIRE))
+		return rc;
+	read_enter();
+	const struct group *g = r2cc_map_get(idx, key_of(from->index, key));
 	for (int k = 0; g && k < g->nkeys; k++) {
-		if (g->keys[k].nic == to->index) {
+		if (__atomic_load_n(&g->keys[k].nic, __ATOMIC_ACQUIRE) == to->index) {
 			*out = rkey ? g->keys[k].rkey : g->keys[k].lkey;
 			rc = 0;
 			break;
 		}
 	}
-	pthread_mutex_unlock(&mm.lock);
+	read_exit();
 	return rc;
 }
 
@@ -434,6 +474,7 @@ void r2cc_mr_mirror_get_stats(struct r2cc_mr_mirror_stats *out)
 	*out = mm.st;
 	out->generation = mm.gen;
 	pthread_mutex_unlock(&mm.lock);
+	out->cache_hits = __atomic_load_n(&mm.cache_hits, __ATOMIC_RELAXED);
 }
 
 /* --- wire format ------------------------------------------------------------------ */
@@ -635,6 +676,8 @@ int r2cc_mr_mirror_map_decode(const void *in, size_t len, struct r2cc_mr_mirror_
 
 void r2cc_mr_mirror_map_free(struct r2cc_mr_mirror_map *m)
 {
+	if (!m)
+		return;
 	free(m->e);
 	m->e = NULL;
 	m->count = 0;
@@ -679,9 +722,11 @@ int r2cc_mr_mirror_serve(void)
 
 /* --- remote translation -------------------------------------------------------------- */
 
-static struct cache_ent *cache_find_locked(uint64_t job, int peer, const char *from, const char *to)
+/* Under the lock, or between read_enter() and read_exit(). */
+static struct cache_ent *cache_find(uint64_t job, int peer, const char *from, const char *to)
 {
-	for (struct cache_ent *c = mm.cache; c; c = c->next)
+	for (struct cache_ent *c = __atomic_load_n(&mm.cache, __ATOMIC_ACQUIRE); c;
+	     c = __atomic_load_n(&c->next, __ATOMIC_ACQUIRE))
 		if (c->job == job && c->peer == peer && !strcmp(c->from, from) &&
 		    !strcmp(c->to, to))
 			return c;
@@ -692,13 +737,13 @@ static struct cache_ent *cache_find_locked(uint64_t job, int peer, const char *f
  * whose registration covers the range. A key the peer recycled for another
  * registration (dereg, then reg) covers another range: a miss, then a refresh,
  * never the old registration's mirror key. */
-static int cache_lookup_locked(const struct cache_ent *c, uint32_t rkey, uint64_t addr,
-			       uint64_t len, uint32_t *out)
+static int cache_lookup(const struct cache_ent *c, uint32_t rkey, uint64_t addr, uint64_t len,
+			uint32_t *out)
 {
 	const struct r2cc_mr_mirror_entry key = {.rkey_from = rkey};
+	const struct r2cc_mr_mirror_map *m = c ? __atomic_load_n(&c->map, __ATOMIC_ACQUIRE) : NULL;
 	const struct r2cc_mr_mirror_entry *e =
-	    c && c->map.count ? bsearch(&key, c->map.e, c->map.count, sizeof(key), entry_cmp)
-			      : NULL;
+	    m && m->count ? bsearch(&key, m->e, m->count, sizeof(key), entry_cmp) : NULL;
 	if (!e || addr < e->addr || addr - e->addr > e->len || len > e->len - (addr - e->addr))
 		return -ENOENT;
 	*out = e->rkey_to;
@@ -718,25 +763,36 @@ static int fetch_ctl(const struct r2cc_ctl_dir *dir, int peer, const void *req, 
 static int cache_put_locked(uint64_t job, int peer, const char *from, const char *to,
 			    struct r2cc_mr_mirror_map *m, bool only_newer)
 {
-	struct cache_ent *e = cache_find_locked(job, peer, from, to);
-	if (e && only_newer && e->map.epoch == m->epoch && e->map.gen > m->gen) {
+	struct cache_ent *e = cache_find(job, peer, from, to);
+	struct r2cc_mr_mirror_map *old = e ? e->map : NULL, *nm;
+	if (old && only_newer && old->epoch == m->epoch && old->gen > m->gen) {
 		r2cc_mr_mirror_map_free(m);
 		return 0;
 	}
-	if (!e && (e = calloc(1, sizeof(*e)))) {
+	if (!(nm = malloc(sizeof(*nm)))) {
+		r2cc_mr_mirror_map_free(m);
+		return -ENOMEM;
+	}
+	*nm = *m;
+	if (!e) {
+		if (!(e = calloc(1, sizeof(*e)))) {
+			r2cc_mr_mirror_map_free(nm);
+			free(nm);
+			return -ENOMEM;
+		}
 		e->job = job;
 		e->peer = peer;
 		strcpy(e->from, from);
 		strcpy(e->to, to);
+		e->map = nm;
 		e->next = mm.cache;
-		mm.cache = e;
+		__atomic_store_n(&mm.cache, e, __ATOMIC_RELEASE);
+		return 0;
 	}
-	if (!e) {
-		r2cc_mr_mirror_map_free(m);
-		return -ENOMEM;
-	}
-	r2cc_mr_mirror_map_free(&e->map);
-	e->map = *m;
+	__atomic_store_n(&e->map, nm, __ATOMIC_RELEASE);
+	readers_drain();
+	r2cc_mr_mirror_map_free(old);
+	free(old);
 	return 0;
 }
 
@@ -751,10 +807,10 @@ static int refresh(const struct r2cc_ctl_dir *dir, int peer, const char *from, c
 	strcpy(r.from, from);
 	strcpy(r.to, to);
 	pthread_mutex_lock(&mm.lock);
-	const struct cache_ent *c = cache_find_locked(dir->job.id, peer, from, to);
-	if (c) {
-		r.epoch = c->map.epoch;
-		r.gen = c->map.gen;
+	const struct cache_ent *c = cache_find(dir->job.id, peer, from, to);
+	if (c && c->map) {
+		r.epoch = c->map->epoch;
+		r.gen = c->map->gen;
 	}
 	r2cc_mr_mirror_fetch_fn fetch = mm.fetch ? mm.fetch : fetch_ctl;
 	mm.st.fetches++;
@@ -810,24 +866,25 @@ int r2cc_mr_mirror_remote_rkey(const struct r2cc_ctl_dir *dir, int peer_rank, co
 		*out = rkey;
 		return 0;
 	}
-	pthread_mutex_lock(&mm.lock);
-	int rc = cache_lookup_locked(cache_find_locked(dir->job.id, peer_rank, from_nic, to_nic),
-				     rkey, addr, len, out);
-	if (rc == 0)
-		mm.st.cache_hits++;
-	pthread_mutex_unlock(&mm.lock);
-	if (rc == 0)
+	/* No lock: this runs inside NCCL's post on a moved QP. */
+	read_enter();
+	int rc = cache_lookup(cache_find(dir->job.id, peer_rank, from_nic, to_nic), rkey, addr, len,
+			      out);
+	read_exit();
+	if (rc == 0) {
+		__atomic_add_fetch(&mm.cache_hits, 1, __ATOMIC_RELAXED);
 		return 0;
+	}
 	if (timeout_ms <= 0) /* the cache only: the caller fetches elsewhere */
 		return -EAGAIN;
 	/* Not cached: the peer may have registered it since; ask once. */
 	rc = refresh(dir, peer_rank, from_nic, to_nic, timeout_ms);
 	if (rc)
 		return rc;
-	pthread_mutex_lock(&mm.lock);
-	rc = cache_lookup_locked(cache_find_locked(dir->job.id, peer_rank, from_nic, to_nic), rkey,
-				 addr, len, out);
-	pthread_mutex_unlock(&mm.lock);
+	read_enter();
+	rc = cache_lookup(cache_find(dir->job.id, peer_rank, from_nic, to_nic), rkey, addr, len,
+			  out);
+	read_exit();
 	return rc;
 }
 
@@ -855,16 +912,26 @@ int r2cc_mr_mirror_remote_store(const struct r2cc_ctl_dir *dir, int peer_rank, c
 
 void r2cc_mr_mirror_remote_forget(uint64_t job_id, int peer_rank)
 {
+	struct cache_ent *gone = NULL;
 	pthread_mutex_lock(&mm.lock);
 	for (struct cache_ent **pp = &mm.cache; *pp;) {
 		struct cache_ent *c = *pp;
 		if (c->job == job_id && (peer_rank < 0 || c->peer == peer_rank)) {
-			*pp = c->next;
-			r2cc_mr_mirror_map_free(&c->map);
-			free(c);
+			__atomic_store_n(pp, c->next, __ATOMIC_RELEASE);
+			c->next = gone; /* (readers still inside follow it: drained below) */
+			gone = c;
 		} else {
 			pp = &c->next;
 		}
 	}
 	pthread_mutex_unlock(&mm.lock);
+	if (gone)
+		readers_drain();
+	while (gone) {
+		struct cache_ent *c = gone;
+		gone = c->next;
+		r2cc_mr_mirror_map_free(c->map);
+		free(c->map);
+		free(c);
+	}
 }

@@ -5,13 +5,18 @@
  * unchanged, unknown NIC, malformed requests of every shape), the reply
  * decoder, and the peer cache (one fetch, then hits; revalidation by
  * generation; retry with a larger buffer; a malformed reply; a map carried by
- * hot repair's exchange, stored without a fetch). */
+ * hot repair's exchange, stored without a fetch), and the translations of the
+ * post path: no lock taken (the mutex calls of the code under test are counted:
+ * it is linked with --wrap=pthread_mutex_lock), and right while registrations and
+ * map updates churn beside them. */
 #include "repair/mr_mirror.h"
 #include "shim/registry.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -51,9 +56,25 @@ static int d_dealloc_pd(struct ibv_pd *pd)
 	return 0;
 }
 
+/* Mutex acquisitions by the code under test, per thread. */
+static __thread int locks_taken;
+int __real_pthread_mutex_lock(pthread_mutex_t *m);
+int __wrap_pthread_mutex_lock(pthread_mutex_t *m);
+int __wrap_pthread_mutex_lock(pthread_mutex_t *m)
+{
+	locks_taken++;
+	return __real_pthread_mutex_lock(m);
+}
+
 static struct ibv_mr *record(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova, int access,
 			     int fd)
 {
+	if (nrec == MAXREC) /* a long test: reuse a deregistered slot */
+		for (int i = 0; i < nrec; i++)
+			if (!regs[i].live) {
+				regs[i] = regs[--nrec];
+				break;
+			}
 	if (pd == fail_pd || nrec == MAXREC) {
 		errno = ENOMEM;
 		return NULL;
@@ -562,4 +583,86 @@ Test(mirror, map_carried_in_a_message_needs_no_fetch)
 	cr_expect_null(none);
 	free(old);
 	free(cur);
+}
+
+/* The post path's translations (local keys, local rkeys, the peer's rkeys from
+ * the cache) take no lock. */
+Test(mirror, translations_take_no_lock)
+{
+	static char b1[64];
+	struct ibv_mr m1 = nccl_mr(0xa1);
+	reg(&m1, 0, b1, 64, 0);
+	unsigned char *map = NULL;
+	size_t len = 0;
+	cr_assert_eq(r2cc_mr_mirror_map_encode("mlx5_0", "mlx5_1", &map, &len), 0);
+	cr_assert_eq(r2cc_mr_mirror_remote_store(&fake_dir, 0, "mlx5_0", "mlx5_1", map, len), 0);
+	free(map);
+	uint32_t k;
+	locks_taken = 0;
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], 0xa1, nic[1], &k), 0);
+	cr_expect_eq(r2cc_mr_mirror_rkey(nic[0], m1.rkey, nic[2], &k), 0);
+	cr_expect_eq(r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", m1.rkey, (uintptr_t)b1, 64,
+						"mlx5_1", &k, 0),
+		     0);
+	cr_expect_eq(
+	    r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", 0x7777, 0, 8, "mlx5_1", &k, 0),
+	    -EAGAIN, "the cache only, with no timeout: a miss is -EAGAIN, not a fetch");
+	cr_expect_eq(locks_taken, 0, "%d mutex acquisitions in translations", locks_taken);
+}
+
+static atomic_bool churn_stop;
+static uint32_t churn_lkey_want, churn_rkey_want, churn_rkey;
+static char churn_b1[64], churn_b2[64];
+
+static void *churn_reader(void *arg)
+{
+	(void)arg;
+	long bad = 0;
+	while (!atomic_load(&churn_stop)) {
+		uint32_t k = 0;
+		if (r2cc_mr_mirror_lkey(nic[0], 0xb1, nic[1], &k) || k != churn_lkey_want)
+			bad++;
+		int rc = r2cc_mr_mirror_lkey(nic[0], 0xb3, nic[2], &k);
+		bad += rc && rc != -ENOENT;
+		rc = r2cc_mr_mirror_remote_rkey(&fake_dir, 0, "mlx5_0", churn_rkey,
+						(uintptr_t)churn_b1, 64, "mlx5_1", &k, 0);
+		bad += rc ? rc != -EAGAIN : k != churn_rkey_want;
+	}
+	return (void *)bad;
+}
+
+/* Lock-free readers beside a writer that registers and deregisters another
+ * buffer and replaces the peer's cached map, thousands of times: every
+ * translation of the stable key is right, the churning one is found or not
+ * (never an error or a crash; a freed group or map read here is what the
+ * sanitizer builds would report). */
+Test(mirror, translations_right_while_registrations_churn, .timeout = 60)
+{
+	struct ibv_mr m1 = nccl_mr(0xb1);
+	reg(&m1, 0, churn_b1, 64, 0);
+	cr_assert_eq(r2cc_mr_mirror_lkey(nic[0], 0xb1, nic[1], &churn_lkey_want), 0);
+	cr_assert_eq(r2cc_mr_mirror_rkey(nic[0], m1.rkey, nic[1], &churn_rkey_want), 0);
+	churn_rkey = m1.rkey;
+	pthread_t th[2];
+	for (int i = 0; i < 2; i++)
+		cr_assert_eq(pthread_create(&th[i], NULL, churn_reader, NULL), 0);
+	for (int i = 0; i < 3000; i++) {
+		struct ibv_mr m2 = nccl_mr(0xb3);
+		reg(&m2, 0, churn_b2, 64, 0);
+		unsigned char *map = NULL;
+		size_t len = 0;
+		cr_assert_eq(r2cc_mr_mirror_map_encode("mlx5_0", "mlx5_1", &map, &len), 0);
+		cr_assert_eq(
+		    r2cc_mr_mirror_remote_store(&fake_dir, 0, "mlx5_0", "mlx5_1", map, len), 0);
+		free(map);
+		r2cc_mr_mirror_dereg(&m2);
+		if (i % 500 == 250)
+			r2cc_mr_mirror_remote_forget(fake_dir.job.id, 0);
+	}
+	atomic_store(&churn_stop, true);
+	for (int i = 0; i < 2; i++) {
+		void *bad;
+		pthread_join(th[i], &bad);
+		cr_expect_eq((long)bad, 0, "reader %d: %ld wrong translations", i, (long)bad);
+	}
 }
