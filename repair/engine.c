@@ -122,6 +122,10 @@ struct r2cc_vcq {
 	 * of this CQ: count + reserved <= cap, and only fail() takes from them. */
 	size_t reserved;
 	struct pcq *pcqs; /* R2CC's CQs behind this one */
+	/* QPs whose re-posts wait for NCCL's own thread (app_flush_need): run at
+	 * its next poll of this CQ. Under mu; nflush also read atomically. */
+	struct r2cc_rqp **flush;
+	int nflush, capflush;
 };
 
 /* The peer's end of a migrating pair, as its messages describe it. */
@@ -162,6 +166,11 @@ struct r2cc_rqp {
 	 * failed in a row. Under mu. */
 	bool keys_wait;
 	int keys_tries;
+	/* The plan's re-posts and NCCL's held sends wait for NCCL's own thread (its
+	 * next post on the QP or poll of its CQ: app_flush_run), and the error a held
+	 * send got there (atomic; the repair thread gives the QP its error). */
+	bool app_flush;
+	int flush_err;
 	/* path being built */
 	struct ibv_qp *new_qp;
 	struct ibv_cq *new_cq;
@@ -354,6 +363,9 @@ static struct {
 	int keys_due;	       /* atomic: a QP holds sends for the peer's keys (keys_tick) */
 	/* stall suspicions (scan), and how the confirmations ended (self-tests) */
 	uint64_t stalls_suspected, stalls_node_wide;
+	/* sends posted on a moved path: by NCCL's threads (app_flush_run) and by the
+	 * repair thread (only where NCCL's could not be asked) */
+	uint64_t reposts_nccl, reposts_repair;
 	uint64_t selftests_passed, selftests_failed, selftests_inconclusive;
 	struct r2cc_failspec declared; /* R2CC_FAILED_NODE / R2CC_FAILED_HCA */
 	int node_index;		       /* this process's node in the job, -1 unknown */
@@ -410,9 +422,47 @@ static bool nccl_failover_on(void)
 	return false;
 }
 
+static bool env_on(const char *name, bool dflt)
+{
+	const char *v = getenv(name);
+	return v && *v ? strcmp(v, "0") != 0 : dflt;
+}
+
+/*
+ * NCCL settings under which the re-posted clear-to-send writes are not safe by
+ * the model (repair/qp_shadow.h, tests/unit/test_qp_shadow_model.c): inline ones
+ * carry the element as it was when posted, and a connection's data split over
+ * several QPs per NIC puts one FIFO slot's writes on more than one QP. Hot repair
+ * is off for the process then, with one warning naming the setting.
+ */
+static bool nccl_settings_unsafe(void)
+{
+	static int warned;
+	const char *var = NULL, *val = NULL, *why = NULL;
+	const char *qps = getenv("NCCL_IB_QPS_PER_CONNECTION");
+	int code = __atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED);
+	if (env_on("NCCL_IB_USE_INLINE", false)) {
+		var = "NCCL_IB_USE_INLINE";
+		val = getenv(var);
+		why = "inline writes carry the element as it was when posted";
+	} else if (qps && atoi(qps) > 1 &&
+		   env_on("NCCL_IB_SPLIT_DATA_ON_QPS", code && code < 22000)) {
+		var = "NCCL_IB_QPS_PER_CONNECTION";
+		val = qps;
+		why = "with NCCL_IB_SPLIT_DATA_ON_QPS one FIFO slot's writes travel on several QPs";
+	}
+	if (var && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		R2CC_WARN("%s=%s: hot repair cannot re-post NCCL's clear-to-send writes safely "
+			  "with it (%s); hot repair is off for this process (unset it to let "
+			  "R2CC repair)",
+			  var, val, why);
+	return var != NULL;
+}
+
 bool r2cc_repair_enabled(void)
 {
-	return r2cc_active() && r2cc_param.mode != 0 && !nccl_failover_on();
+	return r2cc_active() && r2cc_param.mode != 0 && !nccl_failover_on() &&
+	       !nccl_settings_unsafe();
 }
 
 void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v)
@@ -1294,6 +1344,9 @@ static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 
 /* Pull everything from NCCL's CQ and the private CQs of migrated QPs into the
  * stash. Under vcq->mu. */
+static void app_flush_poll(struct r2cc_vcq *v);
+static void app_flush_run(struct r2cc_rqp *r);
+
 static void vcq_pump(struct r2cc_cq *c)
 {
 	struct r2cc_vcq *v = c->v;
@@ -1343,6 +1396,7 @@ int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc)
 	struct r2cc_vcq *v = c->v;
 	if (!v)
 		return c->ctx->poll_cq(c->cq, num, wc);
+	app_flush_poll(v);
 	pthread_mutex_lock(&v->mu);
 	if (v->count < (size_t)num)
 		vcq_pump(c);
@@ -1676,6 +1730,7 @@ static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ib
 		return q->ctx->post_send(q->qp, wr, bad);
 	pthread_mutex_lock(&r->mu);
 	declared_first_post(r, false);
+	app_flush_run(r);
 	int s = load_state(r), rc = 0;
 	struct ibv_send_wr *w = wr;
 	for (; w && !rc; w = w->next) {
@@ -1791,6 +1846,10 @@ void r2cc_repair_cq_destroyed(struct r2cc_cq *c)
 	free(v->stash);
 	v->stash = NULL;
 	v->cap = v->count = v->head = 0;
+	free(v->flush);
+	v->flush = NULL;
+	v->capflush = 0;
+	__atomic_store_n(&v->nflush, 0, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&v->mu);
 }
 
@@ -1990,6 +2049,17 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 		pthread_cond_wait(&eng.cond, &eng.mu);
 	r->dead = true;
 	pthread_mutex_unlock(&eng.mu);
+	/* off its CQ's list of re-posts for NCCL's thread */
+	struct r2cc_vcq *fv = r->vcq ? r->vcq->v : NULL;
+	if (fv) {
+		pthread_mutex_lock(&fv->mu);
+		for (int i = 0; i < fv->nflush; i++)
+			if (fv->flush[i] == r) {
+				fv->flush[i--] = fv->flush[fv->nflush - 1];
+				__atomic_store_n(&fv->nflush, fv->nflush - 1, __ATOMIC_RELAXED);
+			}
+		pthread_mutex_unlock(&fv->mu);
+	}
 	if (r->tracked)
 		r2cc_peer_forget(&r->ep_local);
 	pthread_mutex_lock(&r->mu);
@@ -2705,9 +2775,8 @@ static int post_plan_recvs(struct r2cc_rqp *r)
 	return rc;
 }
 
-/* The plan's sends from i on wait for the peer's keys: held ahead of NCCL's held
- * posts, in their order, and the path is live (what follows is held behind
- * them). Under r->mu. */
+/* The plan's sends from i on are held ahead of NCCL's held posts, in their order,
+ * and the path is live (what follows is held behind them). Under r->mu. */
 static int hold_plan_sends(struct r2cc_rqp *r, size_t i)
 {
 	struct held_send *rest = r->hs_head, **rest_tail = r->hs_tail;
@@ -2725,13 +2794,93 @@ static int hold_plan_sends(struct r2cc_rqp *r, size_t i)
 		r->hs_tail = rest_tail;
 	if (rc)
 		return rc;
-	keys_need(r);
 	r->send_live = true;
 	return 0;
 }
 
+/*
+ * The re-posts of a migration go out on NCCL's own thread, never on the repair
+ * thread: a re-posted clear-to-send write reads its FIFO element when it is
+ * posted, and NCCL's thread rewrites those elements only between its own calls
+ * (it fills one, then posts it), so a re-post there never carries a torn element
+ * (repair/qp_shadow.h, "Clear-to-send"). The plan's sends are held in front of
+ * NCCL's held posts, and NCCL's next post on the QP or poll of its CQ (which it
+ * makes while it waits for them) posts them all, in order. false (post them
+ * here) only when the CQ's list cannot grow. Under r->mu.
+ */
+static bool app_flush_need(struct r2cc_rqp *r)
+{
+	if (r->app_flush)
+		return true;
+	struct r2cc_vcq *v = r->vcq ? r->vcq->v : NULL;
+	if (!v)
+		return false;
+	pthread_mutex_lock(&v->mu);
+	if (v->nflush == v->capflush) {
+		int cap = v->capflush ? 2 * v->capflush : 16;
+		struct r2cc_rqp **f = realloc(v->flush, (size_t)cap * sizeof(*f));
+		if (!f) {
+			pthread_mutex_unlock(&v->mu);
+			return false;
+		}
+		v->flush = f;
+		v->capflush = cap;
+	}
+	v->flush[v->nflush] = r;
+	__atomic_store_n(&v->nflush, v->nflush + 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&v->mu);
+	r->app_flush = true;
+	return true;
+}
+
+/* NCCL's thread, under r->mu: the held sends posted (app_flush_need). A key the
+ * cache lacks holds the rest (keys_need); any other error is the QP's, which the
+ * repair thread gives it (keys_tick). */
+static void app_flush_run(struct r2cc_rqp *r)
+{
+	if (!r->app_flush || r->dead)
+		return;
+	r->app_flush = false;
+	uint64_t n = 0;
+	int rc = flush_held_sends(r, &n);
+	__atomic_add_fetch(&eng.reposts_nccl, n, __ATOMIC_RELAXED);
+	if (rc) {
+		__atomic_store_n(&r->flush_err, rc, __ATOMIC_RELAXED);
+		__atomic_store_n(&eng.keys_due, 1, __ATOMIC_RELEASE);
+	}
+}
+
+/* The poll side of app_flush_run: every QP of this CQ waiting for it. NCCL's
+ * thread, without locks held. */
+static void app_flush_poll(struct r2cc_vcq *v)
+{
+	if (r2cc_likely(!__atomic_load_n(&v->nflush, __ATOMIC_ACQUIRE)))
+		return;
+	for (;;) {
+		struct r2cc_rqp *batch[16];
+		int n = 0;
+		pthread_mutex_lock(&v->mu);
+		while (n < 16 && v->nflush) {
+			batch[n++] = v->flush[v->nflush - 1];
+			__atomic_store_n(&v->nflush, v->nflush - 1, __ATOMIC_RELAXED);
+		}
+		pthread_mutex_unlock(&v->mu);
+		if (!n)
+			return;
+		/* (records outlive their QPs: r->dead says it is gone) */
+		for (int i = 0; i < n; i++) {
+			pthread_mutex_lock(&batch[i]->mu);
+			app_flush_run(batch[i]);
+			pthread_mutex_unlock(&batch[i]->mu);
+		}
+	}
+}
+
 static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 {
+	if (app_flush_need(r))
+		return hold_plan_sends(r, 0);
+	__atomic_add_fetch(&eng.reposts_repair, r->plan.n_send, __ATOMIC_RELAXED);
 	for (size_t i = 0; i < r->plan.n_send; i++) {
 		struct ibv_sge sge[17];
 		struct ibv_send_wr w;
@@ -2739,12 +2888,16 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 			return -E2BIG;
 		r2cc_qp_shadow_plan_send_wr(&r->plan, i, &w, sge);
 		int rc = post_one_send(r, &w);
-		if (rc == -EAGAIN)
+		if (rc == -EAGAIN) {
+			keys_need(r);
 			return hold_plan_sends(r, i);
+		}
 		if (rc)
 			return rc;
 	}
+	uint64_t before = *held;
 	int rc = flush_held_sends(r, held);
+	__atomic_add_fetch(&eng.reposts_repair, *held - before, __ATOMIC_RELAXED);
 	if (!rc)
 		r->send_live = true;
 	return rc;
@@ -4533,6 +4686,24 @@ static void scan(int64_t t)
 
 #define KEYS_TRIES 3 /* fetches of a map that fail in a row before the QP's error */
 
+/* Whether a held send's rkey is still not in the cache. Under r->mu. */
+static bool held_keys_missing(struct r2cc_rqp *r)
+{
+	for (const struct held_send *h = r->hs_head; h; h = h->next) {
+		const struct ibv_send_wr *w = &h->wr;
+		uint64_t bytes = 0;
+		for (int i = 0; i < w->num_sge; i++)
+			bytes += w->sg_list[i].length;
+		uint32_t k;
+		if ((w->opcode == IBV_WR_RDMA_WRITE || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
+		     w->opcode == IBV_WR_RDMA_READ) &&
+		    (bytes || w->opcode == IBV_WR_RDMA_READ) &&
+		    xlate_rkey(r, w->wr.rdma.rkey, w->wr.rdma.remote_addr, bytes, &k) == -EAGAIN)
+			return true;
+	}
+	return false;
+}
+
 /*
  * The QPs whose sends wait for their peer's rkey map (keys_need): the map fetched
  * (the network round trip, here and without any lock NCCL takes), then the held
@@ -4549,7 +4720,9 @@ static void keys_tick(void)
 	bool more = false;
 	pthread_mutex_lock(&eng.mu);
 	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
-		if (r->dead || r->busy || !__atomic_load_n(&r->keys_wait, __ATOMIC_RELAXED))
+		if (r->dead || r->busy ||
+		    !(__atomic_load_n(&r->keys_wait, __ATOMIC_RELAXED) ||
+		      __atomic_load_n(&r->flush_err, __ATOMIC_RELAXED)))
 			continue;
 		if (n == (int)(sizeof(list) / sizeof(list[0]))) {
 			more = true;
@@ -4566,20 +4739,29 @@ static void keys_tick(void)
 		snprintf(from, sizeof(from), "%s", r->peer_orig_nic);
 		snprintf(to, sizeof(to), "%s", r->peer_cur_nic);
 		pthread_mutex_unlock(&r->mu);
-		int frc = r->dir
+		int rc = __atomic_exchange_n(&r->flush_err, 0, __ATOMIC_RELAXED);
+		int frc = rc ? 0
+			  : r->dir
 			      ? r2cc_mr_mirror_remote_refresh(r->dir, r->peer_rank, from, to, 2000)
 			      : -ENOENT;
 		pthread_mutex_lock(&r->mu);
-		int s = load_state(r), rc = 0;
+		int s = load_state(r);
 		uint64_t posted = 0;
 		/* (in another repair now: its commit posts them, or asks again) */
-		bool flush =
-			 r->keys_wait && (s == RQ_MIGRATED || (s == RQ_EXCHANGE && r->send_live)),
+		bool flush = !rc && r->keys_wait &&
+			     (s == RQ_MIGRATED || (s == RQ_EXCHANGE && r->send_live)),
 		     still = false;
-		if (flush) {
+		if (flush && !held_keys_missing(r)) {
+			/* NCCL's thread posts them (app_flush_need), or here if it
+			 * cannot be asked to */
 			__atomic_store_n(&r->keys_wait, false, __ATOMIC_RELAXED);
-			rc = flush_held_sends(r, &posted);
+			if (!app_flush_need(r)) {
+				rc = flush_held_sends(r, &posted);
+				__atomic_add_fetch(&eng.reposts_repair, posted, __ATOMIC_RELAXED);
+			}
 			still = r->keys_wait;
+		} else if (flush) {
+			still = true;
 		}
 		r->keys_tries = still && frc ? r->keys_tries + 1 : 0;
 		bool give_up = rc || (still && (!frc || r->keys_tries >= KEYS_TRIES));
@@ -4846,27 +5028,34 @@ static void json_str(FILE *f, const char *s)
 /* The stall scan's suspicions and how their confirmations ended. */
 static void report_stalls(FILE *text, FILE *json)
 {
-	uint64_t v[5] = {
+	uint64_t v[7] = {
 	    __atomic_load_n(&eng.stalls_suspected, __ATOMIC_RELAXED),
 	    __atomic_load_n(&eng.stalls_node_wide, __ATOMIC_RELAXED),
 	    __atomic_load_n(&eng.selftests_passed, __ATOMIC_RELAXED),
 	    __atomic_load_n(&eng.selftests_failed, __ATOMIC_RELAXED),
 	    __atomic_load_n(&eng.selftests_inconclusive, __ATOMIC_RELAXED),
+	    __atomic_load_n(&eng.reposts_nccl, __ATOMIC_RELAXED),
+	    __atomic_load_n(&eng.reposts_repair, __ATOMIC_RELAXED),
 	};
 	if (text)
 		fprintf(text,
 			"stall scan: %llu suspected, %llu node-wide slowdowns ignored; self-tests "
-			"%llu passed, %llu failed, %llu inconclusive\n",
+			"%llu passed, %llu failed, %llu inconclusive\n"
+			"sends posted on moved paths: %llu by NCCL's threads, %llu by the repair "
+			"thread\n",
 			(unsigned long long)v[0], (unsigned long long)v[1],
 			(unsigned long long)v[2], (unsigned long long)v[3],
-			(unsigned long long)v[4]);
+			(unsigned long long)v[4], (unsigned long long)v[5],
+			(unsigned long long)v[6]);
 	if (json)
 		fprintf(json,
 			"{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
-			"\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu}",
+			"\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
+			"\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu}",
 			(unsigned long long)v[0], (unsigned long long)v[1],
 			(unsigned long long)v[2], (unsigned long long)v[3],
-			(unsigned long long)v[4]);
+			(unsigned long long)v[4], (unsigned long long)v[5],
+			(unsigned long long)v[6]);
 }
 
 void r2cc_repair_report(FILE *text, FILE *json)

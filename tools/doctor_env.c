@@ -380,6 +380,32 @@ void dr_check_nccl(struct dr_state *st)
 		}
 	}
 
+	/* Settings under which the library turns hot repair off (repair/engine.c,
+	 * nccl_settings_unsafe: re-posted clear-to-send writes would not be safe). */
+	if (set("NCCL_IB_USE_INLINE") && env_long("NCCL_IB_USE_INLINE", 0) != 0) {
+		c = dr_add(st, DR_SEC_NCCL, DR_FAIL, "NCCL_IB_USE_INLINE",
+			   "NCCL_IB_USE_INLINE=%s: hot repair is off",
+			   getenv("NCCL_IB_USE_INLINE"));
+		dr_explain(c,
+			   "inline clear-to-send writes carry the FIFO element as it was when "
+			   "posted, so re-posting them after a failure could overwrite a newer "
+			   "one; the library turns hot repair off, with one warning",
+			   "unset NCCL_IB_USE_INLINE (NCCL's default is 0)");
+	}
+	if (env_long("NCCL_IB_QPS_PER_CONNECTION", 1) > 1 &&
+	    env_long("NCCL_IB_SPLIT_DATA_ON_QPS", st->nccl_code && st->nccl_code < 22000) != 0) {
+		c = dr_add(st, DR_SEC_NCCL, DR_FAIL, "NCCL_IB_QPS_PER_CONNECTION",
+			   "NCCL_IB_QPS_PER_CONNECTION=%s with data split over the QPs: hot "
+			   "repair is off",
+			   getenv("NCCL_IB_QPS_PER_CONNECTION"));
+		dr_explain(c,
+			   "one FIFO slot's clear-to-send writes then travel on several QPs, "
+			   "and re-posting them after a failure is not safe; the library turns "
+			   "hot repair off, with one warning",
+			   "NCCL_IB_SPLIT_DATA_ON_QPS=0 (NCCL's default since 2.20), or one QP "
+			   "per connection");
+	}
+
 	check_socket_ifname(st);
 
 	if (set("NCCL_IB_GID_INDEX")) {

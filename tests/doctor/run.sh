@@ -220,6 +220,19 @@ PY
 	check res29 <<'PY'
 assert rc == 2 and ("nccl", "NCCL_IB_RESILIENCY_PORT_FAILOVER") in fails(), (rc, fails())
 PY
+	# settings under which the library turns hot repair off
+	NCCL_IB_USE_INLINE=1 doctor inline
+	NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 doctor split
+	NCCL_IB_QPS_PER_CONNECTION=2 doctor nosplit
+	check inline <<'PY'
+assert rc == 2 and fails() == [("nccl", "NCCL_IB_USE_INLINE")], (rc, fails())
+PY
+	check split <<'PY'
+assert rc == 2 and fails() == [("nccl", "NCCL_IB_QPS_PER_CONNECTION")], (rc, fails())
+PY
+	check nosplit <<'PY'
+assert rc == 0, (rc, fails())
+PY
 	env -u NCCL_GIN_TYPE -u NCCL_TOPO_FILE "$DOC" doctor --json >"$TMP/gin.json"
 	echo $? >"$TMP/gin.rc"
 	check gin <<'PY'

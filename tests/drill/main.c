@@ -94,6 +94,10 @@ struct drill_scenario {
 	 * those for which it did not (R2CC fetched it: a message without its map) */
 	uint64_t maps_carried, maps_fetched;
 	uint64_t maps_later; /* fetched after a move, for keys registered since (--fresh-mr) */
+	/* sends R2CC posted on moved paths, by NCCL's thread and by its repair thread; how
+	 * many reports said so */
+	uint64_t reposts_nccl, reposts_repair;
+	int reposts_said;
 	char why[DRILL_ERR_LEN + 64];
 	char stall[256]; /* each node's phase and progress at the deadline */
 	double secs;
@@ -1091,6 +1095,12 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				double sus[1], maps[DRILL_MAX_INCIDENT];
 				if (drill_scan_key(text, "suspected", sus, 1) == 1)
 					s->suspected += (uint64_t)sus[0];
+				if (drill_scan_key(text, "reposts_nccl_thread", sus, 1) == 1) {
+					s->reposts_nccl += (uint64_t)sus[0];
+					s->reposts_said++;
+				}
+				if (drill_scan_key(text, "reposts_repair_thread", sus, 1) == 1)
+					s->reposts_repair += (uint64_t)sus[0];
 				n = drill_scan_key(text, "peer_maps_carried", maps,
 						   DRILL_MAX_INCIDENT);
 				for (int i = 0; i < n; i++)
@@ -1518,6 +1528,18 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				 "%llu queue pair(s) migrated with a peer's rkey map that its "
 				 "exchange message did not carry",
 				 (unsigned long long)s->maps_fetched);
+		}
+		/* Re-posts go out on NCCL's own thread (a clear-to-send re-posted on the
+		 * repair thread could read a FIFO element NCCL is rewriting), and every
+		 * report of a repair says where they went. */
+		if (s->pass && o->preload && s->repairs && !getenv("R2CC_FAULT_INJECT") &&
+		    (s->reposts_repair || s->reposts_said < s->reports)) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "%llu send(s) re-posted on R2CC's repair thread, %llu on the "
+				 "application's (%d of %d reports say)",
+				 (unsigned long long)s->reposts_repair,
+				 (unsigned long long)s->reposts_nccl, s->reposts_said, s->reports);
 		}
 		if (s->pass && o->expect == DRILL_EXPECT_NO_REPAIR && s->repairs) {
 			s->pass = false;
