@@ -12,14 +12,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define LEDGER_MAGIC 0x5232504du /* "R2PM": the table with load rows */
 #define LEDGER_SLOTS 64
 #define LEDGER_ROWS  64		  /* processes of one node that publish their load */
 #define LIVE_NS	     1000000000ll /* how long a row's liveness check is trusted */
+#define STALE_S	     60		  /* a table left this long with no live process goes */
+#define SWEEP_MAX    256	  /* tables looked at per sweep */
 
 enum { SLOT_FREE = 0, SLOT_CLAIMING, SLOT_NAMED };
 
@@ -54,6 +58,52 @@ static bool own_row_tried;
 static int64_t row_alive_at[LEDGER_ROWS];
 static uint32_t row_alive_pid[LEDGER_ROWS];
 static bool row_alive[LEDGER_ROWS];
+
+static bool pid_alive(uint32_t pid);
+static struct row *row_claim(struct table *t);
+
+/*
+ * Tables that killed jobs left behind (their last process never ran its exit
+ * handler): this user's, of this layout, untouched for STALE_S, whose every row is
+ * free or names a process that is gone. Every process claims its row when it opens
+ * a table, so such a table has no user. Returns how many were removed.
+ */
+static int sweep_stale(const char *keep)
+{
+	char prefix[64];
+	snprintf(prefix, sizeof(prefix), "r2cc-place-%u-", (unsigned)getuid());
+	DIR *d = opendir("/dev/shm");
+	if (!d)
+		return 0;
+	int removed = 0, seen = 0;
+	time_t now = time(NULL);
+	for (struct dirent *e; (e = readdir(d)) && seen < SWEEP_MAX;) {
+		if (strncmp(e->d_name, prefix, strlen(prefix)) || !strcmp(e->d_name, keep + 1))
+			continue;
+		seen++;
+		char name[300];
+		snprintf(name, sizeof(name), "/%s", e->d_name);
+		int fd = shm_open(name, O_RDONLY | O_CLOEXEC, 0);
+		struct stat st;
+		if (fd < 0)
+			continue;
+		const struct table *t = MAP_FAILED;
+		if (fstat(fd, &st) == 0 && st.st_uid == getuid() &&
+		    st.st_size == sizeof(struct table) && now - st.st_mtime > STALE_S)
+			t = mmap(NULL, sizeof(struct table), PROT_READ, MAP_SHARED, fd, 0);
+		close(fd);
+		if (t == MAP_FAILED)
+			continue;
+		bool live = __atomic_load_n(&t->magic, __ATOMIC_ACQUIRE) != LEDGER_MAGIC;
+		for (int i = 0; i < LEDGER_ROWS && !live; i++)
+			live = pid_alive(__atomic_load_n(&t->row[i].pid, __ATOMIC_ACQUIRE));
+		munmap((void *)t, sizeof(struct table));
+		if (!live && shm_unlink(name) == 0)
+			removed++;
+	}
+	closedir(d);
+	return removed;
+}
 
 int r2cc_ledger_open(uint64_t job_id, const char *node_key)
 {
@@ -95,10 +145,17 @@ int r2cc_ledger_open(uint64_t job_id, const char *node_key)
 		return open_rc;
 	}
 	__atomic_add_fetch(&t->users, 1, __ATOMIC_ACQ_REL);
+	/* The row at once: a table whose rows are all gone has no user (sweep_stale). */
+	own_row = row_claim(t);
+	own_row_tried = true;
 	__atomic_store_n(&tab, t, __ATOMIC_RELEASE);
 	open_rc = 0;
 	atexit(r2cc_ledger_close);
 	pthread_mutex_unlock(&mu);
+	int n = sweep_stale(path);
+	if (n)
+		R2CC_INFO("repair: removed %d placement table(s) that ended jobs left in /dev/shm",
+			  n);
 	return 0;
 }
 

@@ -14,9 +14,11 @@
  * A small shared-memory table named by the user, the job and the node
  * (/dev/shm/r2cc-place-<uid>-<job>-<node>); its counters change with atomic
  * adds, so a choice made in one process is seen by the next placement in any
- * other at once. The last process to close it (at exit) removes it; a process
- * killed before that leaves its use counted, and the table (a few KiB) then
- * stays in /dev/shm until removed by hand. Everything here is
+ * other at once. The last process to close it (at exit) removes it. A job whose
+ * processes were all killed leaves it behind: every process claims a row (its
+ * pid) when it opens the table, and each open removes this user's tables left
+ * untouched for a minute whose rows all name processes that are gone (one log
+ * line). Everything here is
  * the repair thread's (slow path); without a table (no job yet, shm refused)
  * every count reads 0 and placement is per process, as before.
  */

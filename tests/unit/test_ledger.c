@@ -3,7 +3,10 @@
 #include "repair/ledger.h"
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -153,4 +156,50 @@ Test(ledger, load_is_summed_over_the_live_processes_of_the_node)
 	snprintf(cmd, sizeof(cmd), "rm -f /dev/shm/r2cc-place-%u-%016llx-*", (unsigned)getuid(),
 		 (unsigned long long)j);
 	cr_expect_eq(system(cmd), 0);
+}
+
+/* /dev/shm path of job j's table on node (the library's name). */
+static void table_path(uint64_t j, char *out, size_t len)
+{
+	char cmd[256];
+	snprintf(cmd, sizeof(cmd), "ls /dev/shm/r2cc-place-%u-%016llx-* 2>/dev/null | head -1",
+		 (unsigned)getuid(), (unsigned long long)j);
+	FILE *f = popen(cmd, "r");
+	out[0] = '\0';
+	if (f && fgets(out, (int)len, f))
+		out[strcspn(out, "\n")] = '\0';
+	if (f)
+		pclose(f);
+}
+
+/* A table as a killed job leaves it: its only process opened it and was killed
+ * (no exit handler); then aged past the sweep's threshold. A table whose process
+ * lives stays, however old; so does this job's own. */
+Test(ledger, tables_of_killed_jobs_are_removed)
+{
+	uint64_t dead = job(), alive = dead + 7, mine = dead + 11;
+	struct child c;
+	pid_t k = fork();
+	cr_assert_geq(k, 0);
+	if (k == 0) {
+		r2cc_ledger_open(dead, "node0");
+		raise(SIGKILL);
+	}
+	int st;
+	waitpid(k, &st, 0);
+	cr_assert(WIFSIGNALED(st));
+	child_start(&c, alive, "node0");
+	char pd[256], pa[256];
+	table_path(dead, pd, sizeof(pd));
+	table_path(alive, pa, sizeof(pa));
+	cr_assert(pd[0] && pa[0], "the tables were not made");
+	struct timespec old[2] = {{.tv_sec = time(NULL) - 3600}, {.tv_sec = time(NULL) - 3600}};
+	cr_assert_eq(utimensat(AT_FDCWD, pd, old, 0), 0);
+	cr_assert_eq(utimensat(AT_FDCWD, pa, old, 0), 0);
+	cr_assert_eq(r2cc_ledger_open(mine, "node0"), 0);
+	cr_expect_not(table_exists(dead), "the killed job's table is still there");
+	cr_expect(table_exists(alive), "a live process's table was removed");
+	cr_expect(table_exists(mine), "this process's own table was removed");
+	r2cc_ledger_close();
+	cr_assert_eq(child_finish(&c), 0);
 }
