@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* --- real functions ------------------------------------------------------- */
@@ -527,39 +528,68 @@ static struct ibv_mr *mirror_mr(struct ibv_pd *pd, struct ibv_mr *mr, struct r2c
 	return mr;
 }
 
+/* A registration the device refused: if the device is dead and hot repair takes
+ * its NIC over (its QPs are virtual), a virtual registration made on the other
+ * NICs (r2cc_mr_mirror_reg_virtual), so that NCCL goes on as it does with its QPs
+ * there; otherwise NCCL's NULL and errno. */
+static struct ibv_mr *refused_mr(struct ibv_pd *pd, struct r2cc_mr_mirror_src src)
+{
+	int err = errno;
+	struct r2cc_pd *p = r2cc_pd_find(pd);
+	struct ibv_mr *mr = NULL;
+	if (p && p->ctx && p->ctx->nic && r2cc_param.mr_mirror &&
+	    r2cc_repair_reg_refused(p->ctx->nic, err))
+		mr = r2cc_mr_mirror_reg_virtual(pd, &src);
+	if (!mr) {
+		errno = err;
+		return NULL;
+	}
+	R2CC_WARN_ONCE("%s: the dead device refused a memory registration (%s); it is made on "
+		       "the other NICs, for the queue pairs that moved off this one (further "
+		       "ones not logged)",
+		       p->ctx->nic->name, strerror(err));
+	return note_mr(pd, mr, mr->addr ? (uintptr_t)mr->addr : src.iova, src.len, src.access);
+}
+
 static struct ibv_mr *wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
 {
-	struct ibv_mr *mr =
-	    note_mr(pd, real_ibv_reg_mr(pd, addr, len, access), (uintptr_t)addr, len, access);
-	return mirror_mr(pd, mr,
-			 (struct r2cc_mr_mirror_src){R2CC_MR_VA, addr, 0, 0, -1, len, access});
+	struct r2cc_mr_mirror_src src = {R2CC_MR_VA, addr, 0, 0, -1, len, access};
+	struct ibv_mr *mr = real_ibv_reg_mr(pd, addr, len, access);
+	if (!mr)
+		return refused_mr(pd, src);
+	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, access), src);
 }
 
 static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len,
 					    uint64_t iova, unsigned int access)
 {
-	struct ibv_mr *mr = note_mr(pd, real_ibv_reg_mr_iova2(pd, addr, len, iova, access),
-				    (uintptr_t)addr, len, (int)access);
-	return mirror_mr(
-	    pd, mr, (struct r2cc_mr_mirror_src){R2CC_MR_IOVA, addr, iova, 0, -1, len, (int)access});
+	struct r2cc_mr_mirror_src src = {R2CC_MR_IOVA, addr, iova, 0, -1, len, (int)access};
+	struct ibv_mr *mr = real_ibv_reg_mr_iova2(pd, addr, len, iova, access);
+	if (!mr)
+		return refused_mr(pd, src);
+	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, (int)access), src);
 }
 
 static struct ibv_mr *wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 					     uint64_t iova, int fd, int access)
 {
+	struct r2cc_mr_mirror_src src = {R2CC_MR_DMABUF, NULL, iova, offset, fd, len, access};
 	struct ibv_mr *mr = real_ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
-	mr = note_mr(pd, mr, iova, len, access);
-	return mirror_mr(
-	    pd, mr,
-	    (struct r2cc_mr_mirror_src){R2CC_MR_DMABUF, NULL, iova, offset, fd, len, access});
+	if (!mr)
+		return refused_mr(pd, src);
+	return mirror_mr(pd, note_mr(pd, mr, iova, len, access), src);
 }
 
 static int wrap_ibv_dereg_mr(struct ibv_mr *mr)
 {
 	/* MR mirror hook: before the real call, while mr cannot be a new MR's
-	 * address yet (a failed dereg leaves that MR unmirrored). */
-	if (r2cc_param.mr_mirror)
-		r2cc_mr_mirror_dereg(mr);
+	 * address yet (a failed dereg leaves that MR unmirrored). A virtual
+	 * registration never reaches the provider. */
+	if (r2cc_param.mr_mirror && r2cc_mr_mirror_dereg(mr)) {
+		r2cc_mr_remove(mr);
+		free(mr);
+		return 0;
+	}
 	int rc = real_ibv_dereg_mr(mr);
 	if (rc == 0)
 		r2cc_mr_remove(mr);

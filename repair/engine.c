@@ -1648,6 +1648,14 @@ static void nic_dead(struct r2cc_nic *nic, const char *what, int rc)
 	nic_failed(nic, why);
 }
 
+bool r2cc_repair_reg_refused(struct r2cc_nic *nic, int rc)
+{
+	if (!nic || !refused_by_dead_device(rc) || !r2cc_repair_enabled())
+		return false;
+	nic_dead(nic, "a memory registration on it", rc);
+	return true;
+}
+
 bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state)
 {
 	struct r2cc_rqp *r = q->rep;

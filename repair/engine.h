@@ -127,6 +127,11 @@ int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad
  * from birth (DESIGN.md section 4): true, and the caller reports success and keeps
  * the attributes; the QP migrates when NCCL moves it to RTS. false: rc is NCCL's. */
 bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state);
+/* NCCL's memory registration on nic's device was refused with rc: if the device is
+ * dead (EIO, ENETDOWN) and hot repair is on, the NIC has failed (its QPs are
+ * virtual, and move) and true: the caller makes the registration virtual
+ * (r2cc_mr_mirror_reg_virtual). false: rc is NCCL's. */
+bool r2cc_repair_reg_refused(struct r2cc_nic *nic, int rc);
 int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc);
 /* The fast poll found error completions among wc[0..got): those of QPs hot repair
  * takes over are removed (and repair starts); returns how many are left. Called

@@ -34,6 +34,7 @@ struct mkey {
 struct group {
 	struct group *next, **pprev;
 	struct ibv_mr *orig;
+	bool virt;     /* orig is R2CC's stand-in for a registration a dead device refused */
 	uint64_t addr; /* the address peers use (iova) */
 	uint64_t len;
 	int nkeys;
@@ -269,22 +270,36 @@ static struct ibv_mr *reg_one(const struct r2cc_mr_mirror_verbs *v, struct ibv_p
 	return NULL;
 }
 
-void r2cc_mr_mirror_reg(struct ibv_pd *pd, struct ibv_mr *mr, const struct r2cc_mr_mirror_src *src)
+/* A key for a virtual registration on nic: none of nic's keys (real or virtual)
+ * has it. Under the lock. */
+static uint32_t virtual_key_locked(struct r2cc_map *idx, int nic)
 {
-	if (!mr || !src || !r2cc_mr_mirror_enabled())
-		return;
-	int saved = errno;
+	static uint32_t next;
+	for (int tries = 0; tries < 1 << 16; tries++) {
+		uint32_t k = 0xfe000000u | (++next & 0xffffffu);
+		if (!r2cc_map_get(idx, key_of(nic, k)))
+			return k;
+	}
+	return 0;
+}
+
+/* The registration mr (NCCL's, on pd) with mirrors on every other NIC; with virt,
+ * mr is R2CC's stand-in, whose keys are made here, and which needs a mirror
+ * somewhere. false when nothing was recorded. */
+static bool reg_group(struct ibv_pd *pd, struct ibv_mr *mr, const struct r2cc_mr_mirror_src *src,
+		      bool virt)
+{
 	struct r2cc_pd *p = r2cc_pd_find(pd);
 	if (!p || !p->ctx || !p->ctx->nic)
-		goto out;
+		return false;
 	int home = p->ctx->nic->index;
 	struct group *g = calloc(1, sizeof(*g));
 	if (!g)
-		goto out;
+		return false;
 	g->orig = mr;
+	g->virt = virt;
 	g->addr = src->kind == R2CC_MR_VA ? (uint64_t)(uintptr_t)src->addr : src->iova;
 	g->len = src->len;
-	g->keys[g->nkeys++] = (struct mkey){home, mr->lkey, mr->rkey, NULL};
 
 	struct ibv_pd *pds[R2CC_MAX_NICS] = {0};
 	struct r2cc_mr_mirror_verbs v;
@@ -293,8 +308,13 @@ void r2cc_mr_mirror_reg(struct ibv_pd *pd, struct ibv_mr *mr, const struct r2cc_
 		pthread_mutex_unlock(&mm.lock);
 		free(g);
 		R2CC_WARN_ONCE("MR mirror: out of memory; registrations are not mirrored");
-		goto out;
+		return false;
 	}
+	if (virt) {
+		mr->lkey = virtual_key_locked(&mm.by_lkey, home);
+		mr->rkey = virtual_key_locked(&mm.by_rkey, home);
+	}
+	g->keys[g->nkeys++] = (struct mkey){home, mr->lkey, mr->rkey, NULL};
 	for (int i = 0; i < R2CC_MAX_NICS; i++) {
 		if (i == home)
 			continue;
@@ -327,13 +347,15 @@ void r2cc_mr_mirror_reg(struct ibv_pd *pd, struct ibv_mr *mr, const struct r2cc_
 	}
 
 	pthread_mutex_lock(&mm.lock);
-	if (r2cc_map_insert(&mm.by_mr, (uint64_t)(uintptr_t)mr, g)) {
+	if ((virt && (g->nkeys < 2 || !mr->lkey || !mr->rkey)) ||
+	    r2cc_map_insert(&mm.by_mr, (uint64_t)(uintptr_t)mr, g)) {
 		pthread_mutex_unlock(&mm.lock);
 		for (int k = 1; k < g->nkeys; k++)
 			v.dereg_mr(g->keys[k].mr);
 		free(g);
-		R2CC_WARN_ONCE("MR mirror: index full; a registration stays unmirrored");
-		goto out;
+		if (!virt)
+			R2CC_WARN_ONCE("MR mirror: index full; a registration stays unmirrored");
+		return false;
 	}
 	for (int k = 0; k < g->nkeys; k++)
 		index_locked(g, &g->keys[k]);
@@ -346,17 +368,47 @@ void r2cc_mr_mirror_reg(struct ibv_pd *pd, struct ibv_mr *mr, const struct r2cc_
 	mm.st.groups++;
 	mm.st.mirrors += (uint64_t)g->nkeys - 1;
 	pthread_mutex_unlock(&mm.lock);
-	R2CC_TRACE("%s: lkey 0x%x mirrored on %d other NIC(s)", p->ctx->nic->name, mr->lkey,
-		   g->nkeys - 1);
-out:
+	R2CC_TRACE("%s: %s 0x%x mirrored on %d other NIC(s)", p->ctx->nic->name,
+		   virt ? "virtual lkey" : "lkey", mr->lkey, g->nkeys - 1);
+	return true;
+}
+
+void r2cc_mr_mirror_reg(struct ibv_pd *pd, struct ibv_mr *mr, const struct r2cc_mr_mirror_src *src)
+{
+	if (!mr || !src || !r2cc_mr_mirror_enabled())
+		return;
+	int saved = errno;
+	reg_group(pd, mr, src, false);
 	errno = saved;
 }
 
-void r2cc_mr_mirror_dereg(struct ibv_mr *mr)
+struct ibv_mr *r2cc_mr_mirror_reg_virtual(struct ibv_pd *pd, const struct r2cc_mr_mirror_src *src)
+{
+	int saved = errno;
+	if (!pd || !src || !r2cc_mr_mirror_enabled())
+		return NULL;
+	struct ibv_mr *mr = calloc(1, sizeof(*mr));
+	if (!mr)
+		return NULL;
+	mr->context = pd->context;
+	mr->pd = pd;
+	mr->addr = src->kind == R2CC_MR_VA ? src->addr : (void *)(uintptr_t)src->iova;
+	mr->length = src->len;
+	if (!reg_group(pd, mr, src, true)) {
+		free(mr);
+		errno = saved;
+		return NULL;
+	}
+	errno = saved;
+	return mr;
+}
+
+bool r2cc_mr_mirror_dereg(struct ibv_mr *mr)
 {
 	if (!mr)
-		return;
+		return false;
 	int saved = errno;
+	bool virt = false;
 	pthread_mutex_lock(&mm.lock);
 	struct group *g =
 	    mm.maps_ready ? r2cc_map_remove(&mm.by_mr, (uint64_t)(uintptr_t)mr) : NULL;
@@ -381,9 +433,11 @@ void r2cc_mr_mirror_dereg(struct ibv_mr *mr)
 			if (g->keys[k].mr && dereg && dereg(g->keys[k].mr))
 				R2CC_WARN_ONCE("MR mirror: deregistering a mirror failed (%s)",
 					       strerror(errno));
+		virt = g->virt;
 		free(g);
 	}
 	errno = saved;
+	return virt;
 }
 
 void r2cc_mr_mirror_ctx_closing(struct ibv_context *ctx)

@@ -112,7 +112,14 @@ void r2cc_mr_mirror_ctx_opened(struct ibv_context *ctx, struct r2cc_nic *nic,
 void r2cc_mr_mirror_ctx_closing(struct ibv_context *ctx);
 void r2cc_mr_mirror_pd_allocated(struct ibv_context *ctx);
 void r2cc_mr_mirror_reg(struct ibv_pd *pd, struct ibv_mr *mr, const struct r2cc_mr_mirror_src *src);
-void r2cc_mr_mirror_dereg(struct ibv_mr *mr);
+/* Before the provider's dereg: the mirrors go. Returns true when mr was a virtual
+ * registration (below): the provider must not see it, and the caller frees it. */
+bool r2cc_mr_mirror_dereg(struct ibv_mr *mr);
+/* A registration NCCL asked of a dead device (r2cc_repair_reg_refused said so):
+ * made on every other NIC, behind a stand-in ibv_mr of pd whose keys exist only in
+ * R2CC's indices, where NCCL's QPs on that NIC (virtual once it failed) and the
+ * peers (through the rkey map) translate them. NULL when no other NIC took it. */
+struct ibv_mr *r2cc_mr_mirror_reg_virtual(struct ibv_pd *pd, const struct r2cc_mr_mirror_src *src);
 
 /* Local translation: the key on `to` of the registration whose lkey on `from`
  * is lkey (from == to: lkey itself). 0, -ENOENT (unknown key, or no mirror on

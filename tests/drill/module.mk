@@ -92,6 +92,7 @@ CPU_TESTS   += 240@$(DRILL):--procs:16:--nics:2:--fault:down:--seeds:5:--nccl-st
 # Keys the peer registered after the move (--fresh-mr), the peer then stopped for 1 s: no
 # ibv_post_send may wait for it (each took 1,006-1,016 ms when the post fetched the map).
 CPU_TESTS   += 60@$(DRILL):--fault:down:--fresh-mr:--seeds:6:--nccl-stub \
+	       60@$(DRILL):--fault:fatal:--fresh-mr:--seeds:6:--nccl-stub \
 	       60@$(DRILL):--fault:down:--fresh-mr:--seeds:4:--link:roce:--procs:4:--nccl-stub
 # GPU Direct flush (--flush): every receive connection also has a loopback QP per NIC,
 # connected to itself, that reads each message back; hot repair must move those too.

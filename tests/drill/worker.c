@@ -999,10 +999,13 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 		c->qp_index = (c->qp_index + 1) % c->nqps;
 	}
 
-	/* --fresh-mr: the ring registered again 3/4 in, as NCCL registers a user buffer
-	 * mid-job; the old registrations stay for the writes still aimed at them. */
+	/* --fresh-mr: the ring registered again 3/4 in (not before the fault is in), as
+	 * NCCL registers a user buffer mid-job; the old registrations stay for the writes
+	 * still aimed at them. */
+	const struct drill_status *all = w->st - o->rank;
 	bool fresh = o->fresh_mr && !c->buf_mr_old[drill_conn_nic(w, c, 0)] &&
-		     seq == (uint64_t)o->messages * 3 / 4;
+		     seq >= (uint64_t)o->messages * 3 / 4 &&
+		     (!atomic_load(&all[0].hold_at) || atomic_load(&all[0].fault_done));
 	for (int i = 0; fresh && i < c->nnic; i++) {
 		int d = drill_conn_nic(w, c, i);
 		struct ibv_mr *mr = drill_reg(w, d, c->buf, c->buf_len,

@@ -3,6 +3,7 @@
 #   $(BUILD)/bin/softverbs-ctl                            fabric listing and fault injection
 #   $(BUILD)/tests/softverbs/{unit,compat,conformance,roce}  its tests
 #   $(BUILD)/bin/softverbs-bw                             its bandwidth and latency benchmark
+#   $(BUILD)/bin/softverbs-pieces                         the kernel's cost of word-by-word landing
 
 SV_DIR   := tests/softverbs
 SV_OUT   := $(BUILD)/softverbs
@@ -16,6 +17,7 @@ SV_CONF  := $(SV_TDIR)/conformance
 SV_ROCE  := $(SV_TDIR)/roce
 SV_COMPAT := $(SV_TDIR)/compat
 SV_BW    := $(BUILD)/bin/softverbs-bw
+SV_PIECES := $(BUILD)/bin/softverbs-pieces
 
 SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o \
                $(SV_OBJ)/srq.o $(SV_OBJ)/compat.o
@@ -59,9 +61,13 @@ $(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(SV_OBJ)/bw.o -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../softverbs' -pthread
 
+$(SV_PIECES): $(SV_OBJ)/pieces.o
+	@mkdir -p $(@D)
+	$(CC) -o $@ $<
+
 -include $(SV_OBJ)/*.d
 
-ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW)
+ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW) $(SV_PIECES)
 TEST_DEPS   += $(SV_UNIT) $(SV_COMPAT) $(SV_CONF) $(SV_ROCE)
 CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF) 60@$(SV_ROCE) 30@$(SV_DIR)/topo_check.py
 # rdma-core's own programs over the device (scripts/deps.sh installs them): every one
