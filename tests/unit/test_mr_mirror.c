@@ -666,3 +666,35 @@ Test(mirror, translations_right_while_registrations_churn, .timeout = 60)
 		cr_expect_eq((long)bad, 0, "reader %d: %ld wrong translations", i, (long)bad);
 	}
 }
+
+/* A registration a dead device refused (mlx5_0): a stand-in whose keys R2CC made,
+ * none of mlx5_0's known ones, mirrored on the other NICs and translated both ways;
+ * its dereg says it was virtual (the provider must not see it). */
+Test(mirror, virtual_registration_translates_and_deregisters)
+{
+	static char b1[64], b2[128];
+	struct ibv_mr real = nccl_mr(0xfe000001); /* a real key where virtual ones start */
+	reg(&real, 0, b1, 64, 0);
+	struct ibv_mr *v = r2cc_mr_mirror_reg_virtual(
+	    &app_pd[0], &(struct r2cc_mr_mirror_src){
+			    .kind = R2CC_MR_VA, .addr = b2, .len = sizeof(b2), .access = 0});
+	cr_assert(v, "no virtual registration");
+	cr_expect_eq(v->pd, &app_pd[0]);
+	cr_expect_eq(v->addr, (void *)b2);
+	cr_expect_eq(v->length, sizeof(b2));
+	cr_expect_neq(v->lkey, real.lkey, "a virtual key equals a real one");
+	uint32_t k, back;
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[0], v->lkey, nic[1], &k), 0);
+	cr_expect_eq(r2cc_mr_mirror_lkey(nic[1], k, nic[0], &back), 0);
+	cr_expect_eq(back, v->lkey);
+	cr_expect_eq(r2cc_mr_mirror_rkey(nic[0], v->rkey, nic[2], &k), 0);
+	unsigned char *map = NULL;
+	size_t len = 0;
+	cr_assert_eq(r2cc_mr_mirror_map_encode("mlx5_0", "mlx5_1", &map, &len), 0);
+	cr_expect_eq(len, 24 + 2 * R2CC_MR_MIRROR_ENTRY, "the peers' map lacks it");
+	free(map);
+	cr_expect(r2cc_mr_mirror_dereg(v), "its dereg did not say it was virtual");
+	free(v);
+	cr_expect_not(r2cc_mr_mirror_dereg(&real), "a real registration said virtual");
+	cr_expect_eq(live_mirrors(), 0);
+}
