@@ -2849,6 +2849,11 @@ static void app_flush_run(struct r2cc_rqp *r)
 	if (!r->app_flush || r->dead)
 		return;
 	r->app_flush = false;
+	/* Another repair took the QP meanwhile (its path fenced or being replaced):
+	 * they stay held, and that repair's commit asks again (app_flush_need). */
+	int s = load_state(r);
+	if (s != RQ_MIGRATED && !(s == RQ_EXCHANGE && r->send_live))
+		return;
 	uint64_t n = 0;
 	int rc = flush_held_sends(r, &n);
 	__atomic_add_fetch(&eng.reposts_nccl, n, __ATOMIC_RELAXED);
