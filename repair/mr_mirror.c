@@ -54,6 +54,7 @@ struct mnic {
  * reader is inside (readers_drain). */
 struct cache_ent {
 	struct cache_ent *next;
+	struct cache_ent *gone; /* r2cc_mr_mirror_remote_forget's list; next stays for readers */
 	uint64_t job;
 	int peer;
 	char from[64], to[64];
@@ -196,9 +197,17 @@ static void atfork_release(void)
 	pthread_mutex_unlock(&mm.lock);
 }
 
+/* The child has one thread, inside no translation: a count a reader of the
+ * parent left would make every later writer of the child wait for ever. */
+static void atfork_child(void)
+{
+	__atomic_store_n(&mm.readers, 0, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&mm.lock);
+}
+
 static void atfork_once(void)
 {
-	pthread_atfork(atfork_prepare, atfork_release, atfork_release);
+	pthread_atfork(atfork_prepare, atfork_release, atfork_child);
 }
 
 void r2cc_mr_mirror_ctx_opened(struct ibv_context *ctx, struct r2cc_nic *nic,
@@ -972,7 +981,7 @@ void r2cc_mr_mirror_remote_forget(uint64_t job_id, int peer_rank)
 		struct cache_ent *c = *pp;
 		if (c->job == job_id && (peer_rank < 0 || c->peer == peer_rank)) {
 			__atomic_store_n(pp, c->next, __ATOMIC_RELEASE);
-			c->next = gone; /* (readers still inside follow it: drained below) */
+			c->gone = gone; /* (a reader still on c goes on through next) */
 			gone = c;
 		} else {
 			pp = &c->next;
@@ -983,7 +992,7 @@ void r2cc_mr_mirror_remote_forget(uint64_t job_id, int peer_rank)
 		readers_drain();
 	while (gone) {
 		struct cache_ent *c = gone;
-		gone = c->next;
+		gone = c->gone;
 		r2cc_mr_mirror_map_free(c->map);
 		free(c->map);
 		free(c);
