@@ -422,10 +422,11 @@ static bool nccl_failover_on(void)
 	return false;
 }
 
+/* An NCCL integer setting as NCCL reads it (strtoll): non-zero, or dflt unset. */
 static bool env_on(const char *name, bool dflt)
 {
 	const char *v = getenv(name);
-	return v && *v ? strcmp(v, "0") != 0 : dflt;
+	return v && *v ? strtoll(v, NULL, 0) != 0 : dflt;
 }
 
 /*
@@ -1478,6 +1479,18 @@ static void keys_need(struct r2cc_rqp *r)
 	__atomic_store_n(&eng.keys_due, 1, __ATOMIC_RELEASE);
 }
 
+/* Whether w addresses the peer's memory through an rkey (a write with bytes, or a
+ * read), and its SGE bytes in *bytes. */
+static bool carries_rkey(const struct ibv_send_wr *w, uint64_t *bytes)
+{
+	*bytes = 0;
+	for (int i = 0; i < w->num_sge; i++)
+		*bytes += w->sg_list[i].length;
+	return w->opcode == IBV_WR_RDMA_READ ||
+	       ((w->opcode == IBV_WR_RDMA_WRITE || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) &&
+		*bytes);
+}
+
 /* One NCCL send request (original keys) onto the current path: recorded in its
  * shadow, keys translated, posted; -EAGAIN (nothing posted) when the peer's key
  * is not in the cache. Under r->mu. */
@@ -1500,13 +1513,8 @@ static int post_one_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 		if (!(one.send_flags & IBV_SEND_INLINE))
 			rc = xlate_lkey(r, sge[i].lkey, sge[i].length, &sge[i].lkey);
 	}
-	uint64_t bytes = 0;
-	for (int i = 0; i < one.num_sge; i++)
-		bytes += one.sg_list[i].length;
-	if (!rc &&
-	    (one.opcode == IBV_WR_RDMA_WRITE || one.opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-	     one.opcode == IBV_WR_RDMA_READ) &&
-	    (bytes || one.opcode == IBV_WR_RDMA_READ))
+	uint64_t bytes;
+	if (carries_rkey(&one, &bytes) && !rc)
 		rc = xlate_rkey(r, one.wr.rdma.rkey, one.wr.rdma.remote_addr, bytes,
 				&t.wr.rdma.rkey);
 	if (!rc) {
@@ -2893,7 +2901,6 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 {
 	if (app_flush_need(r))
 		return hold_plan_sends(r, 0);
-	__atomic_add_fetch(&eng.reposts_repair, r->plan.n_send, __ATOMIC_RELAXED);
 	for (size_t i = 0; i < r->plan.n_send; i++) {
 		struct ibv_sge sge[17];
 		struct ibv_send_wr w;
@@ -2907,6 +2914,7 @@ static int post_plan_sends(struct r2cc_rqp *r, uint64_t *held)
 		}
 		if (rc)
 			return rc;
+		__atomic_add_fetch(&eng.reposts_repair, 1, __ATOMIC_RELAXED);
 	}
 	uint64_t before = *held;
 	int rc = flush_held_sends(r, held);
@@ -4704,13 +4712,9 @@ static bool held_keys_missing(struct r2cc_rqp *r)
 {
 	for (const struct held_send *h = r->hs_head; h; h = h->next) {
 		const struct ibv_send_wr *w = &h->wr;
-		uint64_t bytes = 0;
-		for (int i = 0; i < w->num_sge; i++)
-			bytes += w->sg_list[i].length;
+		uint64_t bytes;
 		uint32_t k;
-		if ((w->opcode == IBV_WR_RDMA_WRITE || w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM ||
-		     w->opcode == IBV_WR_RDMA_READ) &&
-		    (bytes || w->opcode == IBV_WR_RDMA_READ) &&
+		if (carries_rkey(w, &bytes) &&
 		    xlate_rkey(r, w->wr.rdma.rkey, w->wr.rdma.remote_addr, bytes, &k) == -EAGAIN)
 			return true;
 	}
