@@ -66,7 +66,8 @@ done
 grep -q 'AllGather' "$T/fmt.out" || bad "format: program name did not select allgather"
 
 # launched by mpirun: two processes with Open MPI's variables; only rank 0 prints
-port=$((20000 + $$ % 20000))
+. "$(dirname "$0")/../tests/softverbs/ports.sh"
+port=$(free_port $((20000 + $$ % 20000)))
 for r in 0 1; do
 	env OMPI_COMM_WORLD_RANK=$r OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_RANK=$r \
 		R2CC_PERF_ROOT=127.0.0.1:$port "$E"/reduce_scatter_perf -b 1K -e 64K -f 4 -o max \

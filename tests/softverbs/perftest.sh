@@ -18,6 +18,7 @@ export LD_LIBRARY_PATH=$PWD/$build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 # (uninstrumented) rdma-core programs that load the sanitized device.
 [ -n "${R2CC_TEST_PRELOAD:-}" ] && export LD_PRELOAD=$R2CC_TEST_PRELOAD${LD_PRELOAD:+:$LD_PRELOAD}
 port=$((20000 + $$ % 20000))
+. "$(dirname "$0")/ports.sh"
 seq=0
 rc=0
 out=$(mktemp -d)
@@ -27,29 +28,12 @@ for t in ib_write_bw ib_read_bw ib_send_bw ib_write_lat ib_read_lat ib_send_lat;
 	command -v $t >/dev/null || { echo "FAIL perftest: $t not installed (scripts/deps.sh)"; exit 1; }
 done
 
-# Whether something listens on TCP port $1 of this host.
-port_listens() {
-	grep -qE "^ *[0-9]+: [0-9A-F]+:$(printf '%04X' "$1") [0-9A-F]+:0000 0A" /proc/net/tcp \
-		/proc/net/tcp6 2>/dev/null
-}
-
-# Waits until the server (pid $2) listens on TCP port $1; fails if it exits first.
-listening() {
-	for _ in $(seq 1 400); do
-		port_listens "$1" && return 0
-		kill -0 "$2" 2>/dev/null || return 1
-		sleep 0.05
-	done
-	return 1
-}
-
 # Starts the server of PROG ARGS... on a free port (another test of this machine may
 # hold the one tried: then the next); leaves its pid in $srv.
 serve() {
 	local try
 	for try in 1 2 3 4 5; do
-		port=$((port + 1))
-		while port_listens $port; do port=$((port + 1)); done
+		port=$(free_port $((port + 1)))
 		SOFTVERBS_NODE=node0 timeout 60 "$@" -p $port >"$out/srv" 2>&1 &
 		srv=$!
 		listening $port $srv && return 0

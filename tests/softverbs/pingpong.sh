@@ -11,16 +11,22 @@ build=${1:-build}
 export LD_LIBRARY_PATH=$build/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SOFTVERBS_FABRIC=svpp-$$
 port=$((20000 + $$ % 20000))
+. "$(dirname "$0")/ports.sh"
 # R2CC_TEST_PRELOAD: a sanitizer's runtime, which must come before the (sanitized) device.
 pre=(env ${R2CC_TEST_PRELOAD:+LD_PRELOAD=$R2CC_TEST_PRELOAD})
 rc=0
 run() { # PROGRAM NAME ARGS...
-	local prog=$1 name=$2 out
+	local prog=$1 name=$2 out server try
 	shift 2
 	out=$(mktemp)
-	SOFTVERBS_NODE=server "${pre[@]}" timeout 30 $prog -p $port "$@" >"$out" 2>&1 &
-	local server=$!
-	sleep 0.3
+	for try in 1 2 3 4 5; do
+		port=$(free_port $port)
+		SOFTVERBS_NODE=server "${pre[@]}" timeout 30 $prog -p $port "$@" >"$out" 2>&1 &
+		server=$!
+		listening $port $server && break
+		wait $server
+		port=$((port + 1))
+	done
 	if ! SOFTVERBS_NODE=client "${pre[@]}" timeout 30 $prog -p $port "$@" localhost; then
 		echo "FAIL pingpong $name (client)"; rc=1
 	fi
