@@ -65,6 +65,8 @@
 #define BARREN_MAX_NS	 600000000000ll /* a failure later than this after a move is a new one */
 #define LEFT_RING	 4		/* NICs a QP's path failed on, remembered */
 #define OOM_GIVEUP_NS	 1000000000ll	/* a repair without memory for this long fails */
+#define FAILBACK_HOLD_MAX_NS 600000000000ll /* the longest hold-down of a flapping NIC */
+#define FAILBACK_JOIN_NS     200000000ll    /* QPs of one failback start within this */
 
 enum rq_state {
 	RQ_HEALTHY,
@@ -81,6 +83,9 @@ enum { OP_REQ = 1, OP_REP, OP_GO, OP_NACK, OP_SUSPECT };
 #define WIRE_F_SENDER_NIC_FAILED 0x1
 /* ... because it was declared failed (R2CC_FAILED_NODE/HCA): nothing was detected. */
 #define WIRE_F_DECLARED 0x2
+/* A failback: the sender's NIC came back and its QP returns to it; nothing failed,
+ * and the responder returns to its own original NIC if that is up. */
+#define WIRE_F_FAILBACK 0x4
 
 struct held_send {
 	struct held_send *next;
@@ -244,6 +249,12 @@ struct r2cc_rqp {
 	int64_t moved_at;
 	uint64_t moved_retired;
 	int64_t oom_since; /* batch_add() has found no memory for it since (0: has) */
+	/* Failback: the NIC the move under way returns the QP to (NULL: not a
+	 * failback), and whether its current path is one a failback made (the next
+	 * failure of that path is the NIC's flap, which the NIC's hold-down bounds:
+	 * it does not count towards churning). */
+	struct r2cc_nic *failback_to;
+	bool back_path;
 };
 
 struct incident {
@@ -258,6 +269,7 @@ struct incident {
 	/* maps fetched after the move, for keys the peer registered since (keys_tick) */
 	int maps_later;
 	bool declared; /* a declared failure moved these QPs, not a detected one */
+	bool failback; /* a NIC came back and these QPs returned to it */
 	int nevents;
 	struct {
 		int64_t t;
@@ -360,6 +372,7 @@ static struct {
 	void **own; /* R2CC's own QPs and CQs */
 	int nown, owncap;
 	int64_t last_progress; /* latest retirement seen by the stall scan */
+	int64_t next_failback; /* failback_tick() due */
 	int keys_due;	       /* atomic: a QP holds sends for the peer's keys (keys_tick) */
 	/* stall suspicions (scan), and how the confirmations ended (self-tests) */
 	uint64_t stalls_suspected, stalls_node_wide;
@@ -480,8 +493,12 @@ void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v)
 /* Under eng.mu. */
 static int incident_get(const char *nic, const char *evidence, int64_t t)
 {
+	/* A failback's QPs all start at once (the peer's within its batch): a later
+	 * failback of the same NIC is an incident of its own. */
+	bool back = !strncmp(evidence, "failback", 8);
 	for (int i = eng.ninc - 1; i >= 0; i--)
-		if (!strcmp(eng.inc[i].nic, nic) && t - eng.inc[i].t_detect < INCIDENT_JOIN_NS)
+		if (!strcmp(eng.inc[i].nic, nic) && eng.inc[i].failback == back &&
+		    t - eng.inc[i].t_detect < (back ? FAILBACK_JOIN_NS : INCIDENT_JOIN_NS))
 			return i;
 	if (eng.ninc == MAX_INCIDENTS)
 		return MAX_INCIDENTS - 1;
@@ -490,6 +507,7 @@ static int incident_get(const char *nic, const char *evidence, int64_t t)
 	snprintf(in->nic, sizeof(in->nic), "%s", nic);
 	snprintf(in->evidence, sizeof(in->evidence), "%s", evidence);
 	in->declared = strstr(evidence, "declared") != NULL;
+	in->failback = !strncmp(evidence, "failback", 8);
 	in->t_detect = t;
 	return eng.ninc++;
 }
@@ -707,7 +725,9 @@ static void wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
 	r2cc_peer_ep_put(&r->ep_remote, m->dst);
 	snprintf(m->orig_nic, sizeof(m->orig_nic), "%s", r->orig_nic->name);
 	int st = __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED);
-	if (op == OP_REQ && st != R2CC_NIC_UP)
+	if (op == OP_REQ && r->failback_to)
+		m->flags = htole16(WIRE_F_FAILBACK);
+	else if (op == OP_REQ && st != R2CC_NIC_UP)
 		m->flags = htole16(WIRE_F_SENDER_NIC_FAILED |
 				   (st == R2CC_NIC_DECLARED ? WIRE_F_DECLARED : 0));
 }
@@ -1151,7 +1171,8 @@ static void note_detection(struct r2cc_rqp *r, const char *cause, int status)
 	r->t_detect = t;
 	r->status_seen = status;
 	snprintf(r->cause, sizeof(r->cause), "%s", cause);
-	r->incident = incident_get(r->cur_nic->name, r->cause, t);
+	r->incident = incident_get(r->failback_to ? r->failback_to->name : r->cur_nic->name,
+				   r->cause, t);
 	eng.inc[r->incident].qps++;
 }
 
@@ -1649,10 +1670,12 @@ static bool refused_by_dead_device(int rc)
 
 /* A call on nic's device (`what`: "a post on it", ...) was refused with rc because
  * the device is dead: the NIC has failed. */
+static void failback_never(const struct r2cc_nic *nic);
 static void nic_dead(struct r2cc_nic *nic, const char *what, int rc)
 {
 	char why[112];
 	snprintf(why, sizeof(why), "%s failed (%s): the device is dead", what, strerror(rc));
+	failback_never(nic);
 	nic_failed(nic, why);
 }
 
@@ -2989,6 +3012,7 @@ static void fail(struct r2cc_rqp *r, const char *why)
 		  r->orig_nic->name, why);
 	drop_new_path(r);
 	ledger_move(r, NULL, 0);
+	r->failback_to = NULL;
 	set_state(r, RQ_FAILED);
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 	eng.v.modify_qp(r->q->qp, &a, IBV_QP_STATE);
@@ -3031,11 +3055,20 @@ static void fail(struct r2cc_rqp *r, const char *why)
 static void done(struct r2cc_rqp *r, uint64_t held)
 {
 	int64_t t = now_ns();
+	bool back = r->failback_to != NULL;
+	/* Home again: no longer one of the QPs the node moved onto a NIC. */
+	if (r->cur_nic == r->orig_nic)
+		ledger_move(r, NULL, 0);
 	pthread_mutex_lock(&eng.mu);
-	/* A declared move is no failure of a path: it does not count towards churning. */
-	if ((r->incident < 0 || !eng.inc[r->incident].declared) && !r->churn_skip)
+	/* A declared move is no failure of a path, a failback none either, and the
+	 * failure of a path a failback made is the NIC's flap, which its hold-down
+	 * bounds: none of them counts towards churning. */
+	if ((r->incident < 0 || !eng.inc[r->incident].declared) && !r->churn_skip && !back &&
+	    !r->back_path)
 		r->recent[r->churn++ % CHURN_RING] = t;
 	r->churn_skip = false;
+	r->back_path = back && r->cur_nic == r->orig_nic;
+	r->failback_to = NULL;
 	r->migrations++;
 	r->moved_at = t;
 	if (r->cur_sh) {
@@ -3059,8 +3092,9 @@ static void done(struct r2cc_rqp *r, uint64_t held)
 		       r->qpn, r->orig_nic->name, r->cur_nic->name, r->peer_orig_nic,
 		       r->peer_cur_nic, r->plan.n_send, r->plan.n_recv, (unsigned long long)held,
 		       r->plan.n_synth + (size_t)r->lost_synth);
-	R2CC_INFO("repair: qp 0x%x migrated to %s in %.1f ms (%s)", r->qpn, r->cur_nic->name,
-		  (t - r->t_detect) / 1e6, r->cause);
+	R2CC_INFO("repair: qp 0x%x %s %s in %.1f ms (%s)", r->qpn,
+		  back ? "back on" : "migrated to", r->cur_nic->name, (t - r->t_detect) / 1e6,
+		  r->cause);
 	r2cc_qp_shadow_plan_free(&r->plan);
 	r->have_plan = false;
 	__atomic_store_n(&r->switched, 0, __ATOMIC_RELEASE);
@@ -3331,6 +3365,7 @@ struct selftest {
 	struct ibv_qp *qa[SELFTEST_SIBLINGS], *qb[SELFTEST_SIBLINGS];
 	struct ibv_cq *cqa, *cqb[SELFTEST_SIBLINGS];
 	bool calibrate; /* RoCE: only which siblings answer; no back-off after it */
+	bool failback;	/* a failed NIC's probe: the verdict goes to failback_tick() */
 	char why[128];
 };
 
@@ -3347,6 +3382,41 @@ static struct {
 	uint64_t reach;
 	int64_t calib_at;
 } st_nic[R2CC_STALL_MAX_NICS];
+
+/*
+ * Failback (R2CC_FAILBACK_MS), per NIC (registry index). A failed NIC is probed
+ * while its port is ACTIVE: a self-test through its siblings, whose verdict the
+ * self-test thread leaves here (atomic). Once its probes have passed for
+ * R2CC_FAILBACK_MS with no failure seen between, and its hold-down since its
+ * last failback is over, it is up again and the QPs moved off it return. The
+ * hold-down starts at R2CC_FAILBACK_MS and doubles (up to FAILBACK_HOLD_MAX_NS)
+ * each time the NIC fails again within twice the hold-down after its failback:
+ * a flapping NIC comes back at most once per hold-down. A NIC whose device
+ * died never comes back (its contexts are gone for good). Everything but the
+ * verdict is the repair thread's.
+ */
+#define FB_NONE 2 /* no verdict (a self-test's are -1, 0 and 1) */
+static struct {
+	int verdict;
+	int64_t probe_at; /* the running probe began then (0: none runs) */
+	int64_t healthy_since, next_probe, failed_seen;
+	int64_t hold, last_back; /* hold-down; when the last failback began */
+	bool weighed;		 /* the first failure after the last failback was weighed */
+	int backs;		 /* failbacks */
+	bool dead;
+} fb_nic[R2CC_STALL_MAX_NICS];
+
+/* Its device is dead: it never comes back. */
+static void failback_never(const struct r2cc_nic *nic)
+{
+	if (nic->index >= 0 && nic->index < R2CC_STALL_MAX_NICS)
+		__atomic_store_n(&fb_nic[nic->index].dead, true, __ATOMIC_RELAXED);
+}
+
+static void failback_verdict(int i, int verdict)
+{
+	__atomic_store_n(&fb_nic[i].verdict, verdict, __ATOMIC_RELEASE);
+}
 
 static void nic_failure_seen(const struct r2cc_nic *nic)
 {
@@ -3551,7 +3621,10 @@ static void *selftest_main(void *arg)
 			 i ? "," : "", t->b[i]->name);
 	int i = t->a->index;
 	bool indexed = i >= 0 && i < R2CC_STALL_MAX_NICS;
-	if (verdict == 1) {
+	if (t->failback) {
+		if (indexed)
+			failback_verdict(i, verdict);
+	} else if (verdict == 1) {
 		__atomic_add_fetch(&eng.selftests_failed, 1, __ATOMIC_RELAXED);
 		char why[256];
 		snprintf(why, sizeof(why),
@@ -3611,6 +3684,7 @@ static void selftest_siblings(struct selftest *t)
 /* stall: the test confirms a suspected stall, and a NIC that passed one lately
  * is left alone; evidence of a failure (an error, the peer's request) is always
  * tested. */
+static bool selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bool failback);
 static void selftest_launch(struct r2cc_nic *a, const char *why, bool stall, bool calibrate)
 {
 	if (__atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
@@ -3619,14 +3693,21 @@ static void selftest_launch(struct r2cc_nic *a, const char *why, bool stall, boo
 	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS &&
 	    now_ns() < __atomic_load_n(&st_nic[i].next, __ATOMIC_RELAXED))
 		return;
+	selftest_spawn(a, why, calibrate, false);
+}
+
+/* A self-test thread for a (unless one runs): true if it was started. */
+static bool selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bool failback)
+{
 	int zero = 0;
 	if (!__atomic_compare_exchange_n(&a->selftest, &zero, 1, false, __ATOMIC_ACQ_REL,
 					 __ATOMIC_RELAXED))
-		return;
+		return false;
 	struct selftest *t = calloc(1, sizeof(*t));
 	if (t) {
 		t->a = a;
 		t->calibrate = calibrate;
+		t->failback = failback;
 		selftest_siblings(t);
 		snprintf(t->why, sizeof(t->why), "%s", why ? why : "");
 	}
@@ -3645,11 +3726,12 @@ static void selftest_launch(struct r2cc_nic *a, const char *why, bool stall, boo
 		pthread_attr_destroy(&at);
 		if (rc == 0) {
 			pthread_setname_np(th, "r2cc-selftest");
-			return;
+			return true;
 		}
 	}
 	free(t);
 	__atomic_store_n(&a->selftest, 0, __ATOMIC_RELEASE);
+	return false;
 }
 
 static void selftest_start(struct r2cc_nic *a, const char *why, bool stall)
@@ -3673,6 +3755,136 @@ static void selftest_calibrate(struct r2cc_nic *a)
 					 __ATOMIC_RELAXED))
 		return;
 	selftest_launch(a, "which siblings answer it (RoCE)", false, true);
+}
+
+/* A QP that moved off nic and may return to it. */
+static bool homed_on(const struct r2cc_rqp *r, const void *nic)
+{
+	return !r->dead && r->orig_nic == nic && r->cur_nic != nic &&
+	       load_state(r) == RQ_MIGRATED;
+}
+
+/* r returns to nic: queued as a detection whose cause is the failback (NCCL's
+ * threads may detect a failure of r at the same moment: the first one wins). */
+static bool detect_failback(struct r2cc_rqp *r, struct r2cc_nic *nic, const char *why)
+{
+	int s = RQ_MIGRATED;
+	if (!r2cc_active() || !connected(r) ||
+	    !__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED))
+		return false;
+	pthread_mutex_lock(&eng.mu);
+	r->failback_to = nic;
+	note_detection(r, why, 0);
+	if (!r->queued) {
+		r->queued = true;
+		r->next_work = eng.work_head;
+		eng.work_head = r;
+	}
+	pthread_cond_signal(&eng.cond);
+	pthread_mutex_unlock(&eng.mu);
+	return true;
+}
+
+/* nic has been healthy long enough: it is up, and its QPs come back. */
+static void failback_start(struct r2cc_nic *nic, int64_t t)
+{
+	int i = nic->index;
+	fb_nic[i].last_back = t;
+	fb_nic[i].weighed = false;
+	fb_nic[i].healthy_since = 0;
+	fb_nic[i].backs++;
+	__atomic_store_n(&nic->state, R2CC_NIC_UP, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&nic->failbacks, 1, __ATOMIC_RELAXED);
+	char why[96];
+	snprintf(why, sizeof(why), "failback: port active, self-tests passed for %d ms",
+		 r2cc_param.failback_ms);
+	struct r2cc_rqp **list;
+	int n = collect(&list, homed_on, nic), back = 0, inc = -1;
+	for (int k = 0; k < n; k++)
+		if (detect_failback(list[k], nic, why)) {
+			back++;
+			inc = list[k]->incident;
+		}
+	free(list);
+	R2CC_WARN("repair: %s is back (port active, self-tests passed for %d ms): %d queue "
+		  "pair(s) return to it; failback %d, next one no sooner than %lld ms after this",
+		  nic->name, r2cc_param.failback_ms, back, fb_nic[i].backs,
+		  (long long)(fb_nic[i].hold / 1000000));
+	incident_event(inc, "%s healthy for %d ms: %d queue pair(s) return (failback %d)",
+		       nic->name, r2cc_param.failback_ms, back, fb_nic[i].backs);
+}
+
+/* The repair thread's round of failback: each failed NIC probed, and brought back
+ * once it has stayed healthy (see fb_nic). */
+static void failback_tick(int64_t t)
+{
+	int64_t base = (int64_t)r2cc_param.failback_ms * 1000000;
+	if (!base)
+		return;
+	int64_t period = base / 5 < 10000000ll ? 10000000ll : base / 5 > 1000000000ll ? 1000000000ll : base / 5;
+	int n = r2cc_nic_count();
+	for (int i = 0; i < n && i < R2CC_STALL_MAX_NICS; i++) {
+		struct r2cc_nic *nic = r2cc_nic_by_index(i);
+		if (!nic || nic->index != i)
+			continue;
+		__typeof__(&fb_nic[0]) f = &fb_nic[i];
+		if (!f->hold)
+			f->hold = base;
+		int64_t fa = __atomic_load_n(&st_nic[i].failure_at, __ATOMIC_RELAXED);
+		if (fa > f->failed_seen) {
+			f->failed_seen = fa;
+			f->healthy_since = 0;
+			if (f->last_back && fa > f->last_back && !f->weighed) {
+				f->weighed = true;
+				bool flap = fa - f->last_back < 2 * f->hold;
+				int64_t h = flap ? 2 * f->hold : base;
+				f->hold = h < FAILBACK_HOLD_MAX_NS ? h : FAILBACK_HOLD_MAX_NS;
+				if (flap)
+					R2CC_WARN("repair: %s failed again %.0f ms after its failback: "
+						  "held down for %lld ms",
+						  nic->name, (fa - f->last_back) / 1e6,
+						  (long long)(f->hold / 1000000));
+			}
+		}
+		if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_DOWN ||
+		    __atomic_load_n(&f->dead, __ATOMIC_RELAXED))
+			continue;
+		int v = __atomic_exchange_n(&f->verdict, FB_NONE, __ATOMIC_ACQ_REL);
+		if (v != FB_NONE) {
+			if (v == 0 && fa < f->probe_at) {
+				if (!f->healthy_since) {
+					f->healthy_since = f->probe_at;
+					R2CC_INFO("repair: %s: port active and self-test passed; back "
+						  "once healthy for %d ms",
+						  nic->name, r2cc_param.failback_ms);
+				}
+			} else {
+				f->healthy_since = 0;
+			}
+			f->probe_at = 0;
+		}
+		if (f->probe_at)
+			continue; /* its probe runs */
+		if (f->healthy_since && t - f->healthy_since >= base &&
+		    (!f->last_back || t - f->last_back >= f->hold)) {
+			failback_start(nic, t);
+			continue;
+		}
+		if (t < f->next_probe)
+			continue;
+		f->next_probe = t + period;
+		struct r2cc_ctx *c = ctx_of_nic(nic);
+		struct ibv_port_attr pa;
+		if (!c || eng.v.query_port(c->ctx, nic->port ? nic->port : 1, &pa) != 0 ||
+		    pa.state != IBV_PORT_ACTIVE) {
+			f->healthy_since = 0;
+			continue;
+		}
+		f->probe_at = t;
+		if (!selftest_spawn(nic, "failback probe", false, true))
+			f->probe_at = 0;
+	}
 }
 
 /* As many migrations of this QP within CHURN_NS as the process has NICs (at
@@ -3720,6 +3932,14 @@ static void barren_check(struct r2cc_rqp *r)
 /* At a failure of r's path: the reason r's repair gives up, or NULL. */
 static const char *churning(struct r2cc_rqp *r)
 {
+	if (r->failback_to)
+		return NULL; /* a failback is no failure */
+	if (r->back_path) {
+		/* the returned NIC failed again: its hold-down bounds this, not the
+		 * QP's churn (nor does it make the move before a barren one) */
+		r->barren_seen = r->migrations;
+		return NULL;
+	}
 	barren_check(r);
 	unsigned k = (unsigned)churn_limit();
 	if (r->barren >= k)
@@ -3743,7 +3963,9 @@ static void migrate_loopback(struct r2cc_rqp *r)
 		fail(r, fence_failure(rc));
 		return;
 	}
-	struct r2cc_nic *nic = place(r, NULL);
+	struct r2cc_nic *nic = r->failback_to && nic_usable(r, r->failback_to, true)
+				   ? r->failback_to
+				   : place(r, NULL);
 	if (!nic || new_path(r, nic)) {
 		fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
 		return;
@@ -3867,10 +4089,14 @@ static bool initiate_check(struct r2cc_rqp *r)
 		fail(r, "no control-plane peer for this QP (communicator without a directory)");
 		return false;
 	}
-	incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
+	if (r->failback_to)
+		incident_event(r->incident, "qp 0x%x: returns to %s", r->qpn, r->failback_to->name);
+	else
+		incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
 	/* A declared NIC, or one that had failed before the QP was made: not a failure
 	 * of the path the QP is on. */
-	bool of_path = strncmp(r->cause, "declared", 8) && strncmp(r->cause, "created on", 10);
+	bool of_path = strncmp(r->cause, "declared", 8) && strncmp(r->cause, "created on", 10) &&
+		       !r->failback_to;
 	if (!of_path)
 		r->barren_seen = r->migrations;
 	const char *why = churning(r);
@@ -3898,8 +4124,9 @@ static bool initiate_check(struct r2cc_rqp *r)
 static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 {
 	r->churn_skip = false;
-	struct r2cc_nic *nic = NULL;
-	int rc = path_on_healthy(r, NULL, NULL, NULL, &nic);
+	struct r2cc_nic *nic = NULL, *home = r->failback_to;
+	int rc = path_on_healthy(r, home && nic_usable(r, home, true) ? home : NULL, NULL, NULL,
+				 &nic);
 	if (rc == -ENODEV) {
 		fail(r, r2cc_param.mr_mirror ? "no healthy NIC left"
 					     : "R2CC_MR_MIRROR=0: queue pairs cannot migrate");
@@ -4094,6 +4321,7 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 			struct outboxes *out, const struct r2cc_ctl_dir *dir, bool *serve)
 {
 	bool peer_nic_failed = le16toh(m->flags) & WIRE_F_SENDER_NIC_FAILED;
+	bool back = le16toh(m->flags) & WIRE_F_FAILBACK;
 	int s = load_state(r);
 	*serve = false;
 	if (s == RQ_FAILED || r->dead) {
@@ -4102,7 +4330,7 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 	}
 	if (!connected(r))
 		return false; /* still connecting: the initiator asks again */
-	const char *gave_up = s != RQ_EXCHANGE ? churning(r) : NULL;
+	const char *gave_up = s != RQ_EXCHANGE && !back ? churning(r) : NULL;
 	if (gave_up) {
 		nack(out, dir, in->from_rank, m, -ENETUNREACH);
 		fail(r, gave_up);
@@ -4129,20 +4357,30 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 	}
 	if (s == RQ_HEALTHY || s == RQ_MIGRATED) {
 		char why[64];
-		snprintf(why, sizeof(why), "peer notice from rank %d%s", in->from_rank,
-			 le16toh(m->flags) & WIRE_F_DECLARED ? " (its NIC is declared failed)"
-							     : "");
+		if (back)
+			snprintf(why, sizeof(why), "failback: peer rank %d's NIC is back",
+				 in->from_rank);
+		else
+			snprintf(why, sizeof(why), "peer notice from rank %d%s", in->from_rank,
+				 le16toh(m->flags) & WIRE_F_DECLARED
+				     ? " (its NIC is declared failed)"
+				     : "");
+		/* The failback's is the peer's: this side returns home too, if it can. */
+		r->failback_to = back ? r->orig_nic : NULL;
 		pthread_mutex_lock(&eng.mu);
 		note_detection(r, why, r->status_seen);
 		pthread_mutex_unlock(&eng.mu);
 		set_state(r, RQ_DETECTED);
 	}
 	incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate%s", r->qpn,
-		       in->from_rank, peer_nic_failed ? " (its own NIC failed)" : "");
+		       in->from_rank,
+		       back ? " (failback: its NIC is back)"
+		       : peer_nic_failed ? " (its own NIC failed)"
+					 : "");
 	/* The peer saw the failure; whether it is this side's NIC only a self-test
 	 * can say (a port that is down says so itself), unless the peer knows its
-	 * own NIC is the failed one. */
-	if (!peer_nic_failed)
+	 * own NIC is the failed one. A failback is no failure. */
+	if (!peer_nic_failed && !back)
 		selftest_start(r->cur_nic, "the peer asks to migrate", false);
 	*serve = true;
 	return true;
@@ -4161,15 +4399,19 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 	 * following the peer's new rail instead would pile every moved QP of this
 	 * node onto the NICs the peer picked. Otherwise this side's NIC is suspect
 	 * too: another one, the least loaded, on the peer's rail among equals. */
-	if (!peer_nic_failed)
+	bool back = le16toh(m->flags) & WIRE_F_FAILBACK;
+	if (!peer_nic_failed && !back)
 		left_failed(r);
 	/* A move for the peer's own NIC is not this side leaving a failing path: it
 	 * does not count towards this QP's churning (the peer's QP counts it). */
-	r->churn_skip = peer_nic_failed;
-	struct r2cc_nic *nic = NULL;
-	int rc = path_on_healthy(
-	    r, peer_nic_failed && nic_usable(r, r->cur_nic, true) ? r->cur_nic : NULL, p.nic, &p,
-	    &nic);
+	r->churn_skip = peer_nic_failed || back;
+	/* A failback: this side's original NIC if it is up, else where it is. */
+	struct r2cc_nic *first = NULL, *nic = NULL;
+	if (back && r->failback_to && nic_usable(r, r->failback_to, true))
+		first = r->failback_to;
+	else if ((peer_nic_failed || r->failback_to) && nic_usable(r, r->cur_nic, true))
+		first = r->cur_nic;
+	int rc = path_on_healthy(r, first, p.nic, &p, &nic);
 	if (rc == -ENODEV || (rc && !r->new_qp)) {
 		nack(out, dir, in->from_rank, m, rc);
 		fail(r,
@@ -4834,6 +5076,12 @@ static void *repair_main(void *arg)
 			keys_tick();
 			pthread_mutex_lock(&eng.mu);
 		}
+		if (t0 >= eng.next_failback) {
+			eng.next_failback = t0 + SCAN_NS;
+			pthread_mutex_unlock(&eng.mu);
+			failback_tick(t0);
+			pthread_mutex_lock(&eng.mu);
+		}
 		if (!eng.work_head && !eng.in_head) {
 			int64_t t = now_ns();
 			if (t - eng.last_dir_sweep > DIR_SWEEP_NS) {
@@ -4986,14 +5234,20 @@ bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev
 	case IBV_EVENT_DEVICE_FATAL:
 		if (!c)
 			return false;
+		if (ev->event_type == IBV_EVENT_DEVICE_FATAL)
+			failback_never(c->nic);
 		nic_failed(c->nic, ev->event_type == IBV_EVENT_PORT_ERR ? "port error event"
 									: "device fatal event");
 		break;
 	case IBV_EVENT_PORT_ACTIVE:
+		/* With failback the repair thread probes it and brings it back;
+		 * without, it serves new placements from now on. */
 		if (c && __atomic_load_n(&c->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN) {
-			R2CC_INFO("repair: %s: port active again; usable for new placements",
-				  c->nic->name);
-			__atomic_store_n(&c->nic->state, R2CC_NIC_UP, __ATOMIC_RELAXED);
+			R2CC_INFO("repair: %s: port active again; %s", c->nic->name,
+				  r2cc_param.failback_ms ? "failback once its self-tests pass"
+							 : "usable for new placements");
+			if (!r2cc_param.failback_ms)
+				__atomic_store_n(&c->nic->state, R2CC_NIC_UP, __ATOMIC_RELAXED);
 		}
 		return false;
 	case IBV_EVENT_QP_FATAL:
@@ -5092,12 +5346,15 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			double mig = in->t_done ? (in->t_done - in->t_detect) / 1e6 : -1;
 			fprintf(
 			    text,
-			    "incident %d: %s, %s%s: detected_ns=%lld qps=%d migrated=%d failed=%d "
-			    "migrate_ms=%.3f bytes_reposted=%llu bytes_saved=%llu "
+			    "incident %d: %s, %s%s%s: %s=%lld qps=%d migrated=%d failed=%d "
+			    "%s=%.3f bytes_reposted=%llu bytes_saved=%llu "
 			    "completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
 			    "peer_maps_fetched=%d peer_maps_later=%d\n",
-			    i + 1, in->nic, in->declared ? "[declared] " : "", in->evidence,
-			    (long long)in->t_detect, in->qps, in->migrated, in->failed, mig,
+			    i + 1, in->nic, in->declared ? "[declared] " : "",
+			    in->failback ? "[failback] " : "", in->evidence,
+			    in->failback ? "started_ns" : "detected_ns", (long long)in->t_detect,
+			    in->qps, in->migrated, in->failed,
+			    in->failback ? "failback_ms" : "migrate_ms", mig,
 			    (unsigned long long)in->bytes_reposted,
 			    (unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
 			    (unsigned long long)in->held, in->maps_carried, in->maps_fetched,
@@ -5113,15 +5370,20 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			fprintf(json, "%s{\"nic\":", i ? "," : "");
 			json_str(json, in->nic);
 			fprintf(json,
-				",\"declared\":%s,\"evidence\":", in->declared ? "true" : "false");
+				",\"declared\":%s,\"failback\":%s,\"evidence\":",
+				in->declared ? "true" : "false", in->failback ? "true" : "false");
 			json_str(json, in->evidence);
+			/* a failback is no detection: its start and time have keys of
+			 * their own */
+			const char *k0 = in->failback ? "started" : "detected";
 			fprintf(json,
-				",\"detected_ns\":%lld,\"detected_unix\":%.6f,\"qps\":%d,"
+				",\"%s_ns\":%lld,\"%s_unix\":%.6f,\"qps\":%d,"
 				"\"migrated\":%d,\"failed\":%d",
-				(long long)in->t_detect, in->t_detect / 1e9 + mono_to_unix, in->qps,
-				in->migrated, in->failed);
+				k0, (long long)in->t_detect, k0, in->t_detect / 1e9 + mono_to_unix,
+				in->qps, in->migrated, in->failed);
 			if (in->t_done)
-				fprintf(json, ",\"migrate_ms\":%.3f,\"done_unix\":%.6f",
+				fprintf(json, ",\"%s\":%.3f,\"done_unix\":%.6f",
+					in->failback ? "failback_ms" : "migrate_ms",
 					(in->t_done - in->t_detect) / 1e6,
 					in->t_done / 1e9 + mono_to_unix);
 			fprintf(json,

@@ -204,6 +204,15 @@ static int parse_stats(struct r2cc_params *p, const char *v)
 }
 
 /* After R2CC_MODE in the table: "auto" follows it (hot repair needs mirrors). */
+static int parse_failback(struct r2cc_params *p, const char *v)
+{
+	long x;
+	if (parse_int(v, 0, 3600000, &x))
+		return -EINVAL;
+	p->failback_ms = (int)x;
+	return 0;
+}
+
 static int parse_mr_mirror(struct r2cc_params *p, const char *v)
 {
 	long x;
@@ -250,6 +259,11 @@ static const struct param_def params[] = {
      "R2CC-AllReduce: smaller messages use Balance", parse_min_bytes},
     {"R2CC_STALL_MS", "auto", "auto or an integer from 1 to 600000 (milliseconds)",
      "stall threshold for queue pairs with outstanding work", parse_stall},
+    {"R2CC_FAILBACK_MS", "10000", "an integer from 0 to 3600000 (milliseconds)",
+     "hot repair: a failed NIC whose port is active again and whose self-tests pass for this "
+     "long gets its queue pairs back (a NIC that fails again soon after is held down for "
+     "twice as long each time; 0: no failback)",
+     parse_failback},
     {"R2CC_DEBUG", "WARN", "NONE, WARN, INFO or TRACE", "log level", parse_debug},
     {"R2CC_DEBUG_FILE", "", "a file path (%h host, %p pid)", "log destination (default stderr)",
      parse_debug_file},

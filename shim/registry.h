@@ -58,6 +58,7 @@ struct r2cc_nic {
 	 * identity is known when its device dies before its RTR can be queried */
 	union ibv_gid gids[R2CC_GID_CACHE];
 	uint32_t gids_known; /* atomic: bit i, gids[i] is valid */
+	int failbacks;	     /* atomic: hot repair brought it back this often */
 	struct r2cc_nic_counters cnt;
 };
 

@@ -24,6 +24,13 @@ static const char *state_name(int s)
 void (*r2cc_report_incidents_hook)(FILE *text, FILE *json);
 void (*r2cc_report_stalls_hook)(FILE *text, FILE *json);
 
+/* How often hot repair brought NIC i back (failback). */
+static int failbacks(int i)
+{
+	const struct r2cc_nic *nic = r2cc_nic_by_index(i);
+	return nic ? __atomic_load_n(&nic->failbacks, __ATOMIC_RELAXED) : 0;
+}
+
 void r2cc_report_write(FILE *text, FILE *json)
 {
 	char host[256];
@@ -40,14 +47,14 @@ void r2cc_report_write(FILE *text, FILE *json)
 			host, node, (int)getpid(), r2cc_param.mode);
 		/* RDMA writes are one-sided: a process sees the bytes it sends, and
 		 * of what it receives only what its receive completions report. */
-		fprintf(text, "%-16s %-16s %16s %12s %16s %12s\n", "nic", "state", "tx_bytes",
-			"tx_wrs", "recv_cqe_bytes", "recv_cqes");
+		fprintf(text, "%-16s %-16s %16s %12s %16s %12s %9s\n", "nic", "state", "tx_bytes",
+			"tx_wrs", "recv_cqe_bytes", "recv_cqes", "failbacks");
 		for (int i = 0; i < n; i++)
-			fprintf(text, "%-16s %-16s %16llu %12llu %16llu %12llu\n", st[i].name,
+			fprintf(text, "%-16s %-16s %16llu %12llu %16llu %12llu %9d\n", st[i].name,
 				state_name(st[i].state), (unsigned long long)st[i].tx_bytes,
 				(unsigned long long)st[i].tx_wrs,
 				(unsigned long long)st[i].rx_bytes,
-				(unsigned long long)st[i].rx_wrs);
+				(unsigned long long)st[i].rx_wrs, failbacks(i));
 		fprintf(text, "communicators alive at exit: %d\n", r2cc_comm_count());
 		void (*inc)(FILE *, FILE *) =
 		    __atomic_load_n(&r2cc_report_incidents_hook, __ATOMIC_ACQUIRE);
@@ -70,10 +77,11 @@ void r2cc_report_write(FILE *text, FILE *json)
 			fprintf(
 			    json,
 			    "%s{\"name\":\"%s\",\"state\":\"%s\",\"tx_bytes\":%llu,\"tx_wrs\":%llu,"
-			    "\"recv_cqe_bytes\":%llu,\"recv_cqes\":%llu}",
+			    "\"recv_cqe_bytes\":%llu,\"recv_cqes\":%llu,\"failbacks\":%d}",
 			    i ? "," : "", st[i].name, state_name(st[i].state),
 			    (unsigned long long)st[i].tx_bytes, (unsigned long long)st[i].tx_wrs,
-			    (unsigned long long)st[i].rx_bytes, (unsigned long long)st[i].rx_wrs);
+			    (unsigned long long)st[i].rx_bytes, (unsigned long long)st[i].rx_wrs,
+			    failbacks(i));
 		fprintf(json, "],\"communicators\":%d,\"incidents\":[", r2cc_comm_count());
 		void (*inc)(FILE *, FILE *) =
 		    __atomic_load_n(&r2cc_report_incidents_hook, __ATOMIC_ACQUIRE);

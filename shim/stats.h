@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #define R2CC_STATS_MAGIC   0x5441545343433252ull /* "R2CCSTAT" */
-#define R2CC_STATS_VERSION 1
+#define R2CC_STATS_VERSION 2
 #define R2CC_STATS_PREFIX  "r2cc-stats."
 
 struct r2cc_stats_page {

@@ -11,6 +11,7 @@
 #
 #   scripts/scenarios/01.hot_repair_to_balance.sh [DRILL OPTIONS, e.g. --from launch]
 #   FAULT=down FAULT_AT=4s SIZE=1G ITERS=10 scripts/scenarios/01.hot_repair_to_balance.sh
+#   RESTORE_AT=12s ITERS=50 ... the NIC comes back at 12 s (failback R2CC_FAILBACK_MS later)
 #   DRY_RUN=1 ... prints the commands;  SAVE_LOG=1 ... saves logs/local/01.hot_repair_to_balance.log
 # Settings: scripts/scenarios/README.md (R2CC_TARGET, R2CC_FAULT_METHOD, ...).
 set -u

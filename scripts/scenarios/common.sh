@@ -633,13 +633,16 @@ scn_hot_repair_main() {
 		"  transfers to healthy NICs, finish that AllReduce correctly and run $strategy after" \
 		"  (R2CC_AR_AFTER_REPAIR=$after). The NIC table shows the bytes each of node$FAILED_NODE's NICs" \
 		"  moved per iteration: $FAILED_NIC should drop to 0 after the failure." \
-		"settings: R2CC_MODE=$mode R2CC_AR_AFTER_REPAIR=$after FAULT=$fault FAULT_AT=$at SIZE=$size ITERS=$iters" \
+		"settings: R2CC_MODE=$mode R2CC_AR_AFTER_REPAIR=$after FAULT=$fault FAULT_AT=$at SIZE=$size ITERS=$iters${RESTORE_AT:+ RESTORE_AT=$RESTORE_AT R2CC_FAILBACK_MS=${R2CC_FAILBACK_MS:-10000}}" \
 		"without hot repair (README 'Where it stands' says whether this build has it) the job" \
 		"  dies at the fault, as with plain NCCL, and this script says FAIL."
 	[ -n "${NCCL_TESTS_DIR:-}" ] && echo " note: the per-iteration test needs r2cc-perf's --iters-table: NCCL_TESTS_DIR is not used here"
 	local rc=0
+	# RESTORE_AT: the NIC comes back then (R2CC_FAILBACK_MS later its QPs return)
+	local -a restore=()
+	[ -n "${RESTORE_AT:-}" ] && restore=(--fault "node$FAILED_NODE/$FAILED_NIC=up@$RESTORE_AT")
 	SAVE_LOG=0 DRILL_NAME=$name "$SCN_ROOT/scripts/drill" --no-idle-check --summary "$SCN_TMP/summary" \
-		--fault "node$FAILED_NODE/$FAILED_NIC=$fault@$at" --size "$size" --iters "$iters" \
+		--fault "node$FAILED_NODE/$FAILED_NIC=$fault@$at" "${restore[@]}" --size "$size" --iters "$iters" \
 		--mode "$mode" --after-repair "$after" "$@" || rc=$?
 	local -a why=()
 	[ -s "$SCN_TMP/summary" ] && mapfile -t why <"$SCN_TMP/summary"

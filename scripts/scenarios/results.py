@@ -503,6 +503,17 @@ def cmd_drill_report(a):
                 v.get("start", t_end) for v in its.values()) else "between iterations" if its else "")
         p(head + "injected at %.3f s%s" % (rel(t_ev), ", " + where if where else ""))
         if s[3] == "up":
+            # the NIC is back: R2CC's failback incidents of it after this step
+            back = [x for x in incidents if x.get("failback") and
+                    (x.get("nic") or s[2]) == s[2] and
+                    (x.get("started_unix") or 0) >= t_ev - 0.05]
+            if back:
+                t_b = min(x["started_unix"] for x in back)
+                done_b = [x.get("done_unix") for x in back if x.get("done_unix")]
+                p("           failback %.1f s after the restore, QPs back in %s (%d process(es))" % (
+                    t_b - t_ev, fmt_ms((max(done_b) - t_b) * 1000.0 if done_b else None), len(back)))
+            else:
+                p("           no failback recorded (R2CC_FAILBACK_MS, or the run ended first)")
             continue
         inc = None
         # Every process that moved QPs off this NIC name reports an incident (the
@@ -510,6 +521,7 @@ def cmd_drill_report(a):
         # Detection: the first of them after the injection; migration: until the
         # last of them finished.
         mine = [(n, x) for n, x in enumerate(incidents) if n not in used and
+                not x.get("failback") and
                 (x.get("nic") or x.get("hca") or s[2]) == s[2] and
                 (x.get("detected_unix") is None or x.get("detected_unix") >= t_ev - 0.05)]
         if mine:

@@ -92,6 +92,9 @@ struct drill_opts {
 	bool fresh_mr;		 /* --fresh-mr: receivers register their rings anew, 3/4 in */
 	bool roce;		 /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
+	double restore_ms;	 /* --restore: the faulted NIC back this long after the fault; < 0 never */
+	int failback_ms;	 /* --failback-ms: R2CC_FAILBACK_MS for the workers with --restore */
+	int flap_ms;		 /* --flap-ms: the flap's period (0: from the QP timeout) */
 	const char *nccl_lib;	 /* worker: the NCCL library to form a communicator with */
 	int fault_phase;	 /* enum drill_fault_phase */
 	bool fault_all_nics;	 /* --fault-nics all: the fault on every NIC of the node */
@@ -190,7 +193,18 @@ struct drill_status {
 	 */
 	_Atomic uint64_t hold_at;
 	_Atomic int fault_done;
+	/*
+	 * Worker 0's record only, with --restore: once back_at messages were delivered
+	 * in all and the drill has not seen the failback yet (back_done), workers
+	 * trickle (one message per peer every DRILL_TRICKLE_NS, up to 3/4 of their
+	 * messages), so that traffic goes on through the restore and the failback
+	 * and most of what is left is measured after it.
+	 */
+	_Atomic uint64_t back_at;
+	_Atomic int back_done;
 };
+
+#define DRILL_TRICKLE_NS 5000000LL
 
 #define DRILL_HOLD_MAX_NS 5000000000LL
 

@@ -10,6 +10,7 @@
  * incident reports, and the output. The workers are in worker.c.
  */
 #include "tests/drill/drill.h"
+#include "shim/stats.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -55,7 +56,8 @@ struct drill_paths {
 /* Detection and migration times (ms) from R2CC's reports, over the whole run, and
  * (--expect clean-error) the times from the fault to the first application error. */
 struct drill_times {
-	double detect[DRILL_MAX_INCIDENT], migrate[DRILL_MAX_INCIDENT];
+	double detect[DRILL_MAX_INCIDENT], migrate[DRILL_MAX_INCIDENT], back[DRILL_MAX_INCIDENT];
+	int nback;
 	double app[DRILL_MAX_INCIDENT];
 	int ndetect, nmigrate, napp;
 };
@@ -98,6 +100,16 @@ struct drill_scenario {
 	 * many reports said so */
 	uint64_t reposts_nccl, reposts_repair;
 	int reposts_said;
+	/* --restore: when the NIC came back, when every process of the faulted node had
+	 * brought it back (0: not yet), the node's wire bytes per NIC then, and the most
+	 * failbacks of the NIC any of its reports counts */
+	bool restored, released, seen_down;
+	int64_t restored_ns, back_ns;
+	uint64_t bytes_back[DRILL_MAX_NICS];
+	int backs_max;
+	double back_ms[DRILL_MAX_INCIDENT]; /* R2CC's failback times (reports) */
+	char shares[128];		    /* each NIC's share of the bytes after it */
+	int nback;
 	char why[DRILL_ERR_LEN + 64];
 	char stall[256]; /* each node's phase and progress at the deadline */
 	double secs;
@@ -136,6 +148,7 @@ static void usage(FILE *f)
 		"[--declare NODE:NIC]\n"
 		"                        [--nccl-version 2.18..2.32] [--link ib|roce] "
 		"[--detect-within MS] [--fresh-mr]\n"
+		"                        [--restore MS] [--failback-ms MS] [--flap-ms MS]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -161,6 +174,14 @@ static void usage(FILE *f)
 		"and sends the new rkeys; the faulted node's then stops for 1 s. A scenario\n"
 		"fails if a data ibv_post_send took more than 250 ms (a migrated QP's key lookup\n"
 		"waited on the stopped peer); the run fails if no scenario fetched a map.\n"
+		"--restore MS: the faulted NIC comes back MS ms after the fault (softverbs-ctl\n"
+		"up; for flap, the flapping ends then), with R2CC_FAILBACK_MS=--failback-ms\n"
+		"(300). Traffic trickles from half the messages on until every process of the\n"
+		"faulted node has brought the NIC back. A scenario fails if that does not\n"
+		"happen, if a process brought it back more often than R2CC's hold-down allows\n"
+		"(it doubles from R2CC_FAILBACK_MS at each flap: floor(log2(MS/FAILBACK + 2))\n"
+		"+ 1), or if the node's NICs did not each carry a third (1/K, +-0.08) of the\n"
+		"node's wire bytes after the failback. --flap-ms: the flap's period.\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -207,6 +228,12 @@ static int drill_check_opts(const struct drill_opts *o)
 		bad = "--second-fault needs a NIC left: not with --fault-nics all";
 	else if (o->second_ms >= 0 && o->nics < 2)
 		bad = "--second-fault needs --nics 2 or more";
+	else if (o->restore_ms >= 0 && (!nic_fault || o->fault == DRILL_FAULT_SLOW ||
+					 o->fault == DRILL_FAULT_FATAL || o->fault_all_nics ||
+					 o->second_ms >= 0 || o->expect != DRILL_EXPECT_PASS ||
+					 o->fault_phase != DRILL_AT_TRAFFIC || !o->preload))
+		bad = "--restore needs one NIC fault that can end (down, blackhole, flap, ackloss, "
+		      "jitter, blackhole-tx/rx) during the traffic, libr2cc and --expect pass";
 	else if (!o->pattern->one_nic && o->nics > o->pattern->nrkeys)
 		bad = "--nccl-version 2.20-2.23 fuses at most 2 NICs per connection: --nics 2 or "
 		      "fewer";
@@ -258,6 +285,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_NCCL_VERSION,
 		O_LINK,
 		O_DETECT,
+		O_RESTORE,
+		O_FAILBACK,
+		O_FLAP,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -299,6 +329,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"nccl-version", required_argument, NULL, O_NCCL_VERSION},
 	    {"link", required_argument, NULL, O_LINK},
 	    {"detect-within", required_argument, NULL, O_DETECT},
+	    {"restore", required_argument, NULL, O_RESTORE},
+	    {"failback-ms", required_argument, NULL, O_FAILBACK},
+	    {"flap-ms", required_argument, NULL, O_FLAP},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
@@ -326,6 +359,8 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    .preload = true,
 	    .second_ms = -1,
 	    .bound_s = 10,
+	    .restore_ms = -1,
+	    .failback_ms = 300,
 	    .pattern = drill_pattern_default(),
 	};
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -522,6 +557,21 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			o->detect_within_ms = v;
 			name = "--detect-within (ms, 0.001..86400000)";
 			break;
+		case O_RESTORE:
+			ok = drill_num(optarg, 0, 600000, &v);
+			o->restore_ms = v;
+			name = "--restore (ms, 0..600000)";
+			break;
+		case O_FAILBACK:
+			ok = drill_num(optarg, 1, 600000, &v);
+			o->failback_ms = (int)v;
+			name = "--failback-ms (1..600000)";
+			break;
+		case O_FLAP:
+			ok = drill_num(optarg, 1, 600000, &v);
+			o->flap_ms = (int)v;
+			name = "--flap-ms (1..600000)";
+			break;
 		case O_HELP:
 			usage(stdout);
 			exit(0);
@@ -568,6 +618,10 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		if (!timeout_set)
 			o->timeout_s *= k;
 	}
+	/* --restore: the NIC comes back, is probed for R2CC_FAILBACK_MS, and a flap's
+	 * hold-down may have doubled to about twice the flap's time. */
+	if (!o->worker && o->restore_ms >= 0 && !timeout_set)
+		o->timeout_s += (2.0 * o->restore_ms + 4.0 * o->failback_ms) / 1000.0 + 5.0;
 	return o->worker ? 0 : drill_check_opts(o);
 }
 
@@ -675,7 +729,8 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 		return NULL;
 	n = 0;
 	for (char **e = environ; *e; e++)
-		if (!drill_env_ours(*e))
+		if (!drill_env_ours(*e) &&
+		    !(o->restore_ms >= 0 && !strncmp(*e, "R2CC_FAILBACK_MS=", 17)))
 			env[n++] = *e;
 	for (int k = 0; k < o->nics; k++)
 		snprintf(nics + strlen(nics), sizeof(nics) - strlen(nics), "%smlx5_%d:%d",
@@ -713,6 +768,8 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 	 * moves to another NIC, so that its peer translates its new keys) */
 	if (o->fresh_mr)
 		DRILL_ENV("DRILL_FRESH_STOP=%d", s->node * o->per_node);
+	if (o->restore_ms >= 0)
+		DRILL_ENV("R2CC_FAILBACK_MS=%d", o->failback_ms);
 #undef DRILL_ENV
 	env[n] = NULL;
 	return env;
@@ -896,6 +953,184 @@ static double drill_stall_floor_ms(void)
 	return v && *v && !*end && ms > 0 ? (double)ms : 100.0;
 }
 
+/* ---- --restore ---- */
+
+/* Process pid's failbacks of mlx5_<nic> and whether the NIC is up, from its live
+ * statistics page (shim/stats.h); -1 when the page is not there or has another
+ * layout. */
+static int drill_failbacks_live(pid_t pid, int nic, bool *up)
+{
+	char path[64], name[32];
+	struct stat sb;
+	int fd, n = -1;
+	struct r2cc_stats_page *pg;
+
+	*up = false;
+	snprintf(path, sizeof(path), "/dev/shm/" R2CC_STATS_PREFIX "%d", (int)pid);
+	snprintf(name, sizeof(name), "mlx5_%d", nic);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	if (fstat(fd, &sb) != 0 || sb.st_size < (off_t)sizeof(*pg)) {
+		close(fd);
+		return -1;
+	}
+	pg = mmap(NULL, sizeof(*pg), PROT_READ, MAP_SHARED, fd, 0);
+	close(fd);
+	if (pg == MAP_FAILED)
+		return -1;
+	if (__atomic_load_n(&pg->magic, __ATOMIC_ACQUIRE) == R2CC_STATS_MAGIC &&
+	    pg->version == R2CC_STATS_VERSION && pg->nic_size == sizeof(struct r2cc_nic))
+		for (int i = 0; i < pg->nnics && i < R2CC_MAX_NICS; i++)
+			if (!strcmp(pg->nics[i].name, name)) {
+				n = __atomic_load_n(&pg->nics[i].failbacks, __ATOMIC_RELAXED);
+				*up = __atomic_load_n(&pg->nics[i].state, __ATOMIC_RELAXED) ==
+				      R2CC_NIC_UP;
+			}
+	munmap(pg, sizeof(*pg));
+	return n;
+}
+
+/* The faulted node's wire bytes (sent and received) on each NIC, from softverbs-ctl
+ * list; 0 when every NIC was found. */
+static int drill_node_bytes(const struct drill_opts *o, const struct drill_paths *p,
+			    const struct drill_scenario *s, uint64_t *out)
+{
+	char *list[] = {(char *)"list", NULL}, path[PATH_MAX + 16], line[512], node[40];
+	struct stat st;
+	FILE *f;
+	long from;
+	int found = 0;
+
+	snprintf(path, sizeof(path), "%s/ctl.log", s->dir);
+	snprintf(node, sizeof(node), " node=node%d ", s->node);
+	from = stat(path, &st) == 0 ? (long)st.st_size : 0;
+	if (drill_ctl(p, s, list) != 0 || !(f = fopen(path, "r")))
+		return -1;
+	fseek(f, from, SEEK_SET);
+	while (fgets(line, sizeof(line), f)) {
+		const char *nm = strstr(line, " name=mlx5_"), *tx = strstr(line, " tx_bytes=");
+		const char *rx = strstr(line, " rx_bytes=");
+		unsigned long long a, b;
+		int k;
+
+		if (strncmp(line, "nic", 3) || !strstr(line, node) || !nm || !tx || !rx ||
+		    sscanf(nm, " name=mlx5_%d", &k) != 1 || k < 0 || k >= o->nics ||
+		    sscanf(tx, " tx_bytes=%llu", &a) != 1 || sscanf(rx, " rx_bytes=%llu", &b) != 1)
+			continue;
+		out[k] = a + b;
+		found |= 1 << k;
+	}
+	fclose(f);
+	return found == (1 << o->nics) - 1 ? 0 : -1;
+}
+
+/* The most failbacks a process may make in the faulted run: the hold-down starts at
+ * R2CC_FAILBACK_MS and at most doubles per failback, so n failbacks span at least
+ * FAILBACK x (2^n - 2) ms; one more after the flapping ends. */
+static int drill_backs_allowed(const struct drill_opts *o)
+{
+	return (int)floor(log2(o->restore_ms / o->failback_ms + 2.0)) + 1;
+}
+
+/* One step of --restore, from the parent's loop: the NIC back at its time, then
+ * the failback watched in the faulted node's statistics pages; the workers'
+ * trickle ends once every one of them has had the NIC up again, after a
+ * failback, for 100 ms. */
+static void drill_restore_step(const struct drill_opts *o, const struct drill_paths *p,
+			       struct drill_scenario *s, struct drill_status *st,
+			       const pid_t *pids, int64_t now)
+{
+	int64_t limit;
+	bool all = true;
+
+	if (!s->injected || s->inject_failed || s->released)
+		return;
+	for (int r = s->node * o->per_node; r < (s->node + 1) * o->per_node; r++) {
+		bool up;
+
+		if (pids[r] > 0 && drill_failbacks_live(pids[r], s->nic, &up) >= 0 && !up)
+			s->seen_down = true;
+	}
+	if (!s->restored) {
+		char node[32], nic[32];
+		char *args[] = {(char *)"fault", node, nic, (char *)"up", NULL};
+
+		if (now < s->injected_ns + (int64_t)(o->restore_ms * 1e6))
+			return;
+		snprintf(node, sizeof(node), "node%d", s->node);
+		snprintf(nic, sizeof(nic), "mlx5_%d", s->nic);
+		s->restored = true;
+		s->restored_ns = now;
+		if (drill_ctl(p, s, args)) {
+			snprintf(s->why, sizeof(s->why), "the NIC could not be restored");
+			s->released = true;
+			atomic_store(&st[0].back_done, 1);
+		}
+		return;
+	}
+	for (int r = s->node * o->per_node; r < (s->node + 1) * o->per_node; r++) {
+		bool up;
+
+		all = all && pids[r] > 0 && drill_failbacks_live(pids[r], s->nic, &up) >= 1 && up;
+	}
+	if (!all)
+		s->back_ns = 0;
+	else if (!s->back_ns)
+		s->back_ns = now;
+	limit = s->restored_ns + (int64_t)((2.0 * o->restore_ms + 4.0 * o->failback_ms) * 1e6) +
+		3000000000LL;
+	if (s->back_ns && now - s->back_ns >= 100000000LL) {
+		if (drill_node_bytes(o, p, s, s->bytes_back) && !s->why[0])
+			snprintf(s->why, sizeof(s->why), "softverbs-ctl list of the node failed");
+		s->released = true;
+		atomic_store(&st[0].back_done, 1);
+	} else if (now > limit) {
+		if (!s->why[0])
+			snprintf(s->why, sizeof(s->why),
+				 "mlx5_%d was not back in every process of node%d %.1f s after "
+				 "its restore%s",
+				 s->nic, s->node, (double)(now - s->restored_ns) / 1e9,
+				 s->seen_down ? ""
+					      : " (R2CC never had it down: restored before its "
+						"failure was found?)");
+		s->released = true;
+		s->back_ns = 0;
+		atomic_store(&st[0].back_done, 1);
+	}
+}
+
+/* After the run: the NIC's failbacks within what the hold-down allows, and each NIC's
+ * share of the node's wire bytes since the failback a third (1/K) again. */
+static void drill_restore_check(const struct drill_opts *o, const struct drill_paths *p,
+				struct drill_scenario *s)
+{
+	uint64_t end[DRILL_MAX_NICS] = {0}, sum = 0;
+	char *shares = s->shares;
+	bool even = true;
+
+	if (s->why[0] || !s->released || !s->back_ns)
+		return;
+	if (drill_node_bytes(o, p, s, end)) {
+		snprintf(s->why, sizeof(s->why), "softverbs-ctl list of the node failed");
+		return;
+	}
+	for (int k = 0; k < o->nics; k++)
+		sum += end[k] - s->bytes_back[k];
+	for (int k = 0; k < o->nics && sum; k++) {
+		double share = (double)(end[k] - s->bytes_back[k]) / (double)sum;
+
+		snprintf(shares + strlen(shares), sizeof(s->shares) - strlen(shares), "%s%.3f",
+			 k ? "/" : "", share);
+		even = even && fabs(share - 1.0 / o->nics) <= 0.08;
+	}
+	if (!sum || !even)
+		snprintf(s->why, sizeof(s->why),
+			 "after the failback the node's NICs carried %s of its %llu wire bytes, not "
+			 "1/%d each",
+			 sum ? shares : "none", (unsigned long long)sum, o->nics);
+}
+
 /* Where, what and when, all from the seed. */
 static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 {
@@ -914,7 +1149,16 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 	s->trigger = (uint64_t)(frac * (double)expected);
 	if (s->trigger < 1)
 		s->trigger = 1;
-	if (s->kind == DRILL_FAULT_FLAP) {
+	if (o->restore_ms >= 0) {
+		/* early, so that most of the traffic comes after the restore */
+		s->trigger = (uint64_t)((0.10 + (double)(drill_mix(h) % 1000) / 1000.0 * 0.15) *
+					(double)expected);
+		if (s->trigger < 1)
+			s->trigger = 1;
+	}
+	if (s->kind == DRILL_FAULT_FLAP && o->flap_ms) {
+		s->arg = o->flap_ms;
+	} else if (s->kind == DRILL_FAULT_FLAP) {
 		/* Down phases outlast the QP transport timeout, as a flap that hurts does. */
 		s->arg = (int)ceil(1.5 * drill_qp_timeout_ms(o));
 		if (s->arg < 50)
@@ -1088,6 +1332,21 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				t->nmigrate += n;
 				s->nmigrate += n;
 				found += n;
+				n = drill_scan_key(text, "failback_ms", t->back + t->nback,
+						   DRILL_MAX_INCIDENT - t->nback);
+				for (int i = 0; i < n && s->nback < DRILL_MAX_INCIDENT; i++)
+					s->back_ms[s->nback++] = t->back[t->nback + i];
+				t->nback += n;
+				found += n;
+				/* the faulted NIC's failbacks: in its entry of "nics" */
+				char nicname[48];
+				const char *e;
+				double fb[1];
+				snprintf(nicname, sizeof(nicname), "\"name\":\"mlx5_%d\"", s->nic);
+				if (k == 0 && r / o->per_node == s->node &&
+				    (e = strstr(text, nicname)) &&
+				    drill_scan_key(e, "failbacks", fb, 1) == 1 && fb[0] > s->backs_max)
+					s->backs_max = (int)fb[0];
 				for (const char *q = text; (q = strstr(q, "\"declared\":false"));
 				     q++)
 					s->repairs++;
@@ -1340,7 +1599,7 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 	int status[DRILL_MAX_PROCS] = {0}, alive = 0, fd, failed_exit = -1;
 	bool termed[DRILL_MAX_PROCS] = {false};
 	bool clean = o->expect == DRILL_EXPECT_CLEAN;
-	int64_t start = drill_now_ns(), deadline, kill_at = INT64_MAX;
+	int64_t start = drill_now_ns(), deadline, kill_at = INT64_MAX, next_look = 0;
 	struct drill_status *st;
 	const char *missed;
 	char *reset[] = {(char *)"reset", NULL};
@@ -1379,6 +1638,9 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 	if (s->kind != DRILL_FAULT_NONE && o->fault_phase == DRILL_AT_TRAFFIC && s->expected > 1) {
 		uint64_t at = s->trigger + (uint64_t)o->window * (uint64_t)o->procs;
 		atomic_store(&st[0].hold_at, at < s->expected ? at : s->expected - 1);
+		/* --restore: the trickle from half the messages (and after the fault) */
+		if (o->restore_ms >= 0)
+			atomic_store(&st[0].back_at, s->expected / 2 > at ? s->expected / 2 : at + 1);
 	}
 	for (int r = 0; r < o->procs; r++) {
 		pids[r] = drill_spawn_worker(o, p, s, r);
@@ -1422,6 +1684,10 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		if (o->second_ms >= 0 && s->injected && !s->second_injected && alive > 0 &&
 		    now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))
 			drill_inject_second(p, s, delivered);
+		if (o->restore_ms >= 0 && alive > 0 && (now >= next_look || !s->restored)) {
+			drill_restore_step(o, p, s, st, pids, now);
+			next_look = now + 10000000LL;
+		}
 		if (now > deadline && alive > 0 && !s->timed_out) {
 			char *list[] = {(char *)"list", NULL};
 
@@ -1470,6 +1736,8 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 	}
 	if (o->roce && !s->why[0])
 		drill_check_lossless(p, s);
+	if (o->restore_ms >= 0)
+		drill_restore_check(o, p, s);
 	if (drill_ctl(p, s, reset) != 0 && !s->why[0])
 		snprintf(s->why, sizeof(s->why), "softverbs-ctl reset of %s failed", s->fabric);
 	int det0 = t->ndetect;
@@ -1538,6 +1806,12 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				 (unsigned long long)s->reposts_repair,
 				 (unsigned long long)s->reposts_nccl, s->reposts_said, s->reports);
 		}
+		if (s->pass && o->restore_ms >= 0 && s->backs_max > drill_backs_allowed(o)) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "a process brought mlx5_%d back %d times; its hold-down allows %d",
+				 s->nic, s->backs_max, drill_backs_allowed(o));
+		}
 		if (s->pass && o->expect == DRILL_EXPECT_NO_REPAIR && s->repairs) {
 			s->pass = false;
 			snprintf(s->why, sizeof(s->why),
@@ -1598,6 +1872,15 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 		       (unsigned long long)(s->maps_carried + s->maps_fetched));
 	if (s->maps_later)
 		printf(" later-maps %llu", (unsigned long long)s->maps_later);
+	if (o->restore_ms >= 0 && s->restored)
+		printf(" failbacks %d (allowed %d)%s%s", s->backs_max, drill_backs_allowed(o),
+		       s->shares[0] ? " shares-after " : "", s->shares);
+	if (s->nback) {
+		double mx = 0;
+		for (int i = 0; i < s->nback; i++)
+			mx = s->back_ms[i] > mx ? s->back_ms[i] : mx;
+		printf(" failback-max %.1fms", mx);
+	}
 	if (!s->pass)
 		printf(" -- %s", s->why);
 	printf("\n");
@@ -1729,6 +2012,8 @@ int main(int argc, char **argv)
 	       (unsigned long long)delivered, (unsigned long long)expected, passed, total);
 	drill_print_times("detection", times.detect, times.ndetect);
 	drill_print_times("migration", times.migrate, times.nmigrate);
+	if (o.restore_ms >= 0)
+		drill_print_times("failback", times.back, times.nback);
 	if (o.expect == DRILL_EXPECT_CLEAN)
 		drill_print_times("app-error", times.app, times.napp);
 	printf("\n");

@@ -41,6 +41,15 @@ CPU_TESTS   += 60@env:NCCL_IB_USE_INLINE=1:$(DRILL_DIR)/expect-fail.sh:NCCL_IB_U
 	       60@env:NCCL_IB_QPS_PER_CONNECTION=2:NCCL_IB_SPLIT_DATA_ON_QPS=1:$(DRILL_DIR)/expect-fail.sh:NCCL_IB_QPS_PER_CONNECTION=2:$(DRILL):--fault:down:--seeds:1:--nccl-stub:--timeout:5
 CPU_TESTS   += 60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:NCCLSTUB_REPORT_VERSION=23007:$(DRILL_DIR)/expect-fail.sh:exceeded:$(DRILL):--fault:down:--seeds:2:--nccl-stub:--timeout:5 \
 	       60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL):--fault:down:--seeds:3:--nccl-stub
+# Failback (R2CC_FAILBACK_MS, here 300 ms): the faulted NIC restored (--restore), every
+# process of its node brings it back, the node's NICs carry a third of its bytes again
+# and every message arrives exactly once; a NIC flapping for 30 s (600 ms down, 600 ms
+# up) comes back no more often than its doubling hold-down allows.
+CPU_TESTS   += 60@$(DRILL):--fault:down:--restore:200:--seeds:6:--messages:512:--nccl-stub \
+	       60@$(DRILL):--fault:blackhole:--restore:1500:--seeds:4:--messages:512:--nccl-stub \
+	       60@$(DRILL):--fault:down:--restore:200:--seeds:3:--messages:512:--link:roce:--nccl-stub \
+	       60@$(DRILL):--fault:down:--restore:300:--seeds:2:--messages:256:--procs:4:--per-node:2:--nccl-stub \
+	       120@$(DRILL):--fault:flap:--flap-ms:600:--restore:30000:--seeds:1:--messages:8192:--max-size:65536:--nccl-stub
 # Hot repair (tests/drill/README.md): each NIC fault kind over 100 seeds (fatal: a dead
 # device, whose lost receive completions are made from the peer's record), 4 processes,
 # a fault while connecting, a second NIC failing during the repair; then the faults R2CC

@@ -1476,20 +1476,49 @@ static bool drill_wait_fault(struct drill_worker *w, int64_t *until)
 	return drill_now_ns() < *until;
 }
 
+/* --restore: whether sends trickle until the drill has seen the failback (drill.h,
+ * back_at), and if so whether one may go to each peer now. */
+static bool drill_trickle(struct drill_worker *w, int64_t *next, bool *now)
+{
+	struct drill_status *all = w->st - w->o->rank;
+	uint64_t at = atomic_load(&all[0].back_at), sum = 0;
+
+	*now = true;
+	if (!at || atomic_load(&all[0].back_done))
+		return false;
+	for (int r = 0; r < w->o->procs; r++)
+		sum += atomic_load(&all[r].delivered);
+	if (sum < at)
+		return false;
+	int64_t t = drill_now_ns();
+	*now = t >= *next;
+	if (*now)
+		*next = t + DRILL_TRICKLE_NS;
+	return true;
+}
+
 static int drill_traffic(struct drill_worker *w)
 {
 	unsigned idle = 0;
-	int64_t hold_until = 0;
+	int64_t hold_until = 0, trickle_next = 0;
 
 	while (!drill_all_done(w) && !drill_stopped(w)) {
-		bool progress = false;
+		bool progress = false, one = true;
 		bool hold = drill_wait_fault(w, &hold_until);
+		bool trickle = drill_trickle(w, &trickle_next, &one);
 
 		for (int p = 0; p < w->o->procs; p++) {
 			if (p == w->o->rank)
 				continue;
 			while (drill_recv_post(w, w->recv[p]))
 				progress = true;
+			if (trickle) {
+				if (one && !hold &&
+				    w->send[p]->head < (uint64_t)w->o->messages * 3 / 4 &&
+				    drill_send_try(w, w->send[p]))
+					progress = true;
+				continue;
+			}
 			while (!hold && drill_send_try(w, w->send[p]))
 				progress = true;
 		}
