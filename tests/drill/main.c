@@ -103,7 +103,7 @@ struct drill_scenario {
 	/* --restore: when the NIC came back, when every process of the faulted node had
 	 * brought it back (0: not yet), the node's wire bytes per NIC then, and the most
 	 * failbacks of the NIC any of its reports counts */
-	bool restored, released, seen_down;
+	bool restored, released, seen_down, page_seen;
 	int64_t restored_ns, back_ns;
 	uint64_t bytes_back[DRILL_MAX_NICS];
 	int backs_max;
@@ -1049,8 +1049,10 @@ static void drill_restore_step(const struct drill_opts *o, const struct drill_pa
 	for (int r = s->node * o->per_node; r < (s->node + 1) * o->per_node; r++) {
 		bool up;
 
-		if (pids[r] > 0 && drill_failbacks_live(pids[r], s->nic, &up) >= 0 && !up)
-			s->seen_down = true;
+		if (pids[r] > 0 && drill_failbacks_live(pids[r], s->nic, &up) >= 0) {
+			s->page_seen = true;
+			s->seen_down = s->seen_down || !up;
+		}
 	}
 	if (!s->restored) {
 		char node[32], nic[32];
@@ -1091,9 +1093,11 @@ static void drill_restore_step(const struct drill_opts *o, const struct drill_pa
 				 "mlx5_%d was not back in every process of node%d %.1f s after "
 				 "its restore%s",
 				 s->nic, s->node, (double)(now - s->restored_ns) / 1e9,
-				 s->seen_down ? ""
-					      : " (R2CC never had it down: restored before its "
-						"failure was found?)");
+				 !s->page_seen ? " (no R2CC statistics page of this layout was "
+						 "readable: R2CC_STATS=0, or another R2CC version)"
+				 : s->seen_down ? ""
+						: " (R2CC never had it down: restored before its "
+						  "failure was found?)");
 		s->released = true;
 		s->back_ns = 0;
 		atomic_store(&st[0].back_done, 1);
