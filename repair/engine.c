@@ -3786,6 +3786,63 @@ static bool detect_failback(struct r2cc_rqp *r, struct r2cc_nic *nic, const char
 	return true;
 }
 
+static bool live_rqp(const struct r2cc_rqp *r, const void *arg)
+{
+	(void)arg;
+	return !r->dead && r->q;
+}
+
+/*
+ * After the QPs of nic are on their way home: QPs whose own NIC is still down move
+ * to nic too, one at a time, from the NIC with the most of this process's QPs of
+ * their direction, while it has at least two more than nic (Balance, as at a
+ * failure; a move that would only swap the imbalance is not made). How many.
+ */
+static int failback_spread(struct r2cc_nic *nic, const char *why)
+{
+	struct r2cc_rqp **list;
+	int n = collect(&list, live_rqp, NULL), moved = 0, me = nic->index;
+	bool *skip = n ? calloc((size_t)n, sizeof(*skip)) : NULL;
+	for (int rx = 0; skip && rx < 2; rx++) {
+		int cnt[R2CC_MAX_NICS] = {0};
+		for (int k = 0; k < n; k++) {
+			const struct r2cc_nic *at =
+			    list[k]->failback_to ? list[k]->failback_to : list[k]->cur_nic;
+			if (receiving(list[k]) == rx && at && at->index >= 0 &&
+			    at->index < R2CC_MAX_NICS)
+				cnt[at->index]++;
+		}
+		for (;;) {
+			int best = -1;
+			for (int k = 0; k < n; k++) {
+				struct r2cc_rqp *r = list[k];
+				const struct r2cc_nic *at = r->cur_nic;
+				if (skip[k] || receiving(r) != rx || r->failback_to || r->loopback ||
+				    !at || at == nic || at->index < 0 || at->index >= R2CC_MAX_NICS ||
+				    r->orig_nic == nic || load_state(r) != RQ_MIGRATED ||
+				    __atomic_load_n(&r->orig_nic->state, __ATOMIC_RELAXED) ==
+					R2CC_NIC_UP ||
+				    cnt[at->index] - cnt[me] < 2)
+					continue;
+				if (best < 0 || cnt[at->index] > cnt[list[best]->cur_nic->index])
+					best = k;
+			}
+			if (best < 0)
+				break;
+			skip[best] = true;
+			int from = list[best]->cur_nic->index;
+			if (detect_failback(list[best], nic, why)) {
+				cnt[from]--;
+				cnt[me]++;
+				moved++;
+			}
+		}
+	}
+	free(skip);
+	free(list);
+	return moved;
+}
+
 /* nic has been healthy long enough: it is up, and its QPs come back. */
 static void failback_start(struct r2cc_nic *nic, int64_t t)
 {
@@ -3807,12 +3864,15 @@ static void failback_start(struct r2cc_nic *nic, int64_t t)
 			inc = list[k]->incident;
 		}
 	free(list);
+	int spread = r2cc_param.mode >= 2 ? failback_spread(nic, why) : 0;
 	R2CC_WARN("repair: %s is back (port active, self-tests passed for %d ms): %d queue "
-		  "pair(s) return to it; failback %d, next one no sooner than %lld ms after this",
-		  nic->name, r2cc_param.failback_ms, back, fb_nic[i].backs,
+		  "pair(s) return to it, %d more from NICs still down; failback %d, next one no "
+		  "sooner than %lld ms after this",
+		  nic->name, r2cc_param.failback_ms, back, spread, fb_nic[i].backs,
 		  (long long)(fb_nic[i].hold / 1000000));
-	incident_event(inc, "%s healthy for %d ms: %d queue pair(s) return (failback %d)",
-		       nic->name, r2cc_param.failback_ms, back, fb_nic[i].backs);
+	incident_event(inc, "%s healthy for %d ms: %d queue pair(s) return, %d more from NICs "
+		       "still down (failback %d)",
+		       nic->name, r2cc_param.failback_ms, back, spread, fb_nic[i].backs);
 }
 
 /* The repair thread's round of failback: each failed NIC probed, and brought back

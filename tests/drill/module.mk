@@ -43,12 +43,14 @@ CPU_TESTS   += 60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:NCCLSTUB_REPORT_VERSION
 	       60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL):--fault:down:--seeds:3:--nccl-stub
 # Failback (R2CC_FAILBACK_MS, here 300 ms): the faulted NIC restored (--restore), every
 # process of its node brings it back, the node's NICs carry a third of its bytes again
-# and every message arrives exactly once; a NIC flapping for 30 s (600 ms down, 600 ms
+# and every message arrives exactly once (with a second NIC down, the QPs it lost are
+# spread onto the returned NIC: halves on the two up); a NIC flapping for 30 s (600 ms down, 600 ms
 # up) comes back no more often than its doubling hold-down allows.
 CPU_TESTS   += 60@$(DRILL):--fault:down:--restore:200:--seeds:6:--messages:512:--nccl-stub \
 	       60@$(DRILL):--fault:blackhole:--restore:1500:--seeds:4:--messages:512:--nccl-stub \
 	       60@$(DRILL):--fault:down:--restore:200:--seeds:3:--messages:512:--link:roce:--nccl-stub \
 	       60@$(DRILL):--fault:down:--restore:300:--seeds:2:--messages:256:--procs:4:--per-node:2:--nccl-stub \
+	       60@$(DRILL):--fault:down:--second-fault:50:--restore:300:--qps:2:--seeds:3:--messages:512:--nccl-stub \
 	       120@$(DRILL):--fault:flap:--flap-ms:600:--restore:30000:--seeds:1:--messages:8192:--max-size:65536:--nccl-stub
 # Hot repair (tests/drill/README.md): each NIC fault kind over 100 seeds (fatal: a dead
 # device, whose lost receive completions are made from the peer's record), 4 processes,
