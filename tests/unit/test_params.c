@@ -120,6 +120,14 @@ Test(params, ranges)
 	cr_expect_eq(p.stall_ms, 0);
 	expect_bad("R2CC_STALL_MS", "0", "auto or an integer");
 	expect_bad("R2CC_STALL_MS", "fast", "auto or an integer");
+	cr_expect_eq(p.failback_ms, 10000, "failback is on by default, after 10 s");
+	cr_expect_eq(set("R2CC_FAILBACK_MS", "0"), 0);
+	cr_expect_eq(p.failback_ms, 0);
+	cr_expect_eq(set("R2CC_FAILBACK_MS", "2500"), 0);
+	cr_expect_eq(p.failback_ms, 2500);
+	expect_bad("R2CC_FAILBACK_MS", "-1", "an integer from 0 to 3600000");
+	expect_bad("R2CC_FAILBACK_MS", "3600001", "an integer from 0 to 3600000");
+	expect_bad("R2CC_FAILBACK_MS", "soon", "an integer from 0 to 3600000");
 }
 
 Test(params, debug)
@@ -187,6 +195,7 @@ Test(params, table_is_complete)
 				  "R2CC_AR_SCHEDULE",
 				  "R2CC_AR_MIN_BYTES",
 				  "R2CC_STALL_MS",
+				  "R2CC_FAILBACK_MS",
 				  "R2CC_DEBUG",
 				  "R2CC_DEBUG_FILE",
 				  "R2CC_REPORT",
