@@ -721,6 +721,8 @@ static int wrap_ibv_destroy_qp(struct ibv_qp *qp)
 	if (q)
 		r2cc_repair_qp_destroying(q);
 	int rc = real_ibv_destroy_qp(qp);
+	if (rc == 0 && q)
+		r2cc_repair_qp_destroyed(q);
 	if (rc == 0)
 		r2cc_qp_remove(qp);
 	return rc;

@@ -58,6 +58,7 @@
 #define WIRE_MAX_ENTRIES 4096	      /* queue pairs per exchange message */
 #define RESEND_PER_QP_NS 200000ll     /* a batch's REQ is re-sent later the larger it is */
 #define DIR_SWEEP_NS	 1000000000ll /* released directories are freed when unused */
+#define RECORD_SWEEP_NS	 100000000ll  /* records of destroyed QPs are freed */
 #define CHURN_RING	 16	      /* migrations of one QP remembered */
 #define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
 #define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
@@ -255,6 +256,7 @@ struct r2cc_rqp {
 	 * it does not count towards churning). */
 	struct r2cc_nic *failback_to;
 	bool back_path;
+	bool gone; /* NCCL's destroy of the QP succeeded: nothing of NCCL's refers to it */
 };
 
 struct incident {
@@ -366,13 +368,17 @@ static struct {
 	struct r2cc_ctl_dir **dirs;
 	int ndirs, dircap;
 	struct retired_dir *retired;
-	int64_t last_dir_sweep;
+	int64_t last_dir_sweep, last_record_sweep;
 	struct incident inc[MAX_INCIDENTS];
 	int ninc;
 	void **own; /* R2CC's own QPs and CQs */
 	int nown, owncap;
 	int64_t last_progress; /* latest retirement seen by the stall scan */
 	int64_t next_failback; /* failback_tick() due */
+	/* lists of records in use outside eng.mu (collect), and the records of
+	 * destroyed QPs freed so far (records_sweep_locked) */
+	int holders;
+	uint64_t records, records_freed;
 	int keys_due;	       /* atomic: a QP holds sends for the peer's keys (keys_tick) */
 	/* stall suspicions (scan), and how the confirmations ended (self-tests) */
 	uint64_t stalls_suspected, stalls_node_wide;
@@ -1951,6 +1957,7 @@ void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *at
 	pthread_mutex_lock(&eng.mu);
 	r->next_all = eng.all;
 	eng.all = r;
+	eng.records++;
 	start_locked();
 	pthread_mutex_unlock(&eng.mu);
 	__atomic_store_n(&q->rep, r, __ATOMIC_RELEASE);
@@ -2131,7 +2138,44 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	stash_release(r);
 	set_state(r, RQ_FAILED);
 	pthread_mutex_unlock(&r->mu);
-	/* The record stays on eng.all (marked dead): the stall scan may hold it. */
+	/* The record stays on eng.all (marked dead) until the repair thread frees it
+	 * (records_sweep_locked): the stall scan and other threads' lists may hold it. */
+}
+
+void r2cc_repair_qp_destroyed(struct r2cc_qp *q)
+{
+	struct r2cc_rqp *r = q->rep;
+	if (!r)
+		return;
+	pthread_mutex_lock(&eng.mu);
+	r->gone = true;
+	pthread_mutex_unlock(&eng.mu);
+}
+
+/*
+ * The records of destroyed QPs, freed. Only the repair thread frees them, and only
+ * between its pieces of work (its own walks of eng.all may let go of eng.mu while
+ * they hold a busy record), and only while no other thread holds a list of records
+ * (collect): a thread that lists records after the unlink cannot see them. Not
+ * freed: a record NCCL's destroy has not finished with (busy, or its destroy did
+ * not succeed), or one still queued for work. Under eng.mu.
+ */
+static void records_sweep_locked(void)
+{
+	if (eng.holders)
+		return;
+	for (struct r2cc_rqp **pp = &eng.all; *pp;) {
+		struct r2cc_rqp *r = *pp;
+		if (!r->dead || !r->gone || r->busy || r->queued) {
+			pp = &r->next_all;
+			continue;
+		}
+		*pp = r->next_all;
+		pthread_mutex_destroy(&r->mu);
+		free(r);
+		eng.records--;
+		eng.records_freed++;
+	}
 }
 
 /* --- fencing ---------------------------------------------------------------------- */
@@ -3253,11 +3297,14 @@ static void selftest_start(struct r2cc_nic *a, const char *why, bool stall);
 /* The live records pred picks, copied out under eng.mu so that the caller acts on
  * them without it; *list is malloc'd (NULL when none, or out of memory: logged). */
 typedef bool (*rqp_pred)(const struct r2cc_rqp *r, const void *arg);
+/* The records of the queue pairs that pred selects, listed for use outside eng.mu:
+ * until collect_done(), no record is freed (records_sweep_locked). */
 static int collect(struct r2cc_rqp ***list, rqp_pred pred, const void *arg)
 {
 	int n = 0, cap = 0;
 	*list = NULL;
 	pthread_mutex_lock(&eng.mu);
+	eng.holders++;
 	for (struct r2cc_rqp *r = eng.all; r; r = r->next_all) {
 		if (r->dead || !pred(r, arg))
 			continue;
@@ -3277,6 +3324,14 @@ static int collect(struct r2cc_rqp ***list, rqp_pred pred, const void *arg)
 	}
 	pthread_mutex_unlock(&eng.mu);
 	return n;
+}
+
+static void collect_done(struct r2cc_rqp **list)
+{
+	free(list);
+	pthread_mutex_lock(&eng.mu);
+	eng.holders--;
+	pthread_mutex_unlock(&eng.mu);
 }
 
 struct same_path {
@@ -3322,7 +3377,7 @@ static void localise(struct r2cc_rqp *r)
 		 r->qpn, r->cause);
 	for (int i = 0; i < n; i++)
 		detect_on(list[i], nic, why, r->status_seen);
-	free(list);
+	collect_done(list);
 	incident_event(r->incident, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move", r->qpn,
 		       port_down ? "NIC" : "path from", nic->name, port_down ? "" : " to its peer",
 		       n);
@@ -3839,7 +3894,7 @@ static int failback_spread(struct r2cc_nic *nic, const char *why)
 		}
 	}
 	free(skip);
-	free(list);
+	collect_done(list);
 	return moved;
 }
 
@@ -3863,7 +3918,7 @@ static void failback_start(struct r2cc_nic *nic, int64_t t)
 			back++;
 			inc = list[k]->incident;
 		}
-	free(list);
+	collect_done(list);
 	int spread = r2cc_param.mode >= 2 ? failback_spread(nic, why) : 0;
 	R2CC_WARN("repair: %s is back (port active, self-tests passed for %d ms): %d queue "
 		  "pair(s) return to it, %d more from NICs still down; failback %d, next one no "
@@ -5148,6 +5203,10 @@ static void *repair_main(void *arg)
 				dirs_sweep_locked();
 				eng.last_dir_sweep = t;
 			}
+			if (t - eng.last_record_sweep > RECORD_SWEEP_NS) {
+				records_sweep_locked();
+				eng.last_record_sweep = t;
+			}
 			/* deadlines and re-sends of exchanges in flight */
 			pthread_mutex_unlock(&eng.mu);
 			exchanges_tick(t);
@@ -5225,7 +5284,7 @@ static void declared_apply(void)
 	int n = collect(&list, declared_fresh, NULL);
 	for (int i = 0; i < n; i++)
 		declared_move(list[i]);
-	free(list);
+	collect_done(list);
 }
 
 /*
@@ -5281,7 +5340,7 @@ static void nic_failed(struct r2cc_nic *nic, const char *why)
 	int n = collect(&list, on_nic, nic);
 	for (int i = 0; i < n; i++)
 		detect_on(list[i], nic, why, IBV_WC_RETRY_EXC_ERR);
-	free(list);
+	collect_done(list);
 }
 
 bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
@@ -5359,6 +5418,9 @@ static void json_str(FILE *f, const char *s)
 /* The stall scan's suspicions and how their confirmations ended. */
 static void report_stalls(FILE *text, FILE *json)
 {
+	pthread_mutex_lock(&eng.mu);
+	uint64_t recs = eng.records, freed = eng.records_freed;
+	pthread_mutex_unlock(&eng.mu);
 	uint64_t v[7] = {
 	    __atomic_load_n(&eng.stalls_suspected, __ATOMIC_RELAXED),
 	    __atomic_load_n(&eng.stalls_node_wide, __ATOMIC_RELAXED),
@@ -5373,20 +5435,24 @@ static void report_stalls(FILE *text, FILE *json)
 			"stall scan: %llu suspected, %llu node-wide slowdowns ignored; self-tests "
 			"%llu passed, %llu failed, %llu inconclusive\n"
 			"sends posted on moved paths: %llu by NCCL's threads, %llu by the repair "
-			"thread\n",
+			"thread\n"
+			"queue pair records: %llu held, %llu of destroyed QPs freed\n",
 			(unsigned long long)v[0], (unsigned long long)v[1],
 			(unsigned long long)v[2], (unsigned long long)v[3],
 			(unsigned long long)v[4], (unsigned long long)v[5],
-			(unsigned long long)v[6]);
+			(unsigned long long)v[6], (unsigned long long)recs,
+			(unsigned long long)freed);
 	if (json)
 		fprintf(json,
 			"{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
 			"\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
-			"\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu}",
+			"\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu,"
+			"\"qp_records\":%llu,\"qp_records_freed\":%llu}",
 			(unsigned long long)v[0], (unsigned long long)v[1],
 			(unsigned long long)v[2], (unsigned long long)v[3],
 			(unsigned long long)v[4], (unsigned long long)v[5],
-			(unsigned long long)v[6]);
+			(unsigned long long)v[6], (unsigned long long)recs,
+			(unsigned long long)freed);
 }
 
 void r2cc_repair_report(FILE *text, FILE *json)

@@ -90,6 +90,7 @@ struct drill_opts {
 	bool nccl_stub;		 /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
 	bool flush;		 /* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
 	bool fresh_mr;		 /* --fresh-mr: receivers register their rings anew, 3/4 in */
+	bool churn;		 /* --churn: QPs created and destroyed beside the traffic */
 	bool roce;		 /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
 	double restore_ms;	 /* --restore: the faulted NIC back this long after the fault; < 0 never */
@@ -170,6 +171,7 @@ struct drill_status {
 	_Atomic uint64_t async_events;
 	_Atomic int interposed; /* 0 not known yet, 1 the data path is libr2cc's, 2 it is not */
 	_Atomic int64_t max_post_ns; /* the longest data ibv_post_send call */
+	_Atomic uint64_t churned;    /* --churn: QPs created and destroyed */
 	char error[DRILL_ERR_LEN];   /* the first failure, written once */
 	/*
 	 * Failures by kind. Application errors are what NCCL would see: an error

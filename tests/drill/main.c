@@ -109,6 +109,7 @@ struct drill_scenario {
 	int backs_max;
 	double back_ms[DRILL_MAX_INCIDENT]; /* R2CC's failback times (reports) */
 	char shares[128];		    /* each NIC's share of the bytes after it */
+	uint64_t churned, records_freed;    /* --churn */
 	int nback;
 	char why[DRILL_ERR_LEN + 64];
 	char stall[256]; /* each node's phase and progress at the deadline */
@@ -148,7 +149,7 @@ static void usage(FILE *f)
 		"[--declare NODE:NIC]\n"
 		"                        [--nccl-version 2.18..2.32] [--link ib|roce] "
 		"[--detect-within MS] [--fresh-mr]\n"
-		"                        [--restore MS] [--failback-ms MS] [--flap-ms MS]\n"
+		"                        [--restore MS] [--failback-ms MS] [--flap-ms MS] [--churn]\n"
 		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -182,6 +183,9 @@ static void usage(FILE *f)
 		"(it doubles from R2CC_FAILBACK_MS at each flap: floor(log2(MS/FAILBACK + 2))\n"
 		"+ 1), or if the node's NICs did not each carry a third (1/K, +-0.08) of the\n"
 		"node's wire bytes after the failback. --flap-ms: the flap's period.\n"
+		"--churn: each worker creates and destroys QPs (to INIT) on its NICs all through\n"
+		"the traffic and the fault; the run fails if no R2CC report freed the records of\n"
+		"destroyed QPs.\n"
 		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -279,6 +283,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_HOLD,
 		O_FLUSH,
 		O_FRESH_MR,
+		O_CHURN,
 		O_QPS,
 		O_PER_NODE,
 		O_GBPS,
@@ -323,6 +328,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"hold-connect", required_argument, NULL, O_HOLD},
 	    {"flush", no_argument, NULL, O_FLUSH},
 	    {"fresh-mr", no_argument, NULL, O_FRESH_MR},
+	    {"churn", no_argument, NULL, O_CHURN},
 	    {"qps", required_argument, NULL, O_QPS},
 	    {"per-node", required_argument, NULL, O_PER_NODE},
 	    {"gbps", required_argument, NULL, O_GBPS},
@@ -540,6 +546,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			break;
 		case O_FRESH_MR:
 			o->fresh_mr = true;
+			break;
+		case O_CHURN:
+			o->churn = true;
 			break;
 		case O_NCCL_VERSION:
 			o->pattern = drill_pattern_find(optarg);
@@ -831,6 +840,8 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 		argv[n++] = (char *)"--flush";
 	if (o->fresh_mr)
 		argv[n++] = (char *)"--fresh-mr";
+	if (o->churn)
+		argv[n++] = (char *)"--churn";
 	if (o->pattern != drill_pattern_default()) {
 		argv[n++] = (char *)"--nccl-version";
 		argv[n++] = (char *)o->pattern->name;
@@ -1368,6 +1379,8 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				}
 				if (drill_scan_key(text, "reposts_repair_thread", sus, 1) == 1)
 					s->reposts_repair += (uint64_t)sus[0];
+				if (k == 0 && drill_scan_key(text, "qp_records_freed", sus, 1) == 1)
+					s->records_freed += (uint64_t)sus[0];
 				n = drill_scan_key(text, "peer_maps_carried", maps,
 						   DRILL_MAX_INCIDENT);
 				for (int i = 0; i < n; i++)
@@ -1734,6 +1747,7 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		s->delivered += atomic_load(&st[r].delivered);
 		s->errors += atomic_load(&st[r].errors);
 		s->not_interposed += atomic_load(&st[r].interposed) == 2;
+		s->churned += atomic_load(&st[r].churned);
 		/* The first error the application saw, on a worker that lived on. */
 		if (r != s->killed && atomic_load(&st[r].app_claimed) && e &&
 		    (!s->app_ns || e < s->app_ns)) {
@@ -1815,6 +1829,15 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				 (unsigned long long)s->reposts_repair,
 				 (unsigned long long)s->reposts_nccl, s->reposts_said, s->reports);
 		}
+		/* --churn: the records of the QPs destroyed meanwhile were freed */
+		if (s->pass && o->churn && o->preload && (!s->churned || !s->records_freed)) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "--churn: %llu QPs created and destroyed, %llu of R2CC's records of "
+				 "destroyed QPs freed",
+				 (unsigned long long)s->churned,
+				 (unsigned long long)s->records_freed);
+		}
 		if (s->pass && o->restore_ms >= 0 && s->backs_max > drill_backs_allowed(o)) {
 			s->pass = false;
 			snprintf(s->why, sizeof(s->why),
@@ -1881,6 +1904,9 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 		       (unsigned long long)(s->maps_carried + s->maps_fetched));
 	if (s->maps_later)
 		printf(" later-maps %llu", (unsigned long long)s->maps_later);
+	if (o->churn)
+		printf(" churned %llu freed %llu", (unsigned long long)s->churned,
+		       (unsigned long long)s->records_freed);
 	if (o->restore_ms >= 0 && s->restored)
 		printf(" failbacks %d (allowed %d)%s%s", s->backs_max, drill_backs_allowed(o),
 		       s->shares[0] ? " shares-after " : "", s->shares);

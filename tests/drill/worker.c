@@ -190,6 +190,7 @@ struct drill_worker {
 	_Atomic int logged;
 	bool rechecked;
 	bool stopped_once; /* --fresh-mr */
+	_Atomic bool churn_stop; /* --churn: the traffic is over */
 	struct drill_ep ep;
 	struct drill_ep peers[DRILL_MAX_PROCS];
 	struct drill_nccl nccl;
@@ -1606,6 +1607,42 @@ static void drill_recheck(struct drill_worker *w)
 	}
 }
 
+/*
+ * --churn: beside the traffic, and through the fault, QPs are created on each NIC (on
+ * its PD and CQ, as NCCL's next connection would be) and destroyed again once in INIT,
+ * one every 200 us, so that R2CC creates, kills and frees their records while its
+ * repair thread, the stall scan and the fault's detection walk the others.
+ */
+static void *drill_churn_main(void *arg)
+{
+	struct drill_worker *w = arg;
+
+	for (unsigned i = 0; !atomic_load(&w->churn_stop) && !drill_stopped(w); i++) {
+		struct drill_dev *d = &w->devs[i % (unsigned)w->o->nics];
+		struct ibv_qp_init_attr ia = {
+		    .send_cq = d->cq,
+		    .recv_cq = d->cq,
+		    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+		    .qp_type = IBV_QPT_RC,
+		};
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+					.port_num = 1,
+					.qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+		struct ibv_qp *qp = drill_ibv.create_qp(d->pd, &ia);
+		struct timespec ts = {0, 200000};
+
+		if (qp) {
+			drill_ibv.modify_qp(qp, &a,
+					    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+						IBV_QP_ACCESS_FLAGS);
+			if (drill_ibv.destroy_qp(qp) == 0)
+				atomic_fetch_add(&w->st->churned, 1);
+		}
+		nanosleep(&ts, NULL);
+	}
+	return NULL;
+}
+
 /* NCCL's connection teardown: QPs, MRs, CQs, PDs (devices stay open). */
 static void drill_teardown(struct drill_worker *w)
 {
@@ -1724,7 +1761,14 @@ int drill_worker_main(const struct drill_opts *o)
 		goto out;
 	atomic_store(&w->st->interposed, drill_ops_owner_is_r2cc(w->devs[0].ctx) ? 1 : 2);
 	atomic_store(&w->st->phase, DRILL_PHASE_RUN);
-	if (drill_traffic(w))
+	pthread_t churn;
+	bool churning = o->churn && pthread_create(&churn, NULL, drill_churn_main, w) == 0;
+	int traffic_rc = drill_traffic(w);
+	if (churning) {
+		atomic_store(&w->churn_stop, true);
+		pthread_join(churn, NULL);
+	}
+	if (traffic_rc)
 		goto out;
 	atomic_store(&w->st->phase, DRILL_PHASE_WAIT);
 	if (drill_file_put(o->dir, "done", o->rank, &o->rank, sizeof(o->rank))) {
