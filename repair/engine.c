@@ -46,26 +46,26 @@
 #define MARK_S 0x5232434346454e53ull /* "R2CCFENS" */
 #define MARK_R 0x5232434346454e52ull /* "R2CCFENR" */
 
-#define SCAN_NS		 5000000ll   /* stall scan period */
-#define SUSPECT_AGAIN_NS 200000000ll /* a stall that outlives its confirmation: first back-off */
-#define SUSPECT_MAX_NS	 5000000000ll
-#define PROBE_IDLE_NS	 20000000ll /* trailing unsignalled requests probed after this */
-#define DRAIN_NS	 1000000000ll
-#define RESEND_NS	 100000000ll /* REQ re-sent while unanswered */
-#define INCIDENT_JOIN_NS 2000000000ll
-#define MAX_INCIDENTS	 64
-#define MAX_EVENTS	 48
-#define WIRE_MAX_ENTRIES 4096	      /* queue pairs per exchange message */
-#define RESEND_PER_QP_NS 200000ll     /* a batch's REQ is re-sent later the larger it is */
-#define DIR_SWEEP_NS	 1000000000ll /* released directories are freed when unused */
-#define RECORD_SWEEP_NS	 100000000ll  /* records of destroyed QPs are freed */
-#define CHURN_RING	 16	      /* migrations of one QP remembered */
-#define CHURN_NS	 5000000000ll /* more of them than NICs within this: unrecoverable */
-#define CHURN_WHY	 "the path keeps failing (more migrations within 5 s than NICs)"
-#define BARREN_WHY	 "each new path failed before completing anything (as many in a row as NICs)"
-#define BARREN_MAX_NS	 600000000000ll /* a failure later than this after a move is a new one */
-#define LEFT_RING	 4		/* NICs a QP's path failed on, remembered */
-#define OOM_GIVEUP_NS	 1000000000ll	/* a repair without memory for this long fails */
+#define SCAN_NS		     5000000ll	 /* stall scan period */
+#define SUSPECT_AGAIN_NS     200000000ll /* a stall that outlives its confirmation: first back-off */
+#define SUSPECT_MAX_NS	     5000000000ll
+#define PROBE_IDLE_NS	     20000000ll /* trailing unsignalled requests probed after this */
+#define DRAIN_NS	     1000000000ll
+#define RESEND_NS	     100000000ll /* REQ re-sent while unanswered */
+#define INCIDENT_JOIN_NS     2000000000ll
+#define MAX_INCIDENTS	     64
+#define MAX_EVENTS	     48
+#define WIRE_MAX_ENTRIES     4096	  /* queue pairs per exchange message */
+#define RESEND_PER_QP_NS     200000ll	  /* a batch's REQ is re-sent later the larger it is */
+#define DIR_SWEEP_NS	     1000000000ll /* released directories are freed when unused */
+#define RECORD_SWEEP_NS	     100000000ll  /* records of destroyed QPs are freed */
+#define CHURN_RING	     16		  /* migrations of one QP remembered */
+#define CHURN_NS	     5000000000ll /* more of them than NICs within this: unrecoverable */
+#define CHURN_WHY	     "the path keeps failing (more migrations within 5 s than NICs)"
+#define BARREN_WHY	     "each new path failed before completing anything (as many in a row as NICs)"
+#define BARREN_MAX_NS	     600000000000ll /* a failure later than this after a move is a new one */
+#define LEFT_RING	     4		    /* NICs a QP's path failed on, remembered */
+#define OOM_GIVEUP_NS	     1000000000ll   /* a repair without memory for this long fails */
 #define FAILBACK_HOLD_MAX_NS 600000000000ll /* the longest hold-down of a flapping NIC */
 #define FAILBACK_JOIN_NS     200000000ll    /* QPs of one failback start within this */
 
@@ -379,7 +379,7 @@ static struct {
 	 * destroyed QPs freed so far (records_sweep_locked) */
 	int holders;
 	uint64_t records, records_freed;
-	int keys_due;	       /* atomic: a QP holds sends for the peer's keys (keys_tick) */
+	int keys_due; /* atomic: a QP holds sends for the peer's keys (keys_tick) */
 	/* stall suspicions (scan), and how the confirmations ended (self-tests) */
 	uint64_t stalls_suspected, stalls_node_wide;
 	/* sends posted on a moved path: by NCCL's threads (app_flush_run) and by the
@@ -1177,8 +1177,8 @@ static void note_detection(struct r2cc_rqp *r, const char *cause, int status)
 	r->t_detect = t;
 	r->status_seen = status;
 	snprintf(r->cause, sizeof(r->cause), "%s", cause);
-	r->incident = incident_get(r->failback_to ? r->failback_to->name : r->cur_nic->name,
-				   r->cause, t);
+	r->incident =
+	    incident_get(r->failback_to ? r->failback_to->name : r->cur_nic->name, r->cause, t);
 	eng.inc[r->incident].qps++;
 }
 
@@ -3136,9 +3136,8 @@ static void done(struct r2cc_rqp *r, uint64_t held)
 		       r->qpn, r->orig_nic->name, r->cur_nic->name, r->peer_orig_nic,
 		       r->peer_cur_nic, r->plan.n_send, r->plan.n_recv, (unsigned long long)held,
 		       r->plan.n_synth + (size_t)r->lost_synth);
-	R2CC_INFO("repair: qp 0x%x %s %s in %.1f ms (%s)", r->qpn,
-		  back ? "back on" : "migrated to", r->cur_nic->name, (t - r->t_detect) / 1e6,
-		  r->cause);
+	R2CC_INFO("repair: qp 0x%x %s %s in %.1f ms (%s)", r->qpn, back ? "back on" : "migrated to",
+		  r->cur_nic->name, (t - r->t_detect) / 1e6, r->cause);
 	r2cc_qp_shadow_plan_free(&r->plan);
 	r->have_plan = false;
 	__atomic_store_n(&r->switched, 0, __ATOMIC_RELEASE);
@@ -3815,8 +3814,7 @@ static void selftest_calibrate(struct r2cc_nic *a)
 /* A QP that moved off nic and may return to it. */
 static bool homed_on(const struct r2cc_rqp *r, const void *nic)
 {
-	return !r->dead && r->orig_nic == nic && r->cur_nic != nic &&
-	       load_state(r) == RQ_MIGRATED;
+	return !r->dead && r->orig_nic == nic && r->cur_nic != nic && load_state(r) == RQ_MIGRATED;
 }
 
 /* r returns to nic: queued as a detection whose cause is the failback (NCCL's
@@ -3872,9 +3870,10 @@ static int failback_spread(struct r2cc_nic *nic, const char *why)
 			for (int k = 0; k < n; k++) {
 				struct r2cc_rqp *r = list[k];
 				const struct r2cc_nic *at = r->cur_nic;
-				if (skip[k] || receiving(r) != rx || r->failback_to || r->loopback ||
-				    !at || at == nic || at->index < 0 || at->index >= R2CC_MAX_NICS ||
-				    r->orig_nic == nic || load_state(r) != RQ_MIGRATED ||
+				if (skip[k] || receiving(r) != rx || r->failback_to ||
+				    r->loopback || !at || at == nic || at->index < 0 ||
+				    at->index >= R2CC_MAX_NICS || r->orig_nic == nic ||
+				    load_state(r) != RQ_MIGRATED ||
 				    __atomic_load_n(&r->orig_nic->state, __ATOMIC_RELAXED) ==
 					R2CC_NIC_UP ||
 				    cnt[at->index] - cnt[me] < 2)
@@ -3925,7 +3924,8 @@ static void failback_start(struct r2cc_nic *nic, int64_t t)
 		  "sooner than %lld ms after this",
 		  nic->name, r2cc_param.failback_ms, back, spread, fb_nic[i].backs,
 		  (long long)(fb_nic[i].hold / 1000000));
-	incident_event(inc, "%s healthy for %d ms: %d queue pair(s) return, %d more from NICs "
+	incident_event(inc,
+		       "%s healthy for %d ms: %d queue pair(s) return, %d more from NICs "
 		       "still down (failback %d)",
 		       nic->name, r2cc_param.failback_ms, back, spread, fb_nic[i].backs);
 }
@@ -3937,7 +3937,9 @@ static void failback_tick(int64_t t)
 	int64_t base = (int64_t)r2cc_param.failback_ms * 1000000;
 	if (!base)
 		return;
-	int64_t period = base / 5 < 10000000ll ? 10000000ll : base / 5 > 1000000000ll ? 1000000000ll : base / 5;
+	int64_t period = base / 5 < 10000000ll	   ? 10000000ll
+			 : base / 5 > 1000000000ll ? 1000000000ll
+						   : base / 5;
 	int n = r2cc_nic_count();
 	for (int i = 0; i < n && i < R2CC_STALL_MAX_NICS; i++) {
 		struct r2cc_nic *nic = r2cc_nic_by_index(i);
@@ -3956,10 +3958,11 @@ static void failback_tick(int64_t t)
 				int64_t h = flap ? 2 * f->hold : base;
 				f->hold = h < FAILBACK_HOLD_MAX_NS ? h : FAILBACK_HOLD_MAX_NS;
 				if (flap)
-					R2CC_WARN("repair: %s failed again %.0f ms after its failback: "
-						  "held down for %lld ms",
-						  nic->name, (fa - f->last_back) / 1e6,
-						  (long long)(f->hold / 1000000));
+					R2CC_WARN(
+					    "repair: %s failed again %.0f ms after its failback: "
+					    "held down for %lld ms",
+					    nic->name, (fa - f->last_back) / 1e6,
+					    (long long)(f->hold / 1000000));
 			}
 		}
 		if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_DOWN ||
@@ -3970,9 +3973,10 @@ static void failback_tick(int64_t t)
 			if (v == 0 && fa < f->probe_at) {
 				if (!f->healthy_since) {
 					f->healthy_since = f->probe_at;
-					R2CC_INFO("repair: %s: port active and self-test passed; back "
-						  "once healthy for %d ms",
-						  nic->name, r2cc_param.failback_ms);
+					R2CC_INFO(
+					    "repair: %s: port active and self-test passed; back "
+					    "once healthy for %d ms",
+					    nic->name, r2cc_param.failback_ms);
 				}
 			} else {
 				f->healthy_since = 0;
@@ -4078,9 +4082,8 @@ static void migrate_loopback(struct r2cc_rqp *r)
 		fail(r, fence_failure(rc));
 		return;
 	}
-	struct r2cc_nic *nic = r->failback_to && nic_usable(r, r->failback_to, true)
-				   ? r->failback_to
-				   : place(r, NULL);
+	struct r2cc_nic *nic =
+	    r->failback_to && nic_usable(r, r->failback_to, true) ? r->failback_to : place(r, NULL);
 	if (!nic || new_path(r, nic)) {
 		fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
 		return;
@@ -4240,8 +4243,8 @@ static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 {
 	r->churn_skip = false;
 	struct r2cc_nic *nic = NULL, *home = r->failback_to;
-	int rc = path_on_healthy(r, home && nic_usable(r, home, true) ? home : NULL, NULL, NULL,
-				 &nic);
+	int rc =
+	    path_on_healthy(r, home && nic_usable(r, home, true) ? home : NULL, NULL, NULL, &nic);
 	if (rc == -ENODEV) {
 		fail(r, r2cc_param.mr_mirror ? "no healthy NIC left"
 					     : "R2CC_MR_MIRROR=0: queue pairs cannot migrate");
@@ -4489,7 +4492,7 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 	}
 	incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate%s", r->qpn,
 		       in->from_rank,
-		       back ? " (failback: its NIC is back)"
+		       back		 ? " (failback: its NIC is back)"
 		       : peer_nic_failed ? " (its own NIC failed)"
 					 : "");
 	/* The peer saw the failure; whether it is this side's NIC only a self-test
@@ -5431,28 +5434,26 @@ static void report_stalls(FILE *text, FILE *json)
 	    __atomic_load_n(&eng.reposts_repair, __ATOMIC_RELAXED),
 	};
 	if (text)
-		fprintf(text,
-			"stall scan: %llu suspected, %llu node-wide slowdowns ignored; self-tests "
-			"%llu passed, %llu failed, %llu inconclusive\n"
-			"sends posted on moved paths: %llu by NCCL's threads, %llu by the repair "
-			"thread\n"
-			"queue pair records: %llu held, %llu of destroyed QPs freed\n",
-			(unsigned long long)v[0], (unsigned long long)v[1],
-			(unsigned long long)v[2], (unsigned long long)v[3],
-			(unsigned long long)v[4], (unsigned long long)v[5],
-			(unsigned long long)v[6], (unsigned long long)recs,
-			(unsigned long long)freed);
+		fprintf(
+		    text,
+		    "stall scan: %llu suspected, %llu node-wide slowdowns ignored; self-tests "
+		    "%llu passed, %llu failed, %llu inconclusive\n"
+		    "sends posted on moved paths: %llu by NCCL's threads, %llu by the repair "
+		    "thread\n"
+		    "queue pair records: %llu held, %llu of destroyed QPs freed\n",
+		    (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
+		    (unsigned long long)v[3], (unsigned long long)v[4], (unsigned long long)v[5],
+		    (unsigned long long)v[6], (unsigned long long)recs, (unsigned long long)freed);
 	if (json)
-		fprintf(json,
-			"{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
-			"\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
-			"\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu,"
-			"\"qp_records\":%llu,\"qp_records_freed\":%llu}",
-			(unsigned long long)v[0], (unsigned long long)v[1],
-			(unsigned long long)v[2], (unsigned long long)v[3],
-			(unsigned long long)v[4], (unsigned long long)v[5],
-			(unsigned long long)v[6], (unsigned long long)recs,
-			(unsigned long long)freed);
+		fprintf(
+		    json,
+		    "{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
+		    "\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
+		    "\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu,"
+		    "\"qp_records\":%llu,\"qp_records_freed\":%llu}",
+		    (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
+		    (unsigned long long)v[3], (unsigned long long)v[4], (unsigned long long)v[5],
+		    (unsigned long long)v[6], (unsigned long long)recs, (unsigned long long)freed);
 }
 
 void r2cc_repair_report(FILE *text, FILE *json)
@@ -5470,21 +5471,20 @@ void r2cc_repair_report(FILE *text, FILE *json)
 		for (int i = 0; i < n; i++) {
 			const struct incident *in = &eng.inc[i];
 			double mig = in->t_done ? (in->t_done - in->t_detect) / 1e6 : -1;
-			fprintf(
-			    text,
-			    "incident %d: %s, %s%s%s: %s=%lld qps=%d migrated=%d failed=%d "
-			    "%s=%.3f bytes_reposted=%llu bytes_saved=%llu "
-			    "completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
-			    "peer_maps_fetched=%d peer_maps_later=%d\n",
-			    i + 1, in->nic, in->declared ? "[declared] " : "",
-			    in->failback ? "[failback] " : "", in->evidence,
-			    in->failback ? "started_ns" : "detected_ns", (long long)in->t_detect,
-			    in->qps, in->migrated, in->failed,
-			    in->failback ? "failback_ms" : "migrate_ms", mig,
-			    (unsigned long long)in->bytes_reposted,
-			    (unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
-			    (unsigned long long)in->held, in->maps_carried, in->maps_fetched,
-			    in->maps_later);
+			fprintf(text,
+				"incident %d: %s, %s%s%s: %s=%lld qps=%d migrated=%d failed=%d "
+				"%s=%.3f bytes_reposted=%llu bytes_saved=%llu "
+				"completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
+				"peer_maps_fetched=%d peer_maps_later=%d\n",
+				i + 1, in->nic, in->declared ? "[declared] " : "",
+				in->failback ? "[failback] " : "", in->evidence,
+				in->failback ? "started_ns" : "detected_ns",
+				(long long)in->t_detect, in->qps, in->migrated, in->failed,
+				in->failback ? "failback_ms" : "migrate_ms", mig,
+				(unsigned long long)in->bytes_reposted,
+				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
+				(unsigned long long)in->held, in->maps_carried, in->maps_fetched,
+				in->maps_later);
 			for (int e = 0; e < in->nevents; e++)
 				fprintf(text, "  +%.3f ms %s\n", (in->ev[e].t - in->t_detect) / 1e6,
 					in->ev[e].text);
@@ -5495,8 +5495,7 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			const struct incident *in = &eng.inc[i];
 			fprintf(json, "%s{\"nic\":", i ? "," : "");
 			json_str(json, in->nic);
-			fprintf(json,
-				",\"declared\":%s,\"failback\":%s,\"evidence\":",
+			fprintf(json, ",\"declared\":%s,\"failback\":%s,\"evidence\":",
 				in->declared ? "true" : "false", in->failback ? "true" : "false");
 			json_str(json, in->evidence);
 			/* a failback is no detection: its start and time have keys of

@@ -30,9 +30,9 @@ struct r2cc_params {
 	int ar_stage2_chunks;  /* K */
 	int ar_schedule;       /* 0..3 */
 	uint64_t ar_min_bytes;
-	int stall_ms; /* 0 = adaptive */
+	int stall_ms;	 /* 0 = adaptive */
 	int failback_ms; /* R2CC_FAILBACK_MS: 0 = no failback */
-	int debug;    /* enum r2cc_log_level */
+	int debug;	 /* enum r2cc_log_level */
 	char debug_file[256];
 	char report[256];   /* R2CC_REPORT path, empty = none */
 	char oob_root[256]; /* R2CC_OOB_ROOT host:port, empty = from the unique id */

@@ -93,16 +93,17 @@ struct drill_opts {
 	bool churn;		 /* --churn: QPs created and destroyed beside the traffic */
 	bool roce;		 /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
-	double restore_ms;	 /* --restore: the faulted NIC back this long after the fault; < 0 never */
-	int failback_ms;	 /* --failback-ms: R2CC_FAILBACK_MS for the workers with --restore */
-	int flap_ms;		 /* --flap-ms: the flap's period (0: from the QP timeout) */
-	const char *nccl_lib;	 /* worker: the NCCL library to form a communicator with */
-	int fault_phase;	 /* enum drill_fault_phase */
-	bool fault_all_nics;	 /* --fault-nics all: the fault on every NIC of the node */
-	double second_ms;	 /* --second-fault: ms after the first, on another NIC; < 0 none */
-	int expect;		 /* enum drill_expect */
-	double bound_s;		 /* --bound: the first application error within this of the fault */
-	int hold;		 /* worker: enum drill_hold */
+	double
+	    restore_ms;	 /* --restore: the faulted NIC back this long after the fault; < 0 never */
+	int failback_ms; /* --failback-ms: R2CC_FAILBACK_MS for the workers with --restore */
+	int flap_ms;	 /* --flap-ms: the flap's period (0: from the QP timeout) */
+	const char *nccl_lib; /* worker: the NCCL library to form a communicator with */
+	int fault_phase;      /* enum drill_fault_phase */
+	bool fault_all_nics;  /* --fault-nics all: the fault on every NIC of the node */
+	double second_ms;     /* --second-fault: ms after the first, on another NIC; < 0 none */
+	int expect;	      /* enum drill_expect */
+	double bound_s;	      /* --bound: the first application error within this of the fault */
+	int hold;	      /* worker: enum drill_hold */
 	const struct drill_pattern *pattern; /* --nccl-version */
 	/* worker only */
 	bool worker;

@@ -133,60 +133,61 @@ static int drill_fmt(char *buf, size_t len, const char *fmt, ...)
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: r2cc-verbs-drill [--procs N] [--nics K] "
-		"[--fault none|down|blackhole|flap|slow|kill|all|\n"
-		"                         ackloss|blackhole-tx|blackhole-rx|fatal|jitter]\n"
-		"                        [--seeds S] [--first-seed B] [--messages M] [--window W]\n"
-		"                        [--max-size BYTES] [--timeout SEC] [--time-scale X]\n"
-		"                        [--ib-timeout T] [--retry-cnt R] [--no-preload] [--keep] "
-		"[--verbose]\n"
-		"                        [--nccl-stub] [--fault-phase traffic|connect] "
-		"[--fault-nics one|all]\n"
-		"                        [--second-fault MS] [--kill-peer] "
-		"[--expect pass|clean-error|no-repair] [--bound SEC]\n"
-		"                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
-		"[--declare NODE:NIC]\n"
-		"                        [--nccl-version 2.18..2.32] [--link ib|roce] "
-		"[--detect-within MS] [--fresh-mr]\n"
-		"                        [--restore MS] [--failback-ms MS] [--flap-ms MS] [--churn]\n"
-		"Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
-		"scenario per (fault kind, seed), and checks that every message arrives exactly\n"
-		"once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
-		"blackhole, flap, slow), 20 seeds from 1, 128 messages per connection, window 8,\n"
-		"max size 4 MiB, timeout 15 s, time scale 0.01, IB timeout 20, retry count 7.\n"
-		"--expect clean-error: a scenario passes only if an error reaches the application\n"
-		"within --bound (10 s) of the fault, no worker hangs and nothing is corrupt.\n"
-		"--flush: NCCL's GPU Direct flush too: each received message is read back with\n"
-		"an RDMA READ on a loopback QP per NIC before it counts as delivered.\n"
-		"--gbps G: every NIC shaped to G Gb/s; --qps Q: Q QPs per NIC per connection\n"
-		"(NCCL_IB_QPS_PER_CONNECTION); --per-node P: P processes share each node's NICs;\n"
-		"--declare NODE:NIC: R2CC_FAILED_NODE/HCA; --expect no-repair: as pass, and no\n"
-		"incident in any R2CC report but declared moves (a migration is a false repair).\n"
-		"--nccl-version V: the verbs pattern of that NCCL release (default 2.28): request\n"
-		"slots, FIFO layout, one NIC per connection before 2.20, no receive queue on the\n"
-		"QPs that receive nothing from 2.29 (docs/nccl-versions.md).\n"
-		"--link roce: RoCE v2 soft NICs, a subnet per rail routed between rails, lossless\n"
-		"class 106; NCCL's GID index 3 and NCCL_IB_TC=106 (unless set); a scenario fails\n"
-		"if any byte travelled outside the lossless class (lossy_bytes).\n"
-		"--detect-within MS: a scenario fails if any R2CC incident of its fault was\n"
-		"detected more than MS ms after the fault.\n"
-		"--fresh-mr: 3/4 into its messages each receiver registers its data ring again\n"
-		"and sends the new rkeys; the faulted node's then stops for 1 s. A scenario\n"
-		"fails if a data ibv_post_send took more than 250 ms (a migrated QP's key lookup\n"
-		"waited on the stopped peer); the run fails if no scenario fetched a map.\n"
-		"--restore MS: the faulted NIC comes back MS ms after the fault (softverbs-ctl\n"
-		"up; for flap, the flapping ends then), with R2CC_FAILBACK_MS=--failback-ms\n"
-		"(300). Traffic trickles from half the messages on until every process of the\n"
-		"faulted node has brought the NIC back. A scenario fails if that does not\n"
-		"happen, if a process brought it back more often than R2CC's hold-down allows\n"
-		"(it doubles from R2CC_FAILBACK_MS at each flap: floor(log2(MS/FAILBACK + 2))\n"
-		"+ 1), or if the node's NICs did not each carry a third (1/K, +-0.08) of the\n"
-		"node's wire bytes after the failback. --flap-ms: the flap's period.\n"
-		"--churn: each worker creates and destroys QPs (to INIT) on its NICs all through\n"
-		"the traffic and the fault; the run fails if no R2CC report freed the records of\n"
-		"destroyed QPs.\n"
-		"The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
+	fprintf(
+	    f,
+	    "usage: r2cc-verbs-drill [--procs N] [--nics K] "
+	    "[--fault none|down|blackhole|flap|slow|kill|all|\n"
+	    "                         ackloss|blackhole-tx|blackhole-rx|fatal|jitter]\n"
+	    "                        [--seeds S] [--first-seed B] [--messages M] [--window W]\n"
+	    "                        [--max-size BYTES] [--timeout SEC] [--time-scale X]\n"
+	    "                        [--ib-timeout T] [--retry-cnt R] [--no-preload] [--keep] "
+	    "[--verbose]\n"
+	    "                        [--nccl-stub] [--fault-phase traffic|connect] "
+	    "[--fault-nics one|all]\n"
+	    "                        [--second-fault MS] [--kill-peer] "
+	    "[--expect pass|clean-error|no-repair] [--bound SEC]\n"
+	    "                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
+	    "[--declare NODE:NIC]\n"
+	    "                        [--nccl-version 2.18..2.32] [--link ib|roce] "
+	    "[--detect-within MS] [--fresh-mr]\n"
+	    "                        [--restore MS] [--failback-ms MS] [--flap-ms MS] [--churn]\n"
+	    "Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
+	    "scenario per (fault kind, seed), and checks that every message arrives exactly\n"
+	    "once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
+	    "blackhole, flap, slow), 20 seeds from 1, 128 messages per connection, window 8,\n"
+	    "max size 4 MiB, timeout 15 s, time scale 0.01, IB timeout 20, retry count 7.\n"
+	    "--expect clean-error: a scenario passes only if an error reaches the application\n"
+	    "within --bound (10 s) of the fault, no worker hangs and nothing is corrupt.\n"
+	    "--flush: NCCL's GPU Direct flush too: each received message is read back with\n"
+	    "an RDMA READ on a loopback QP per NIC before it counts as delivered.\n"
+	    "--gbps G: every NIC shaped to G Gb/s; --qps Q: Q QPs per NIC per connection\n"
+	    "(NCCL_IB_QPS_PER_CONNECTION); --per-node P: P processes share each node's NICs;\n"
+	    "--declare NODE:NIC: R2CC_FAILED_NODE/HCA; --expect no-repair: as pass, and no\n"
+	    "incident in any R2CC report but declared moves (a migration is a false repair).\n"
+	    "--nccl-version V: the verbs pattern of that NCCL release (default 2.28): request\n"
+	    "slots, FIFO layout, one NIC per connection before 2.20, no receive queue on the\n"
+	    "QPs that receive nothing from 2.29 (docs/nccl-versions.md).\n"
+	    "--link roce: RoCE v2 soft NICs, a subnet per rail routed between rails, lossless\n"
+	    "class 106; NCCL's GID index 3 and NCCL_IB_TC=106 (unless set); a scenario fails\n"
+	    "if any byte travelled outside the lossless class (lossy_bytes).\n"
+	    "--detect-within MS: a scenario fails if any R2CC incident of its fault was\n"
+	    "detected more than MS ms after the fault.\n"
+	    "--fresh-mr: 3/4 into its messages each receiver registers its data ring again\n"
+	    "and sends the new rkeys; the faulted node's then stops for 1 s. A scenario\n"
+	    "fails if a data ibv_post_send took more than 250 ms (a migrated QP's key lookup\n"
+	    "waited on the stopped peer); the run fails if no scenario fetched a map.\n"
+	    "--restore MS: the faulted NIC comes back MS ms after the fault (softverbs-ctl\n"
+	    "up; for flap, the flapping ends then), with R2CC_FAILBACK_MS=--failback-ms\n"
+	    "(300). Traffic trickles from half the messages on until every process of the\n"
+	    "faulted node has brought the NIC back. A scenario fails if that does not\n"
+	    "happen, if a process brought it back more often than R2CC's hold-down allows\n"
+	    "(it doubles from R2CC_FAILBACK_MS at each flap: floor(log2(MS/FAILBACK + 2))\n"
+	    "+ 1), or if the node's NICs did not each carry a third (1/K, +-0.08) of the\n"
+	    "node's wire bytes after the failback. --flap-ms: the flap's period.\n"
+	    "--churn: each worker creates and destroys QPs (to INIT) on its NICs all through\n"
+	    "the traffic and the fault; the run fails if no R2CC report freed the records of\n"
+	    "destroyed QPs.\n"
+	    "The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
 static int drill_parse_fault(const char *s)
@@ -232,13 +233,14 @@ static int drill_check_opts(const struct drill_opts *o)
 		bad = "--second-fault needs a NIC left: not with --fault-nics all";
 	else if (o->second_ms >= 0 && o->nics < 2)
 		bad = "--second-fault needs --nics 2 or more";
-	else if (o->restore_ms >= 0 && (!nic_fault || o->fault == DRILL_FAULT_SLOW ||
-					 o->fault == DRILL_FAULT_FATAL || o->fault_all_nics ||
-					 o->expect != DRILL_EXPECT_PASS ||
-					 o->fault_phase != DRILL_AT_TRAFFIC || !o->preload))
-		bad = "--restore needs a NIC fault that can end (down, blackhole, flap, ackloss, "
-		      "jitter, blackhole-tx/rx) on one NIC during the traffic, libr2cc and --expect "
-		      "pass";
+	else if (o->restore_ms >= 0 &&
+		 (!nic_fault || o->fault == DRILL_FAULT_SLOW || o->fault == DRILL_FAULT_FATAL ||
+		  o->fault_all_nics || o->expect != DRILL_EXPECT_PASS ||
+		  o->fault_phase != DRILL_AT_TRAFFIC || !o->preload))
+		bad =
+		    "--restore needs a NIC fault that can end (down, blackhole, flap, ackloss, "
+		    "jitter, blackhole-tx/rx) on one NIC during the traffic, libr2cc and --expect "
+		    "pass";
 	else if (!o->pattern->one_nic && o->nics > o->pattern->nrkeys)
 		bad = "--nccl-version 2.20-2.23 fuses at most 2 NICs per connection: --nics 2 or "
 		      "fewer";
@@ -1050,8 +1052,8 @@ static int drill_backs_allowed(const struct drill_opts *o)
  * trickle ends once every one of them has had the NIC up again, after a
  * failback, for 100 ms. */
 static void drill_restore_step(const struct drill_opts *o, const struct drill_paths *p,
-			       struct drill_scenario *s, struct drill_status *st,
-			       const pid_t *pids, int64_t now)
+			       struct drill_scenario *s, struct drill_status *st, const pid_t *pids,
+			       int64_t now)
 {
 	int64_t limit;
 	bool all = true;
@@ -1105,8 +1107,8 @@ static void drill_restore_step(const struct drill_opts *o, const struct drill_pa
 				 "mlx5_%d was not back in every process of node%d %.1f s after "
 				 "its restore%s",
 				 s->nic, s->node, (double)(now - s->restored_ns) / 1e9,
-				 !s->page_seen ? " (no R2CC statistics page of this layout was "
-						 "readable: R2CC_STATS=0, or another R2CC version)"
+				 !s->page_seen	? " (no R2CC statistics page of this layout was "
+						  "readable: R2CC_STATS=0, or another R2CC version)"
 				 : s->seen_down ? ""
 						: " (R2CC never had it down: restored before its "
 						  "failure was found?)");
@@ -1144,11 +1146,12 @@ static void drill_restore_check(const struct drill_opts *o, const struct drill_p
 		even = even && fabs(share - (down ? 0.0 : 1.0 / up)) <= 0.08;
 	}
 	if (!sum || !even)
-		snprintf(s->why, sizeof(s->why),
-			 "after the failback the node's NICs carried %s of its %llu wire bytes, not "
-			 "1/%d each%s",
-			 sum ? shares : "none", (unsigned long long)sum, up,
-			 up < o->nics ? " (none on the NIC still down)" : "");
+		snprintf(
+		    s->why, sizeof(s->why),
+		    "after the failback the node's NICs carried %s of its %llu wire bytes, not "
+		    "1/%d each%s",
+		    sum ? shares : "none", (unsigned long long)sum, up,
+		    up < o->nics ? " (none on the NIC still down)" : "");
 }
 
 /* Where, what and when, all from the seed. */
@@ -1365,7 +1368,8 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				snprintf(nicname, sizeof(nicname), "\"name\":\"mlx5_%d\"", s->nic);
 				if (k == 0 && r / o->per_node == s->node &&
 				    (e = strstr(text, nicname)) &&
-				    drill_scan_key(e, "failbacks", fb, 1) == 1 && fb[0] > s->backs_max)
+				    drill_scan_key(e, "failbacks", fb, 1) == 1 &&
+				    fb[0] > s->backs_max)
 					s->backs_max = (int)fb[0];
 				for (const char *q = text; (q = strstr(q, "\"declared\":false"));
 				     q++)
@@ -1662,7 +1666,8 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		atomic_store(&st[0].hold_at, at < s->expected ? at : s->expected - 1);
 		/* --restore: the trickle from half the messages (and after the fault) */
 		if (o->restore_ms >= 0)
-			atomic_store(&st[0].back_at, s->expected / 2 > at ? s->expected / 2 : at + 1);
+			atomic_store(&st[0].back_at,
+				     s->expected / 2 > at ? s->expected / 2 : at + 1);
 	}
 	for (int r = 0; r < o->procs; r++) {
 		pids[r] = drill_spawn_worker(o, p, s, r);
@@ -1832,11 +1837,11 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		/* --churn: the records of the QPs destroyed meanwhile were freed */
 		if (s->pass && o->churn && o->preload && (!s->churned || !s->records_freed)) {
 			s->pass = false;
-			snprintf(s->why, sizeof(s->why),
-				 "--churn: %llu QPs created and destroyed, %llu of R2CC's records of "
-				 "destroyed QPs freed",
-				 (unsigned long long)s->churned,
-				 (unsigned long long)s->records_freed);
+			snprintf(
+			    s->why, sizeof(s->why),
+			    "--churn: %llu QPs created and destroyed, %llu of R2CC's records of "
+			    "destroyed QPs freed",
+			    (unsigned long long)s->churned, (unsigned long long)s->records_freed);
 		}
 		if (s->pass && o->restore_ms >= 0 && s->backs_max > drill_backs_allowed(o)) {
 			s->pass = false;

@@ -189,7 +189,7 @@ struct drill_worker {
 	_Atomic bool failed;
 	_Atomic int logged;
 	bool rechecked;
-	bool stopped_once; /* --fresh-mr */
+	bool stopped_once;	 /* --fresh-mr */
 	_Atomic bool churn_stop; /* --churn: the traffic is over */
 	struct drill_ep ep;
 	struct drill_ep peers[DRILL_MAX_PROCS];
@@ -1622,7 +1622,10 @@ static void *drill_churn_main(void *arg)
 		struct ibv_qp_init_attr ia = {
 		    .send_cq = d->cq,
 		    .recv_cq = d->cq,
-		    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+		    .cap = {.max_send_wr = 4,
+			    .max_recv_wr = 4,
+			    .max_send_sge = 1,
+			    .max_recv_sge = 1},
 		    .qp_type = IBV_QPT_RC,
 		};
 		struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
