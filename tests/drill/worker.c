@@ -1460,17 +1460,26 @@ static bool drill_all_done(struct drill_worker *w)
 	return true;
 }
 
+/* Whether the messages delivered in all reached a mark of worker 0's record (0: none)
+ * whose event (done) has not come yet. */
+static bool drill_past_mark(struct drill_worker *w, _Atomic uint64_t *mark, _Atomic int *done)
+{
+	struct drill_status *all = w->st - w->o->rank;
+	uint64_t at = atomic_load(mark), sum = 0;
+
+	if (!at || atomic_load(done))
+		return false;
+	for (int r = 0; r < w->o->procs; r++)
+		sum += atomic_load(&all[r].delivered);
+	return sum >= at;
+}
+
 /* Whether new sends wait for the drill's fault (drill.h, hold_at). */
 static bool drill_wait_fault(struct drill_worker *w, int64_t *until)
 {
 	struct drill_status *all = w->st - w->o->rank;
-	uint64_t at = atomic_load(&all[0].hold_at), sum = 0;
 
-	if (!at || atomic_load(&all[0].fault_done))
-		return false;
-	for (int r = 0; r < w->o->procs; r++)
-		sum += atomic_load(&all[r].delivered);
-	if (sum < at)
+	if (!drill_past_mark(w, &all[0].hold_at, &all[0].fault_done))
 		return false;
 	if (!*until)
 		*until = drill_now_ns() + DRILL_HOLD_MAX_NS;
@@ -1482,14 +1491,9 @@ static bool drill_wait_fault(struct drill_worker *w, int64_t *until)
 static bool drill_trickle(struct drill_worker *w, int64_t *next, bool *now)
 {
 	struct drill_status *all = w->st - w->o->rank;
-	uint64_t at = atomic_load(&all[0].back_at), sum = 0;
 
 	*now = true;
-	if (!at || atomic_load(&all[0].back_done))
-		return false;
-	for (int r = 0; r < w->o->procs; r++)
-		sum += atomic_load(&all[r].delivered);
-	if (sum < at)
+	if (!drill_past_mark(w, &all[0].back_at, &all[0].back_done))
 		return false;
 	int64_t t = drill_now_ns();
 	*now = t >= *next;
