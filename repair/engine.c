@@ -513,7 +513,7 @@ static int incident_get(const char *nic, const char *evidence, int64_t t)
 	snprintf(in->nic, sizeof(in->nic), "%s", nic);
 	snprintf(in->evidence, sizeof(in->evidence), "%s", evidence);
 	in->declared = strstr(evidence, "declared") != NULL;
-	in->failback = !strncmp(evidence, "failback", 8);
+	in->failback = back;
 	in->t_detect = t;
 	return eng.ninc++;
 }
@@ -3818,17 +3818,19 @@ static bool homed_on(const struct r2cc_rqp *r, const void *nic)
 }
 
 /* r returns to nic: queued as a detection whose cause is the failback (NCCL's
- * threads may detect a failure of r at the same moment: the first one wins). */
-static bool detect_failback(struct r2cc_rqp *r, struct r2cc_nic *nic, const char *why)
+ * threads may detect a failure of r at the same moment: the first one wins). Its
+ * incident, or -1 when it does not move. */
+static int detect_failback(struct r2cc_rqp *r, struct r2cc_nic *nic, const char *why)
 {
 	int s = RQ_MIGRATED;
 	if (!r2cc_active() || !connected(r) ||
 	    !__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
 					 __ATOMIC_RELAXED))
-		return false;
+		return -1;
 	pthread_mutex_lock(&eng.mu);
 	r->failback_to = nic;
 	note_detection(r, why, 0);
+	int inc = r->incident;
 	if (!r->queued) {
 		r->queued = true;
 		r->next_work = eng.work_head;
@@ -3836,7 +3838,7 @@ static bool detect_failback(struct r2cc_rqp *r, struct r2cc_nic *nic, const char
 	}
 	pthread_cond_signal(&eng.cond);
 	pthread_mutex_unlock(&eng.mu);
-	return true;
+	return inc;
 }
 
 static bool live_rqp(const struct r2cc_rqp *r, const void *arg)
@@ -3851,7 +3853,7 @@ static bool live_rqp(const struct r2cc_rqp *r, const void *arg)
  * their direction, while it has at least two more than nic (Balance, as at a
  * failure; a move that would only swap the imbalance is not made). How many.
  */
-static int failback_spread(struct r2cc_nic *nic, const char *why)
+static int failback_spread(struct r2cc_nic *nic, const char *why, int *inc)
 {
 	struct r2cc_rqp **list;
 	int n = collect(&list, live_rqp, NULL), moved = 0, me = nic->index;
@@ -3884,8 +3886,10 @@ static int failback_spread(struct r2cc_nic *nic, const char *why)
 			if (best < 0)
 				break;
 			skip[best] = true;
-			int from = list[best]->cur_nic->index;
-			if (detect_failback(list[best], nic, why)) {
+			int from = list[best]->cur_nic->index,
+			    in = detect_failback(list[best], nic, why);
+			if (in >= 0) {
+				*inc = in;
 				cnt[from]--;
 				cnt[me]++;
 				moved++;
@@ -3912,13 +3916,15 @@ static void failback_start(struct r2cc_nic *nic, int64_t t)
 		 r2cc_param.failback_ms);
 	struct r2cc_rqp **list;
 	int n = collect(&list, homed_on, nic), back = 0, inc = -1;
-	for (int k = 0; k < n; k++)
-		if (detect_failback(list[k], nic, why)) {
+	for (int k = 0; k < n; k++) {
+		int in = detect_failback(list[k], nic, why);
+		if (in >= 0) {
 			back++;
-			inc = list[k]->incident;
+			inc = in;
 		}
+	}
 	collect_done(list);
-	int spread = r2cc_param.mode >= 2 ? failback_spread(nic, why) : 0;
+	int spread = r2cc_param.mode >= 2 ? failback_spread(nic, why, &inc) : 0;
 	R2CC_WARN("repair: %s is back (port active, self-tests passed for %d ms): %d queue "
 		  "pair(s) return to it, %d more from NICs still down; failback %d, next one no "
 		  "sooner than %lld ms after this",

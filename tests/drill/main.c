@@ -879,21 +879,33 @@ static int drill_ctl(const struct drill_paths *p, const struct drill_scenario *s
 
 /* RoCE: no byte of the scenario may have left the lossless class (softverbs-ctl
  * list's lossy_bytes, every NIC); a failure names the NIC. */
-static void drill_check_lossless(const struct drill_paths *p, struct drill_scenario *s)
+/* Runs softverbs-ctl list: its output (appended to the scenario's ctl.log), open at its
+ * first line, or NULL when it failed. */
+static FILE *drill_ctl_list(const struct drill_paths *p, const struct drill_scenario *s)
 {
-	char *list[] = {(char *)"list", NULL}, path[PATH_MAX + 16], line[512];
+	char *list[] = {(char *)"list", NULL}, path[PATH_MAX + 16];
 	struct stat st;
 	FILE *f;
 	long from;
-	bool listed = false;
 
 	snprintf(path, sizeof(path), "%s/ctl.log", s->dir);
 	from = stat(path, &st) == 0 ? (long)st.st_size : 0;
-	if (drill_ctl(p, s, list) != 0 || !(f = fopen(path, "r"))) {
+	if (drill_ctl(p, s, list) != 0 || !(f = fopen(path, "r")))
+		return NULL;
+	fseek(f, from, SEEK_SET);
+	return f;
+}
+
+static void drill_check_lossless(const struct drill_paths *p, struct drill_scenario *s)
+{
+	char line[512];
+	FILE *f = drill_ctl_list(p, s);
+	bool listed = false;
+
+	if (!f) {
 		snprintf(s->why, sizeof(s->why), "softverbs-ctl list of %s failed", s->fabric);
 		return;
 	}
-	fseek(f, from, SEEK_SET);
 	while (fgets(line, sizeof(line), f)) {
 		const char *l = strstr(line, " lossy_bytes="), *node = strstr(line, "node=");
 		const char *nic = strstr(line, " name=");
@@ -1010,18 +1022,13 @@ static int drill_failbacks_live(pid_t pid, int nic, bool *up)
 static int drill_node_bytes(const struct drill_opts *o, const struct drill_paths *p,
 			    const struct drill_scenario *s, uint64_t *out)
 {
-	char *list[] = {(char *)"list", NULL}, path[PATH_MAX + 16], line[512], node[40];
-	struct stat st;
-	FILE *f;
-	long from;
+	char line[512], node[40];
+	FILE *f = drill_ctl_list(p, s);
 	int found = 0;
 
-	snprintf(path, sizeof(path), "%s/ctl.log", s->dir);
-	snprintf(node, sizeof(node), " node=node%d ", s->node);
-	from = stat(path, &st) == 0 ? (long)st.st_size : 0;
-	if (drill_ctl(p, s, list) != 0 || !(f = fopen(path, "r")))
+	if (!f)
 		return -1;
-	fseek(f, from, SEEK_SET);
+	snprintf(node, sizeof(node), " node=node%d ", s->node);
 	while (fgets(line, sizeof(line), f)) {
 		const char *nm = strstr(line, " name=mlx5_"), *tx = strstr(line, " tx_bytes=");
 		const char *rx = strstr(line, " rx_bytes=");
