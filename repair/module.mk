@@ -5,7 +5,9 @@
 REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_iface.c repair/hmap.c \
 		   repair/ctl_dir.c
 REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h repair/hmap.h
-LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c repair/engine.c repair/qp_shadow.c repair/ledger.c repair/stall.c \
+REPAIR_ENGINE_SRCS := $(addprefix repair/,engine.c rqp.c detect.c scan.c localise.c fence.c placement.c path.c wire.c \
+			 exchange.c migrate.c vcq.c post.c failback.c incident.c)
+LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c $(REPAIR_ENGINE_SRCS) repair/qp_shadow.c repair/ledger.c repair/stall.c \
 		repair/peer.c
 LIBR2CC_LIBS += -lcrypto
 
@@ -45,7 +47,7 @@ CPU_TESTS += 60@$(BUILD)/tests/unit/test_ctl_msg:--jobs=2 \
 	     60@$(BUILD)/tests/unit/test_ctl_live:--jobs=1 \
 	     60@$(CTL_MULTI):dir:2 60@$(CTL_MULTI):dir:4 60@$(CTL_MULTI):dir:8 \
 	     60@$(CTL_MULTI):badkey 60@$(CTL_MULTI):garbage 60@$(CTL_MULTI):timeout
-FORMAT_SRCS += $(REPAIR_CTL_SRCS) $(REPAIR_CTL_HDRS) repair/engine.c repair/engine.h repair/stall.c repair/stall.h \
+FORMAT_SRCS += $(REPAIR_CTL_SRCS) $(REPAIR_CTL_HDRS) $(REPAIR_ENGINE_SRCS) repair/engine.h repair/engine_priv.h repair/stall.c repair/stall.h \
 	       repair/peer.c repair/peer.h \
 	       $(wildcard tests/unit/test_ctl_*.c) \
 	       $(wildcard tests/ctl/*.c)

@@ -12,8 +12,8 @@
  * largest request) / R before its wait is unexplained. The best recent rate is
  * the right one to divide by: a path that died keeps its old rate (so a black
  * hole is suspected at once), while a fabric that merely slowed down is caught by
- * the confirmation that follows every suspicion (engine.c), never acted on by
- * itself.
+ * the confirmation that follows every suspicion (repair/scan.c, repair/localise.c), never acted on
+ * by itself.
  *
  * The repair thread feeds the model once per scan (begin, one account per QP,
  * end); the self-test thread reads it. Nothing here runs on the data path.

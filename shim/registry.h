@@ -87,7 +87,7 @@ struct r2cc_mr {
  * R2CC_GATE_SLOW once hot repair owns the object's data path. */
 #define R2CC_GATE_SLOW 0x80000000u
 
-struct r2cc_vcq; /* repair/engine.c: the CQ's virtual side after a failure */
+struct r2cc_vcq; /* repair/vcq.c: the CQ's virtual side after a failure */
 
 struct r2cc_cq {
 	struct ibv_cq *cq;

@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 
-/* Hot repair's incidents (repair/engine.c sets it when it starts): text lines to
+/* Hot repair's incidents (repair/incident.c sets it when it starts): text lines to
  * text, the members of the JSON "incidents" array to json (either may be NULL).
  * Unset: "incidents: none" and an empty array. */
 extern void (*r2cc_report_incidents_hook)(FILE *text, FILE *json);

@@ -1,5 +1,5 @@
 /*
- * Hot repair's virtual CQ (repair/engine.c) under failed allocations: whichever
+ * Hot repair's virtual CQ (repair/vcq.c) under failed allocations: whichever
  * allocation of the library fails, every completion of a CQ must come out of
  * r2cc_repair_poll() exactly once and in order. The CQ is a fake (a counter
  * behind a poll_cq of our own) holding more completions than the stash's first

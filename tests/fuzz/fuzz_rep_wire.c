@@ -1,5 +1,5 @@
 /*
- * libFuzzer target: hot repair's exchange messages (repair/engine.c) as the
+ * libFuzzer target: hot repair's exchange messages (repair/wire.c) as the
  * control thread receives them from a peer: the check that decides what the
  * repair thread is handed. What passes must be a message of the current version whose
  * length is its header, its entries, each with a known op and NUL-terminated

@@ -1,0 +1,174 @@
+/*
+ * Incidents (a NIC's failure or failback and the QPs it moved, with a timeline of
+ * events) and hot repair's part of the exit report, in text and JSON.
+ */
+#include "repair/engine_priv.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* Under r2cc_eng.mu. */
+int r2cc_incident_get(const char *nic, const char *evidence, int64_t t)
+{
+	/* A failback's QPs all start at once (the peer's within its batch): a later
+	 * failback of the same NIC is an incident of its own. */
+	bool back = !strncmp(evidence, "failback", 8);
+	for (int i = r2cc_eng.ninc - 1; i >= 0; i--)
+		if (!strcmp(r2cc_eng.inc[i].nic, nic) && r2cc_eng.inc[i].failback == back &&
+		    t - r2cc_eng.inc[i].t_detect < (back ? FAILBACK_JOIN_NS : INCIDENT_JOIN_NS))
+			return i;
+	if (r2cc_eng.ninc == MAX_INCIDENTS)
+		return MAX_INCIDENTS - 1;
+	struct incident *in = &r2cc_eng.inc[r2cc_eng.ninc];
+	memset(in, 0, sizeof(*in));
+	snprintf(in->nic, sizeof(in->nic), "%s", nic);
+	snprintf(in->evidence, sizeof(in->evidence), "%s", evidence);
+	in->declared = strstr(evidence, "declared") != NULL;
+	in->failback = back;
+	in->t_detect = t;
+	return r2cc_eng.ninc++;
+}
+void r2cc_incident_event(int idx, const char *fmt, ...)
+{
+	if (idx < 0)
+		return;
+	pthread_mutex_lock(&r2cc_eng.mu);
+	struct incident *in = &r2cc_eng.inc[idx];
+	if (in->nevents < MAX_EVENTS) {
+		va_list ap;
+		va_start(ap, fmt);
+		in->ev[in->nevents].t = now_ns();
+		vsnprintf(in->ev[in->nevents].text, sizeof(in->ev[0].text), fmt, ap);
+		va_end(ap);
+		in->nevents++;
+	}
+	pthread_mutex_unlock(&r2cc_eng.mu);
+}
+
+static void json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fputc('\\', f);
+		if ((unsigned char)*s >= 0x20)
+			fputc(*s, f);
+	}
+	fputc('"', f);
+}
+
+/* The stall scan's suspicions and how their confirmations ended. */
+void r2cc_report_stalls(FILE *text, FILE *json)
+{
+	pthread_mutex_lock(&r2cc_eng.mu);
+	uint64_t recs = r2cc_eng.records, freed = r2cc_eng.records_freed;
+	pthread_mutex_unlock(&r2cc_eng.mu);
+	uint64_t v[7] = {
+	    __atomic_load_n(&r2cc_eng.stalls_suspected, __ATOMIC_RELAXED),
+	    __atomic_load_n(&r2cc_eng.stalls_node_wide, __ATOMIC_RELAXED),
+	    __atomic_load_n(&r2cc_eng.selftests_passed, __ATOMIC_RELAXED),
+	    __atomic_load_n(&r2cc_eng.selftests_failed, __ATOMIC_RELAXED),
+	    __atomic_load_n(&r2cc_eng.selftests_inconclusive, __ATOMIC_RELAXED),
+	    __atomic_load_n(&r2cc_eng.reposts_nccl, __ATOMIC_RELAXED),
+	    __atomic_load_n(&r2cc_eng.reposts_repair, __ATOMIC_RELAXED),
+	};
+	if (text)
+		fprintf(
+		    text,
+		    "stall scan: %llu suspected, %llu node-wide slowdowns ignored; self-tests "
+		    "%llu passed, %llu failed, %llu inconclusive\n"
+		    "sends posted on moved paths: %llu by NCCL's threads, %llu by the repair "
+		    "thread\n"
+		    "queue pair records: %llu held, %llu of destroyed QPs freed\n",
+		    (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
+		    (unsigned long long)v[3], (unsigned long long)v[4], (unsigned long long)v[5],
+		    (unsigned long long)v[6], (unsigned long long)recs, (unsigned long long)freed);
+	if (json)
+		fprintf(
+		    json,
+		    "{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
+		    "\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
+		    "\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu,"
+		    "\"qp_records\":%llu,\"qp_records_freed\":%llu}",
+		    (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
+		    (unsigned long long)v[3], (unsigned long long)v[4], (unsigned long long)v[5],
+		    (unsigned long long)v[6], (unsigned long long)recs, (unsigned long long)freed);
+}
+
+void r2cc_repair_report(FILE *text, FILE *json)
+{
+	/* Wall-clock times too, for tools that injected the fault and only know
+	 * the wall clock (scripts/drill). */
+	struct timespec rt;
+	clock_gettime(CLOCK_REALTIME, &rt);
+	double mono_to_unix = (double)rt.tv_sec + rt.tv_nsec / 1e9 - now_ns() / 1e9;
+	pthread_mutex_lock(&r2cc_eng.mu);
+	int n = r2cc_eng.ninc;
+	if (text) {
+		if (!n)
+			fprintf(text, "incidents: none\n");
+		for (int i = 0; i < n; i++) {
+			const struct incident *in = &r2cc_eng.inc[i];
+			double mig = in->t_done ? (in->t_done - in->t_detect) / 1e6 : -1;
+			fprintf(text,
+				"incident %d: %s, %s%s%s: %s=%lld qps=%d migrated=%d failed=%d "
+				"%s=%.3f bytes_reposted=%llu bytes_saved=%llu "
+				"completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
+				"peer_maps_fetched=%d peer_maps_later=%d\n",
+				i + 1, in->nic, in->declared ? "[declared] " : "",
+				in->failback ? "[failback] " : "", in->evidence,
+				in->failback ? "started_ns" : "detected_ns",
+				(long long)in->t_detect, in->qps, in->migrated, in->failed,
+				in->failback ? "failback_ms" : "migrate_ms", mig,
+				(unsigned long long)in->bytes_reposted,
+				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
+				(unsigned long long)in->held, in->maps_carried, in->maps_fetched,
+				in->maps_later);
+			for (int e = 0; e < in->nevents; e++)
+				fprintf(text, "  +%.3f ms %s\n", (in->ev[e].t - in->t_detect) / 1e6,
+					in->ev[e].text);
+		}
+	}
+	if (json) {
+		for (int i = 0; i < n; i++) {
+			const struct incident *in = &r2cc_eng.inc[i];
+			fprintf(json, "%s{\"nic\":", i ? "," : "");
+			json_str(json, in->nic);
+			fprintf(json, ",\"declared\":%s,\"failback\":%s,\"evidence\":",
+				in->declared ? "true" : "false", in->failback ? "true" : "false");
+			json_str(json, in->evidence);
+			/* a failback is no detection: its start and time have keys of
+			 * their own */
+			const char *k0 = in->failback ? "started" : "detected";
+			fprintf(json,
+				",\"%s_ns\":%lld,\"%s_unix\":%.6f,\"qps\":%d,"
+				"\"migrated\":%d,\"failed\":%d",
+				k0, (long long)in->t_detect, k0, in->t_detect / 1e9 + mono_to_unix,
+				in->qps, in->migrated, in->failed);
+			if (in->t_done)
+				fprintf(json, ",\"%s\":%.3f,\"done_unix\":%.6f",
+					in->failback ? "failback_ms" : "migrate_ms",
+					(in->t_done - in->t_detect) / 1e6,
+					in->t_done / 1e9 + mono_to_unix);
+			fprintf(json,
+				",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
+				"\"completions_synthesised\":%llu,\"posts_held\":%llu,"
+				"\"peer_maps_carried\":%d,\"peer_maps_fetched\":%d,"
+				"\"peer_maps_later\":%d,\"timeline\":[",
+				(unsigned long long)in->bytes_reposted,
+				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
+				(unsigned long long)in->held, in->maps_carried, in->maps_fetched,
+				in->maps_later);
+			for (int e = 0; e < in->nevents; e++) {
+				fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
+					(in->ev[e].t - in->t_detect) / 1e6);
+				json_str(json, in->ev[e].text);
+				fputc('}', json);
+			}
+			fprintf(json, "]}");
+		}
+	}
+	pthread_mutex_unlock(&r2cc_eng.mu);
+}

@@ -1,0 +1,453 @@
+/*
+ * Localisation: which part failed. With its port down the NIC failed and every QP
+ * on it moves; otherwise the self-test decides whether the NIC is dead (every QP on
+ * it moves) or only the path to one peer NIC (the QPs to that NIC move). The
+ * self-test connects the NIC to its siblings on the same node and sees whether
+ * anything comes through, on its own short-lived thread.
+ */
+#include "repair/engine_priv.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct same_path {
+	const struct r2cc_rqp *r;
+	const struct r2cc_nic *nic;
+	bool port_down;
+};
+
+static bool on_same_path(const struct r2cc_rqp *o, const void *arg)
+{
+	const struct same_path *sp = arg;
+	return o != sp->r && o->q && o->cur_nic == sp->nic &&
+	       (sp->port_down || o->q->peer.lid == sp->r->q->peer.lid);
+}
+
+/*
+ * Localise a failure seen on one QP: with the local port down it is the NIC, and
+ * every QP on it moves; with the port up it is the path to the peer's NIC (or the
+ * peer's NIC), and every QP of this NIC to that peer NIC moves, since the ones
+ * that have nothing outstanding would only find out later. Repair thread.
+ */
+void r2cc_localise(struct r2cc_rqp *r)
+{
+	struct ibv_port_attr pa;
+	memset(&pa, 0, sizeof(pa));
+	struct r2cc_nic *nic = r->cur_nic;
+	bool port_down =
+	    r2cc_eng.v.query_port(r->cur_ctx->ctx, nic->port ? nic->port : 1, &pa) == 0 &&
+	    pa.state != IBV_PORT_ACTIVE;
+	if (port_down && __atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP) {
+		__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_SEQ_CST);
+		R2CC_WARN("repair: %s: port not active; migrating its queue pairs", nic->name);
+	}
+	struct same_path sp = {.r = r, .nic = nic, .port_down = port_down};
+	struct r2cc_rqp **list;
+	int n = r2cc_rqp_collect(&list, on_same_path, &sp);
+	char why[128];
+	snprintf(why, sizeof(why), "%s as qp 0x%x (%s)", port_down ? "same NIC" : "same path",
+		 r->qpn, r->cause);
+	for (int i = 0; i < n; i++)
+		r2cc_detect_on(list[i], nic, why, r->status_seen);
+	r2cc_rqp_collect_done(list);
+	r2cc_incident_event(r->incident, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move",
+			    r->qpn, port_down ? "NIC" : "path from", nic->name,
+			    port_down ? "" : " to its peer", n);
+	if (!port_down)
+		r2cc_selftest_start(nic, why, false);
+}
+
+/*
+ * NIC self-test. A failure with the port up is a dead path (or a dead NIC on the
+ * other side), or a dead NIC here whose port still says active (a black hole);
+ * a stall may also be no failure at all, only a loaded fabric. The test tells
+ * them apart: a signalled zero-byte write from the suspect NIC to a sibling NIC
+ * of this process, through the fabric, on a QP pair of R2CC's own. It queues
+ * behind what the node has queued on both NICs, so it is given a base time (1.5
+ * x R2CC_STALL_MS: 150 ms by default) plus what those queues explain
+ * (repair/stall.h). R2CC_STALL_MS is the longest pause of a healthy port beyond its
+ * queue that R2CC tolerates: the test's write, delayed that long, still answers in
+ * time, and so does some request of a port that has work. A user who raises it
+ * for a fabric whose healthy ports pause longer raises the test's patience too. Without an answer
+ * by then, the NIC is dead only if it also completed nothing at all while it had work: a NIC that
+ * drains is alive however slowly (the test is extended, up to SELFTEST_MAX_NS,
+ * then called inconclusive), and congestion cannot make a NIC that has work
+ * complete nothing while its test goes unanswered. A dead NIC has every QP on it
+ * moved. Runs on a short-lived thread, at most one per NIC at a time; a NIC that
+ * passed is not tested again for a back-off that doubles while the suspicions
+ * go on (a healthy, loaded NIC is not tested on every scan).
+ */
+#define SELFTEST_MAX_NS	     5000000000ll
+#define SELFTEST_BACKOFF_NS  100000000ll
+#define SELFTEST_BACKOFF_MAX 2000000000ll
+#define SELFTEST_SIBLINGS    3		  /* tested through at once */
+#define SUSPECT_NIC_NS	     2000000000ll /* a NIC with a failure this recent is no witness */
+
+struct selftest {
+	struct r2cc_nic *a;
+	struct r2cc_ctx *ca;
+	int nb;
+	struct r2cc_nic *b[SELFTEST_SIBLINGS];
+	struct r2cc_ctx *cb[SELFTEST_SIBLINGS];
+	struct ibv_qp *qa[SELFTEST_SIBLINGS], *qb[SELFTEST_SIBLINGS];
+	struct ibv_cq *cqa, *cqb[SELFTEST_SIBLINGS];
+	bool calibrate; /* RoCE: only which siblings answer; no back-off after it */
+	bool failback;	/* a failed NIC's probe: the verdict goes to r2cc_failback_tick() */
+	char why[128];
+};
+
+/* Per NIC (registry index): no new self-test before next, the back-off, and
+ * the last time a failure was seen on it (it is then a poor witness for its
+ * siblings' tests). next and failure_at are read by other threads (atomic);
+ * backoff only by the NIC's self-test, of which one runs at a time. */
+static struct {
+	int64_t next, backoff, failure_at;
+	/* RoCE: siblings (bits of their registry index) whose self-test QP answered
+	 * this NIC's once, so that the fabric routes between them: only those are
+	 * witnesses (unrouted rails never answer, and would make any NIC look dead);
+	 * calib_at: the last test run to learn them (atomic, both) */
+	uint64_t reach;
+	int64_t calib_at;
+} st_nic[R2CC_STALL_MAX_NICS];
+
+void r2cc_nic_failure_seen(const struct r2cc_nic *nic)
+{
+	if (nic && nic->index >= 0 && nic->index < R2CC_STALL_MAX_NICS)
+		__atomic_store_n(&st_nic[nic->index].failure_at, now_ns(), __ATOMIC_RELAXED);
+}
+
+/* When a failure was last seen on the NIC of registry index i (0: never). */
+int64_t r2cc_nic_failure_at(int i)
+{
+	return i >= 0 && i < R2CC_STALL_MAX_NICS
+		   ? __atomic_load_n(&st_nic[i].failure_at, __ATOMIC_RELAXED)
+		   : 0;
+}
+
+static bool nic_failed_lately(const struct r2cc_nic *nic)
+{
+	int64_t t = nic ? r2cc_nic_failure_at(nic->index) : 0;
+	return t && now_ns() - t < SUSPECT_NIC_NS;
+}
+
+/* Transport timeouts long enough for a loaded fabric (about 0.5 s on hardware);
+ * the verdict is the test's own, from its answer and the NIC's progress. */
+static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2cc_nic *peer,
+			    struct r2cc_ctx *peer_ctx, uint32_t peer_qpn)
+{
+	struct qp_link l = {.qpn = peer_qpn,
+			    .lid = peer->lid,
+			    .mtu = IBV_MTU_1024,
+			    .timeout = 14,
+			    .retry_cnt = 7,
+			    .rnr_retry = 7};
+	/* RoCE: addressed as NCCL addresses its own QPs on both NICs (GID index and
+	 * class), to the peer NIC's GID of that index */
+	union ibv_gid g;
+	if (self->link_layer == IBV_LINK_LAYER_ETHERNET) {
+		if (!__atomic_load_n(&self->roce_known, __ATOMIC_ACQUIRE) ||
+		    !__atomic_load_n(&peer->roce_known, __ATOMIC_ACQUIRE) ||
+		    !r2cc_eng.v.query_gid ||
+		    r2cc_eng.v.query_gid(peer_ctx->ctx, peer->port ? peer->port : 1,
+					 peer->roce_sgid_index, &g))
+			return -ENOENT;
+		l.gid = g.raw;
+		l.sgid_index = self->roce_sgid_index;
+		l.traffic_class = self->roce_tclass;
+	}
+	int rc = r2cc_own_qp_init(qp, self, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE, 0);
+	if (rc)
+		return -rc;
+	return r2cc_own_qp_connect(qp, self, &l);
+}
+
+/* RoCE: does b witness a's test (it answered one of a's before)? IB: always. */
+static bool selftest_reaches(const struct r2cc_nic *a, const struct r2cc_nic *b)
+{
+	if (a->link_layer != IBV_LINK_LAYER_ETHERNET)
+		return true;
+	return a->index >= 0 && a->index < R2CC_STALL_MAX_NICS && b->index >= 0 && b->index < 64 &&
+	       (__atomic_load_n(&st_nic[a->index].reach, __ATOMIC_RELAXED) >> b->index & 1);
+}
+
+/* The test's base wait: 1.5 x the stall floor. */
+static int64_t selftest_base_ns(void)
+{
+	return r2cc_scan_floor() * 3 / 2;
+}
+
+/* How long the test waits for its answer before the NIC's progress is looked at:
+ * the base time, and what the largest request in service on the NICs may take
+ * (a NIC busy with one long request completes nothing meanwhile). What is queued
+ * ahead does not count: a NIC that completes anything at all is alive. */
+static int64_t selftest_window(const struct selftest *t)
+{
+	int64_t w = 0;
+	for (int i = 0; i < t->nb; i++) {
+		int64_t x = r2cc_stall_explained_ns(t->b[i], 0, 0);
+		w = x > w ? x : w;
+	}
+	return selftest_base_ns() + r2cc_stall_explained_ns(t->a, 0, 0) + w;
+}
+
+/*
+ * One signalled zero-byte write from a to every sibling at once; an answer from
+ * any of them means a is alive. -1 inconclusive, 0 alive, 1 dead.
+ */
+static int selftest_run(struct selftest *t)
+{
+	int posted = 0;
+	for (int i = 0; i < t->nb; i++) {
+		struct ibv_send_wr w = {.wr_id = (uint64_t)i + 1,
+					.opcode = IBV_WR_RDMA_WRITE,
+					.send_flags = IBV_SEND_SIGNALED},
+				   *bad;
+		if (t->qa[i] && t->ca->post_send(t->qa[i], &w, &bad) == 0)
+			posted |= 1 << i;
+	}
+	if (!posted)
+		return -1;
+	int64_t start = now_ns(), until = start + selftest_window(t);
+	uint64_t da = r2cc_stall_drained(t->a), db[SELFTEST_SIBLINGS];
+	bool b_busy[SELFTEST_SIBLINGS];
+	for (int i = 0; i < t->nb; i++) {
+		db[i] = r2cc_stall_drained(t->b[i]);
+		b_busy[i] = r2cc_stall_queued(t->b[i]) > 0;
+	}
+	int answered = 0; /* with an error: a congested fabric can give one too */
+	for (;;) {
+		bool late = now_ns() >= until;
+		/* polled once more after the deadline: this thread may have been
+		 * off the CPU while an answer came */
+		struct ibv_wc wc[SELFTEST_SIBLINGS];
+		int n = answered == posted ? 0 : t->ca->poll_cq(t->cqa, SELFTEST_SIBLINGS, wc);
+		for (int k = 0; k < n; k++) {
+			if (wc[k].status == IBV_WC_SUCCESS) {
+				/* the pair's QPs talk both ways: a witness for either */
+				int i = (int)wc[k].wr_id - 1, a = t->a->index;
+				int b = i >= 0 && i < t->nb ? t->b[i]->index : -1;
+				if (a >= 0 && a < 64 && b >= 0 && b < 64) {
+					__atomic_fetch_or(&st_nic[a].reach, 1ull << b,
+							  __ATOMIC_RELAXED);
+					__atomic_fetch_or(&st_nic[b].reach, 1ull << a,
+							  __ATOMIC_RELAXED);
+				}
+				return 0;
+			}
+			if (wc[k].wr_id >= 1 && wc[k].wr_id <= SELFTEST_SIBLINGS)
+				answered |= 1 << (wc[k].wr_id - 1);
+		}
+		if (__atomic_load_n(&r2cc_eng.stop, __ATOMIC_RELAXED))
+			return -1; /* the process is exiting */
+		if (!late) {
+			usleep(200);
+			continue;
+		}
+		/* No answer by the deadline: the NIC's own progress decides, once
+		 * the load model has been brought up to date meanwhile. A sibling that
+		 * had work and completed none, or failed lately, is no witness. */
+		uint64_t da2 = r2cc_stall_drained(t->a);
+		bool fresh = r2cc_stall_updated() > until - selftest_base_ns() / 2, witness = false;
+		for (int i = 0; i < t->nb; i++) {
+			uint64_t d2 = r2cc_stall_drained(t->b[i]);
+			b_busy[i] = b_busy[i] || r2cc_stall_queued(t->b[i]) > 0;
+			witness = witness ||
+				  ((posted >> i & 1) && !(b_busy[i] && d2 == db[i]) &&
+				   !nic_failed_lately(t->b[i]) && selftest_reaches(t->a, t->b[i]));
+			db[i] = d2;
+		}
+		if (fresh && da2 == da && witness)
+			return 1; /* it completed nothing (busy or idle) and its tests went
+				   * unanswered by siblings that are not stuck themselves */
+		if (now_ns() - start >= SELFTEST_MAX_NS || (fresh && answered == posted))
+			return -1;
+		/* it drains, alive and busy (or the model lags): wait a while longer */
+		da = da2;
+		until = now_ns() + selftest_window(t);
+	}
+}
+
+static void selftest_free(struct selftest *t)
+{
+	for (int i = 0; i < t->nb; i++) {
+		r2cc_destroy_private(t->qa[i], NULL);
+		r2cc_destroy_private(t->qb[i], t->cqb[i]);
+	}
+	r2cc_destroy_private(NULL, t->cqa);
+	__atomic_store_n(&t->a->selftest, 0, __ATOMIC_RELEASE);
+	free(t);
+}
+
+static void *selftest_main(void *arg)
+{
+	struct selftest *t = arg;
+	int verdict = -1;
+	struct ibv_qp_init_attr ia = {
+	    .qp_type = IBV_QPT_RC,
+	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+	t->cqa = r2cc_eng.v.create_cq(t->ca->ctx, 4 * SELFTEST_SIBLINGS, NULL, NULL, 0);
+	if (t->cqa)
+		r2cc_own_add(t->cqa);
+	for (int i = 0; i < t->nb && t->cqa; i++) {
+		t->cqb[i] = r2cc_eng.v.create_cq(t->cb[i]->ctx, 8, NULL, NULL, 0);
+		if (!t->cqb[i])
+			continue;
+		r2cc_own_add(t->cqb[i]);
+		ia.send_cq = ia.recv_cq = t->cqa;
+		t->qa[i] = r2cc_eng.v.create_qp(r2cc_mr_mirror_pd(t->a), &ia);
+		ia.send_cq = ia.recv_cq = t->cqb[i];
+		t->qb[i] = r2cc_eng.v.create_qp(r2cc_mr_mirror_pd(t->b[i]), &ia);
+		if (t->qa[i])
+			r2cc_own_add(t->qa[i]);
+		if (t->qb[i])
+			r2cc_own_add(t->qb[i]);
+		if (!t->qa[i] || !t->qb[i] ||
+		    selftest_connect(t->qa[i], t->a, t->b[i], t->cb[i], t->qb[i]->qp_num) ||
+		    selftest_connect(t->qb[i], t->b[i], t->a, t->ca, t->qa[i]->qp_num)) {
+			r2cc_destroy_private(t->qa[i], NULL);
+			r2cc_destroy_private(t->qb[i], NULL);
+			t->qa[i] = t->qb[i] = NULL;
+		}
+	}
+	if (t->cqa)
+		verdict = selftest_run(t);
+	char through[3 * R2CC_NIC_NAME_MAX] = "";
+	for (int i = 0; i < t->nb; i++)
+		snprintf(through + strlen(through), sizeof(through) - strlen(through), "%s%s",
+			 i ? "," : "", t->b[i]->name);
+	int i = t->a->index;
+	bool indexed = i >= 0 && i < R2CC_STALL_MAX_NICS;
+	if (t->failback) {
+		if (indexed)
+			r2cc_failback_verdict(i, verdict);
+	} else if (verdict == 1) {
+		__atomic_add_fetch(&r2cc_eng.selftests_failed, 1, __ATOMIC_RELAXED);
+		char why[256];
+		snprintf(why, sizeof(why),
+			 "self-test through %.60s got no answer and the NIC completed nothing "
+			 "(%.100s)",
+			 through, t->why);
+		r2cc_nic_failed(t->a, why);
+	} else {
+		__atomic_add_fetch(verdict ? &r2cc_eng.selftests_inconclusive
+					   : &r2cc_eng.selftests_passed,
+				   1, __ATOMIC_RELAXED);
+		R2CC_INFO("repair: %s: self-test through %s %s (%s)", t->a->name, through,
+			  verdict == 0 ? "passed: the NIC is alive" : "inconclusive", t->why);
+		if (indexed && !t->calibrate) {
+			int64_t b = st_nic[i].backoff;
+			b = b ? 2 * b : SELFTEST_BACKOFF_NS;
+			st_nic[i].backoff = b < SELFTEST_BACKOFF_MAX ? b : SELFTEST_BACKOFF_MAX;
+			/* Read by the repair thread before it claims the NIC's test. */
+			__atomic_store_n(&st_nic[i].next, now_ns() + st_nic[i].backoff,
+					 __ATOMIC_RELAXED);
+		}
+	}
+	selftest_free(t);
+	__atomic_sub_fetch(&r2cc_eng.selftests, 1, __ATOMIC_ACQ_REL);
+	return NULL;
+}
+
+/* The siblings to test through: UP NICs of this process with their mirror,
+ * those that completed work most recently first, and none with a failure seen
+ * lately while there are others (a sibling that is itself dead would fail the
+ * test of a healthy NIC). */
+static void selftest_siblings(struct selftest *t)
+{
+	int n = r2cc_nic_count();
+	for (int pass = 0; pass < 2 && t->nb < SELFTEST_SIBLINGS; pass++)
+		while (t->nb < SELFTEST_SIBLINGS) {
+			struct r2cc_nic *best = NULL;
+			for (int i = 0; i < n; i++) {
+				struct r2cc_nic *b = r2cc_nic_by_index(i);
+				bool taken = false;
+				for (int j = 0; j < t->nb; j++)
+					taken = taken || t->b[j] == b;
+				if (taken || b == t->a ||
+				    __atomic_load_n(&b->state, __ATOMIC_RELAXED) != R2CC_NIC_UP ||
+				    (pass == 0 && nic_failed_lately(b)) || !r2cc_mr_mirror_pd(b) ||
+				    !r2cc_ctx_of_nic(b))
+					continue;
+				if (!best || r2cc_stall_last_drain(b) > r2cc_stall_last_drain(best))
+					best = b;
+			}
+			if (!best)
+				break;
+			t->cb[t->nb] = r2cc_ctx_of_nic(best);
+			t->b[t->nb++] = best;
+		}
+}
+static void selftest_launch(struct r2cc_nic *a, const char *why, bool stall, bool calibrate)
+{
+	if (__atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
+		return;
+	int i = a->index;
+	if (stall && i >= 0 && i < R2CC_STALL_MAX_NICS &&
+	    now_ns() < __atomic_load_n(&st_nic[i].next, __ATOMIC_RELAXED))
+		return;
+	r2cc_selftest_spawn(a, why, calibrate, false);
+}
+
+/* A self-test thread for a (unless one runs): true if it was started. */
+bool r2cc_selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bool failback)
+{
+	int zero = 0;
+	if (!__atomic_compare_exchange_n(&a->selftest, &zero, 1, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED))
+		return false;
+	struct selftest *t = calloc(1, sizeof(*t));
+	if (t) {
+		t->a = a;
+		t->calibrate = calibrate;
+		t->failback = failback;
+		selftest_siblings(t);
+		snprintf(t->why, sizeof(t->why), "%s", why ? why : "");
+	}
+	pthread_t th;
+	if (t && t->nb && r2cc_mr_mirror_pd(a) && (t->ca = r2cc_ctx_of_nic(a))) {
+		pthread_attr_t at;
+		pthread_attr_init(&at);
+		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+		/* counted first: the thread may end before pthread_create returns */
+		__atomic_add_fetch(&r2cc_eng.selftests, 1, __ATOMIC_ACQ_REL);
+		int rc = __atomic_load_n(&r2cc_eng.stop, __ATOMIC_ACQUIRE)
+			     ? EAGAIN
+			     : pthread_create(&th, &at, selftest_main, t);
+		if (rc)
+			__atomic_sub_fetch(&r2cc_eng.selftests, 1, __ATOMIC_ACQ_REL);
+		pthread_attr_destroy(&at);
+		if (rc == 0) {
+			pthread_setname_np(th, "r2cc-selftest");
+			return true;
+		}
+	}
+	free(t);
+	__atomic_store_n(&a->selftest, 0, __ATOMIC_RELEASE);
+	return false;
+}
+
+void r2cc_selftest_start(struct r2cc_nic *a, const char *why, bool stall)
+{
+	selftest_launch(a, why, stall, false);
+}
+
+/* RoCE: learns which siblings' self-test QPs answer this NIC's (a fabric routes
+ * between rails, or not), at most once a second until one has; before that, no
+ * self-test of the NIC is conclusive. Once NCCL's first QP on it is connected. */
+void r2cc_selftest_calibrate(struct r2cc_nic *a)
+{
+	int i = a->index;
+	if (a->link_layer != IBV_LINK_LAYER_ETHERNET || i < 0 || i >= R2CC_STALL_MAX_NICS ||
+	    __atomic_load_n(&st_nic[i].reach, __ATOMIC_RELAXED) ||
+	    !__atomic_load_n(&a->roce_known, __ATOMIC_ACQUIRE))
+		return;
+	int64_t t = now_ns(), last = __atomic_load_n(&st_nic[i].calib_at, __ATOMIC_RELAXED);
+	if ((last && t - last < 1000000000ll) ||
+	    !__atomic_compare_exchange_n(&st_nic[i].calib_at, &last, t, false, __ATOMIC_RELAXED,
+					 __ATOMIC_RELAXED))
+		return;
+	selftest_launch(a, "which siblings answer it (RoCE)", false, true);
+}

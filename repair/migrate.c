@@ -1,0 +1,533 @@
+/*
+ * The commit of a move: the exactly-once plan (qp_shadow.h) from both sides'
+ * counts, the switch to the new path, its receives re-posted, its sends re-posted
+ * on NCCL's own thread (app_flush), then NCCL's held posts; and the end of a
+ * repair, done or failed (NCCL's clean error). Also churn limits, and the
+ * migration of NCCL's loopback (GPU flush) QPs.
+ */
+#include "repair/engine_priv.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/*
+ * The receive completions of messages the peer retired and this side never
+ * counted: its device lost them (repair/qp_shadow.h), made from the peer's
+ * record of those messages into wc. How many, or -EPROTO when the record does
+ * not reach back to this side's count. Under r->mu, fenced.
+ */
+static int recv_lost(struct r2cc_rqp *r, struct ibv_wc *wc)
+{
+	uint64_t k = r2cc_qp_shadow_recv_consumed(r->cur_sh);
+	if (r->peer_sent <= k)
+		return 0;
+	uint64_t first = r->peer_sent - (uint64_t)r->npeer_lost + 1;
+	if (k + 1 < first)
+		return -EPROTO;
+	int n = 0;
+	for (uint64_t m = k + 1; m <= r->peer_sent; m++, n++) {
+		int rc =
+		    r2cc_qp_shadow_recv_lost(r->cur_sh, &r->peer_lost[m - first], r->qpn, &wc[n]);
+		if (rc)
+			return rc;
+	}
+	R2CC_WARN("repair: qp 0x%x: %d receive completion(s) lost by %s (the peer's sends were "
+		  "acknowledged); made from the peer's record",
+		  r->qpn, n, r->cur_nic->name);
+	r->k_local = k + (uint64_t)n;
+	return n;
+}
+
+/* The plan from the drained current path and the peer's count; the receive
+ * completions this side's device lost and the plan's synthesised completions go to
+ * NCCL first. Under r->mu. */
+static int make_plan(struct r2cc_rqp *r)
+{
+	struct ibv_wc lost[R2CC_SHADOW_LOST_MAX];
+	int nlost = recv_lost(r, lost);
+	if (nlost < 0)
+		return nlost;
+	struct r2cc_qp_shadow_plan_in in = {.peer_recv_consumed = r->k_peer, .lost_sent = true};
+	int rc = r2cc_qp_shadow_plan_build(r->cur_sh, &in, &r->plan);
+	if (rc)
+		return rc;
+	struct r2cc_vcq *v = r->vcq->v;
+	pthread_mutex_lock(&v->mu);
+	if (!r2cc_stash_room(v, r->plan.n_synth + (size_t)nlost)) {
+		pthread_mutex_unlock(&v->mu);
+		r2cc_qp_shadow_plan_free(&r->plan);
+		return -ENOMEM;
+	}
+	r->have_plan = true;
+	r->lost_synth = nlost;
+	for (int i = 0; i < nlost; i++)
+		r2cc_stash_push(v, &lost[i]);
+	for (size_t i = 0; i < r->plan.n_synth; i++) {
+		struct ibv_wc wc;
+		r2cc_qp_shadow_plan_wc(&r->plan, i, r->qpn, &wc);
+		r2cc_stash_push(v, &wc);
+	}
+	pthread_mutex_unlock(&v->mu);
+	return 0;
+}
+
+/* The new path becomes the current one (its completions registered by
+ * register_path()). Under r->mu. */
+static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ibv_qp **old_qp,
+			struct pcq **old_pcq, struct r2cc_qp_shadow **old_sh)
+{
+	struct r2cc_vcq *v = r->vcq->v;
+	/* Off the declared NIC now (the peer may have moved it first): NCCL's
+	 * first post has nothing left to move. */
+	r->declared_pending = false;
+	*old_qp = r->cur_cq ? r->cur_qp : NULL;
+	*old_pcq = r->cur_pcq;
+	*old_sh = r->cur_sh != (r->q ? r->q->shadow : NULL) ? r->cur_sh : NULL;
+	pthread_mutex_lock(&v->mu);
+	if (*old_qp && r2cc_hmap_get(&r->cur_pcq->by_qpn, (*old_qp)->qp_num) == r)
+		r2cc_hmap_del(&r->cur_pcq->by_qpn, (*old_qp)->qp_num);
+	r->cur_qp = r->new_qp;
+	r->cur_cq = r->new_cq;
+	r->cur_pcq = r->new_pcq;
+	r->cur_ctx = r->new_ctx;
+	__atomic_store_n(&r->cur_nic, r->new_ctx->nic, __ATOMIC_RELEASE);
+	r->cur_sh = r->new_sh;
+	__atomic_store_n(&r->new_path_err, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&r->switched, 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&v->mu);
+	r->new_qp = NULL;
+	r->new_cq = NULL;
+	r->new_pcq = NULL;
+	r->new_sh = NULL;
+	snprintf(r->peer_cur_nic, sizeof(r->peer_cur_nic), "%s", p->nic);
+	r->recv_live = r->send_live = false;
+	r->hold_all = false;
+}
+
+static int post_plan_recvs(struct r2cc_rqp *r)
+{
+	for (size_t i = 0; i < r->plan.n_recv; i++) {
+		struct ibv_sge sge[16];
+		struct ibv_recv_wr w;
+		if (r->plan.recv[i].num_sge > 16)
+			return -E2BIG;
+		r2cc_qp_shadow_plan_recv_wr(&r->plan, i, &w, sge);
+		int rc = r2cc_post_one_recv(r, &w);
+		if (rc)
+			return rc;
+	}
+	int rc = r2cc_held_flush_recvs(r);
+	if (!rc)
+		r->recv_live = true;
+	return rc;
+}
+
+/* The plan's sends from i on are held ahead of NCCL's held posts, in their order,
+ * and the path is live (what follows is held behind them). Under r->mu. */
+static int hold_plan_sends(struct r2cc_rqp *r, size_t i)
+{
+	struct held_send *rest = r->hs_head, **rest_tail = r->hs_tail;
+	r->hs_head = NULL;
+	r->hs_tail = &r->hs_head;
+	int rc = 0;
+	for (; i < r->plan.n_send && !rc; i++) {
+		struct ibv_sge sge[17];
+		struct ibv_send_wr w;
+		r2cc_qp_shadow_plan_send_wr(&r->plan, i, &w, sge);
+		rc = r2cc_hold_send(r, &w);
+	}
+	*r->hs_tail = rest;
+	if (rest)
+		r->hs_tail = rest_tail;
+	if (rc)
+		return rc;
+	r->send_live = true;
+	return 0;
+}
+
+/*
+ * The re-posts of a migration go out on NCCL's own thread, never on the repair
+ * thread: a re-posted clear-to-send write reads its FIFO element when it is
+ * posted, and NCCL's thread rewrites those elements only between its own calls
+ * (it fills one, then posts it), so a re-post there never carries a torn element
+ * (repair/qp_shadow.h, "Clear-to-send"). The plan's sends are held in front of
+ * NCCL's held posts, and NCCL's next post on the QP or poll of its CQ (which it
+ * makes while it waits for them) posts them all, in order. false (post them
+ * here) only when the CQ's list cannot grow. Under r->mu.
+ */
+bool r2cc_app_flush_need(struct r2cc_rqp *r)
+{
+	if (r->app_flush)
+		return true;
+	struct r2cc_vcq *v = r->vcq ? r->vcq->v : NULL;
+	if (!v)
+		return false;
+	pthread_mutex_lock(&v->mu);
+	if (v->nflush == v->capflush) {
+		int cap = v->capflush ? 2 * v->capflush : 16;
+		struct r2cc_rqp **f = realloc(v->flush, (size_t)cap * sizeof(*f));
+		if (!f) {
+			pthread_mutex_unlock(&v->mu);
+			return false;
+		}
+		v->flush = f;
+		v->capflush = cap;
+	}
+	v->flush[v->nflush] = r;
+	__atomic_store_n(&v->nflush, v->nflush + 1, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&v->mu);
+	r->app_flush = true;
+	return true;
+}
+
+/* NCCL's thread, under r->mu: the held sends posted (r2cc_app_flush_need). A key the
+ * cache lacks holds the rest (r2cc_keys_need); any other error is the QP's, which the
+ * repair thread gives it (r2cc_keys_tick). */
+void r2cc_app_flush_run(struct r2cc_rqp *r)
+{
+	if (!r->app_flush || r->dead)
+		return;
+	r->app_flush = false;
+	/* Another repair took the QP meanwhile (its path fenced or being replaced):
+	 * they stay held, and that repair's commit asks again (r2cc_app_flush_need). */
+	int s = load_state(r);
+	if (s != RQ_MIGRATED && !(s == RQ_EXCHANGE && r->send_live))
+		return;
+	uint64_t n = 0;
+	int rc = r2cc_held_flush_sends(r, &n);
+	__atomic_add_fetch(&r2cc_eng.reposts_nccl, n, __ATOMIC_RELAXED);
+	if (rc) {
+		__atomic_store_n(&r->flush_err, rc, __ATOMIC_RELAXED);
+		__atomic_store_n(&r2cc_eng.keys_due, 1, __ATOMIC_RELEASE);
+	}
+}
+
+/* The poll side of r2cc_app_flush_run: every QP of this CQ waiting for it. NCCL's
+ * thread, without locks held. */
+void r2cc_app_flush_poll(struct r2cc_vcq *v)
+{
+	if (r2cc_likely(!__atomic_load_n(&v->nflush, __ATOMIC_ACQUIRE)))
+		return;
+	for (;;) {
+		struct r2cc_rqp *batch[16];
+		int n = 0;
+		pthread_mutex_lock(&v->mu);
+		while (n < 16 && v->nflush) {
+			batch[n++] = v->flush[v->nflush - 1];
+			__atomic_store_n(&v->nflush, v->nflush - 1, __ATOMIC_RELAXED);
+		}
+		pthread_mutex_unlock(&v->mu);
+		if (!n)
+			return;
+		/* (records outlive their QPs: r->dead says it is gone) */
+		for (int i = 0; i < n; i++) {
+			pthread_mutex_lock(&batch[i]->mu);
+			r2cc_app_flush_run(batch[i]);
+			pthread_mutex_unlock(&batch[i]->mu);
+		}
+	}
+}
+
+int r2cc_plan_post_sends(struct r2cc_rqp *r, uint64_t *held)
+{
+	if (r2cc_app_flush_need(r))
+		return hold_plan_sends(r, 0);
+	for (size_t i = 0; i < r->plan.n_send; i++) {
+		struct ibv_sge sge[17];
+		struct ibv_send_wr w;
+		if (r->plan.send[i].num_sge > 16)
+			return -E2BIG;
+		r2cc_qp_shadow_plan_send_wr(&r->plan, i, &w, sge);
+		int rc = r2cc_post_one_send(r, &w);
+		if (rc == -EAGAIN) {
+			r2cc_keys_need(r);
+			return hold_plan_sends(r, i);
+		}
+		if (rc)
+			return rc;
+		__atomic_add_fetch(&r2cc_eng.reposts_repair, 1, __ATOMIC_RELAXED);
+	}
+	uint64_t before = *held;
+	int rc = r2cc_held_flush_sends(r, held);
+	__atomic_add_fetch(&r2cc_eng.reposts_repair, *held - before, __ATOMIC_RELAXED);
+	if (!rc)
+		r->send_live = true;
+	return rc;
+}
+
+/* The new path's QP number in its shared CQ, so that its completions reach r;
+ * before anything else of the switch, because this may run out of memory: a
+ * path whose completions could not be routed must not become current (they
+ * would be lost). Nothing completes on the path yet. Under r->mu. */
+static int register_path(struct r2cc_rqp *r)
+{
+	pthread_mutex_lock(&r->vcq->v->mu);
+	int rc = r2cc_hmap_put(&r->new_pcq->by_qpn, r->new_qp->qp_num, r);
+	pthread_mutex_unlock(&r->vcq->v->mu);
+	return rc;
+}
+
+/*
+ * The plan against the peer's count (its synthesised completions queued for NCCL),
+ * the new path made current, the receives re-posted and, with sends, the sends and
+ * NCCL's held posts too: then the QP has migrated. The previous private path, if
+ * any, is destroyed after. 0 or a negative errno.
+ */
+int r2cc_path_commit(struct r2cc_rqp *r, const struct peer_path *p, bool sends, uint64_t *held)
+{
+	struct ibv_qp *oq = NULL;
+	struct pcq *oc = NULL;
+	struct r2cc_qp_shadow *osh = NULL;
+	pthread_mutex_lock(&r->mu);
+	int rc = register_path(r);
+	if (!rc)
+		rc = make_plan(r);
+	if (!rc) {
+		switch_path(r, p, &oq, &oc, &osh);
+		rc = post_plan_recvs(r);
+	}
+	if (!rc && sends) {
+		rc = r2cc_plan_post_sends(r, held);
+		if (!rc)
+			set_state(r, RQ_MIGRATED);
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (oq || oc)
+		r2cc_path_put(r, oq, oc);
+	if (osh)
+		r2cc_qp_shadow_destroy(osh);
+	return rc;
+}
+
+/* Repair is impossible: NCCL gets one error completion for the QP and the held
+ * posts flush on its (ERR) QP. */
+void r2cc_rqp_fail(struct r2cc_rqp *r, const char *why)
+{
+	if (r->dead || !r->q)
+		return;
+	/* NCCL's posts and polls on this QP and its CQ go through R2CC from now on:
+	 * the error below waits in the CQ's stash. */
+	gate_close(&r->q->gate);
+	gate_close(&r->vcq->gate);
+	pthread_mutex_lock(&r->mu);
+	if (load_state(r) == RQ_FAILED || r->dead) {
+		pthread_mutex_unlock(&r->mu);
+		return;
+	}
+	R2CC_WARN("repair: qp 0x%x on %s cannot be repaired (%s); NCCL gets the error", r->qpn,
+		  r->orig_nic->name, why);
+	r2cc_path_drop_new(r);
+	r2cc_place_ledger_move(r, NULL, 0);
+	r->failback_to = NULL;
+	set_state(r, RQ_FAILED);
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	r2cc_eng.v.modify_qp(r->q->qp, &a, IBV_QP_STATE);
+	struct ibv_wc wc;
+	memset(&wc, 0, sizeof(wc));
+	wc.status = r->status_seen ? (enum ibv_wc_status)r->status_seen : IBV_WC_RETRY_EXC_ERR;
+	wc.qp_num = r->qpn;
+	wc.opcode = IBV_WC_RDMA_WRITE;
+	pthread_mutex_lock(&r->vcq->v->mu);
+	/* Into the entry reserved for it when the QP was created. */
+	bool room = r->stash_held;
+	r2cc_stash_release_locked(r);
+	if (room || r2cc_stash_room(r->vcq->v, 1))
+		r2cc_stash_push(r->vcq->v, &wc);
+	pthread_mutex_unlock(&r->vcq->v->mu);
+	while (r->hr_head) {
+		struct held_recv *h = r->hr_head;
+		struct ibv_recv_wr *b;
+		r->hr_head = h->next;
+		r->orig_ctx->post_recv(r->q->qp, &h->wr, &b);
+		free(h);
+	}
+	r->hr_tail = &r->hr_head;
+	while (r->hs_head) {
+		struct held_send *h = r->hs_head;
+		struct ibv_send_wr *b;
+		r->hs_head = h->next;
+		r->orig_ctx->post_send(r->q->qp, &h->wr, &b);
+		free(h);
+	}
+	r->hs_tail = &r->hs_head;
+	pthread_mutex_unlock(&r->mu);
+	pthread_mutex_lock(&r2cc_eng.mu);
+	if (r->incident >= 0)
+		r2cc_eng.inc[r->incident].failed++;
+	pthread_mutex_unlock(&r2cc_eng.mu);
+	r2cc_incident_event(r->incident, "qp 0x%x: repair impossible: %s", r->qpn, why);
+}
+
+void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
+{
+	int64_t t = now_ns();
+	bool back = r->failback_to != NULL;
+	/* Home again: no longer one of the QPs the node moved onto a NIC. */
+	if (r->cur_nic == r->orig_nic)
+		r2cc_place_ledger_move(r, NULL, 0);
+	pthread_mutex_lock(&r2cc_eng.mu);
+	/* A declared move is no failure of a path, a failback none either, and the
+	 * failure of a path a failback made is the NIC's flap, which its hold-down
+	 * bounds: none of them counts towards churning. */
+	if ((r->incident < 0 || !r2cc_eng.inc[r->incident].declared) && !r->churn_skip && !back &&
+	    !r->back_path)
+		r->recent[r->churn++ % CHURN_RING] = t;
+	r->churn_skip = false;
+	r->back_path = back && r->cur_nic == r->orig_nic;
+	r->failback_to = NULL;
+	r->migrations++;
+	r->moved_at = t;
+	if (r->cur_sh) {
+		uint64_t posted;
+		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &r->moved_retired);
+	}
+	if (r->incident >= 0) {
+		struct incident *in = &r2cc_eng.inc[r->incident];
+		in->migrated++;
+		in->bytes_reposted += r->plan.bytes_reposted;
+		in->bytes_saved += r->plan.bytes_saved;
+		in->synth += r->plan.completions_synth + (uint64_t)r->lost_synth;
+		in->held += held;
+		if (t > in->t_done)
+			in->t_done = t;
+	}
+	pthread_mutex_unlock(&r2cc_eng.mu);
+	r2cc_incident_event(r->incident,
+			    "qp 0x%x: %s -> %s (peer %s -> %s), re-posted %zu sends %zu receives "
+			    "%llu held, %zu completions synthesised",
+			    r->qpn, r->orig_nic->name, r->cur_nic->name, r->peer_orig_nic,
+			    r->peer_cur_nic, r->plan.n_send, r->plan.n_recv,
+			    (unsigned long long)held, r->plan.n_synth + (size_t)r->lost_synth);
+	R2CC_INFO("repair: qp 0x%x %s %s in %.1f ms (%s)", r->qpn, back ? "back on" : "migrated to",
+		  r->cur_nic->name, (t - r->t_detect) / 1e6, r->cause);
+	r2cc_qp_shadow_plan_free(&r->plan);
+	r->have_plan = false;
+	__atomic_store_n(&r->switched, 0, __ATOMIC_RELEASE);
+	/* The new path failed while the exchange went on (its error was kept from NCCL,
+	 * as a repair's are): repaired now, not when the stall scan finds the wait. */
+	int e = __atomic_exchange_n(&r->new_path_err, 0, __ATOMIC_ACQ_REL);
+	if (e) {
+		char why[128];
+		snprintf(why, sizeof(why),
+			 "error completion (status %d) on its new path %.40s "
+			 "during the exchange",
+			 e, r->cur_nic->name);
+		r2cc_detect(r, why, e);
+	}
+}
+
+/* As many migrations of this QP within CHURN_NS as the process has NICs (at
+ * least 3): every NIC it could use keeps failing (e.g. every NIC of a node
+ * black-holed); give NCCL the error instead of migrating forever. Every
+ * migration had evidence of a failure (a stall alone moves nothing), and NICs
+ * failing one after the other may each take a QP along once. */
+static int churn_limit(void)
+{
+	int k = r2cc_nic_count();
+	return k < 3 ? 3 : k > CHURN_RING ? CHURN_RING : k;
+}
+
+/* How long one attempt of r's transport may take before it reports an error:
+ * the local ACK timeout (4.096 us << timeout) times the tries, twice over, capped. */
+static int64_t attempt_ns(const struct r2cc_rqp *r)
+{
+	unsigned t = r->q && r->q->timeout ? r->q->timeout : 20;
+	unsigned tries = (r->q && r->q->retry_cnt ? r->q->retry_cnt : 7) + 1u;
+	if (t > 31)
+		t = 31;
+	double ns = 2.0 * 4096.0 * (double)(1u << t) * tries;
+	return ns < (double)BARREN_MAX_NS ? (int64_t)ns : BARREN_MAX_NS;
+}
+
+/* A failure of r's path, once per move: was that move barren? Its path owed
+ * signalled sends and completed none of them since the move, and the failure
+ * came while that attempt could still be running (a QP that sat idle for an
+ * hour and is moved again has not failed twice in a row). The churn window
+ * alone does not bound a repair whose every path black-holes: each attempt
+ * then ends at the transport timeout, which on hardware is far above
+ * CHURN_NS / NICs (4.3 s x 8 tries at NCCL's default NCCL_IB_TIMEOUT of 20). */
+static void barren_check(struct r2cc_rqp *r)
+{
+	if (!r->migrations || r->barren_seen == r->migrations || !r->cur_sh)
+		return;
+	r->barren_seen = r->migrations;
+	uint64_t posted, retired;
+	r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
+	bool barren = posted != retired && retired == r->moved_retired &&
+		      now_ns() - r->moved_at < attempt_ns(r);
+	r->barren = barren ? r->barren + 1 : 0;
+}
+
+/* At a failure of r's path: the reason r's repair gives up, or NULL. */
+const char *r2cc_rqp_churning(struct r2cc_rqp *r)
+{
+	if (r->failback_to)
+		return NULL; /* a failback is no failure */
+	if (r->back_path) {
+		/* the returned NIC failed again: its hold-down bounds this, not the
+		 * QP's churn (nor does it make the move before a barren one) */
+		r->barren_seen = r->migrations;
+		return NULL;
+	}
+	barren_check(r);
+	unsigned k = (unsigned)churn_limit();
+	if (r->barren >= k)
+		return BARREN_WHY;
+	if (r->churn < k)
+		return NULL;
+	int64_t oldest = r->recent[(r->churn - k) % CHURN_RING];
+	return now_ns() - oldest < CHURN_NS ? CHURN_WHY : NULL;
+}
+
+/*
+ * A QP connected to itself (NCCL's GPU flush QP: RDMA READs from its own NIC)
+ * has no peer to ask: both ends are here. Fence, a new QP on a healthy NIC
+ * connected to itself, the plan with our own count on both sides, re-post.
+ */
+void r2cc_migrate_loopback(struct r2cc_rqp *r)
+{
+	r2cc_incident_event(r->incident, "qp 0x%x: failure seen (%s), loopback QP", r->qpn,
+			    r->cause);
+	int rc = r2cc_fence(r);
+	if (rc) {
+		r2cc_rqp_fail(r, r2cc_fence_failure(rc));
+		return;
+	}
+	struct r2cc_nic *nic = r->failback_to && r2cc_nic_usable(r, r->failback_to, true)
+				   ? r->failback_to
+				   : r2cc_place(r, NULL);
+	if (!nic || r2cc_path_new(r, nic)) {
+		r2cc_rqp_fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
+		return;
+	}
+	struct peer_path p = {
+	    .qpn = r->new_qp->qp_num,
+	    .lid = nic->lid,
+	    .port = nic->port ? nic->port : 1,
+	    .mtu = r2cc_path_mtu(r, nic),
+	};
+	memcpy(p.gid, r2cc_path_gid(r, nic), 16);
+	snprintf(p.nic, sizeof(p.nic), "%s", nic->name);
+	set_state(r, RQ_EXCHANGE);
+	rc = r2cc_path_connect(r, &p);
+	uint64_t held = 0;
+	pthread_mutex_lock(&r->mu);
+	r->loopback = true;
+	r->initiator = true;
+	r->k_peer = r->k_local;
+	r->peer_sent = 0; /* its receives are its own sends: nothing lost between */
+	r->npeer_lost = 0;
+	if (!r->migrations)
+		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", r->orig_nic->name);
+	pthread_mutex_unlock(&r->mu);
+	if (!rc)
+		rc = r2cc_path_commit(r, &p, true, &held);
+	if (rc) {
+		r2cc_rqp_fail(r, "cannot connect or re-post the loopback QP on the new NIC");
+		return;
+	}
+	r2cc_rqp_done(r, held);
+}
