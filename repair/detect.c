@@ -21,8 +21,9 @@ void r2cc_detect_note(struct r2cc_rqp *r, const char *cause, int status)
 	r->status_seen = status;
 	snprintf(r->cause, sizeof(r->cause), "%s", cause);
 	r->incident = r2cc_incident_get(r->failback_to ? r->failback_to->name : r->cur_nic->name,
-					r->cause, t);
+					r->cause, t, r->born_late);
 	r2cc_eng.inc[r->incident].qps++;
+	r2cc_eng.inc[r->incident].created_after += r->born_late;
 }
 
 void r2cc_detect(struct r2cc_rqp *r, const char *cause, int status)
@@ -178,8 +179,12 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 	int st = __atomic_load_n(&q->ctx->nic->state, __ATOMIC_SEQ_CST);
 	if (st == R2CC_NIC_DECLARED && !q->rep->declared_pending)
 		declared_move(q->rep);
-	else if (st == R2CC_NIC_DOWN)
+	else if (st == R2CC_NIC_DOWN) {
+		pthread_mutex_lock(&r2cc_eng.mu);
+		r->born_late = true;
+		pthread_mutex_unlock(&r2cc_eng.mu);
 		r2cc_detect(q->rep, "created on a NIC that has failed", 0);
+	}
 }
 
 void r2cc_nic_failed(struct r2cc_nic *nic, const char *why)

@@ -62,6 +62,7 @@
 #define LEFT_RING	     4		    /* NICs a QP's path failed on, remembered */
 #define OOM_GIVEUP_NS	     1000000000ll   /* a repair without memory for this long fails */
 #define FAILBACK_HOLD_MAX_NS 600000000000ll /* the longest hold-down of a flapping NIC */
+#define GONE_RING	     256	    /* destroyed connections remembered */
 #define FAILBACK_JOIN_NS     200000000ll    /* QPs of one failback start within this */
 
 enum rq_state {
@@ -82,6 +83,9 @@ enum { OP_REQ = 1, OP_REP, OP_GO, OP_NACK, OP_SUSPECT };
 /* A failback: the sender's NIC came back and its QP returns to it; nothing failed,
  * and the responder returns to its own original NIC if that is up. */
 #define WIRE_F_FAILBACK 0x4
+/* The sender's QP was created on its NIC after that NIC failed: its move is no part
+ * of the repair of the failure (born_late), on either side. */
+#define WIRE_F_CREATED_AFTER 0x8
 
 struct held_send {
 	struct held_send *next;
@@ -252,6 +256,9 @@ struct r2cc_rqp {
 	struct r2cc_nic *failback_to;
 	bool back_path;
 	bool gone; /* NCCL's destroy of the QP succeeded: nothing of NCCL's refers to it */
+	/* The QP was created on its NIC after the NIC failed (moved once connected): it
+	 * joins the NIC's incident, but not the time its failure took to repair. */
+	bool born_late;
 };
 
 struct incident {
@@ -265,8 +272,9 @@ struct incident {
 	int maps_carried, maps_fetched;
 	/* maps fetched after the move, for keys the peer registered since (r2cc_keys_tick) */
 	int maps_later;
-	bool declared; /* a declared failure moved these QPs, not a detected one */
-	bool failback; /* a NIC came back and these QPs returned to it */
+	bool declared;	   /* a declared failure moved these QPs, not a detected one */
+	bool failback;	   /* a NIC came back and these QPs returned to it */
+	int created_after; /* of qps: created on the NIC after it failed (born_late) */
 	int nevents;
 	struct {
 		int64_t t;
@@ -448,6 +456,14 @@ struct r2cc_engine {
 	 * destroyed QPs freed so far (r2cc_records_sweep_locked) */
 	int holders;
 	uint64_t records, records_freed;
+	uint64_t destroyed_in_repair; /* NCCL destroyed the QP while a repair had it */
+	/* The connections (local and remote end) of the last GONE_RING tracked QPs NCCL
+	 * destroyed: an exchange message for one of them is answered with a NACK, so
+	 * that the peer's repair ends at once instead of at its deadline. */
+	struct gone_conn {
+		struct r2cc_peer_ep local, remote;
+	} gone[GONE_RING];
+	unsigned ngone;
 	int keys_due; /* atomic: a QP holds sends for the peer's keys (r2cc_keys_tick) */
 	/* stall suspicions (scan), and how the confirmations ended (self-tests) */
 	uint64_t stalls_suspected, stalls_node_wide;
@@ -589,6 +605,6 @@ void r2cc_failback_verdict(int i, int verdict);
 void r2cc_failback_tick(int64_t t);
 
 /* repair/incident.c */
-int r2cc_incident_get(const char *nic, const char *evidence, int64_t t);
+int r2cc_incident_get(const char *nic, const char *evidence, int64_t t, bool born_late);
 void r2cc_incident_event(int idx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void r2cc_report_stalls(FILE *text, FILE *json);

@@ -36,6 +36,21 @@ static struct r2cc_rqp *rqp_of_msg(const struct rep_wire *m)
 	return r && !r->dead ? r : NULL;
 }
 
+/* Whether m is addressed to a connection whose QP NCCL destroyed here lately (its
+ * record is dead or gone). Under r2cc_eng.mu. */
+static bool destroyed_here(const struct rep_wire *m)
+{
+	struct r2cc_peer_ep local, remote;
+	r2cc_peer_ep_get(m->dst, &local);
+	r2cc_peer_ep_get(m->src, &remote);
+	unsigned n = r2cc_eng.ngone < GONE_RING ? r2cc_eng.ngone : GONE_RING;
+	for (unsigned i = 0; i < n; i++)
+		if (r2cc_peer_ep_equal(&r2cc_eng.gone[i].local, &local) &&
+		    r2cc_peer_ep_equal(&r2cc_eng.gone[i].remote, &remote))
+			return true;
+	return false;
+}
+
 /* Of the two ends, whose exchange goes on when both started one. */
 static bool lower_id(const struct r2cc_rqp *r)
 {
@@ -450,6 +465,7 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 		/* The failback's is the peer's: this side returns home too, if it can. */
 		r->failback_to = back ? r->orig_nic : NULL;
 		pthread_mutex_lock(&r2cc_eng.mu);
+		r->born_late = le16toh(m->flags) & WIRE_F_CREATED_AFTER;
 		r2cc_detect_note(r, why, r->status_seen);
 		pthread_mutex_unlock(&r2cc_eng.mu);
 		set_state(r, RQ_DETECTED);
@@ -694,7 +710,7 @@ static void on_nacks(const struct inbox *in, struct r2cc_rqp **rq)
 	for (int i = 0; i < in->n; i++) {
 		struct r2cc_rqp *r = rq[i];
 		const struct rep_wire *m = &in->m[i];
-		if (r && m->op == OP_NACK && load_state(r) == RQ_EXCHANGE && r->initiator &&
+		if (r && m->op == OP_NACK && load_state(r) == RQ_EXCHANGE &&
 		    r->pair_id == le64toh(m->pair_id)) {
 			char why[128];
 			snprintf(why, sizeof(why), "the peer cannot repair its side (%s)",
@@ -716,9 +732,15 @@ void r2cc_exchange_handle(struct inbox *in)
 	if (!rq)
 		return;
 	bool ops[OP_SUSPECT + 1] = {false};
+	struct outboxes gone = {0};
 	pthread_mutex_lock(&r2cc_eng.mu);
 	for (int i = 0; i < in->n; i++) {
 		struct r2cc_rqp *r = rqp_of_msg(&in->m[i]);
+		/* The application destroyed this end of the connection: the peer's
+		 * repair of its end fails now, with the reason. */
+		if (!r && (in->m[i].op == OP_REQ || in->m[i].op == OP_REP) &&
+		    destroyed_here(&in->m[i]))
+			nack(&gone, dir, in->from_rank, &in->m[i], -ECONNRESET);
 		/* Not ours, not connected yet (the initiator asks again), or twice in
 		 * one message (the first counts). */
 		if (!r || r->busy)
@@ -728,6 +750,7 @@ void r2cc_exchange_handle(struct inbox *in)
 		ops[in->m[i].op] = true;
 	}
 	pthread_mutex_unlock(&r2cc_eng.mu);
+	r2cc_out_flush(&gone);
 	if (ops[OP_REQ])
 		serve_batch(in, rq, dir);
 	if (ops[OP_REP])

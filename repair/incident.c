@@ -10,14 +10,17 @@
 #include <time.h>
 
 /* Under r2cc_eng.mu. */
-int r2cc_incident_get(const char *nic, const char *evidence, int64_t t)
+int r2cc_incident_get(const char *nic, const char *evidence, int64_t t, bool born_late)
 {
 	/* A failback's QPs all start at once (the peer's within its batch): a later
-	 * failback of the same NIC is an incident of its own. */
+	 * failback of the same NIC is an incident of its own. A QP created on the NIC
+	 * after it failed joins the NIC's last failure, however long ago: it is no new
+	 * one. */
 	bool back = !strncmp(evidence, "failback", 8);
 	for (int i = r2cc_eng.ninc - 1; i >= 0; i--)
 		if (!strcmp(r2cc_eng.inc[i].nic, nic) && r2cc_eng.inc[i].failback == back &&
-		    t - r2cc_eng.inc[i].t_detect < (back ? FAILBACK_JOIN_NS : INCIDENT_JOIN_NS))
+		    ((born_late && !back) ||
+		     t - r2cc_eng.inc[i].t_detect < (back ? FAILBACK_JOIN_NS : INCIDENT_JOIN_NS)))
 			return i;
 	if (r2cc_eng.ninc == MAX_INCIDENTS)
 		return MAX_INCIDENTS - 1;
@@ -64,6 +67,7 @@ void r2cc_report_stalls(FILE *text, FILE *json)
 {
 	pthread_mutex_lock(&r2cc_eng.mu);
 	uint64_t recs = r2cc_eng.records, freed = r2cc_eng.records_freed;
+	uint64_t mid = r2cc_eng.destroyed_in_repair;
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	uint64_t v[7] = {
 	    __atomic_load_n(&r2cc_eng.stalls_suspected, __ATOMIC_RELAXED),
@@ -81,20 +85,24 @@ void r2cc_report_stalls(FILE *text, FILE *json)
 		    "%llu passed, %llu failed, %llu inconclusive\n"
 		    "sends posted on moved paths: %llu by NCCL's threads, %llu by the repair "
 		    "thread\n"
-		    "queue pair records: %llu held, %llu of destroyed QPs freed\n",
+		    "queue pair records: %llu held, %llu of destroyed QPs freed (%llu destroyed "
+		    "during their repair)\n",
 		    (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
 		    (unsigned long long)v[3], (unsigned long long)v[4], (unsigned long long)v[5],
-		    (unsigned long long)v[6], (unsigned long long)recs, (unsigned long long)freed);
+		    (unsigned long long)v[6], (unsigned long long)recs, (unsigned long long)freed,
+		    (unsigned long long)mid);
 	if (json)
-		fprintf(
-		    json,
-		    "{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
-		    "\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
-		    "\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu,"
-		    "\"qp_records\":%llu,\"qp_records_freed\":%llu}",
-		    (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
-		    (unsigned long long)v[3], (unsigned long long)v[4], (unsigned long long)v[5],
-		    (unsigned long long)v[6], (unsigned long long)recs, (unsigned long long)freed);
+		fprintf(json,
+			"{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
+			"\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
+			"\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu,"
+			"\"qp_records\":%llu,\"qp_records_freed\":%llu,\"qp_destroyed_in_repair\":%"
+			"llu}",
+			(unsigned long long)v[0], (unsigned long long)v[1],
+			(unsigned long long)v[2], (unsigned long long)v[3],
+			(unsigned long long)v[4], (unsigned long long)v[5],
+			(unsigned long long)v[6], (unsigned long long)recs,
+			(unsigned long long)freed, (unsigned long long)mid);
 }
 
 void r2cc_repair_report(FILE *text, FILE *json)
@@ -114,14 +122,14 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			double mig = in->t_done ? (in->t_done - in->t_detect) / 1e6 : -1;
 			fprintf(text,
 				"incident %d: %s, %s%s%s: %s=%lld qps=%d migrated=%d failed=%d "
-				"%s=%.3f bytes_reposted=%llu bytes_saved=%llu "
+				"created_after=%d %s=%.3f bytes_reposted=%llu bytes_saved=%llu "
 				"completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
 				"peer_maps_fetched=%d peer_maps_later=%d\n",
 				i + 1, in->nic, in->declared ? "[declared] " : "",
 				in->failback ? "[failback] " : "", in->evidence,
 				in->failback ? "started_ns" : "detected_ns",
 				(long long)in->t_detect, in->qps, in->migrated, in->failed,
-				in->failback ? "failback_ms" : "migrate_ms", mig,
+				in->created_after, in->failback ? "failback_ms" : "migrate_ms", mig,
 				(unsigned long long)in->bytes_reposted,
 				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
 				(unsigned long long)in->held, in->maps_carried, in->maps_fetched,
@@ -144,9 +152,9 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			const char *k0 = in->failback ? "started" : "detected";
 			fprintf(json,
 				",\"%s_ns\":%lld,\"%s_unix\":%.6f,\"qps\":%d,"
-				"\"migrated\":%d,\"failed\":%d",
+				"\"migrated\":%d,\"failed\":%d,\"created_after\":%d",
 				k0, (long long)in->t_detect, k0, in->t_detect / 1e9 + mono_to_unix,
-				in->qps, in->migrated, in->failed);
+				in->qps, in->migrated, in->failed, in->created_after);
 			if (in->t_done)
 				fprintf(json, ",\"%s\":%.3f,\"done_unix\":%.6f",
 					in->failback ? "failback_ms" : "migrate_ms",

@@ -357,6 +357,7 @@ void r2cc_rqp_fail(struct r2cc_rqp *r, const char *why)
 	pthread_mutex_lock(&r2cc_eng.mu);
 	if (r->incident >= 0)
 		r2cc_eng.inc[r->incident].failed++;
+	r->born_late = false;
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	r2cc_incident_event(r->incident, "qp 0x%x: repair impossible: %s", r->qpn, why);
 }
@@ -391,9 +392,10 @@ void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
 		in->bytes_saved += r->plan.bytes_saved;
 		in->synth += r->plan.completions_synth + (uint64_t)r->lost_synth;
 		in->held += held;
-		if (t > in->t_done)
+		if (t > in->t_done && !r->born_late)
 			in->t_done = t;
 	}
+	r->born_late = false;
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	r2cc_incident_event(r->incident,
 			    "qp 0x%x: %s -> %s (peer %s -> %s), re-posted %zu sends %zu receives "

@@ -110,6 +110,12 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	pthread_mutex_lock(&r2cc_eng.mu);
 	while (r->busy)
 		pthread_cond_wait(&r2cc_eng.cond, &r2cc_eng.mu);
+	int s = load_state(r);
+	if (r->queued || s == RQ_DETECTED || s == RQ_FENCING || s == RQ_EXCHANGE)
+		r2cc_eng.destroyed_in_repair++;
+	if (r->tracked)
+		r2cc_eng.gone[r2cc_eng.ngone++ % GONE_RING] =
+		    (struct gone_conn){r->ep_local, r->ep_remote};
 	r->dead = true;
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	/* off its CQ's list of re-posts for NCCL's thread */

@@ -25,7 +25,8 @@ void r2cc_wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
 		m->flags = htole16(WIRE_F_FAILBACK);
 	else if (op == OP_REQ && st != R2CC_NIC_UP)
 		m->flags = htole16(WIRE_F_SENDER_NIC_FAILED |
-				   (st == R2CC_NIC_DECLARED ? WIRE_F_DECLARED : 0));
+				   (st == R2CC_NIC_DECLARED ? WIRE_F_DECLARED : 0) |
+				   (r->born_late ? WIRE_F_CREATED_AFTER : 0));
 }
 
 /* This side's counts after its fence: the receives its old path consumed, the

@@ -70,6 +70,14 @@ int drill_file_get(const char *dir, const char *name, int rank, void *data, size
 	return (size_t)n == len ? 0 : -EPROTO;
 }
 
+void drill_file_del(const char *dir, const char *name, int rank)
+{
+	char path[512];
+
+	snprintf(path, sizeof(path), "%s/%s.%d", dir, name, rank);
+	unlink(path);
+}
+
 bool drill_file_exists(const char *dir, const char *name, int rank)
 {
 	char path[512];

@@ -173,7 +173,11 @@ struct drill_status {
 	_Atomic int interposed; /* 0 not known yet, 1 the data path is libr2cc's, 2 it is not */
 	_Atomic int64_t max_post_ns; /* the longest data ibv_post_send call */
 	_Atomic uint64_t churned;    /* --churn: QPs created and destroyed */
-	char error[DRILL_ERR_LEN];   /* the first failure, written once */
+	/* --churn's connections: made, messages checked at their receiver, error
+	 * completions on them, and the longest ibv_destroy_qp of a connected one */
+	_Atomic uint64_t churn_conns, churn_msgs, churn_errors;
+	_Atomic int64_t churn_destroy_max_ns;
+	char error[DRILL_ERR_LEN]; /* the first failure, written once */
 	/*
 	 * Failures by kind. Application errors are what NCCL would see: an error
 	 * completion, a fatal async event, a failed post or poll. Check failures are what
@@ -264,6 +268,7 @@ int drill_file_put(const char *dir, const char *name, int rank, const void *data
 /* Reads `len` bytes of <dir>/<name>.<rank>; -EAGAIN while it is not there yet. */
 int drill_file_get(const char *dir, const char *name, int rank, void *data, size_t len);
 bool drill_file_exists(const char *dir, const char *name, int rank);
+void drill_file_del(const char *dir, const char *name, int rank);
 int64_t drill_now_ns(void);
 
 /* worker.c */

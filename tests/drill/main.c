@@ -110,6 +110,8 @@ struct drill_scenario {
 	double back_ms[DRILL_MAX_INCIDENT]; /* R2CC's failback times (reports) */
 	char shares[128];		    /* each NIC's share of the bytes after it */
 	uint64_t churned, records_freed;    /* --churn */
+	uint64_t churn_conns, churn_msgs, churn_errors, in_repair;
+	int64_t churn_destroy_max_ns;
 	int nback;
 	char why[DRILL_ERR_LEN + 64];
 	char stall[256]; /* each node's phase and progress at the deadline */
@@ -184,9 +186,16 @@ static void usage(FILE *f)
 	    "(it doubles from R2CC_FAILBACK_MS at each flap: floor(log2(MS/FAILBACK + 2))\n"
 	    "+ 1), or if the node's NICs did not each carry a third (1/K, +-0.08) of the\n"
 	    "node's wire bytes after the failback. --flap-ms: the flap's period.\n"
-	    "--churn: each worker creates and destroys QPs (to INIT) on its NICs all through\n"
-	    "the traffic and the fault; the run fails if no R2CC report freed the records of\n"
-	    "destroyed QPs.\n"
+	    "--churn: all through the traffic and the fault, each worker keeps making and\n"
+	    "destroying connections (its own CQ and QP, 8 messages each way checked at the\n"
+	    "receiver, each side destroying without asking the other after 1-40 ms) with the\n"
+	    "worker --per-node ranks on and back, on its NICs in turn, and creates and destroys\n"
+	    "QPs (to INIT) beside them. A scenario fails if a message on a connection is not\n"
+	    "its next one exactly as sent, if destroying a connection fails or takes 2 s, if\n"
+	    "no connection carried a message, or if no R2CC report freed the records of\n"
+	    "destroyed QPs. Its line counts the connections, their messages and error\n"
+	    "completions, the QPs R2CC saw destroyed during their repair, and the longest\n"
+	    "destroy.\n"
 	    "The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -1392,6 +1401,9 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 					s->reposts_repair += (uint64_t)sus[0];
 				if (k == 0 && drill_scan_key(text, "qp_records_freed", sus, 1) == 1)
 					s->records_freed += (uint64_t)sus[0];
+				if (k == 0 &&
+				    drill_scan_key(text, "qp_destroyed_in_repair", sus, 1) == 1)
+					s->in_repair += (uint64_t)sus[0];
 				n = drill_scan_key(text, "peer_maps_carried", maps,
 						   DRILL_MAX_INCIDENT);
 				for (int i = 0; i < n; i++)
@@ -1760,6 +1772,11 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		s->errors += atomic_load(&st[r].errors);
 		s->not_interposed += atomic_load(&st[r].interposed) == 2;
 		s->churned += atomic_load(&st[r].churned);
+		s->churn_conns += atomic_load(&st[r].churn_conns);
+		s->churn_msgs += atomic_load(&st[r].churn_msgs);
+		s->churn_errors += atomic_load(&st[r].churn_errors);
+		if (atomic_load(&st[r].churn_destroy_max_ns) > s->churn_destroy_max_ns)
+			s->churn_destroy_max_ns = atomic_load(&st[r].churn_destroy_max_ns);
 		/* The first error the application saw, on a worker that lived on. */
 		if (r != s->killed && atomic_load(&st[r].app_claimed) && e &&
 		    (!s->app_ns || e < s->app_ns)) {
@@ -1850,6 +1867,15 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 			    "destroyed QPs freed",
 			    (unsigned long long)s->churned, (unsigned long long)s->records_freed);
 		}
+		/* --churn: connections were made and carried messages */
+		if (s->pass && o->churn && o->procs > o->per_node &&
+		    (!s->churn_conns || !s->churn_msgs)) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "--churn: %llu connections made, %llu messages checked on them",
+				 (unsigned long long)s->churn_conns,
+				 (unsigned long long)s->churn_msgs);
+		}
 		if (s->pass && o->restore_ms >= 0 && s->backs_max > drill_backs_allowed(o)) {
 			s->pass = false;
 			snprintf(s->why, sizeof(s->why),
@@ -1917,8 +1943,12 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 	if (s->maps_later)
 		printf(" later-maps %llu", (unsigned long long)s->maps_later);
 	if (o->churn)
-		printf(" churned %llu freed %llu", (unsigned long long)s->churned,
-		       (unsigned long long)s->records_freed);
+		printf(" churned %llu freed %llu conns %llu msgs %llu errors %llu in-repair %llu "
+		       "destroy-max %.1f ms",
+		       (unsigned long long)s->churned, (unsigned long long)s->records_freed,
+		       (unsigned long long)s->churn_conns, (unsigned long long)s->churn_msgs,
+		       (unsigned long long)s->churn_errors, (unsigned long long)s->in_repair,
+		       s->churn_destroy_max_ns / 1e6);
 	if (o->restore_ms >= 0 && s->restored)
 		printf(" failbacks %d (allowed %d)%s%s", s->backs_max, drill_backs_allowed(o),
 		       s->shares[0] ? " shares-after " : "", s->shares);
@@ -2013,8 +2043,11 @@ int main(int argc, char **argv)
 			drill_print_scenario(&o, &s);
 			if (o.verbose)
 				drill_dump_logs(&o, &s, NULL, 0);
-			else if (!s.pass) /* what R2CC said, for a failure seen only in CI */
+			else if (!s.pass) { /* what R2CC said, for a failure seen only in CI */
 				drill_dump_logs(&o, &s, "R2CC WARN", 12);
+				drill_dump_logs(&o, &s, "Sanitizer", 12);
+				drill_dump_logs(&o, &s, "runtime error", 4);
+			}
 			total++;
 			passed += s.pass;
 			delivered += s.delivered;

@@ -52,11 +52,14 @@ CPU_TESTS   += 60@$(DRILL):--fault:down:--restore:200:--seeds:6:--messages:512:-
 	       60@$(DRILL):--fault:down:--restore:300:--seeds:2:--messages:256:--procs:4:--per-node:2:--nccl-stub \
 	       60@$(DRILL):--fault:down:--second-fault:50:--restore:300:--qps:2:--seeds:3:--messages:512:--nccl-stub \
 	       120@$(DRILL):--fault:flap:--flap-ms:600:--restore:30000:--seeds:1:--messages:8192:--max-size:65536:--nccl-stub
-# Lifetimes: QPs created and destroyed all through the traffic and the fault (--churn);
-# R2CC frees the records of the destroyed ones meanwhile, and every message arrives once.
+# Lifetimes: connections (with traffic) and QPs made and destroyed all through the
+# traffic and the fault, some in the middle of their repair (--churn); R2CC frees the
+# records of the destroyed ones meanwhile, and every message arrives once.
 CPU_TESTS   += 60@$(DRILL):--fault:down:--churn:--seeds:3:--messages:512:--nccl-stub \
 	       60@$(DRILL):--fault:blackhole:--churn:--seeds:3:--messages:512:--nccl-stub \
-	       60@$(DRILL):--fault:fatal:--churn:--seeds:3:--messages:512:--nccl-stub
+	       60@$(DRILL):--fault:fatal:--churn:--seeds:3:--messages:512:--nccl-stub \
+	       60@$(DRILL):--fault:ackloss:--churn:--link:roce:--seeds:3:--messages:512:--nccl-stub \
+	       60@$(DRILL):--fault:down:--churn:--procs:4:--per-node:2:--seeds:2:--messages:512:--nccl-stub
 # Hot repair (tests/drill/README.md): each NIC fault kind over 100 seeds (fatal: a dead
 # device, whose lost receive completions are made from the peer's record), 4 processes,
 # a fault while connecting, a second NIC failing during the repair; then the faults R2CC

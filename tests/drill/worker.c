@@ -625,27 +625,30 @@ static int drill_gid_index(void)
 }
 
 /* INIT -> RTR -> RTS with NCCL's attributes (ncclIbRtrQp / ncclIbRtsQp). */
-static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t dqpn,
-			    const struct drill_ep *pe)
+/*
+ * RTR and RTS towards dqpn, the peer's QP on its NIC of the same number (rails), as
+ * NCCL's ncclIbRtrQp and ncclIbRtsQp do. 0, or the failed call's error (*what says
+ * which).
+ */
+static int drill_rtr_rts(struct drill_worker *w, struct ibv_qp *qp, int dev, uint32_t dqpn,
+			 const struct drill_ep *pe, const char **what)
 {
 	struct ibv_qp_attr a;
 	int rc;
 
-	q->rem_dev = q->dev; /* rails: the peer's QP is on its NIC of the same number */
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = w->devs[q->dev].mtu < (enum ibv_mtu)pe->mtu[q->rem_dev]
-			 ? w->devs[q->dev].mtu
-			 : (enum ibv_mtu)pe->mtu[q->rem_dev];
+	a.path_mtu = w->devs[dev].mtu < (enum ibv_mtu)pe->mtu[dev] ? w->devs[dev].mtu
+								   : (enum ibv_mtu)pe->mtu[dev];
 	a.dest_qp_num = dqpn;
 	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 12;
 	a.ah_attr.is_global = 0;
-	a.ah_attr.dlid = (uint16_t)pe->lid[q->rem_dev];
-	if (w->devs[q->dev].eth) {
+	a.ah_attr.dlid = (uint16_t)pe->lid[dev];
+	if (w->devs[dev].eth) {
 		a.ah_attr.is_global = 1;
-		memcpy(a.ah_attr.grh.dgid.raw, pe->gid[q->rem_dev], 16);
+		memcpy(a.ah_attr.grh.dgid.raw, pe->gid[dev], 16);
 		a.ah_attr.grh.sgid_index = (uint8_t)drill_gid_index();
 		a.ah_attr.grh.hop_limit = 255;
 		a.ah_attr.grh.traffic_class = (uint8_t)drill_env_int("NCCL_IB_TC", 0, 255);
@@ -653,14 +656,13 @@ static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t
 	a.ah_attr.sl = 0;
 	a.ah_attr.src_path_bits = 0;
 	a.ah_attr.port_num = 1;
-	rc = drill_ibv.modify_qp(q->qp, &a,
+	*what = "RTR";
+	rc = drill_ibv.modify_qp(qp, &a,
 				 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 				     IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
 				     IBV_QP_MIN_RNR_TIMER);
-	if (rc) {
-		drill_fail_app(w, "modify_qp RTR (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
-		return -1;
-	}
+	if (rc)
+		return rc;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = (uint8_t)w->o->qp_timeout;
@@ -668,11 +670,23 @@ static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t
 	a.rnr_retry = 7;
 	a.sq_psn = 0;
 	a.max_rd_atomic = 1;
-	rc = drill_ibv.modify_qp(q->qp, &a,
-				 IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	*what = "RTS";
+	return drill_ibv.modify_qp(qp, &a,
+				   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static int drill_qp_connect(struct drill_worker *w, struct drill_qp *q, uint32_t dqpn,
+			    const struct drill_ep *pe)
+{
+	const char *what = "";
+	int rc;
+
+	q->rem_dev = q->dev; /* rails: the peer's QP is on its NIC of the same number */
+	rc = drill_rtr_rts(w, q->qp, q->dev, dqpn, pe, &what);
 	if (rc) {
-		drill_fail_app(w, "modify_qp RTS (qpn 0x%06x): %s", q->qp->qp_num, strerror(rc));
+		drill_fail_app(w, "modify_qp %s (qpn 0x%06x): %s", what, q->qp->qp_num,
+			       strerror(rc));
 		return -1;
 	}
 	return 0;
@@ -1612,16 +1626,318 @@ static void drill_recheck(struct drill_worker *w)
 }
 
 /*
- * --churn: beside the traffic, and through the fault, QPs are created on each NIC (on
- * its PD and CQ, as NCCL's next connection would be) and destroyed again once in INIT,
- * one every 200 us, so that R2CC creates, kills and frees their records while its
- * repair thread, the stall scan and the fault's detection walk the others.
+ * --churn's connections. Each worker keeps one connection to the worker per_node ranks
+ * on (it offers, then sends) and one from the worker per_node ranks back (it accepts,
+ * then receives), on the NICs in turn, and makes a new one as soon as the last is
+ * destroyed: as NCCL's communicators come and go beside a job's traffic. The offer
+ * side creates its CQ and QP and leaves its QP number in a file; the accepting side
+ * creates its own, posts DRILL_CHURN_MSGS receives, connects and answers; the offer
+ * side connects and sends that many messages, then destroys its QP and CQ once they
+ * completed or DRILL_CHURN_HOLD_NS(g) passed, whichever is first; the accepting side
+ * once it has them all or DRILL_CHURN_LIVE_NS passed. Both destroy without asking the
+ * other, so the fault finds connections in every stage, repairs some of them, and
+ * sees some destroyed in the middle of their repair on either side.
+ *
+ * Checked: every message that arrives is its connection's next one, exactly as sent
+ * (so none twice, none lost before a later one, none from an older connection); no
+ * destroy of a connected QP or its CQ fails or takes DRILL_CHURN_DESTROY_NS or more.
+ * Error completions on these connections are counted, not failures: the peer may have
+ * destroyed its end.
+ */
+#define DRILL_CHURN_MSGS       8
+#define DRILL_CHURN_MAGIC      0x5232434343485552ull /* "R2CCCHUR" */
+#define DRILL_CHURN_WAIT_NS    2000000000ll	     /* the answer to an offer */
+#define DRILL_CHURN_LIVE_NS    40000000ll	     /* the accepting side's longest wait */
+#define DRILL_CHURN_DESTROY_NS 2000000000ll
+
+struct drill_churn_msg {
+	uint64_t magic;
+	uint32_t from, gen, seq, pad;
+	uint64_t key;
+};
+
+struct drill_churn_note { /* an offer's or an answer's file */
+	uint64_t magic;
+	uint32_t gen, qpn;
+	int32_t dev;
+};
+
+enum { DRILL_CH_IDLE, DRILL_CH_OFFERED, DRILL_CH_LIVE };
+
+struct drill_churn_link {
+	bool offer;   /* this side offers and sends */
+	int peer;     /* the partner worker */
+	uint32_t gen; /* the connection under way */
+	int state;
+	int dev;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr[DRILL_MAX_NICS];
+	int64_t until;
+	uint32_t done; /* send completions, or messages checked */
+	struct drill_churn_msg buf[DRILL_CHURN_MSGS];
+};
+
+static uint64_t drill_churn_key(const struct drill_worker *w, int from, uint32_t gen, uint32_t seq)
+{
+	return drill_hash(w->o->seed, (uint64_t)from, gen, seq);
+}
+
+/* The offer side's hold: 1 to 24 ms, the connection's own. */
+static int64_t drill_churn_hold_ns(const struct drill_worker *w, const struct drill_churn_link *l)
+{
+	return 1000000ll *
+	       (1 + (int64_t)(drill_hash(w->o->seed, (uint64_t)w->o->rank, l->gen, 7) % 24));
+}
+
+static void drill_churn_destroy(struct drill_worker *w, struct drill_churn_link *l)
+{
+	char name[32];
+	int64_t t0 = drill_now_ns();
+	int rc = 0;
+
+	if (l->qp) {
+		rc = drill_ibv.destroy_qp(l->qp);
+		if (rc)
+			drill_fail_check(w,
+					 "--churn: ibv_destroy_qp of a connected QP (qpn 0x%06x on "
+					 "%s) failed: %s",
+					 l->qp->qp_num, drill_nic(w, l->dev), strerror(rc));
+	}
+	if (!rc && l->cq && (rc = drill_ibv.destroy_cq(l->cq)))
+		drill_fail_check(w, "--churn: ibv_destroy_cq of a connection's CQ on %s failed: %s",
+				 drill_nic(w, l->dev), strerror(rc));
+	int64_t took = drill_now_ns() - t0;
+	int64_t max = atomic_load(&w->st->churn_destroy_max_ns);
+	while (took > max &&
+	       !atomic_compare_exchange_weak(&w->st->churn_destroy_max_ns, &max, took))
+		;
+	if (took >= DRILL_CHURN_DESTROY_NS)
+		drill_fail_check(w, "--churn: destroying a connection on %s took %.0f ms",
+				 drill_nic(w, l->dev), took / 1e6);
+	if (l->qp)
+		atomic_fetch_add(&w->st->churned, 1);
+	l->qp = NULL;
+	l->cq = NULL;
+	if (l->offer && l->state == DRILL_CH_OFFERED) { /* an answer may still come: not read */
+		snprintf(name, sizeof(name), "cha%u", l->gen);
+		drill_file_del(w->o->dir, name, l->peer);
+	}
+	l->state = DRILL_CH_IDLE;
+	l->gen++;
+}
+
+/* A CQ and an RC QP in INIT on dev, as NCCL makes a connection's. */
+static int drill_churn_create(struct drill_worker *w, struct drill_churn_link *l, int dev)
+{
+	struct drill_dev *d = &w->devs[dev];
+	struct ibv_qp_init_attr ia = {
+	    .cap = {.max_send_wr = DRILL_CHURN_MSGS,
+		    .max_recv_wr = DRILL_CHURN_MSGS,
+		    .max_send_sge = 1,
+		    .max_recv_sge = 1},
+	    .qp_type = IBV_QPT_RC,
+	};
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+				.port_num = 1,
+				.qp_access_flags =
+				    IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+
+	l->dev = dev;
+	l->cq = drill_ibv.create_cq(d->ctx, 2 * DRILL_CHURN_MSGS + 4, NULL, NULL, 0);
+	if (!l->cq)
+		return -1;
+	ia.send_cq = ia.recv_cq = l->cq;
+	l->qp = drill_ibv.create_qp(d->pd, &ia);
+	if (!l->qp ||
+	    drill_ibv.modify_qp(
+		l->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		return -1;
+	return 0;
+}
+
+/* Completions of a live connection; true when it is to be destroyed. */
+static bool drill_churn_poll(struct drill_worker *w, struct drill_churn_link *l)
+{
+	struct ibv_wc wcs[DRILL_CHURN_MSGS];
+	int n = l->cq->context->ops.poll_cq(l->cq, DRILL_CHURN_MSGS, wcs);
+
+	for (int i = 0; i < n; i++) {
+		const struct ibv_wc *wc = &wcs[i];
+
+		if (wc->status != IBV_WC_SUCCESS) {
+			atomic_fetch_add(&w->st->churn_errors, 1);
+			continue;
+		}
+		if (l->offer) {
+			l->done++;
+			continue;
+		}
+		const struct drill_churn_msg *m = &l->buf[wc->wr_id % DRILL_CHURN_MSGS];
+		uint32_t want = l->done;
+		if (wc->opcode != IBV_WC_RECV || wc->wr_id != want || wc->byte_len != sizeof(*m) ||
+		    m->magic != DRILL_CHURN_MAGIC || m->from != (uint32_t)l->peer ||
+		    m->gen != l->gen || m->seq != want ||
+		    m->key != drill_churn_key(w, l->peer, l->gen, want)) {
+			drill_fail_check(
+			    w,
+			    "--churn: connection %u from node%d on %s: receive %llu "
+			    "(%u bytes) holds message %u of connection %u, want message "
+			    "%u",
+			    l->gen, l->peer, drill_nic(w, l->dev), (unsigned long long)wc->wr_id,
+			    wc->byte_len, m->seq, m->gen, want);
+			continue;
+		}
+		l->done++;
+		atomic_fetch_add(&w->st->churn_msgs, 1);
+	}
+	return n < 0 || l->done == DRILL_CHURN_MSGS || drill_now_ns() > l->until;
+}
+
+static void drill_churn_offer_step(struct drill_worker *w, struct drill_churn_link *l)
+{
+	const struct drill_opts *o = w->o;
+	struct drill_churn_note note;
+	char name[32];
+	const char *what = "";
+
+	if (l->state == DRILL_CH_IDLE) {
+		int dev = (int)(l->gen % (uint32_t)o->nics);
+		if (drill_churn_create(w, l, dev)) {
+			drill_churn_destroy(w, l);
+			return;
+		}
+		note = (struct drill_churn_note){DRILL_CHURN_MAGIC, l->gen, l->qp->qp_num, dev};
+		snprintf(name, sizeof(name), "cho%u", l->gen);
+		if (drill_file_put(o->dir, name, o->rank, &note, sizeof(note))) {
+			drill_churn_destroy(w, l);
+			return;
+		}
+		l->state = DRILL_CH_OFFERED;
+		l->until = drill_now_ns() + DRILL_CHURN_WAIT_NS;
+		return;
+	}
+	if (l->state == DRILL_CH_OFFERED) {
+		snprintf(name, sizeof(name), "cha%u", l->gen);
+		if (drill_file_get(o->dir, name, l->peer, &note, sizeof(note)) != 0) {
+			if (drill_now_ns() > l->until)
+				drill_churn_destroy(w, l);
+			return;
+		}
+		drill_file_del(o->dir, name, l->peer);
+		l->state = DRILL_CH_LIVE;
+		if (note.magic != DRILL_CHURN_MAGIC || note.gen != l->gen || !note.qpn ||
+		    drill_rtr_rts(w, l->qp, l->dev, note.qpn, &w->peers[l->peer], &what)) {
+			drill_churn_destroy(w, l);
+			return;
+		}
+		atomic_fetch_add(&w->st->churn_conns, 1);
+		for (uint32_t i = 0; i < DRILL_CHURN_MSGS; i++) {
+			struct drill_churn_msg *m = &l->buf[i];
+			*m = (struct drill_churn_msg){DRILL_CHURN_MAGIC,
+						      (uint32_t)o->rank,
+						      l->gen,
+						      i,
+						      0,
+						      drill_churn_key(w, o->rank, l->gen, i)};
+			struct ibv_sge sge = {(uintptr_t)m, sizeof(*m), l->mr[l->dev]->lkey};
+			struct ibv_send_wr wr = {.wr_id = i,
+						 .sg_list = &sge,
+						 .num_sge = 1,
+						 .opcode = IBV_WR_SEND,
+						 .send_flags = IBV_SEND_SIGNALED},
+					   *bad;
+			if (l->qp->context->ops.post_send(l->qp, &wr, &bad))
+				break;
+		}
+		l->done = 0;
+		l->until = drill_now_ns() + drill_churn_hold_ns(w, l);
+		return;
+	}
+	if (drill_churn_poll(w, l))
+		drill_churn_destroy(w, l);
+}
+
+static void drill_churn_accept_step(struct drill_worker *w, struct drill_churn_link *l)
+{
+	const struct drill_opts *o = w->o;
+	struct drill_churn_note note;
+	char name[32];
+	const char *what = "";
+
+	if (l->state == DRILL_CH_LIVE) {
+		if (drill_churn_poll(w, l))
+			drill_churn_destroy(w, l);
+		return;
+	}
+	snprintf(name, sizeof(name), "cho%u", l->gen);
+	if (drill_file_get(o->dir, name, l->peer, &note, sizeof(note)) != 0)
+		return;
+	drill_file_del(o->dir, name, l->peer);
+	l->state = DRILL_CH_LIVE;
+	if (note.magic != DRILL_CHURN_MAGIC || note.gen != l->gen || note.dev < 0 ||
+	    note.dev >= o->nics || drill_churn_create(w, l, note.dev)) {
+		/* refused (a dead device, say): the offer side learns it at once */
+		note = (struct drill_churn_note){DRILL_CHURN_MAGIC, l->gen, 0, -1};
+		snprintf(name, sizeof(name), "cha%u", l->gen);
+		drill_file_put(o->dir, name, o->rank, &note, sizeof(note));
+		drill_churn_destroy(w, l);
+		return;
+	}
+	memset(l->buf, 0, sizeof(l->buf));
+	for (uint32_t i = 0; i < DRILL_CHURN_MSGS; i++) {
+		struct ibv_sge sge = {(uintptr_t)&l->buf[i], sizeof(l->buf[i]),
+				      l->mr[l->dev]->lkey};
+		struct ibv_recv_wr wr = {.wr_id = i, .sg_list = &sge, .num_sge = 1}, *bad;
+		if (l->qp->context->ops.post_recv(l->qp, &wr, &bad)) {
+			drill_churn_destroy(w, l);
+			return;
+		}
+	}
+	if (drill_rtr_rts(w, l->qp, l->dev, note.qpn, &w->peers[l->peer], &what)) {
+		drill_churn_destroy(w, l);
+		return;
+	}
+	note = (struct drill_churn_note){DRILL_CHURN_MAGIC, l->gen, l->qp->qp_num, l->dev};
+	snprintf(name, sizeof(name), "cha%u", l->gen);
+	if (drill_file_put(o->dir, name, o->rank, &note, sizeof(note))) {
+		drill_churn_destroy(w, l);
+		return;
+	}
+	l->done = 0;
+	l->until = drill_now_ns() + DRILL_CHURN_LIVE_NS;
+}
+
+/*
+ * --churn: beside the traffic, and through the fault, the connections above, and QPs
+ * created on each NIC (on its PD and CQ, as NCCL's next connection would be) and
+ * destroyed again once in INIT, one every 200 us, so that R2CC creates, repairs, kills
+ * and frees their records while its repair thread, the stall scan and the fault's
+ * detection walk the others.
  */
 static void *drill_churn_main(void *arg)
 {
 	struct drill_worker *w = arg;
+	const struct drill_opts *o = w->o;
+	struct drill_churn_link links[2] = {
+	    {.offer = true, .peer = (o->rank + o->per_node) % o->procs},
+	    {.offer = false, .peer = (o->rank - o->per_node + o->procs) % o->procs},
+	};
+	bool linked = o->procs > o->per_node;
 
+	for (int k = 0; k < 2 && linked; k++)
+		for (int d = 0; d < o->nics; d++) {
+			links[k].mr[d] =
+			    drill_ibv.reg_mr(w->devs[d].pd, links[k].buf, sizeof(links[k].buf),
+					     IBV_ACCESS_LOCAL_WRITE);
+			if (!links[k].mr[d])
+				linked = false;
+		}
 	for (unsigned i = 0; !atomic_load(&w->churn_stop) && !drill_stopped(w); i++) {
+		if (linked) {
+			drill_churn_offer_step(w, &links[0]);
+			drill_churn_accept_step(w, &links[1]);
+		}
 		struct drill_dev *d = &w->devs[i % (unsigned)w->o->nics];
 		struct ibv_qp_init_attr ia = {
 		    .send_cq = d->cq,
@@ -1646,6 +1962,13 @@ static void *drill_churn_main(void *arg)
 				atomic_fetch_add(&w->st->churned, 1);
 		}
 		nanosleep(&ts, NULL);
+	}
+	for (int k = 0; k < 2; k++) {
+		if (links[k].qp || links[k].cq)
+			drill_churn_destroy(w, &links[k]);
+		for (int d = 0; d < o->nics; d++)
+			if (links[k].mr[d])
+				drill_ibv.dereg_mr(links[k].mr[d]);
 	}
 	return NULL;
 }
