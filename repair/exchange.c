@@ -335,7 +335,8 @@ void r2cc_exchange_initiate(struct batch *b)
 			w.r[n++] = w.r[i];
 	}
 	free(frc);
-	qsort(w.r, (size_t)n, sizeof(*w.r), cmp_by_peer);
+	if (n > 1) /* (w.r is NULL when the batch is empty) */
+		qsort(w.r, (size_t)n, sizeof(*w.r), cmp_by_peer);
 	struct rep_wire *m = n ? malloc(sizeof(*m) * (size_t)n) : NULL;
 	if (n && !m) {
 		for (int i = 0; i < n; i++)
