@@ -721,10 +721,12 @@ static int wrap_ibv_destroy_qp(struct ibv_qp *qp)
 	if (q)
 		r2cc_repair_qp_destroying(q);
 	int rc = real_ibv_destroy_qp(qp);
-	if (rc == 0 && q)
-		r2cc_repair_qp_destroyed(q);
-	if (rc == 0)
-		r2cc_qp_remove(qp);
+	if (rc == 0) {
+		/* A QP hot repair knows is freed with its record (repair/rqp.c). */
+		struct r2cc_qp *gone = r2cc_qp_unlink(qp);
+		if (gone && !(gone == q && r2cc_repair_qp_destroyed(q)))
+			r2cc_qp_free(gone);
+	}
 	return rc;
 }
 

@@ -125,7 +125,8 @@ static bool declared_mark(void)
 static bool declared_fresh(const struct r2cc_rqp *r, const void *arg)
 {
 	(void)arg;
-	return r->q && r->q->state == IBV_QPS_RTS && !r->declared_pending &&
+	const struct r2cc_qp *q = r2cc_rqp_qp(r);
+	return q && q->state == IBV_QPS_RTS && !r->declared_pending &&
 	       load_state(r) == RQ_HEALTHY &&
 	       __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED;
 }

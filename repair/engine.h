@@ -113,8 +113,10 @@ void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *at
 void r2cc_repair_qp_ready(struct r2cc_qp *q);
 /* Before the real destroy; the private QP and CQ of a migrated QP go too. */
 void r2cc_repair_qp_destroying(struct r2cc_qp *q);
-/* The real destroy succeeded: the QP's record may be freed (by the repair thread). */
-void r2cc_repair_qp_destroyed(struct r2cc_qp *q);
+/* The real destroy succeeded: the QP's record may be freed (by the repair thread).
+ * true: the record took q, the registry's object, and frees it with itself (the
+ * engine's other threads may still be reading it); false: the caller frees it. */
+bool r2cc_repair_qp_destroyed(struct r2cc_qp *q);
 
 /* Data path, slow side (gate closed). */
 int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);

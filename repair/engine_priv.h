@@ -256,6 +256,9 @@ struct r2cc_rqp {
 	struct r2cc_nic *failback_to;
 	bool back_path;
 	bool gone; /* NCCL's destroy of the QP succeeded: nothing of NCCL's refers to it */
+	/* The registry's object of NCCL's QP once destroyed: freed with the record, so
+	 * that a thread that read r->q before it became NULL reads valid memory. */
+	struct r2cc_qp *q_gone;
 	/* The QP was created on its NIC after the NIC failed (moved once connected): it
 	 * joins the NIC's incident, but not the time its failure took to repair. */
 	bool born_late;
@@ -391,6 +394,13 @@ struct batch {
 	struct r2cc_rqp **r;
 	int n, cap;
 };
+
+/* NCCL's QP of a record, read once (NULL once NCCL destroys it): from threads that
+ * do not hold r->mu. The object stays valid as long as the record (rqp.c). */
+static inline struct r2cc_qp *r2cc_rqp_qp(const struct r2cc_rqp *r)
+{
+	return __atomic_load_n(&r->q, __ATOMIC_ACQUIRE);
+}
 
 static inline int load_state(const struct r2cc_rqp *r)
 {

@@ -22,8 +22,9 @@ struct same_path {
 static bool on_same_path(const struct r2cc_rqp *o, const void *arg)
 {
 	const struct same_path *sp = arg;
-	return o != sp->r && o->q && o->cur_nic == sp->nic &&
-	       (sp->port_down || o->q->peer.lid == sp->r->q->peer.lid);
+	const struct r2cc_qp *q = r2cc_rqp_qp(o), *mine = r2cc_rqp_qp(sp->r);
+	return o != sp->r && q && mine && o->cur_nic == sp->nic &&
+	       (sp->port_down || q->peer.lid == mine->peer.lid);
 }
 
 /*

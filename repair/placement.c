@@ -17,7 +17,8 @@
  * before the first post; receives posted tell it too. */
 bool r2cc_rqp_receiving(const struct r2cc_rqp *r)
 {
-	return r->q && ((r->q->access & IBV_ACCESS_REMOTE_ATOMIC) || r->q->rx_wrs > 0);
+	const struct r2cc_qp *q = r2cc_rqp_qp(r);
+	return q && ((q->access & IBV_ACCESS_REMOTE_ATOMIC) || q->rx_wrs > 0);
 }
 
 static int nic_load(const struct r2cc_nic *nic, bool rx)

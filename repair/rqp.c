@@ -144,7 +144,7 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	r->cur_sh = NULL;
 	r2cc_qp_shadow_destroy(q->shadow);
 	q->shadow = NULL;
-	r->q = NULL;
+	__atomic_store_n(&r->q, NULL, __ATOMIC_RELEASE);
 	while (r->hs_head) {
 		struct held_send *h = r->hs_head;
 		r->hs_head = h->next;
@@ -165,14 +165,19 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	 * (r2cc_records_sweep_locked): the stall scan and other threads' lists may hold it. */
 }
 
-void r2cc_repair_qp_destroyed(struct r2cc_qp *q)
+bool r2cc_repair_qp_destroyed(struct r2cc_qp *q)
 {
 	struct r2cc_rqp *r = q->rep;
 	if (!r)
-		return;
+		return false;
 	pthread_mutex_lock(&r2cc_eng.mu);
 	r->gone = true;
+	/* Without the repair thread (a forked child) nothing walks the records. */
+	bool keep = __atomic_load_n(&r2cc_eng.running, __ATOMIC_ACQUIRE);
+	if (keep)
+		r->q_gone = q;
 	pthread_mutex_unlock(&r2cc_eng.mu);
+	return keep;
 }
 
 /*
@@ -195,6 +200,8 @@ void r2cc_records_sweep_locked(void)
 		}
 		*pp = r->next_all;
 		pthread_mutex_destroy(&r->mu);
+		if (r->q_gone)
+			r2cc_qp_free(r->q_gone);
 		free(r);
 		r2cc_eng.records--;
 		r2cc_eng.records_freed++;

@@ -232,15 +232,25 @@ struct r2cc_qp *r2cc_qp_by_num(const struct r2cc_nic *nic, uint32_t qpn)
 	return r2cc_map_get(&qpnum_map, nic_key(nic, qpn));
 }
 
-void r2cc_qp_remove(struct ibv_qp *qp)
+struct r2cc_qp *r2cc_qp_unlink(struct ibv_qp *qp)
 {
 	struct r2cc_qp *q = r2cc_map_remove(&r2cc_qp_map, (uint64_t)(uintptr_t)qp);
 	if (!q)
-		return;
+		return NULL;
 	if (q->ctx && q->ctx->nic)
 		r2cc_map_remove(&qpnum_map, nic_key(q->ctx->nic, q->qpn));
 	__atomic_fetch_sub(&nqps, 1, __ATOMIC_RELAXED);
+	return q;
+}
+
+void r2cc_qp_free(struct r2cc_qp *q)
+{
 	free(q);
+}
+
+void r2cc_qp_remove(struct ibv_qp *qp)
+{
+	r2cc_qp_free(r2cc_qp_unlink(qp));
 }
 
 size_t r2cc_qp_count(void)

@@ -181,6 +181,9 @@ struct r2cc_qp *r2cc_qp_add(struct ibv_qp *qp, struct r2cc_ctx *ctx, struct r2cc
 			    struct r2cc_cq *recv_cq, uint32_t qpn, int qp_type);
 struct r2cc_qp *r2cc_qp_by_num(const struct r2cc_nic *nic, uint32_t qpn);
 void r2cc_qp_remove(struct ibv_qp *qp);
+/* Out of the lookups without being freed (its owner frees it later), and the free. */
+struct r2cc_qp *r2cc_qp_unlink(struct ibv_qp *qp);
+void r2cc_qp_free(struct r2cc_qp *q);
 size_t r2cc_qp_count(void);
 
 /*
