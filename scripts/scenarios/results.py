@@ -26,9 +26,11 @@ import time
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([A-Za-z][A-Za-z0-9_]*)\b(.*)$")
 NIC_CAPTION = re.compile(r"NIC bytes per iteration.*?of node (\S+?),.*?(?:size (\d+) B)?[^;]*;\s*source:\s*(\S+)")
 NIC_HEADER = re.compile(r"^\s*(?:\[Rank \d+\]\s*)?Iter\s+Time\(ms\)\s+(.*)$")
-NIC_ROW = re.compile(r"^\s*(\d+)\s+([0-9.]+)((?:\s+[0-9.]+)+)\s*$")
-ITER_START = re.compile(r"\bIter\s+(\d+)/(\d+)\s+START:\s*(\S+)\s+([0-9.]+)\s*([KMGT]?i?B)")
-ITER_END = re.compile(r"\bIter\s+(\d+)/(\d+)\s+END:\s*(OK|WRONG[^(]*?)\s*\(elapsed\s+([0-9.]+)\s*ms\)")
+DEC = r"(?:\d+(?:\.\d*)?|\.\d+)"  # a decimal number float() takes ("." is none)
+NIC_ROW = re.compile(r"^\s*(\d+)\s+(" + DEC + r")((?:\s+" + DEC + r")+)\s*$")
+ITER_START = re.compile(r"\bIter\s+(\d+)/(\d+)\s+START:\s*(\S+)\s+(" + DEC + r")\s*([KMGT]?i?B)")
+ITER_END = re.compile(r"\bIter\s+(\d+)/(\d+)\s+END:\s*(OK|WRONG[^(]*?)\s*\(elapsed\s+(" + DEC +
+                      r")\s*ms\)")
 OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(\w+)")
 RANK_LINE = re.compile(r"^#\s+Rank\s+\d+\s")
 TITLE = re.compile(r"^#\s*r2cc-perf\s+(\w+):|^#\s*Collective test starting:\s*(\S+)")
@@ -390,8 +392,8 @@ def load_incidents(pattern):
                     incidents.append(inc)
         except ValueError:
             # not one JSON document: take every detect_ms / migrate_ms number in order
-            det = re.findall(r"\bdetect_ms\"?\s*[:=]\s*([0-9.]+)", text)
-            mig = re.findall(r"\bmigrate_ms\"?\s*[:=]\s*([0-9.]+)", text)
+            det = re.findall(r"\bdetect_ms\"?\s*[:=]\s*(" + DEC + ")", text)
+            mig = re.findall(r"\bmigrate_ms\"?\s*[:=]\s*(" + DEC + ")", text)
             for k in range(max(len(det), len(mig))):
                 incidents.append({"detect_ms": float(det[k]) if k < len(det) else None,
                                   "migrate_ms": float(mig[k]) if k < len(mig) else None})
