@@ -659,7 +659,7 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 		rc = 0;
 	if (rc == 0 && (q || (q = r2cc_qp_find(qp)))) {
 		if (mask & IBV_QP_STATE)
-			q->state = attr->qp_state;
+			__atomic_store_n(&q->state, attr->qp_state, __ATOMIC_RELAXED);
 		if (mask & IBV_QP_DEST_QPN)
 			q->peer.qpn = attr->dest_qp_num;
 		if (mask & IBV_QP_PKEY_INDEX)

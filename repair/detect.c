@@ -126,8 +126,8 @@ static bool declared_fresh(const struct r2cc_rqp *r, const void *arg)
 {
 	(void)arg;
 	const struct r2cc_qp *q = r2cc_rqp_qp(r);
-	return q && q->state == IBV_QPS_RTS && !r->declared_pending &&
-	       load_state(r) == RQ_HEALTHY &&
+	return q && __atomic_load_n(&q->state, __ATOMIC_RELAXED) == IBV_QPS_RTS &&
+	       !r->declared_pending && load_state(r) == RQ_HEALTHY &&
 	       __atomic_load_n(&r->cur_nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DECLARED;
 }
 
@@ -152,7 +152,9 @@ void r2cc_declared_apply(void)
 static void declared_move(struct r2cc_rqp *r)
 {
 	pthread_mutex_lock(&r->mu);
-	bool fresh = r->q && !r->q->tx_wrs && !r->q->rx_wrs && load_state(r) == RQ_HEALTHY;
+	bool fresh = r->q && !__atomic_load_n(&r->q->tx_wrs, __ATOMIC_RELAXED) &&
+		     !__atomic_load_n(&r->q->rx_wrs, __ATOMIC_RELAXED) &&
+		     load_state(r) == RQ_HEALTHY;
 	if (fresh) {
 		r->declared_pending = true;
 		gate_close(&r->q->gate);

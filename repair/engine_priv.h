@@ -427,7 +427,8 @@ static inline int64_t now_ns(void)
  * two sees the other and the QP is detected once. */
 static inline bool connected(const struct r2cc_rqp *r)
 {
-	return r->q && __atomic_load_n(&r->q->state, __ATOMIC_RELAXED) == IBV_QPS_RTS &&
+	const struct r2cc_qp *q = __atomic_load_n(&r->q, __ATOMIC_ACQUIRE);
+	return q && __atomic_load_n(&q->state, __ATOMIC_RELAXED) == IBV_QPS_RTS &&
 	       __atomic_load_n(&r->ready, __ATOMIC_SEQ_CST);
 }
 

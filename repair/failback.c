@@ -77,7 +77,7 @@ static int detect_failback(struct r2cc_rqp *r, struct r2cc_nic *nic, const char 
 static bool live_rqp(const struct r2cc_rqp *r, const void *arg)
 {
 	(void)arg;
-	return !r->dead && r->q;
+	return !r->dead && r2cc_rqp_qp(r) && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE);
 }
 
 /*

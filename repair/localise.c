@@ -23,8 +23,10 @@ static bool on_same_path(const struct r2cc_rqp *o, const void *arg)
 {
 	const struct same_path *sp = arg;
 	const struct r2cc_qp *q = r2cc_rqp_qp(o), *mine = r2cc_rqp_qp(sp->r);
-	return o != sp->r && q && mine && o->cur_nic == sp->nic &&
-	       (sp->port_down || q->peer.lid == mine->peer.lid);
+	/* A QP NCCL has not brought to RTS has no path yet (and NCCL's thread is still
+	 * writing its attributes). */
+	return o != sp->r && q && mine && __atomic_load_n(&o->ready, __ATOMIC_ACQUIRE) &&
+	       o->cur_nic == sp->nic && (sp->port_down || q->peer.lid == mine->peer.lid);
 }
 
 /*

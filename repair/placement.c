@@ -14,11 +14,14 @@
  * QPs post receives (and small clear-to-send writes). Balancing each kind on its
  * own keeps both directions of every NIC even. NCCL gives receive-side QPs remote
  * atomic access at INIT (send-side ones only remote write), which tells them apart
- * before the first post; receives posted tell it too. */
+ * before the first post; receives posted tell it too. Only of a QP NCCL has brought
+ * to RTS (ready: its INIT attributes are written, by NCCL's thread, before that). */
 bool r2cc_rqp_receiving(const struct r2cc_rqp *r)
 {
 	const struct r2cc_qp *q = r2cc_rqp_qp(r);
-	return q && ((q->access & IBV_ACCESS_REMOTE_ATOMIC) || q->rx_wrs > 0);
+	return q && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE) &&
+	       ((q->access & IBV_ACCESS_REMOTE_ATOMIC) ||
+		__atomic_load_n(&q->rx_wrs, __ATOMIC_RELAXED) > 0);
 }
 
 static int nic_load(const struct r2cc_nic *nic, bool rx)
@@ -26,7 +29,8 @@ static int nic_load(const struct r2cc_nic *nic, bool rx)
 	int n = 0;
 	pthread_mutex_lock(&r2cc_eng.mu);
 	for (struct r2cc_rqp *r = r2cc_eng.all; r; r = r->next_all)
-		if (!r->dead && r2cc_rqp_receiving(r) == rx &&
+		if (!r->dead && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE) &&
+		    r2cc_rqp_receiving(r) == rx &&
 		    (r->new_ctx && r->new_qp ? r->new_ctx->nic : r->cur_nic) == nic)
 			n++; /* a path being built counts where it goes */
 	pthread_mutex_unlock(&r2cc_eng.mu);

@@ -215,11 +215,13 @@ static uint8_t *drill_fifo_slot(const struct drill_worker *w, const struct drill
 	return c->fifo + (size_t)slot * DRILL_MAX_RECVS * (size_t)w->o->pattern->elem;
 }
 
-static volatile sig_atomic_t drill_terminated;
+/* Set by the handler, read by every thread of the worker: an atomic (lock-free,
+ * so async-signal-safe). */
+static _Atomic int drill_terminated;
 
 static void drill_on_term(int sig)
 {
-	drill_terminated = sig;
+	atomic_store(&drill_terminated, sig);
 }
 
 /* What a failure is: see struct drill_status. */

@@ -399,9 +399,6 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 	}
 	cq->s = &f->cqs[i];
 	cq->slot = i;
-	cq->s->pid = getpid();
-	cq->s->nic = sv_ctx_of(context)->nic;
-	cq->s->epoch = sv_ctx_of(context)->epoch;
 	/*
 	 * Initialised once, as another thread of this process may hold it on a free slot
 	 * (the progress thread letting a mapping go); robust, a dead holder is recovered.
@@ -410,6 +407,13 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 		sv_mutex_init_shared(&cq->s->lock);
 		atomic_store(&cq->s->lock_ready, true);
 	}
+	/* Under the producers' lock: a producer that checked the slot's old id under it
+	 * may still be reading these (sv_cq_push). */
+	sv_lock(&cq->s->lock);
+	cq->s->pid = getpid();
+	cq->s->nic = sv_ctx_of(context)->nic;
+	cq->s->epoch = sv_ctx_of(context)->epoch;
+	pthread_mutex_unlock(&cq->s->lock);
 	atomic_store(&cq->s->head, 0);
 	atomic_store(&cq->s->tail, 0);
 	atomic_store(&cq->s->overruns, 0);
@@ -848,7 +852,8 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	}
 	s = &f->qps[i];
 	s->pid = getpid();
-	s->nic = sv_ctx_nic(pd->context);
+	/* read by requesters that hold this slot's old QPN (sv_path_view) */
+	__atomic_store_n(&s->nic, sv_ctx_nic(pd->context), __ATOMIC_RELAXED);
 	s->pd = spd->id;
 	s->epoch = sv_ctx_of(pd->context)->epoch;
 	atomic_store(&s->state, IBV_QPS_RESET);
@@ -1803,7 +1808,7 @@ static void sv_path_view(struct sv_qp *qp, int64_t now, struct sv_pathv *pv)
 	struct sv_fabric *f = sv_proc.f;
 	uint32_t dqpn = qp->attr.dest_qp_num;
 	struct sv_qp_slot *t = &f->qps[dqpn & (SV_MAX_QPS - 1)];
-	int nic[2] = {qp->s->nic, t->nic}, st, jit;
+	int nic[2] = {qp->s->nic, __atomic_load_n(&t->nic, __ATOMIC_RELAXED)}, st, jit;
 	enum sv_link l[2];
 	unsigned loss[2], lost_req[2] = {SV_LOSE_REQ_TX, SV_LOSE_REQ_RX};
 
