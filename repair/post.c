@@ -443,11 +443,20 @@ void r2cc_keys_tick(void)
 			still = true;
 		}
 		r->keys_tries = still && frc ? r->keys_tries + 1 : 0;
-		bool give_up = rc || (still && (!frc || r->keys_tries >= KEYS_TRIES));
+		/* The new path's device is dead: the QP moves again, and the held sends
+		 * (the refused one first) wait for that path. During the exchange, once
+		 * it has ended (r2cc_rqp_done). */
+		int e = rc < 0 ? -rc : rc;
+		struct r2cc_nic *dead = rc && r2cc_refused_by_dead_device(e) ? r->cur_nic : NULL;
+		if (dead && load_state(r) == RQ_EXCHANGE)
+			__atomic_store_n(&r->new_path_err, IBV_WC_RETRY_EXC_ERR, __ATOMIC_RELEASE);
+		bool give_up = (rc && !dead) || (still && (!frc || r->keys_tries >= KEYS_TRIES));
 		if (still && !give_up)
 			__atomic_store_n(&r2cc_eng.keys_due, 1,
 					 __ATOMIC_RELEASE); /* again next tick */
 		pthread_mutex_unlock(&r->mu);
+		if (dead)
+			r2cc_nic_dead(dead, "a re-post on it", e);
 		pthread_mutex_lock(&r2cc_eng.mu);
 		if (r->incident >= 0 &&
 		    r->incident < r2cc_eng.ninc) { /* the repair that moved it */
