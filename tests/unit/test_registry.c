@@ -235,6 +235,16 @@ Test(registry, qps_and_cqs)
 	cr_expect_null(r2cc_qp_find(&qp[1]));
 	cr_expect_null(r2cc_qp_by_num(n, 0x101));
 	cr_expect_eq(r2cc_qp_count(), 2);
+	/* Unlinked (a QP hot repair knows, whose record frees it later): no lookup finds
+	 * it, the object keeps what it held until freed. */
+	struct r2cc_qp *gone = r2cc_qp_unlink(&qp[2]);
+	cr_assert_not_null(gone);
+	cr_expect_null(r2cc_qp_find(&qp[2]));
+	cr_expect_null(r2cc_qp_by_num(n, 0x102));
+	cr_expect_eq(r2cc_qp_count(), 1);
+	cr_expect_eq(gone->qpn, 0x102);
+	cr_expect_null(r2cc_qp_unlink(&qp[2]));
+	r2cc_qp_free(gone);
 	r2cc_cq_remove(&cq);
 	cr_expect_null(r2cc_cq_find(&cq));
 	r2cc_ctx_remove(&ctx);
