@@ -1,8 +1,10 @@
 /*
  * The records of NCCL's QPs and CQs (struct r2cc_rqp, struct r2cc_vcq): made when
- * NCCL creates them, torn down when NCCL destroys them, and freed by the repair
- * thread once nothing refers to them (no list of records is out: rqp_collect() counts
- * who holds one). Lists of records for use outside r2cc_eng.mu come from here.
+ * NCCL creates them and torn down when NCCL destroys them. A QP's record, and the
+ * registry's object of the QP, are freed by the repair thread once nothing refers to
+ * them (no list of records is out: r2cc_rqp_collect() counts who holds one); a CQ's
+ * virtual side is kept, its stash freed. Lists of records for use outside
+ * r2cc_eng.mu come from here.
  */
 #include "repair/engine_priv.h"
 
