@@ -115,6 +115,7 @@ static struct {
 	uint64_t reach;
 	int64_t calib_at;
 } st_nic[R2CC_STALL_MAX_NICS];
+_Static_assert(R2CC_STALL_MAX_NICS <= 64, "reach is a 64-bit set of NICs");
 
 void r2cc_nic_failure_seen(const struct r2cc_nic *nic)
 {
@@ -167,13 +168,28 @@ static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2c
 	return r2cc_own_qp_connect(qp, self, &l);
 }
 
-/* RoCE: does b witness a's test (it answered one of a's before)? IB: always. */
+/*
+ * RoCE: does b witness a's test? It does when their self-test QPs answered each
+ * other once. A NIC that no sibling has ever answered (it died, or went black,
+ * before its calibration could be answered) is witnessed by a sibling that
+ * answers some third NIC: this process's fabric routes between rails, so a's
+ * silence is a's. (Where a fabric routes between some rails and not others, a
+ * NIC on an unrouted rail that was never answered would then be tested by
+ * siblings it cannot reach; such a test still finds the NIC alive if it completes
+ * any work of its own meanwhile.) IB: always.
+ */
 static bool selftest_reaches(const struct r2cc_nic *a, const struct r2cc_nic *b)
 {
 	if (a->link_layer != IBV_LINK_LAYER_ETHERNET)
 		return true;
-	return a->index >= 0 && a->index < R2CC_STALL_MAX_NICS && b->index >= 0 && b->index < 64 &&
-	       (__atomic_load_n(&st_nic[a->index].reach, __ATOMIC_RELAXED) >> b->index & 1);
+	if (a->index < 0 || a->index >= R2CC_STALL_MAX_NICS || b->index < 0 ||
+	    b->index >= R2CC_STALL_MAX_NICS)
+		return false;
+	uint64_t ra = __atomic_load_n(&st_nic[a->index].reach, __ATOMIC_RELAXED);
+	if (ra)
+		return ra >> b->index & 1;
+	return (__atomic_load_n(&st_nic[b->index].reach, __ATOMIC_RELAXED) & ~(1ull << a->index)) !=
+	       0;
 }
 
 /* The test's base wait: 1.5 x the stall floor. */
@@ -196,9 +212,23 @@ static int64_t selftest_window(const struct selftest *t)
 	return selftest_base_ns() + r2cc_stall_explained_ns(t->a, 0, 0) + w;
 }
 
+/* The pair answered each other: each witnesses the other's tests from now on. */
+static void selftest_reached(const struct selftest *t, uint64_t wr_id)
+{
+	int i = (int)wr_id - 1, a = t->a->index;
+	int b = i >= 0 && i < t->nb ? t->b[i]->index : -1;
+	if (a >= 0 && a < R2CC_STALL_MAX_NICS && b >= 0 && b < R2CC_STALL_MAX_NICS) {
+		__atomic_fetch_or(&st_nic[a].reach, 1ull << b, __ATOMIC_RELAXED);
+		__atomic_fetch_or(&st_nic[b].reach, 1ull << a, __ATOMIC_RELAXED);
+	}
+}
+
 /*
  * One signalled zero-byte write from a to every sibling at once; an answer from
- * any of them means a is alive. -1 inconclusive, 0 alive, 1 dead.
+ * any of them means a is alive. -1 inconclusive, 0 alive, 1 dead. A calibration
+ * (RoCE) waits one window for every sibling's answer, to learn each pair the
+ * fabric routes, and never calls the NIC dead: it runs when the NIC's first QP is
+ * connected, idle or not, and must not hold the NIC's next test back for long.
  */
 static int selftest_run(struct selftest *t)
 {
@@ -221,6 +251,7 @@ static int selftest_run(struct selftest *t)
 		b_busy[i] = r2cc_stall_queued(t->b[i]) > 0;
 	}
 	int answered = 0; /* with an error: a congested fabric can give one too */
+	bool ok = false;  /* some sibling answered */
 	for (;;) {
 		bool late = now_ns() >= until;
 		/* polled once more after the deadline: this thread may have been
@@ -228,27 +259,24 @@ static int selftest_run(struct selftest *t)
 		struct ibv_wc wc[SELFTEST_SIBLINGS];
 		int n = answered == posted ? 0 : t->ca->poll_cq(t->cqa, SELFTEST_SIBLINGS, wc);
 		for (int k = 0; k < n; k++) {
-			if (wc[k].status == IBV_WC_SUCCESS) {
-				/* the pair's QPs talk both ways: a witness for either */
-				int i = (int)wc[k].wr_id - 1, a = t->a->index;
-				int b = i >= 0 && i < t->nb ? t->b[i]->index : -1;
-				if (a >= 0 && a < 64 && b >= 0 && b < 64) {
-					__atomic_fetch_or(&st_nic[a].reach, 1ull << b,
-							  __ATOMIC_RELAXED);
-					__atomic_fetch_or(&st_nic[b].reach, 1ull << a,
-							  __ATOMIC_RELAXED);
-				}
-				return 0;
-			}
 			if (wc[k].wr_id >= 1 && wc[k].wr_id <= SELFTEST_SIBLINGS)
 				answered |= 1 << (wc[k].wr_id - 1);
+			if (wc[k].status != IBV_WC_SUCCESS)
+				continue;
+			/* the pair's QPs talk both ways: a witness for either */
+			selftest_reached(t, wc[k].wr_id);
+			ok = true;
 		}
+		if (ok && (!t->calibrate || answered == posted))
+			return 0;
 		if (__atomic_load_n(&r2cc_eng.stop, __ATOMIC_RELAXED))
 			return -1; /* the process is exiting */
 		if (!late) {
 			usleep(200);
 			continue;
 		}
+		if (t->calibrate)
+			return ok ? 0 : -1;
 		/* No answer by the deadline: the NIC's own progress decides, once
 		 * the load model has been brought up to date meanwhile. A sibling that
 		 * had work and completed none, or failed lately, is no witness. */
