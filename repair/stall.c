@@ -22,6 +22,7 @@ struct nic_load {
 	int64_t prev_t;
 	int64_t win_busy;
 	uint64_t win_bytes;
+	int64_t stalled; /* busy time since the last drain: service only once one follows */
 	uint64_t sample[SAMPLES];
 	int64_t sample_t[SAMPLES];
 	int nsample;
@@ -89,9 +90,17 @@ void r2cc_stall_scan_end(int64_t now)
 		uint64_t delta = d >= l->prev_drained ? d - l->prev_drained : 0;
 		if (delta)
 			__atomic_store_n(&l->last_drain, now, __ATOMIC_RELAXED);
-		if (l->prev_t && l->prev_queued) {
-			l->win_busy += now - l->prev_t;
+		/* Busy time enters a sample only up to a drain: a wait that no
+		 * completion has ended yet measures nothing (a black hole would
+		 * otherwise lower the rate of the window it falls in, and so lengthen
+		 * the very wait that is to find it); one that ends was service, however
+		 * slow. */
+		if (l->prev_t && l->prev_queued)
+			l->stalled += now - l->prev_t;
+		if (delta && l->stalled) {
+			l->win_busy += l->stalled;
 			l->win_bytes += delta;
+			l->stalled = 0;
 			if (l->win_busy >= WINDOW_NS) {
 				add_sample(
 				    l, (uint64_t)((double)l->win_bytes * 1e9 / (double)l->win_busy),
@@ -99,6 +108,8 @@ void r2cc_stall_scan_end(int64_t now)
 				l->win_busy = 0;
 				l->win_bytes = 0;
 			}
+		} else if (!q && !delta) {
+			l->stalled = 0; /* the wait ended without a drain: moved away */
 		}
 		l->prev_t = now;
 		l->prev_queued = q;

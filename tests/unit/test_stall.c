@@ -79,6 +79,54 @@ Test(stall, a_dead_nic_keeps_its_rate)
 	cr_assert_eq(r2cc_stall_last_drain(&nics[0]), t + 200 * MS);
 }
 
+/* A NIC that goes black before its first full window keeps the port's rate: the
+ * wait that no completion ended is not service time. Before, the window it fell in
+ * closed with a few bytes over 100 ms (here 2 MB/s), which explained a wait of
+ * seconds and delayed the suspicion by as much. */
+Test(stall, a_wait_no_drain_ended_measures_nothing)
+{
+	int64_t t = 1000 * MS;
+	scan(t, 0, 0, 0);
+	for (int i = 1; i <= 4; i++) /* 20 ms busy, 50 kB each 5 ms */
+		scan(t + i * 5 * MS, 1u << 20, 50000, 4000000);
+	for (int i = 5; i <= 300; i++) /* then 1.5 s owed, nothing retired */
+		scan(t + i * 5 * MS, 1u << 20, 0, 4000000);
+	cr_assert_float_eq(r2cc_stall_rate(&nics[0]), 1e9, 1); /* still the port's */
+	/* floor 100 ms + 2 (0 + 4 MB) / 1 GB/s = 108 ms, not 4 s at 2 MB/s */
+	cr_assert_eq(r2cc_stall_explained_ns(&nics[0], 0, 100 * MS), 108 * MS);
+}
+
+/* A wait that a completion ends was service, however slow: a slow fabric is
+ * measured slow. */
+Test(stall, a_wait_a_drain_ends_is_service)
+{
+	int64_t t = 1000 * MS;
+	scan(t, 0, 0, 0);
+	for (int i = 1; i <= 40; i++) /* 195 ms owed, nothing retired */
+		scan(t + i * 5 * MS, 1u << 20, 0, 0);
+	scan(t + 205 * MS, 1u << 20, 2000000, 0); /* then 2 MB: 10 MB/s over 200 ms */
+	cr_assert_float_eq(r2cc_stall_rate(&nics[0]), 1e7, 1);
+}
+
+/* A wait that ends because its requests went elsewhere (moved off a dead NIC)
+ * is forgotten: when the NIC is back after the samples before it have expired,
+ * the dead time must not enter its first sample. */
+Test(stall, a_wait_that_moved_away_is_forgotten)
+{
+	int64_t t = 1000 * MS;
+	scan(t, 0, 0, 0);
+	for (int i = 1; i <= 40; i++) /* 195 ms busy at 1 GB/s */
+		scan(t + i * 5 * MS, 1u << 20, 5000000, 0);
+	for (int i = 41; i <= 200; i++) /* 800 ms owed, nothing retired */
+		scan(t + i * 5 * MS, 1u << 20, 0, 0);
+	scan(t + 1005 * MS, 0, 0, 0); /* moved away */
+	int64_t back = t + 12000 * MS;
+	scan(back, 1u << 20, 0, 0);
+	scan(back + 5 * MS, 1u << 20, 10000000, 0); /* back: 2 GB/s */
+	/* (95 MB + 10 MB) / 100 ms of service; with the dead 800 ms, 117 MB/s */
+	cr_assert_geq(r2cc_stall_rate(&nics[0]), 1e9);
+}
+
 /* Time the NIC was idle (nothing owed) measures nothing. */
 Test(stall, idle_time_is_not_measured)
 {
