@@ -596,10 +596,73 @@ static int wrap_ibv_dereg_mr(struct ibv_mr *mr)
 	return rc;
 }
 
+/*
+ * A dead device refused NCCL a CQ or a QP (DESIGN.md section 4: QPs on a failed
+ * NIC are virtual from birth): the object is made on a healthy sibling instead
+ * (r2cc_repair_stand_in), and recorded as the dead NIC's. A stand-in CQ is polled
+ * as NCCL's CQ (the completions of its QPs' new paths come through it); a stand-in
+ * QP stays in RESET, with a CQ of its own, and NCCL's state changes are kept for
+ * its migration. NULL (errno kept) where there is no such stand-in.
+ */
+static struct ibv_cq *stand_in_cq(struct ibv_context *ctx, int cqe, void *cq_context,
+				  struct ibv_comp_channel *ch)
+{
+	int err = errno;
+	struct r2cc_ctx *c = ch ? NULL : r2cc_ctx_find(ctx); /* a channel is the dead one's */
+	struct r2cc_ctx *s = c ? r2cc_repair_stand_in(c, err) : NULL;
+	struct ibv_cq *cq = s ? real_ibv_create_cq(s->ctx, cqe, cq_context, NULL, 0) : NULL;
+	if (!cq) {
+		errno = err;
+		return NULL;
+	}
+	R2CC_WARN_ONCE("%s: the dead device refused a completion queue (%s); R2CC made it on "
+		       "%s, for the queue pairs that move off this NIC (further ones not "
+		       "logged)",
+		       c->nic->name, strerror(err), s->nic->name);
+	return cq;
+}
+
+static struct ibv_qp *stand_in_qp(struct ibv_pd *pd, const struct ibv_qp_init_attr *attr,
+				  struct ibv_cq **own_cq)
+{
+	int err = errno;
+	struct r2cc_pd *p = r2cc_pd_find(pd);
+	struct r2cc_ctx *s = p && attr->qp_type == IBV_QPT_RC && !attr->srq
+				 ? r2cc_repair_stand_in(p->ctx, err)
+				 : NULL;
+	struct ibv_pd *spd = s ? r2cc_mr_mirror_pd(s->nic) : NULL;
+	struct ibv_cq *cq = spd ? real_ibv_create_cq(s->ctx, 2, NULL, NULL, 0) : NULL;
+	struct ibv_qp *qp = NULL;
+	if (cq) {
+		struct ibv_qp_init_attr ia = {.send_cq = cq,
+					      .recv_cq = cq,
+					      .cap = {.max_send_wr = 1,
+						      .max_recv_wr = 1,
+						      .max_send_sge = 1,
+						      .max_recv_sge = 1},
+					      .qp_type = IBV_QPT_RC};
+		qp = real_ibv_create_qp(spd, &ia);
+		if (!qp)
+			real_ibv_destroy_cq(cq);
+	}
+	if (!qp) {
+		errno = err;
+		return NULL;
+	}
+	*own_cq = cq;
+	R2CC_WARN_ONCE("%s: the dead device refused a queue pair (%s); R2CC stands one in on "
+		       "%s, and NCCL's queue pairs there move as soon as NCCL connects them "
+		       "(further ones not logged)",
+		       p->ctx->nic->name, strerror(err), s->nic->name);
+	return qp;
+}
+
 static struct ibv_cq *wrap_ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 					 struct ibv_comp_channel *ch, int vec)
 {
 	struct ibv_cq *cq = real_ibv_create_cq(ctx, cqe, cq_context, ch, vec);
+	if (!cq)
+		cq = stand_in_cq(ctx, cqe, cq_context, ch);
 	if (cq) {
 		int saved = errno;
 		struct r2cc_ctx *c = r2cc_ctx_find(ctx);
@@ -625,23 +688,33 @@ static int wrap_ibv_destroy_cq(struct ibv_cq *cq)
 static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
 	struct ibv_qp *qp = real_ibv_create_qp(pd, attr);
+	struct ibv_cq *own_cq = NULL;
+	if (!qp)
+		qp = stand_in_qp(pd, attr, &own_cq);
 	if (qp) {
 		int saved = errno;
 		struct r2cc_pd *p = r2cc_pd_find(pd);
+		struct r2cc_qp *q = NULL;
 		if (p) {
-			struct r2cc_qp *q =
-			    r2cc_qp_add(qp, p->ctx, r2cc_cq_find(attr->send_cq),
+			q = r2cc_qp_add(qp, p->ctx, r2cc_cq_find(attr->send_cq),
 					r2cc_cq_find(attr->recv_cq), qp->qp_num, attr->qp_type);
 			if (q) {
 				q->max_send_wr = attr->cap.max_send_wr;
 				q->max_recv_wr = attr->cap.max_recv_wr;
 				q->cap = attr->cap;
 				q->sq_sig_all = attr->sq_sig_all != 0;
+				q->stand_in_cq = own_cq;
 				r2cc_repair_qp_created(q, attr);
 				R2CC_TRACE("%s: qp 0x%x created (send_wr %u recv_wr %u)",
 					   p->ctx->nic->name, qp->qp_num, q->max_send_wr,
 					   q->max_recv_wr);
 			}
+		}
+		if (own_cq && !q) { /* no record: the stand-in cannot serve */
+			real_ibv_destroy_qp(qp);
+			real_ibv_destroy_cq(own_cq);
+			qp = NULL;
+			saved = ENOMEM;
 		}
 		errno = saved;
 	}
@@ -650,14 +723,14 @@ static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_a
 
 static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
-	int rc = real_ibv_modify_qp(qp, attr, mask);
-	struct r2cc_qp *q = NULL;
+	struct r2cc_qp *q = r2cc_qp_find(qp);
+	/* A stand-in is refused as the dead device would refuse it. */
+	int rc = q && q->stand_in_cq ? EIO : real_ibv_modify_qp(qp, attr, mask);
 	/* A dead device refuses the connection of a QP hot repair can move: it connects
 	 * on a healthy NIC instead, once NCCL has given it all its attributes. */
-	if (rc && (mask & IBV_QP_STATE) && (q = r2cc_qp_find(qp)) &&
-	    r2cc_repair_modify_refused(q, rc, attr->qp_state))
+	if (rc && (mask & IBV_QP_STATE) && q && r2cc_repair_modify_refused(q, rc, attr->qp_state))
 		rc = 0;
-	if (rc == 0 && (q || (q = r2cc_qp_find(qp)))) {
+	if (rc == 0 && q) {
 		if (mask & IBV_QP_STATE)
 			__atomic_store_n(&q->state, attr->qp_state, __ATOMIC_RELAXED);
 		if (mask & IBV_QP_DEST_QPN)
@@ -681,11 +754,11 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 				 * finds QPs by GID and QP number on RoCE). */
 				uint8_t port = mask & IBV_QP_PORT ? attr->port_num : q->port_num;
 				port = port ? port : 1;
-				if (real_ibv_query_gid(qp->context, port, g->sgid_index,
-						       &q->peer.sgid) &&
+				struct ibv_context *own = q->ctx->ctx; /* a stand-in's is not */
+				if (real_ibv_query_gid(own, port, g->sgid_index, &q->peer.sgid) &&
 				    !r2cc_nic_gid_cached(q->ctx->nic, g->sgid_index, &q->peer.sgid))
 					memset(&q->peer.sgid, 0, sizeof(q->peer.sgid));
-				q->path.sgid_type = gid_type_of(qp->context, port, g->sgid_index);
+				q->path.sgid_type = gid_type_of(own, port, g->sgid_index);
 				struct r2cc_nic *nic = q->ctx->nic;
 				if (!__atomic_load_n(&nic->roce_known, __ATOMIC_ACQUIRE)) {
 					nic->roce_sgid_index = g->sgid_index;
@@ -718,10 +791,13 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 static int wrap_ibv_destroy_qp(struct ibv_qp *qp)
 {
 	struct r2cc_qp *q = r2cc_qp_find(qp);
+	struct ibv_cq *own_cq = q ? q->stand_in_cq : NULL;
 	if (q)
 		r2cc_repair_qp_destroying(q);
 	int rc = real_ibv_destroy_qp(qp);
 	if (rc == 0) {
+		if (own_cq)
+			real_ibv_destroy_cq(own_cq);
 		/* A QP hot repair knows is freed with its record (repair/rqp.c). */
 		struct r2cc_qp *gone = r2cc_qp_unlink(qp);
 		if (gone && !(gone == q && r2cc_repair_qp_destroyed(q)))

@@ -90,6 +90,36 @@ bool r2cc_repair_reg_refused(struct r2cc_nic *nic, int rc)
 	return true;
 }
 
+/*
+ * A dead device refused NCCL a CQ or a QP: the NIC has failed, and the object NCCL
+ * asked for is made as a stand-in on a healthy sibling of the same provider (its
+ * functions are the dead device's; a stand-in QP never leaves RESET there: NCCL's
+ * state changes are kept, not applied, and the QP migrates at RTS as any QP on the
+ * failed NIC does). The sibling's context, or NULL (no repair, no sibling).
+ */
+struct r2cc_ctx *r2cc_repair_stand_in(struct r2cc_ctx *dead, int rc)
+{
+	if (!dead || !dead->nic || !r2cc_refused_by_dead_device(rc) || !r2cc_repair_enabled() ||
+	    !r2cc_active() || !r2cc_param.mr_mirror)
+		return NULL;
+	r2cc_nic_dead(dead->nic, "creating a queue or completion queue on it", rc);
+	struct r2cc_ctx *best = NULL;
+	int n = r2cc_nic_count();
+	for (int i = 0; i < n; i++) {
+		struct r2cc_nic *b = r2cc_nic_by_index(i);
+		struct r2cc_ctx *c =
+		    b && b != dead->nic &&
+			    __atomic_load_n(&b->state, __ATOMIC_RELAXED) == R2CC_NIC_UP &&
+			    r2cc_mr_mirror_pd(b)
+			? r2cc_ctx_of_nic(b)
+			: NULL;
+		if (c && c->post_send == dead->post_send && c->poll_cq == dead->poll_cq &&
+		    (!best || r2cc_stall_last_drain(b) > r2cc_stall_last_drain(best->nic)))
+			best = c;
+	}
+	return best;
+}
+
 bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state)
 {
 	struct r2cc_rqp *r = q->rep;

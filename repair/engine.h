@@ -131,6 +131,11 @@ int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad
  * from birth (DESIGN.md section 4): true, and the caller reports success and keeps
  * the attributes; the QP migrates when NCCL moves it to RTS. false: rc is NCCL's. */
 bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state);
+/* NCCL's ibv_create_cq or ibv_create_qp on dead's device was refused with rc: if
+ * the device is dead and hot repair is on, its NIC has failed and the object is
+ * made as a stand-in on the context returned, a healthy sibling of the same
+ * provider (NULL: rc is NCCL's). */
+struct r2cc_ctx *r2cc_repair_stand_in(struct r2cc_ctx *dead, int rc);
 /* NCCL's memory registration on nic's device was refused with rc: if the device is
  * dead (EIO, ENETDOWN) and hot repair is on, the NIC has failed (its QPs are
  * virtual, and move) and true: the caller makes the registration virtual

@@ -34,10 +34,14 @@ static void fence_begin(struct r2cc_rqp *r)
 				 .send_flags = IBV_SEND_SIGNALED},
 			   *sbad;
 	struct ibv_recv_wr rw = {.wr_id = MARK_R}, *rbad;
+	/* A stand-in for a QP the dead device refused (intercept/verbs.c) was never
+	 * given a request: nothing to drain. */
+	if (r->q->stand_in_cq && r->cur_qp == r->q->qp)
+		r->mark_s = r->mark_r = true;
 	/* A queue too full for its marker: the drain ends at what the CQ holds. */
-	if (r->cur_ctx->post_send(r->cur_qp, &sw, &sbad))
+	else if (r->cur_ctx->post_send(r->cur_qp, &sw, &sbad))
 		r->mark_s = true;
-	if (r->cur_ctx->post_recv(r->cur_qp, &rw, &rbad))
+	if (!r->mark_r && r->cur_ctx->post_recv(r->cur_qp, &rw, &rbad))
 		r->mark_r = true;
 	pthread_mutex_unlock(&r->mu);
 }

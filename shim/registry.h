@@ -137,6 +137,9 @@ struct r2cc_qp {
 	uint32_t gate;
 	struct r2cc_qp_shadow *shadow; /* hot repair on: what is posted and not retired */
 	struct r2cc_rqp *rep;	       /* hot repair's record of this QP */
+	/* A stand-in (the dead device refused NCCL the QP): qp is R2CC's, in RESET on
+	 * a sibling NIC, with this CQ of its own; ctx is still the dead NIC's */
+	struct ibv_cq *stand_in_cq;
 };
 
 /* Initialise once (idempotent); -ENOMEM when the tables cannot be made. */
