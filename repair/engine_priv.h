@@ -216,6 +216,22 @@ struct r2cc_rqp {
 	int incident;
 	struct r2cc_qp_shadow_plan plan;
 	bool have_plan;
+	/* A restart (exchange.c): the initiator's new path died before it connected.
+	 * The responder's new path carried nothing; it waits for the initiator's
+	 * next REQ (not stale_pair's), and replan holds the receives to post on the
+	 * path that REQ brings (its plan's sends still wait for the GO). restarts:
+	 * the initiator's exchanges begun again so. */
+	bool restart, have_replan;
+	struct r2cc_qp_shadow_plan replan;
+	uint64_t stale_pair;
+	int restarts;
+	struct r2cc_nic *refused_nic; /* the commit's receive was refused there (dead) */
+	/* What the fenced old path's sends retired (its messages, the last few of
+	 * them), as of the fence: what this side's REQ or REP says, also when a
+	 * restart sends it again from a new path that is current by then */
+	uint64_t fenced_sent;
+	int fenced_nlost;
+	struct r2cc_shadow_msg fenced_lost[R2CC_SHADOW_LOST_MAX];
 	struct held_send *hs_head, **hs_tail;
 	struct held_recv *hr_head, **hr_tail;
 	/* stall scan */
@@ -606,6 +622,7 @@ void r2cc_keys_need(struct r2cc_rqp *r);
 int r2cc_post_one_send(struct r2cc_rqp *r, const struct ibv_send_wr *w);
 int r2cc_post_one_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w);
 int r2cc_hold_send(struct r2cc_rqp *r, const struct ibv_send_wr *w);
+int r2cc_hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w);
 int r2cc_held_flush_recvs(struct r2cc_rqp *r);
 int r2cc_held_flush_sends(struct r2cc_rqp *r, uint64_t *n);
 void r2cc_keys_tick(void);

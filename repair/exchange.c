@@ -439,8 +439,15 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 			return false;
 		if (r->initiator && lower_id(r))
 			return false; /* ours wins; the peer serves our REQ */
-		if (!r->initiator && r->pair_id == le64toh(m->pair_id))
+		if (!r->initiator && (r->pair_id == le64toh(m->pair_id) ||
+				      (r->restart && r->stale_pair == le64toh(m->pair_id))))
 			return false; /* a re-sent REQ we already answered */
+		/* The initiator begins again (its new path's device died): this
+		 * side is fenced, and its new path carried nothing. */
+		if (!r->initiator && r->restart) {
+			*serve = true;
+			return false;
+		}
 		/* Serving another exchange that has not seen its GO: the current path
 		 * is live, not fenced, so this REQ waits (the initiator asks again)
 		 * until that one ends. */
@@ -604,6 +611,83 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 	free(frc);
 }
 
+/*
+ * Initiator: the REP came, and the new path's device refused its connection (it
+ * died during the exchange, as a second NIC failing in the repair does). Nothing
+ * was posted on either new path yet: the peer is told to wait for another REQ
+ * (NACK -EAGAIN: it keeps its fence and its plan), the NIC has failed, and this
+ * side begins again from its fenced old path, on another NIC. false: the QP's
+ * repair fails (not a dead device, or begun again too often).
+ */
+#define RESTARTS_MAX 3
+
+static bool restart_initiator(struct r2cc_rqp *r, int rc, struct outboxes *out,
+			      const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *m)
+{
+	if (!r2cc_refused_by_dead_device(-rc) || r->restarts >= RESTARTS_MAX || !r->new_ctx)
+		return false;
+	struct r2cc_nic *nic = r->new_ctx->nic;
+	nack(out, dir, rank, m, -EAGAIN);
+	r2cc_nic_dead(nic, "connecting a new path on it", -rc);
+	pthread_mutex_lock(&r->mu);
+	r2cc_path_drop_new(r);
+	r->restarts++;
+	set_state(r, RQ_DETECTED);
+	pthread_mutex_unlock(&r->mu);
+	r2cc_incident_event(r->incident,
+			    "qp 0x%x: the new path's device (%s) is dead; asking the peer again "
+			    "from another NIC",
+			    r->qpn, nic->name);
+	pthread_mutex_lock(&r2cc_eng.mu);
+	if (!r->queued) {
+		r->queued = true;
+		r->next_work = r2cc_eng.work_head;
+		r2cc_eng.work_head = r;
+	}
+	pthread_cond_signal(&r2cc_eng.cond);
+	pthread_mutex_unlock(&r2cc_eng.mu);
+	return true;
+}
+
+/*
+ * Responder: the initiator begins again (restart_initiator). This side's new
+ * path, current since its REP, carried nothing: what it holds are the plan's
+ * receives and NCCL's since, all still posted. They are kept (replan) for the path
+ * the next REQ brings; the plan's sends still wait for the GO, and NCCL's posts
+ * are held meanwhile. 0, or the repair fails (the path has carried something).
+ */
+static int restart_responder(struct r2cc_rqp *r)
+{
+	pthread_mutex_lock(&r->mu);
+	int rc = -EPROTO;
+	if (r->recv_live && !r->send_live && r->cur_sh &&
+	    r2cc_qp_shadow_recv_consumed(r->cur_sh) == 0) {
+		if (r->have_replan)
+			r2cc_qp_shadow_plan_free(&r->replan);
+		r->have_replan = false;
+		struct r2cc_qp_shadow_plan_in pin = {.peer_recv_consumed = 0};
+		rc = r2cc_qp_shadow_plan_build(r->cur_sh, &pin, &r->replan);
+		if (!rc && (r->replan.n_send || r->replan.n_synth)) {
+			r2cc_qp_shadow_plan_free(&r->replan);
+			rc = -EPROTO;
+		}
+		if (!rc) {
+			r->have_replan = true;
+			r->restart = true;
+			r->recv_live = false;
+			r->stale_pair = r->pair_id;
+			r->t_deadline = now_ns() + exchange_ns(r->batch);
+		}
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (!rc)
+		r2cc_incident_event(r->incident,
+				    "qp 0x%x: the peer's new path died; %zu receives wait for the "
+				    "path it asks for next",
+				    r->qpn, r->replan.n_recv);
+	return rc;
+}
+
 /* Initiator, every REP entry of one message: connect each, the peer's keys
  * (which the message carried), re-post everything, one GO with all of them. */
 static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
@@ -633,6 +717,8 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 		if (!r->migrations)
 			snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
 		pthread_mutex_unlock(&r->mu);
+		if (rc && restart_initiator(r, rc, &out, dir, in->from_rank, m))
+			continue;
 		if (rc) {
 			char why[96];
 			snprintf(why, sizeof(why), "cannot connect the new path (%s)",
@@ -713,6 +799,9 @@ static void on_nacks(const struct inbox *in, struct r2cc_rqp **rq)
 		const struct rep_wire *m = &in->m[i];
 		if (r && m->op == OP_NACK && load_state(r) == RQ_EXCHANGE &&
 		    r->pair_id == le64toh(m->pair_id)) {
+			if ((int32_t)le32toh((uint32_t)m->status) == -EAGAIN && !r->initiator &&
+			    restart_responder(r) == 0)
+				continue;
 			char why[128];
 			snprintf(why, sizeof(why), "the peer cannot repair its side (%s)",
 				 strerror(-(int32_t)le32toh((uint32_t)m->status)));

@@ -60,6 +60,8 @@ static int fence_end(struct r2cc_rqp *r, int64_t until)
 		usleep(50);
 	}
 	r->k_local = r2cc_qp_shadow_recv_consumed(r->cur_sh);
+	r->fenced_sent = r2cc_qp_shadow_msgs_retired(r->cur_sh);
+	r->fenced_nlost = r2cc_qp_shadow_retired_msgs(r->cur_sh, r->fenced_lost);
 	return r2cc_qp_shadow_error(r->cur_sh);
 }
 

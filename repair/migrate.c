@@ -107,15 +107,43 @@ static void switch_path(struct r2cc_rqp *r, const struct peer_path *p, struct ib
 	r->hold_all = false;
 }
 
-static int post_plan_recvs(struct r2cc_rqp *r)
+/* The plan's receives from i on held ahead of NCCL's held ones, in their order. */
+static int hold_plan_recvs(struct r2cc_rqp *r, const struct r2cc_qp_shadow_plan *pl, size_t i)
 {
-	for (size_t i = 0; i < r->plan.n_recv; i++) {
+	struct held_recv *rest = r->hr_head, **rest_tail = r->hr_tail;
+	r->hr_head = NULL;
+	r->hr_tail = &r->hr_head;
+	int rc = 0;
+	for (; i < pl->n_recv && !rc; i++) {
 		struct ibv_sge sge[16];
 		struct ibv_recv_wr w;
-		if (r->plan.recv[i].num_sge > 16)
+		r2cc_qp_shadow_plan_recv_wr(pl, i, &w, sge);
+		rc = r2cc_hold_recv(r, &w);
+	}
+	*r->hr_tail = rest;
+	if (rest)
+		r->hr_tail = rest_tail;
+	return rc;
+}
+
+/* The plan's receives, or after a restart those the previous new path held. A
+ * receive the new path's device refuses (it died after the connection) is held
+ * with the rest, and the path is left to fail (r->refused_nic): the QP moves
+ * again with them once this repair is done. */
+static int post_plan_recvs(struct r2cc_rqp *r)
+{
+	const struct r2cc_qp_shadow_plan *pl = r->have_replan ? &r->replan : &r->plan;
+	for (size_t i = 0; i < pl->n_recv; i++) {
+		struct ibv_sge sge[16];
+		struct ibv_recv_wr w;
+		if (pl->recv[i].num_sge > 16)
 			return -E2BIG;
-		r2cc_qp_shadow_plan_recv_wr(&r->plan, i, &w, sge);
+		r2cc_qp_shadow_plan_recv_wr(pl, i, &w, sge);
 		int rc = r2cc_post_one_recv(r, &w);
+		if (rc && r2cc_refused_by_dead_device(-rc)) {
+			r->refused_nic = r->cur_nic;
+			return hold_plan_recvs(r, pl, i);
+		}
 		if (rc)
 			return rc;
 	}
@@ -283,22 +311,29 @@ int r2cc_path_commit(struct r2cc_rqp *r, const struct peer_path *p, bool sends, 
 	struct r2cc_qp_shadow *osh = NULL;
 	pthread_mutex_lock(&r->mu);
 	int rc = register_path(r);
-	if (!rc)
+	if (!rc && !r->restart) /* a restart keeps its plan (exchange.c) */
 		rc = make_plan(r);
 	if (!rc) {
 		switch_path(r, p, &oq, &oc, &osh);
 		rc = post_plan_recvs(r);
+		r->restart = false;
 	}
 	if (!rc && sends) {
 		rc = r2cc_plan_post_sends(r, held);
 		if (!rc)
 			set_state(r, RQ_MIGRATED);
 	}
+	struct r2cc_nic *refused = r->refused_nic;
+	r->refused_nic = NULL;
+	if (refused) /* its repair once this one is done (r2cc_rqp_done) */
+		__atomic_store_n(&r->new_path_err, IBV_WC_RETRY_EXC_ERR, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&r->mu);
 	if (oq || oc)
 		r2cc_path_put(r, oq, oc);
 	if (osh)
 		r2cc_qp_shadow_destroy(osh);
+	if (refused)
+		r2cc_nic_dead(refused, "re-posting on a new path on it", EIO);
 	return rc;
 }
 
@@ -407,6 +442,9 @@ void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
 		  r->cur_nic->name, (t - r->t_detect) / 1e6, r->cause);
 	r2cc_qp_shadow_plan_free(&r->plan);
 	r->have_plan = false;
+	if (r->have_replan)
+		r2cc_qp_shadow_plan_free(&r->replan);
+	r->have_replan = false;
 	__atomic_store_n(&r->switched, 0, __ATOMIC_RELEASE);
 	/* The new path failed while the exchange went on (its error was kept from NCCL,
 	 * as a repair's are): repaired now, not when the stall scan finds the wait. */
@@ -501,20 +539,36 @@ void r2cc_migrate_loopback(struct r2cc_rqp *r)
 	struct r2cc_nic *nic = r->failback_to && r2cc_nic_usable(r, r->failback_to, true)
 				   ? r->failback_to
 				   : r2cc_place(r, NULL);
-	if (!nic || r2cc_path_new(r, nic)) {
-		r2cc_rqp_fail(r, nic ? "cannot create a QP on the new NIC" : "no healthy NIC left");
-		return;
+	struct peer_path p;
+	/* A NIC whose device refuses (dead) has failed: the next one. */
+	for (int tries = 0;; tries++) {
+		if (!nic) {
+			r2cc_rqp_fail(r, "no healthy NIC left");
+			return;
+		}
+		rc = r2cc_path_new(r, nic);
+		if (!rc) {
+			memset(&p, 0, sizeof(p));
+			p.qpn = r->new_qp->qp_num;
+			p.lid = nic->lid;
+			p.port = nic->port ? nic->port : 1;
+			p.mtu = r2cc_path_mtu(r, nic);
+			memcpy(p.gid, r2cc_path_gid(r, nic), 16);
+			snprintf(p.nic, sizeof(p.nic), "%s", nic->name);
+			rc = r2cc_path_connect(r, &p);
+			if (rc)
+				r2cc_path_drop_new(r);
+		}
+		if (!rc)
+			break;
+		if (!r2cc_refused_by_dead_device(-rc) || tries >= R2CC_MAX_NICS) {
+			r2cc_rqp_fail(r, "cannot create or connect the loopback QP on the new NIC");
+			return;
+		}
+		r2cc_nic_dead(nic, "a queue pair of hot repair's on it", -rc);
+		nic = r2cc_place(r, NULL);
 	}
-	struct peer_path p = {
-	    .qpn = r->new_qp->qp_num,
-	    .lid = nic->lid,
-	    .port = nic->port ? nic->port : 1,
-	    .mtu = r2cc_path_mtu(r, nic),
-	};
-	memcpy(p.gid, r2cc_path_gid(r, nic), 16);
-	snprintf(p.nic, sizeof(p.nic), "%s", nic->name);
 	set_state(r, RQ_EXCHANGE);
-	rc = r2cc_path_connect(r, &p);
 	uint64_t held = 0;
 	pthread_mutex_lock(&r->mu);
 	r->loopback = true;
@@ -525,10 +579,9 @@ void r2cc_migrate_loopback(struct r2cc_rqp *r)
 	if (!r->migrations)
 		snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", r->orig_nic->name);
 	pthread_mutex_unlock(&r->mu);
-	if (!rc)
-		rc = r2cc_path_commit(r, &p, true, &held);
+	rc = r2cc_path_commit(r, &p, true, &held);
 	if (rc) {
-		r2cc_rqp_fail(r, "cannot connect or re-post the loopback QP on the new NIC");
+		r2cc_rqp_fail(r, "cannot re-post on the loopback QP's new NIC");
 		return;
 	}
 	r2cc_rqp_done(r, held);

@@ -164,7 +164,7 @@ int r2cc_hold_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 	return 0;
 }
 
-static int hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
+int r2cc_hold_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
 {
 	if (w->num_sge < 0 || w->num_sge > 16)
 		return -EINVAL;
@@ -240,29 +240,50 @@ static struct r2cc_nic *cur_nic_of(const struct r2cc_qp *q)
 	return q->rep ? __atomic_load_n(&q->rep->cur_nic, __ATOMIC_ACQUIRE) : NULL;
 }
 
+/*
+ * A post a dead device refuses fails that NIC, and the post is made again, held
+ * or on the QP's next path. The NIC is read before each try: the path may switch
+ * during one (the exchange commits), and the device it switched to may be dead
+ * too, which the next try finds out. Bounded: every try but the last fails a NIC
+ * or finds the QP moved on.
+ */
+#define REFUSED_TRIES (R2CC_MAX_NICS + 2)
+
 int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
-	struct r2cc_nic *at = cur_nic_of(q);
-	int rc = repair_post_send(q, wr, bad);
-	return rc && q->rep && refused_take(q->rep, rc, at) ? repair_post_send(q, *bad, bad) : rc;
+	int rc = 0;
+	for (int i = 0; i < REFUSED_TRIES; i++) {
+		struct r2cc_nic *at = cur_nic_of(q);
+		rc = repair_post_send(q, wr, bad);
+		if (!rc || !q->rep || !refused_take(q->rep, rc, at))
+			break;
+		wr = *bad;
+	}
+	return rc;
 }
 
 int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	struct r2cc_nic *at = cur_nic_of(q);
-	int rc = repair_post_recv(q, wr, bad);
-	return rc && q->rep && refused_take(q->rep, rc, at) ? repair_post_recv(q, *bad, bad) : rc;
+	int rc = 0;
+	for (int i = 0; i < REFUSED_TRIES; i++) {
+		struct r2cc_nic *at = cur_nic_of(q);
+		rc = repair_post_recv(q, wr, bad);
+		if (!rc || !q->rep || !refused_take(q->rep, rc, at))
+			break;
+		wr = *bad;
+	}
+	return rc;
 }
 
 int r2cc_repair_send_refused(struct r2cc_qp *q, int rc, struct ibv_send_wr **bad)
 {
-	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? repair_post_send(q, *bad, bad)
+	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? r2cc_repair_post_send(q, *bad, bad)
 							       : rc;
 }
 
 int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad)
 {
-	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? repair_post_recv(q, *bad, bad)
+	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? r2cc_repair_post_recv(q, *bad, bad)
 							       : rc;
 }
 
@@ -313,7 +334,7 @@ static int repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ib
 			one.next = NULL;
 			rc = -r->orig_ctx->post_recv(q->qp, &one, &b);
 		} else if (hold_now(r, s, r->recv_live, r->hr_head != NULL)) {
-			rc = hold_recv(r, w);
+			rc = r2cc_hold_recv(r, w);
 		} else {
 			rc = r2cc_post_one_recv(r, w);
 		}

@@ -160,6 +160,9 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	if (r->have_plan)
 		r2cc_qp_shadow_plan_free(&r->plan);
 	r->have_plan = false;
+	if (r->have_replan)
+		r2cc_qp_shadow_plan_free(&r->replan);
+	r->have_replan = false;
 	r2cc_stash_release(r);
 	set_state(r, RQ_FAILED);
 	pthread_mutex_unlock(&r->mu);

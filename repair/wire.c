@@ -34,9 +34,9 @@ void r2cc_wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
 void r2cc_wire_counts(struct rep_wire *m, const struct r2cc_rqp *r)
 {
 	m->count = htole64(r->k_local);
-	struct r2cc_shadow_msg last[R2CC_SHADOW_LOST_MAX];
-	int n = r2cc_qp_shadow_retired_msgs(r->cur_sh, last);
-	m->sent = htole64(r2cc_qp_shadow_msgs_retired(r->cur_sh));
+	const struct r2cc_shadow_msg *last = r->fenced_lost;
+	int n = r->fenced_nlost;
+	m->sent = htole64(r->fenced_sent);
 	m->nlost = (uint8_t)n;
 	for (int i = 0; i < n; i++) {
 		m->lost_op[i] = last[i].opcode == IBV_WR_RDMA_WRITE_WITH_IMM ? WIRE_MSG_WRITE_IMM
