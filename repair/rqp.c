@@ -251,5 +251,5 @@ void r2cc_rqp_collect_done(struct r2cc_rqp **list)
 
 bool r2cc_rqp_on_nic(const struct r2cc_rqp *r, const void *nic)
 {
-	return r->cur_nic == nic;
+	return __atomic_load_n(&r->cur_nic, __ATOMIC_ACQUIRE) == nic; /* switch_path writes it */
 }
