@@ -38,13 +38,8 @@ void r2cc_detect(struct r2cc_rqp *r, const char *cause, int status)
 		return;
 	pthread_mutex_lock(&r2cc_eng.mu);
 	r2cc_detect_note(r, cause, status);
-	if (!r->queued) {
-		r->queued = true;
-		r->next_work = r2cc_eng.work_head;
-		r2cc_eng.work_head = r;
-	}
 	r2cc_engine_start_locked();
-	pthread_cond_signal(&r2cc_eng.cond);
+	r2cc_work_push_locked(r);
 	pthread_mutex_unlock(&r2cc_eng.mu);
 }
 

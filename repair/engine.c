@@ -362,6 +362,17 @@ static void repair_shutdown(void)
 			      : "a self-test is");
 }
 
+/* r onto the repair thread's queue (once), and the thread woken. Under r2cc_eng.mu. */
+void r2cc_work_push_locked(struct r2cc_rqp *r)
+{
+	if (!r->queued) {
+		r->queued = true;
+		r->next_work = r2cc_eng.work_head;
+		r2cc_eng.work_head = r;
+	}
+	pthread_cond_broadcast(&r2cc_eng.cond);
+}
+
 void r2cc_batch_add(struct batch *b, struct r2cc_rqp *r)
 {
 	if (b->n == b->cap) {
@@ -379,12 +390,10 @@ void r2cc_batch_add(struct batch *b, struct r2cc_rqp *r)
 				r2cc_rqp_fail(r, "out of memory for its repair");
 			pthread_mutex_lock(&r2cc_eng.mu);
 			r->busy = false;
-			if (!give_up && !r->queued) {
-				r->queued = true;
-				r->next_work = r2cc_eng.work_head;
-				r2cc_eng.work_head = r;
-			}
-			pthread_cond_broadcast(&r2cc_eng.cond);
+			if (!give_up)
+				r2cc_work_push_locked(r);
+			else
+				pthread_cond_broadcast(&r2cc_eng.cond);
 			pthread_mutex_unlock(&r2cc_eng.mu);
 			return;
 		}

@@ -520,6 +520,7 @@ bool r2cc_own_has(const void *obj);
 const struct r2cc_ctl_dir *r2cc_dir_of_job(uint64_t job_id, int rank);
 int r2cc_rqp_peer(struct r2cc_rqp *r);
 void r2cc_engine_start_locked(void);
+void r2cc_work_push_locked(struct r2cc_rqp *r);
 void r2cc_batch_add(struct batch *b, struct r2cc_rqp *r);
 void r2cc_work_take_locked(struct batch *b);
 void r2cc_batch_release(struct batch *b);

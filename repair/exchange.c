@@ -639,12 +639,7 @@ static bool restart_initiator(struct r2cc_rqp *r, int rc, struct outboxes *out,
 			    "from another NIC",
 			    r->qpn, nic->name);
 	pthread_mutex_lock(&r2cc_eng.mu);
-	if (!r->queued) {
-		r->queued = true;
-		r->next_work = r2cc_eng.work_head;
-		r2cc_eng.work_head = r;
-	}
-	pthread_cond_signal(&r2cc_eng.cond);
+	r2cc_work_push_locked(r);
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	return true;
 }

@@ -64,12 +64,7 @@ static int detect_failback(struct r2cc_rqp *r, struct r2cc_nic *nic, const char 
 	r->failback_to = nic;
 	r2cc_detect_note(r, why, 0);
 	int inc = r->incident;
-	if (!r->queued) {
-		r->queued = true;
-		r->next_work = r2cc_eng.work_head;
-		r2cc_eng.work_head = r;
-	}
-	pthread_cond_signal(&r2cc_eng.cond);
+	r2cc_work_push_locked(r);
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	return inc;
 }
