@@ -1605,7 +1605,9 @@ static void channel_a(struct peer *p)
 	med = lat[CH_ITERS / 2];
 	fprintf(stderr, "  channel wake: median %.1f us, 90th %.1f us\n", med,
 		lat[CH_ITERS * 9 / 10]);
-	CHECK(p, med < 40, "(median wake %.1f us)", med);
+	/* An event-driven wake takes tens of microseconds; a poller's tick would take a
+	 * millisecond. 40 us failed once on a 2-core clean-clone CI run (43.3 us). */
+	CHECK(p, med < 200, "(median wake %.1f us)", med);
 	sync_send(p, 4);
 	for (int q = 0; q < p->nqp; q++)
 		CHECK(p, ibv_destroy_qp(p->qp[q]) == 0);
