@@ -578,6 +578,8 @@ int r2cc_own_qp_init(struct ibv_qp *qp, const struct r2cc_nic *nic, int access,
 int r2cc_own_qp_connect(struct ibv_qp *qp, const struct r2cc_nic *nic, const struct qp_link *l);
 int r2cc_path_on_healthy(struct r2cc_rqp *r, struct r2cc_nic *first, const char *rail,
 			 const struct peer_path *p, struct r2cc_nic **nicp);
+int r2cc_path_on_healthy_self(struct r2cc_rqp *r, struct r2cc_nic *first, struct peer_path *p,
+			      struct r2cc_nic **nicp);
 int r2cc_path_new(struct r2cc_rqp *r, struct r2cc_nic *nic);
 int r2cc_path_connect(struct r2cc_rqp *r, const struct peer_path *p);
 

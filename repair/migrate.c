@@ -536,37 +536,18 @@ void r2cc_migrate_loopback(struct r2cc_rqp *r)
 		r2cc_rqp_fail(r, r2cc_fence_failure(rc));
 		return;
 	}
-	struct r2cc_nic *nic = r->failback_to && r2cc_nic_usable(r, r->failback_to, true)
-				   ? r->failback_to
-				   : r2cc_place(r, NULL);
+	struct r2cc_nic *nic = NULL,
+			*home = r->failback_to && r2cc_nic_usable(r, r->failback_to, true)
+				    ? r->failback_to
+				    : NULL;
 	struct peer_path p;
 	/* A NIC whose device refuses (dead) has failed: the next one. */
-	for (int tries = 0;; tries++) {
-		if (!nic) {
-			r2cc_rqp_fail(r, "no healthy NIC left");
-			return;
-		}
-		rc = r2cc_path_new(r, nic);
-		if (!rc) {
-			memset(&p, 0, sizeof(p));
-			p.qpn = r->new_qp->qp_num;
-			p.lid = nic->lid;
-			p.port = nic->port ? nic->port : 1;
-			p.mtu = r2cc_path_mtu(r, nic);
-			memcpy(p.gid, r2cc_path_gid(r, nic), 16);
-			snprintf(p.nic, sizeof(p.nic), "%s", nic->name);
-			rc = r2cc_path_connect(r, &p);
-			if (rc)
-				r2cc_path_drop_new(r);
-		}
-		if (!rc)
-			break;
-		if (!r2cc_refused_by_dead_device(-rc) || tries >= R2CC_MAX_NICS) {
-			r2cc_rqp_fail(r, "cannot create or connect the loopback QP on the new NIC");
-			return;
-		}
-		r2cc_nic_dead(nic, "a queue pair of hot repair's on it", -rc);
-		nic = r2cc_place(r, NULL);
+	rc = r2cc_path_on_healthy_self(r, home, &p, &nic);
+	if (rc) {
+		r2cc_rqp_fail(r, rc == -ENODEV
+				     ? "no healthy NIC left"
+				     : "cannot create or connect the loopback QP on the new NIC");
+		return;
 	}
 	set_state(r, RQ_EXCHANGE);
 	uint64_t held = 0;

@@ -232,17 +232,31 @@ static int match_sgid(struct r2cc_ctx *c, uint8_t port, const struct r2cc_qp *q,
 	return -1;
 }
 
-/* A new path on the NIC placement gives (rail: the peer's, or NULL), and, with p,
- * connected to it; a NIC whose device refuses (dead: EIO, ENETDOWN) has failed,
- * and the next one is tried. 0 (*nicp the NIC), -ENODEV when none is left, or the
- * error of the last try (a connection refused otherwise leaves the path made). */
-int r2cc_path_on_healthy(struct r2cc_rqp *r, struct r2cc_nic *first, const char *rail,
-			 const struct peer_path *p, struct r2cc_nic **nicp)
+/* A loopback path (NCCL's GPU flush QP): the new QP, connected to itself. */
+static void self_path(const struct r2cc_rqp *r, struct r2cc_nic *nic, struct peer_path *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->qpn = r->new_qp->qp_num;
+	p->lid = nic->lid;
+	p->port = nic->port ? nic->port : 1;
+	p->mtu = r2cc_path_mtu(r, nic);
+	memcpy(p->gid, r2cc_path_gid(r, nic), 16);
+	snprintf(p->nic, sizeof(p->nic), "%s", nic->name);
+}
+
+/* The loop of the two below: with self, the path is made for the new QP itself
+ * there (and connected to it) instead of p. */
+static int on_healthy(struct r2cc_rqp *r, struct r2cc_nic *first, const char *rail,
+		      const struct peer_path *p, struct peer_path *self, struct r2cc_nic **nicp)
 {
 	struct r2cc_nic *nic = first ? first : r2cc_place(r, rail);
 	int rc = -ENODEV;
 	for (int tries = 0; nic && tries <= R2CC_MAX_NICS; tries++) {
 		rc = r2cc_path_new(r, nic);
+		if (!rc && self) {
+			self_path(r, nic, self);
+			p = self;
+		}
 		if (!rc && p && (rc = r2cc_path_connect(r, p)) && r2cc_refused_by_dead_device(-rc))
 			r2cc_path_drop_new(r);
 		*nicp = nic;
@@ -253,6 +267,23 @@ int r2cc_path_on_healthy(struct r2cc_rqp *r, struct r2cc_nic *first, const char 
 		rc = -ENODEV;
 	}
 	return rc;
+}
+
+/* A new path on the NIC placement gives (rail: the peer's, or NULL), and, with p,
+ * connected to it; a NIC whose device refuses (dead: EIO, ENETDOWN) has failed,
+ * and the next one is tried. 0 (*nicp the NIC), -ENODEV when none is left, or the
+ * error of the last try (a connection refused otherwise leaves the path made). */
+int r2cc_path_on_healthy(struct r2cc_rqp *r, struct r2cc_nic *first, const char *rail,
+			 const struct peer_path *p, struct r2cc_nic **nicp)
+{
+	return on_healthy(r, first, rail, p, NULL, nicp);
+}
+
+/* The same for a loopback QP: connected to itself, *p its path. */
+int r2cc_path_on_healthy_self(struct r2cc_rqp *r, struct r2cc_nic *first, struct peer_path *p,
+			      struct r2cc_nic **nicp)
+{
+	return on_healthy(r, first, NULL, NULL, p, nicp);
 }
 
 /* A QP (and its CQ) of R2CC's own on nic, in INIT. */
