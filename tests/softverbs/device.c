@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -691,8 +692,9 @@ struct sv_mr_slot *sv_mr_find(struct sv_fabric *f, uint32_t key)
 	return key && atomic_load(&m->key) == key ? m : NULL;
 }
 
-SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_t length,
-					  uint64_t iova, unsigned int access)
+/* An MR; dmabuf: the device-memory buffer it is in (devmem.c), 0 for host memory. */
+struct ibv_mr *sv_mr_register(struct ibv_pd *ibpd, void *addr, size_t length, uint64_t iova,
+			      unsigned int access, uint64_t dmabuf, uint64_t dmabuf_off)
 {
 	struct sv_pd *pd = sv_container_of(ibpd, struct sv_pd, pd);
 	struct sv_fabric *f = sv_proc.f;
@@ -736,6 +738,8 @@ SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_
 	f->mrs[i].addr = (uintptr_t)addr;
 	f->mrs[i].iova = iova;
 	f->mrs[i].len = length;
+	f->mrs[i].dmabuf = dmabuf;
+	f->mrs[i].dmabuf_off = dmabuf_off;
 	atomic_store(&f->mrs[i].key, key);
 	pthread_mutex_unlock(&f->lock);
 	mr->slot = i;
@@ -750,6 +754,12 @@ SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *ibpd, void *addr, size_
 	return &mr->mr;
 }
 
+SV_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length,
+					  uint64_t iova, unsigned int access)
+{
+	return sv_mr_register(pd, addr, length, iova, access, 0, 0);
+}
+
 #undef ibv_reg_mr
 SV_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access)
 {
@@ -761,14 +771,6 @@ SV_EXPORT struct ibv_mr *ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t l
 					 uint64_t iova, int access)
 {
 	return ibv_reg_mr_iova2(pd, addr, length, iova, (unsigned)access);
-}
-
-SV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
-					   uint64_t iova, int fd, int access)
-{
-	/* No device memory here: NCCL's probe takes EOPNOTSUPP as "stage through host". */
-	errno = EOPNOTSUPP;
-	return NULL;
 }
 
 /*
@@ -803,6 +805,7 @@ SV_EXPORT int ibv_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd, 
 		m->addr = (uintptr_t)addr;
 		m->iova = (uintptr_t)addr;
 		m->len = length;
+		m->dmabuf = 0; /* host memory now; the mapping stays until dereg */
 	}
 	m->pd = pd->id;
 	if (flags & IBV_REREG_MR_CHANGE_ACCESS)
@@ -827,6 +830,8 @@ SV_EXPORT int ibv_dereg_mr(struct ibv_mr *ibmr)
 
 	atomic_store(&sv_proc.f->mrs[mr->slot].key, 0);
 	atomic_fetch_sub(&pd->users, 1);
+	if (mr->map)
+		munmap(mr->map, mr->maplen);
 	free(mr);
 	return 0;
 }

@@ -158,6 +158,8 @@ void sv_config_read(struct sv_config *cfg)
 	cfg->seed = v && *v ? strtoull(v, NULL, 0) : SV_DEFAULT_SEED;
 	v = getenv("SOFTVERBS_INFLIGHT");
 	cfg->inflight = v && *v ? strtoull(v, NULL, 0) : SV_DEFAULT_INFLIGHT;
+	v = getenv("SOFTVERBS_DMABUF");
+	cfg->dmabuf = v && !strcmp(v, "1");
 }
 
 static void sv_fabric_init(struct sv_fabric *f)
@@ -165,6 +167,7 @@ static void sv_fabric_init(struct sv_fabric *f)
 	f->version = SV_VERSION;
 	f->size = sizeof(*f);
 	sv_mutex_init_shared(&f->lock);
+	sv_mutex_init_shared(&f->posted_lock);
 	f->start_ns = sv_now_ns();
 	f->next_lid = 1;
 	f->net = (struct sv_net){.link = SV_LL_IB, .lossless_tc = -1, .active_mtu = IBV_MTU_4096};
@@ -334,6 +337,20 @@ out:
 	return n;
 }
 
+/* A gone process's device-memory writes (devmem.c) that no flush ordered. */
+static void sv_devmem_forget(struct sv_fabric *f, int pid)
+{
+	sv_lock(&f->posted_lock);
+	for (int i = 0; i < atomic_load(&f->nposted); i++)
+		if (f->posted[i].pid == pid) {
+			int n = atomic_load(&f->nposted) - 1;
+
+			f->posted[i--] = f->posted[n];
+			atomic_store(&f->nposted, n);
+		}
+	pthread_mutex_unlock(&f->posted_lock);
+}
+
 static void sv_free_pid(struct sv_fabric *f, int pid)
 {
 	for (int i = 0; i < SV_MAX_MRS; i++)
@@ -353,6 +370,7 @@ static void sv_free_pid(struct sv_fabric *f, int pid)
 	for (int i = 0; i < SV_MAX_CQS; i++)
 		if (atomic_load(&f->cqs[i].id) && f->cqs[i].pid == pid)
 			atomic_store(&f->cqs[i].id, 0);
+	sv_devmem_forget(f, pid);
 }
 
 /*
@@ -378,6 +396,8 @@ static void sv_fabric_restart(struct sv_fabric *f, const struct sv_net *net)
 		atomic_store(&f->srqs[i].id, 0);
 	for (int i = 0; i < SV_MAX_CQS; i++)
 		atomic_store(&f->cqs[i].id, 0);
+	atomic_store(&f->nposted, 0);
+	atomic_store(&f->posted_overflow, 0);
 	f->next_lid = 1;
 	f->start_ns = sv_now_ns();
 }

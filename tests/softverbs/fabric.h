@@ -22,13 +22,14 @@
 #include <sys/types.h>
 
 #define SV_MAGIC	 0x534f465456524253ull /* "SOFTVRBS" */
-#define SV_VERSION	 8
+#define SV_VERSION	 9
 #define SV_NAME_LEN	 64
 #define SV_MAX_NODES	 32
 #define SV_MAX_NICS	 128
 #define SV_NICS_PER_NODE 16
 #define SV_MAX_PROCS	 256
 #define SV_MAX_MRS	 16384
+#define SV_MAX_POSTED	 16384
 #define SV_MR_SHIFT	 14 /* key = gen << SV_MR_SHIFT | slot */
 #define SV_MAX_QPS	 4096
 #define SV_QP_SHIFT	 12 /* qpn = gen << SV_QP_SHIFT | slot */
@@ -150,6 +151,23 @@ struct sv_mr_slot {
 	uint32_t pd;
 	uint32_t access;
 	uint64_t addr, iova, len;
+	/* Device memory (ibv_reg_dmabuf_mr): the buffer's identity (never 0) and where the
+	 * MR starts in it; 0 for host memory. */
+	uint64_t dmabuf, dmabuf_off;
+};
+
+/*
+ * Device memory: bytes a NIC wrote into a dmabuf MR that no RDMA READ through that
+ * NIC has ordered yet (GPUDirect's flush). On hardware the GPU may still read the old
+ * bytes there; here they are in memory, and softverbs_unflushed() says which NICs
+ * owe a flush. A range in the buffer's own offsets, so every MR of the buffer (one
+ * per PD) sees it.
+ */
+struct sv_posted {
+	int pid; /* the memory's process */
+	int nic;
+	uint32_t fault_seq; /* the NIC's when the bytes landed: a fault since settles them */
+	uint64_t dmabuf, lo, hi;
 };
 
 struct sv_rwqe {
@@ -269,6 +287,10 @@ struct sv_fabric {
 	struct sv_qp_slot qps[SV_MAX_QPS];
 	struct sv_srq_slot srqs[SV_MAX_SRQS];
 	struct sv_cq_slot cqs[SV_MAX_CQS];
+	pthread_mutex_t posted_lock;
+	_Atomic int nposted;
+	_Atomic uint64_t posted_overflow; /* device-memory writes the table had no room for */
+	struct sv_posted posted[SV_MAX_POSTED];
 };
 
 /* Settings read once per process. */
@@ -285,6 +307,7 @@ struct sv_config {
 	uint64_t seed;	   /* SOFTVERBS_SEED: what lands at a black hole, jitter delays */
 	uint64_t
 	    inflight; /* SOFTVERBS_INFLIGHT: bytes per QP on the wire when a black hole opens */
+	bool dmabuf;  /* SOFTVERBS_DMABUF: ibv_reg_dmabuf_mr of a buffer this process can map */
 };
 
 void sv_config_read(struct sv_config *cfg);

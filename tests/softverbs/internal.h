@@ -52,6 +52,8 @@ struct sv_pd {
 struct sv_mr {
 	struct ibv_mr mr;
 	int slot;
+	void *map; /* a dmabuf MR's mapping of the buffer, unmapped with it */
+	size_t maplen;
 };
 
 struct sv_cq {
@@ -198,6 +200,11 @@ void sv_cq_rings_sweep(void);
 int64_t sv_progress_all(int64_t now);
 bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc);
 struct sv_mr_slot *sv_mr_find(struct sv_fabric *f, uint32_t key);
+struct ibv_mr *sv_mr_register(struct ibv_pd *ibpd, void *addr, size_t length, uint64_t iova,
+			      unsigned int access, uint64_t dmabuf, uint64_t dmabuf_off);
+/* devmem.c: device memory's writes and the reads that order them */
+void sv_devmem_write(int pid, int nic, const struct sv_mr_slot *m, uint64_t addr, uint64_t len);
+void sv_devmem_read(int pid, int nic);
 
 /* srq.c */
 int sv_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);

@@ -20,7 +20,7 @@ SV_BW    := $(BUILD)/bin/softverbs-bw
 SV_PIECES := $(BUILD)/bin/softverbs-pieces
 
 SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o \
-               $(SV_OBJ)/srq.o $(SV_OBJ)/compat.o
+               $(SV_OBJ)/srq.o $(SV_OBJ)/compat.o $(SV_OBJ)/devmem.o
 SV_CFLAGS   := $(BIN_CFLAGS) -fvisibility=hidden
 # Test programs link against the device itself and find it next to them at run time.
 SV_TLIBS    := -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../../softverbs' -ldl

@@ -1780,7 +1780,7 @@ static bool sv_local_iov(struct sv_qp *qp, struct sv_swr *w, struct iovec *iov, 
 
 /* The target's rkey range -> its address; false = remote access error. */
 static bool sv_remote_addr(struct sv_qp_slot *t, uint32_t rkey, uint64_t raddr, uint64_t len,
-			   unsigned need, uint64_t *addr)
+			   unsigned need, uint64_t *addr, struct sv_mr_slot **mp)
 {
 	struct sv_mr_slot *m = sv_mr_find(sv_proc.f, rkey);
 
@@ -1789,6 +1789,7 @@ static bool sv_remote_addr(struct sv_qp_slot *t, uint32_t rkey, uint64_t raddr, 
 	    len > m->len - (raddr - m->iova))
 		return false;
 	*addr = m->addr + (raddr - m->iova);
+	*mp = m;
 	return true;
 }
 
@@ -1993,6 +1994,7 @@ static int sv_deliver(struct sv_qp *qp, struct sv_swr *w, struct sv_qp_slot *t, 
 	bool needs_recv = w->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || w->opcode == IBV_WR_SEND ||
 			  w->opcode == IBV_WR_SEND_WITH_IMM;
 	struct sv_recv rcv = {0};
+	struct sv_mr_slot *target = NULL;
 	uint64_t addr = 0, cap = 0;
 	int nl = (int)w->nsge, nr = 1, rc;
 	struct ibv_wc wc;
@@ -2010,15 +2012,16 @@ static int sv_deliver(struct sv_qp *qp, struct sv_swr *w, struct sv_qp_slot *t, 
 	case IBV_WR_RDMA_WRITE:
 	case IBV_WR_RDMA_WRITE_WITH_IMM:
 		/* A zero-length write carries no address: the rkey is not checked. */
-		if (w->len &&
-		    !sv_remote_addr(t, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE, &addr))
+		if (w->len && !sv_remote_addr(t, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE,
+					      &addr, &target))
 			return sv_recv_fail(qp, t, &rcv, IBV_WC_LOC_ACCESS_ERR,
 					    IBV_WC_REM_ACCESS_ERR);
 		riov[0].iov_base = (void *)(uintptr_t)addr;
 		riov[0].iov_len = w->len;
 		break;
 	case IBV_WR_RDMA_READ:
-		if (!sv_remote_addr(t, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_READ, &addr))
+		if (!sv_remote_addr(t, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_READ, &addr,
+				    &target))
 			return IBV_WC_REM_ACCESS_ERR;
 		riov[0].iov_base = (void *)(uintptr_t)addr;
 		riov[0].iov_len = w->len;
@@ -2057,6 +2060,12 @@ static int sv_deliver(struct sv_qp *qp, struct sv_swr *w, struct sv_qp_slot *t, 
 		return SV_SILENT;
 	if (rc)
 		return sv_recv_fail(qp, t, &rcv, IBV_WC_LOC_ACCESS_ERR, IBV_WC_REM_ACCESS_ERR);
+	/* Device memory: a write through the responder's NIC owes a flush there; a read
+	 * through it orders every write it made to that process's memory (devmem.c). */
+	if (read)
+		sv_devmem_read(t->pid, t->nic);
+	else if (target && target->dmabuf)
+		sv_devmem_write(t->pid, t->nic, target, addr + w->done, n);
 	/* A read response travels in the responder's traffic class. */
 	if (read) {
 		sv_nic_account(f, t->nic, qp->s->nic, n);

@@ -43,6 +43,19 @@ int softverbs_nic_stats(const char *node, struct softverbs_nic_stat *out, int ma
  */
 int softverbs_nic_lossy_bytes(const char *node, const char *nic, uint64_t *bytes);
 
+/*
+ * Device memory (SOFTVERBS_DMABUF=1, ibv_reg_dmabuf_mr): of the bytes [addr, addr + len)
+ * of this process's MR `mr`, which were written through a NIC that no RDMA READ
+ * through it ordered since (GPUDirect's flush: on hardware the GPU might still read
+ * the old bytes). Returns how many NICs owe a flush, their indices in the node
+ * (SOFTVERBS_NICS order) as bits of *nics, and in *overflow (if not NULL) how many
+ * device-memory writes the device had no room to track (each could hide one);
+ * -EINVAL for an MR that is not device memory, -ERANGE for a range outside it.
+ */
+struct ibv_mr;
+int softverbs_unflushed(const struct ibv_mr *mr, uint64_t addr, uint64_t len, uint64_t *nics,
+			uint64_t *overflow);
+
 /* Internal: the same over an attached fabric (shared with softverbs-ctl). */
 struct sv_fabric;
 int sv_fabric_nic_stats(struct sv_fabric *f, const char *node, struct softverbs_nic_stat *out,

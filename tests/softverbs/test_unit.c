@@ -710,3 +710,144 @@ Test(softverbs_fatal, dies_silently, .init = setup_fatal, .fini = teardown)
 	cr_expect(ibv_poll_cq(cq, 1, &wc) == 0, "a completion from a dead device");
 	cr_expect(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0);
 }
+
+static void setup_dmabuf(void)
+{
+	setenv("SOFTVERBS_DMABUF", "1", 1);
+	setup();
+}
+
+/* A loopback QP on a NIC of its own (context, PD, CQ). */
+struct dev_loop {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+};
+
+static void dev_loop_open(struct dev_loop *l, int nic)
+{
+	struct ibv_device **devs;
+	struct ibv_qp_init_attr init = {
+	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1},
+	    .qp_type = IBV_QPT_RC,
+	};
+	struct ibv_port_attr pa;
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+				.port_num = 1,
+				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE |
+						   IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE};
+	int n = 0;
+
+	devs = ibv_get_device_list(&n);
+	cr_assert(devs && n > nic);
+	l->ctx = nic ? ibv_open_device(devs[nic]) : ctx;
+	ibv_free_device_list(devs);
+	l->pd = nic ? ibv_alloc_pd(l->ctx) : pd;
+	l->cq = nic ? ibv_create_cq(l->ctx, 16, NULL, NULL, 0) : cq;
+	cr_assert(l->ctx && l->pd && l->cq);
+	init.send_cq = init.recv_cq = l->cq;
+	l->qp = ibv_create_qp(l->pd, &init);
+	cr_assert(l->qp);
+	cr_assert(ibv_modify_qp(l->qp, &a,
+				IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				    IBV_QP_ACCESS_FLAGS) == 0);
+	cr_assert(ibv_query_port(l->ctx, 1, &pa) == 0);
+	a = (struct ibv_qp_attr){.qp_state = IBV_QPS_RTR,
+				 .path_mtu = IBV_MTU_4096,
+				 .dest_qp_num = l->qp->qp_num,
+				 .max_dest_rd_atomic = 1,
+				 .min_rnr_timer = 12};
+	a.ah_attr.dlid = pa.lid;
+	a.ah_attr.port_num = 1;
+	cr_assert(ibv_modify_qp(l->qp, &a,
+				IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				    IBV_QP_MIN_RNR_TIMER) == 0);
+	cr_assert(to_rts(l->qp) == 0);
+}
+
+/* One signalled WRITE or READ between two MRs of this process through l's NIC. */
+static void dev_loop_op(struct dev_loop *l, int opcode, struct ibv_mr *local, void *laddr,
+			struct ibv_mr *remote, uint64_t raddr, uint32_t len)
+{
+	struct ibv_sge sge = {.addr = (uintptr_t)laddr, .length = len, .lkey = local->lkey};
+	struct ibv_send_wr wr = {.wr_id = 3,
+				 .sg_list = &sge,
+				 .num_sge = 1,
+				 .opcode = opcode,
+				 .send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	struct ibv_wc wc;
+	int n = 0;
+
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = remote->rkey;
+	cr_assert(ibv_post_send(l->qp, &wr, &bad) == 0);
+	for (int i = 0; i < 2000 && !n; i++, usleep(1000))
+		n = ibv_poll_cq(l->cq, 1, &wc);
+	cr_assert(n == 1 && wc.status == IBV_WC_SUCCESS, "status %d", wc.status);
+}
+
+static uint64_t unflushed(struct ibv_mr *mr, uint64_t off, uint64_t len)
+{
+	uint64_t nics = ~0ull, over = ~0ull;
+
+	cr_assert(softverbs_unflushed(mr, (uintptr_t)mr->addr + off, len, &nics, &over) >= 0);
+	cr_assert(over == 0);
+	return nics;
+}
+
+/*
+ * Device memory: a memfd registered through ibv_reg_dmabuf_mr on two NICs (one MR per
+ * PD, as R2CC's mirrors make them). A write through a NIC owes a flush there, seen
+ * through either MR; a READ through another NIC does not order it, one through the
+ * same NIC does; the bytes are in the memory all along.
+ */
+Test(softverbs_dmabuf, writes_owe_their_nics_flush, .init = setup_dmabuf, .fini = teardown)
+{
+	struct dev_loop a, b;
+	static char src[256], scratch[8];
+	int fd = memfd_create("svunit-dmabuf", 0);
+	char *view;
+	struct ibv_mr *ma, *mb, *sa, *sb, *host;
+	uint64_t nics = 0;
+
+	cr_assert(fd >= 0 && ftruncate(fd, 8192) == 0);
+	view = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	cr_assert(view != MAP_FAILED);
+	dev_loop_open(&a, 0);
+	dev_loop_open(&b, 1);
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	ma = ibv_reg_dmabuf_mr(a.pd, 4096, 4096, (uintptr_t)view + 4096, fd, acc);
+	mb = ibv_reg_dmabuf_mr(b.pd, 4096, 4096, (uintptr_t)view + 4096, fd, acc);
+	cr_assert(ma && mb, "errno %d", errno);
+	sa = ibv_reg_mr(a.pd, src, sizeof(src), acc);
+	sb = ibv_reg_mr(b.pd, src, sizeof(src), acc);
+	host = ibv_reg_mr(a.pd, scratch, sizeof(scratch), acc);
+	cr_assert(sa && sb && host);
+	cr_expect(softverbs_unflushed(host, (uintptr_t)scratch, 1, &nics, NULL) == -EINVAL);
+	cr_expect(softverbs_unflushed(ma, (uintptr_t)view + 4096 + 4000, 200, &nics, NULL) ==
+		  -ERANGE);
+	memset(src, 0x5a, sizeof(src));
+	dev_loop_op(&a, IBV_WR_RDMA_WRITE, sa, src, ma, (uintptr_t)view + 4096, 128);
+	cr_expect(view[4096] == 0x5a && view[4096 + 127] == 0x5a && view[4096 + 128] == 0);
+	cr_expect(unflushed(ma, 0, 4096) == 1, "through mlx5_0: %#llx",
+		  (unsigned long long)unflushed(ma, 0, 4096));
+	cr_expect(unflushed(ma, 128, 128) == 0, "nothing written there");
+	dev_loop_op(&b, IBV_WR_RDMA_WRITE, sb, src, mb, (uintptr_t)view + 4096 + 128, 128);
+	cr_expect(unflushed(ma, 0, 256) == 3 && unflushed(mb, 128, 1) == 2);
+	/* mlx5_2's flush READ orders its own write only */
+	dev_loop_op(&b, IBV_WR_RDMA_READ, sb, src, mb, (uintptr_t)view + 4096, 1);
+	cr_expect(unflushed(ma, 0, 256) == 1);
+	/* a later write through mlx5_2 over mlx5_0's bytes replaces them */
+	dev_loop_op(&b, IBV_WR_RDMA_WRITE, sb, src, mb, (uintptr_t)view + 4096 + 32, 32);
+	cr_expect(unflushed(ma, 0, 32) == 1 && unflushed(ma, 32, 32) == 2 &&
+		  unflushed(ma, 64, 64) == 1);
+	dev_loop_op(&a, IBV_WR_RDMA_READ, sa, src, ma, (uintptr_t)view + 4096, 1);
+	cr_expect(unflushed(ma, 0, 4096) == 2);
+	dev_loop_op(&b, IBV_WR_RDMA_READ, sb, src, mb, (uintptr_t)view + 4096, 1);
+	cr_expect(unflushed(ma, 0, 4096) == 0);
+	cr_expect(ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0);
+	close(fd);
+}
