@@ -87,11 +87,12 @@ struct drill_opts {
 	bool keep;
 	bool verbose;
 	bool selftest_corrupt;
-	bool nccl_stub;		 /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
-	bool flush;		 /* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
-	bool fresh_mr;		 /* --fresh-mr: receivers register their rings anew, 3/4 in */
-	bool churn;		 /* --churn: QPs created and destroyed beside the traffic */
-	bool roce;		 /* --link roce: RoCE v2 soft NICs, a subnet per rail */
+	bool nccl_stub; /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
+	bool flush;	/* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
+	bool no_fusion; /* --no-fusion: each connection on one NIC (NCCL_NET_MERGE_LEVEL=LOC) */
+	bool fresh_mr;	/* --fresh-mr: receivers register their rings anew, 3/4 in */
+	bool churn;	/* --churn: QPs created and destroyed beside the traffic */
+	bool roce;	/* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
 	double
 	    restore_ms;	 /* --restore: the faulted NIC back this long after the fault; < 0 never */
@@ -240,6 +241,11 @@ struct drill_status {
 	X(int, destroy_qp, (struct ibv_qp *))                                                      \
 	X(int, fork_init, (void))                                                                  \
 	X(const char *, event_type_str, (enum ibv_event_type))
+
+/* Optional: ibv_reg_dmabuf_mr (NULL where libibverbs lacks it). */
+extern struct ibv_mr *(*drill_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
+/* softverbs' softverbs_unflushed() (softverbs.h); NULL on another libibverbs. */
+extern int (*drill_sv_unflushed)(const struct ibv_mr *, uint64_t, uint64_t, uint64_t *, uint64_t *);
 
 struct drill_ibv {
 #define DRILL_IBV_PTR(ret, name, params) ret(*name) params;

@@ -148,7 +148,7 @@ static void usage(FILE *f)
 	    "[--fault-nics one|all]\n"
 	    "                        [--second-fault MS] [--kill-peer] "
 	    "[--expect pass|clean-error|no-repair] [--bound SEC]\n"
-	    "                        [--flush] [--gbps G] [--qps Q] [--per-node P] "
+	    "                        [--flush] [--no-fusion] [--gbps G] [--qps Q] [--per-node P] "
 	    "[--declare NODE:NIC]\n"
 	    "                        [--nccl-version 2.18..2.32] [--link ib|roce] "
 	    "[--detect-within MS] [--fresh-mr]\n"
@@ -160,8 +160,14 @@ static void usage(FILE *f)
 	    "max size 4 MiB, timeout 15 s, time scale 0.01, IB timeout 20, retry count 7.\n"
 	    "--expect clean-error: a scenario passes only if an error reaches the application\n"
 	    "within --bound (10 s) of the fault, no worker hangs and nothing is corrupt.\n"
-	    "--flush: NCCL's GPU Direct flush too: each received message is read back with\n"
-	    "an RDMA READ on a loopback QP per NIC before it counts as delivered.\n"
+	    "--flush: NCCL's GPU Direct flush too: receive rings are device memory (a memfd\n"
+	    "through ibv_reg_dmabuf_mr, SOFTVERBS_DMABUF=1), and each received message is\n"
+	    "read back with an RDMA READ on a loopback QP per NIC of its connection before it\n"
+	    "counts as delivered; a scenario fails if, once those READs are back, bytes of\n"
+	    "the message came through a NIC that no READ through it ordered since\n"
+	    "(softverbs_unflushed: the GPU could read stale data).\n"
+	    "--no-fusion: each connection on one NIC, the ordered pairs taking the NICs in\n"
+	    "turn (NCCL_NET_MERGE_LEVEL=LOC, no virtual NIC); with --qps Q its Q QPs there.\n"
 	    "--gbps G: every NIC shaped to G Gb/s; --qps Q: Q QPs per NIC per connection\n"
 	    "(NCCL_IB_QPS_PER_CONNECTION); --per-node P: P processes share each node's NICs;\n"
 	    "--declare NODE:NIC: R2CC_FAILED_NODE/HCA; --expect no-repair: as pass, and no\n"
@@ -293,6 +299,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_KILL,
 		O_HOLD,
 		O_FLUSH,
+		O_NO_FUSION,
 		O_FRESH_MR,
 		O_CHURN,
 		O_QPS,
@@ -338,6 +345,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"kill-peer", no_argument, NULL, O_KILL},
 	    {"hold-connect", required_argument, NULL, O_HOLD},
 	    {"flush", no_argument, NULL, O_FLUSH},
+	    {"no-fusion", no_argument, NULL, O_NO_FUSION},
 	    {"fresh-mr", no_argument, NULL, O_FRESH_MR},
 	    {"churn", no_argument, NULL, O_CHURN},
 	    {"qps", required_argument, NULL, O_QPS},
@@ -555,6 +563,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		case O_FLUSH:
 			o->flush = true;
 			break;
+		case O_NO_FUSION:
+			o->no_fusion = true;
+			break;
 		case O_FRESH_MR:
 			o->fresh_mr = true;
 			break;
@@ -723,9 +734,10 @@ static void drill_on_signal(int sig)
 static bool drill_env_ours(const char *kv)
 {
 	static const char *const keys[] = {
-	    "LD_LIBRARY_PATH=", "LD_PRELOAD=",		 "SOFTVERBS_FABRIC=", "SOFTVERBS_NODE=",
-	    "SOFTVERBS_NICS=",	"SOFTVERBS_TIME_SCALE=", "SOFTVERBS_FAULT=",  "R2CC_REPORT=",
-	    "NCCL_HOSTID=",	"SOFTVERBS_SHAPING=",	 "R2CC_FAILED_NODE=", "R2CC_FAILED_HCA=",
+	    "LD_LIBRARY_PATH=",	 "LD_PRELOAD=",		  "SOFTVERBS_FABRIC=", "SOFTVERBS_NODE=",
+	    "SOFTVERBS_NICS=",	 "SOFTVERBS_TIME_SCALE=", "SOFTVERBS_FAULT=",  "R2CC_REPORT=",
+	    "NCCL_HOSTID=",	 "SOFTVERBS_SHAPING=",	  "R2CC_FAILED_NODE=", "R2CC_FAILED_HCA=",
+	    "SOFTVERBS_DMABUF=",
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -784,6 +796,8 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 		DRILL_ENV("R2CC_FAILED_HCA=mlx5_%d", o->declare_nic);
 	}
 	DRILL_ENV("SOFTVERBS_TIME_SCALE=%g", o->time_scale);
+	if (o->flush)
+		DRILL_ENV("SOFTVERBS_DMABUF=1");
 	DRILL_ENV("R2CC_REPORT=%s/r2cc-report.%d", s->dir, rank);
 	/* --fresh-mr: the process that stops is the faulted node's (the one that
 	 * moves to another NIC, so that its peer translates its new keys) */
@@ -849,6 +863,8 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 		argv[n++] = (char *)"--selftest-corrupt";
 	if (o->flush)
 		argv[n++] = (char *)"--flush";
+	if (o->no_fusion)
+		argv[n++] = (char *)"--no-fusion";
 	if (o->fresh_mr)
 		argv[n++] = (char *)"--fresh-mr";
 	if (o->churn)
@@ -2006,7 +2022,9 @@ int main(int argc, char **argv)
 	printf("r2cc-verbs-drill: %d processes x %d NICs, %d messages per connection "
 	       "(window %d, 0..%llu B%s), %s, QP timeout %.0f ms (time scale %g), deadline %g s\n",
 	       o.procs, o.nics, o.messages, o.window, (unsigned long long)o.max_size,
-	       o.flush ? ", GPU flush" : "",
+	       o.flush	     ? (o.no_fusion ? ", GPU flush, no NIC fusion" : ", GPU flush")
+	       : o.no_fusion ? ", no NIC fusion"
+			     : "",
 	       o.preload ? "LD_PRELOAD=libr2cc.so" : "no preload (baseline)",
 	       drill_qp_timeout_ms(&o), o.time_scale, o.timeout_s);
 	if (o.roce)

@@ -14,6 +14,8 @@
 #define DRILL_IBVERBS_VERSION "IBVERBS_1.1"
 
 struct drill_ibv drill_ibv;
+struct ibv_mr *(*drill_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
+int (*drill_sv_unflushed)(const struct ibv_mr *, uint64_t, uint64_t, uint64_t *, uint64_t *);
 
 /* Optional symbols NCCL looks up (and copes without); resolved only so that an
  * interposer sees the same lookups. */
@@ -46,6 +48,11 @@ int drill_ibv_load(char *err, size_t len)
 #undef DRILL_IBV_RESOLVE
 	for (size_t i = 0; i < sizeof(drill_ibv_optional) / sizeof(drill_ibv_optional[0]); i++)
 		(void)dlvsym(h, drill_ibv_optional[i].name, drill_ibv_optional[i].version);
+	drill_reg_dmabuf_mr =
+	    (struct ibv_mr * (*)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int))
+		dlvsym(h, "ibv_reg_dmabuf_mr", "IBVERBS_1.12");
+	drill_sv_unflushed = (int (*)(const struct ibv_mr *, uint64_t, uint64_t, uint64_t *,
+				      uint64_t *))dlsym(h, "softverbs_unflushed");
 	return 0;
 }
 

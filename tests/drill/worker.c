@@ -111,6 +111,7 @@ struct drill_conn {
 	int dev_index; /* NCCL base.devIndex: the QP of the next clear-to-send */
 	uint8_t *buf;
 	uint64_t buf_len;
+	int buf_fd; /* --flush: the receive ring's memfd while it may be registered again */
 	struct ibv_mr *buf_mr[DRILL_MAX_NICS];
 	struct ibv_mr *buf_mr_old[DRILL_MAX_NICS]; /* --fresh-mr: the first registrations */
 	struct drill_ring ring;
@@ -546,6 +547,22 @@ static struct ibv_mr *drill_reg(struct drill_worker *w, int dev, void *p, size_t
 	return mr;
 }
 
+/* A connection's data ring on NIC dev: device memory (a dmabuf MR) with --flush. */
+static struct ibv_mr *drill_reg_ring(struct drill_worker *w, struct drill_conn *c, int dev,
+				     int access)
+{
+	struct ibv_mr *mr;
+
+	if (c->buf_fd < 0)
+		return drill_reg(w, dev, c->buf, c->buf_len, access);
+	mr = drill_reg_dmabuf_mr(w->devs[dev].pd, 0, c->buf_len, (uintptr_t)c->buf, c->buf_fd,
+				 access);
+	if (!mr)
+		drill_fail_app(w, "ibv_reg_dmabuf_mr of %llu bytes on %s: %s",
+			       (unsigned long long)c->buf_len, w->devs[dev].name, strerror(errno));
+	return mr;
+}
+
 /* Builds one connection; it is in w->send/w->recv from the start so teardown finds it. */
 static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 {
@@ -573,7 +590,7 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 	 */
 	c->nic0 = 0;
 	c->nnic = o->nics;
-	if (o->pattern->one_nic) {
+	if (o->pattern->one_nic || o->no_fusion) {
 		int from = send ? o->rank : peer, to = send ? peer : o->rank;
 
 		c->nic0 = (from * (o->procs - 1) + (to > from ? to - 1 : to)) % o->nics;
@@ -582,7 +599,22 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 	c->nqps = c->nnic * o->qps;
 	c->buf_len = 2 * max > (1u << 20) ? 2 * max : (1u << 20);
 	c->ring.size = c->buf_len;
-	c->buf = mmap(NULL, c->buf_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	/* --flush: a receive ring is device memory, a buffer registered through
+	 * ibv_reg_dmabuf_mr as NCCL registers GPU memory (here a memfd) */
+	c->buf_fd = o->flush && !send ? memfd_create("drill-ring", MFD_CLOEXEC) : -1;
+	if (c->buf_fd >= 0 && ftruncate(c->buf_fd, (off_t)c->buf_len) != 0) {
+		drill_fail(w, "cannot size a %llu-byte memfd: %s", (unsigned long long)c->buf_len,
+			   strerror(errno));
+		return -1;
+	}
+	if (o->flush && !send && (c->buf_fd < 0 || !drill_reg_dmabuf_mr)) {
+		drill_fail(w, "--flush needs memfd_create and ibv_reg_dmabuf_mr");
+		return -1;
+	}
+	c->buf = c->buf_fd >= 0
+		     ? mmap(NULL, c->buf_len, PROT_READ | PROT_WRITE, MAP_SHARED, c->buf_fd, 0)
+		     : mmap(NULL, c->buf_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			    -1, 0);
 	c->fifo = mmap(NULL, fifo_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (c->buf == MAP_FAILED || c->fifo == MAP_FAILED) {
 		drill_fail(w, "cannot map %llu bytes of buffers", (unsigned long long)c->buf_len);
@@ -601,11 +633,17 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 		    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 		int d = drill_conn_nic(w, c, i);
 
-		c->buf_mr[d] = drill_reg(w, d, c->buf, c->buf_len, access);
+		c->buf_mr[d] = drill_reg_ring(w, c, d, access);
 		c->fifo_mr[d] = drill_reg(w, d, c->fifo, fifo_len, access);
 		if (!c->buf_mr[d] || !c->fifo_mr[d])
 			return -1;
 		e->fifo_rkey[d] = c->fifo_mr[d]->rkey;
+	}
+	/* NCCL closes a dmabuf's fd once it is registered (R2CC mirrors it before);
+	 * --fresh-mr registers the ring again later and keeps it */
+	if (c->buf_fd >= 0 && !o->fresh_mr) {
+		close(c->buf_fd);
+		c->buf_fd = -1;
 	}
 	e->fifo_addr = (uintptr_t)c->fifo;
 	return 0;
@@ -1025,9 +1063,9 @@ static bool drill_recv_post(struct drill_worker *w, struct drill_conn *c)
 		     (!atomic_load(&all[0].hold_at) || atomic_load(&all[0].fault_done));
 	for (int i = 0; fresh && i < c->nnic; i++) {
 		int d = drill_conn_nic(w, c, i);
-		struct ibv_mr *mr = drill_reg(w, d, c->buf, c->buf_len,
-					      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-						  IBV_ACCESS_REMOTE_READ);
+		struct ibv_mr *mr = drill_reg_ring(
+		    w, c, d,
+		    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 
 		if (!mr)
 			return false;
@@ -1312,6 +1350,46 @@ static void drill_retire(struct drill_worker *w, struct drill_conn *c)
 	}
 }
 
+/*
+ * Every flush READ of message m is back: NCCL now hands the bytes to the GPU. On
+ * device memory they are there only if every NIC that wrote them was flushed since
+ * (softverbs tracks it); false (the scenario failed) otherwise.
+ */
+static bool drill_flush_ordered(struct drill_worker *w, struct drill_conn *c,
+				const struct drill_msg *m)
+{
+	uint64_t nics = 0, overflow = 0;
+	int d = drill_conn_nic(w, c, 0), n;
+	char names[256] = "";
+
+	if (!drill_sv_unflushed)
+		return true;
+	n = drill_sv_unflushed(c->buf_mr[d], (uintptr_t)(c->buf + m->off), m->size, &nics,
+			       &overflow);
+	if (n < 0) {
+		drill_fail_app(w, "softverbs_unflushed on message %llu's ring: %s",
+			       (unsigned long long)m->seq, strerror(-n));
+		return false;
+	}
+	if (overflow) {
+		drill_fail_app(w, "softverbs could not track %llu device-memory writes",
+			       (unsigned long long)overflow);
+		return false;
+	}
+	if (!n)
+		return true;
+	for (int k = 0; k < w->o->nics; k++)
+		if (nics & 1ull << k)
+			snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s",
+				 names[0] ? ", " : "", drill_nic(w, k));
+	drill_fail_check(w,
+			 "message %llu from node%d (%llu bytes): its flush READs are back, but "
+			 "bytes of it came through %s, which no READ there ordered since (on "
+			 "GPU memory the GPU could read stale data)",
+			 (unsigned long long)m->seq, c->peer, (unsigned long long)m->size, names);
+	return false;
+}
+
 /* A flush READ came back: in order on its QP, for a message that owes it, with the
  * first bytes of the message and nothing past them. */
 static void drill_flush_wc(struct drill_worker *w, struct drill_qp *q, const struct ibv_wc *wc)
@@ -1359,6 +1437,8 @@ static void drill_flush_wc(struct drill_worker *w, struct drill_qp *q, const str
 				 i < m->flush_len ? "not the message's" : "written past the READ");
 		return;
 	}
+	if (!m->flush_pending && !drill_flush_ordered(w, c, m))
+		return;
 	if (!m->flush_pending)
 		drill_recv_deliver(w, m);
 }
@@ -1992,6 +2072,8 @@ static void drill_teardown(struct drill_worker *w)
 			for (int d = 0; d < w->o->nics; d++)
 				if (c->flush[d].qp)
 					drill_ibv.destroy_qp(c->flush[d].qp);
+			if (c->buf_fd > 0)
+				close(c->buf_fd);
 			for (int d = 0; d < w->o->nics; d++) {
 				if (c->buf_mr[d])
 					drill_ibv.dereg_mr(c->buf_mr[d]);

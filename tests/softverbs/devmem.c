@@ -11,7 +11,8 @@
  * since an RDMA READ through it last touched that process's memory. A fault on the
  * NIC settles its ranges (what it wrote before the fault has long reached memory by
  * the time anything could flush elsewhere, and a failed NIC cannot be flushed).
- * softverbs_unflushed() answers, for a range of an MR, which NICs still owe a flush.
+ * softverbs_unflushed() answers, for a range of an MR (in its iova, as a peer
+ * addresses it), which NICs still owe a flush.
  */
 #include "tests/softverbs/internal.h"
 #include "tests/softverbs/softverbs.h"
@@ -137,10 +138,9 @@ SV_EXPORT int softverbs_unflushed(const struct ibv_mr *ibmr, uint64_t addr, uint
 	m = &f->mrs[mr->slot];
 	if (atomic_load(&m->key) != ibmr->lkey || m->pid != pid || !m->dmabuf)
 		return -EINVAL;
-	if (addr < (uintptr_t)ibmr->addr || addr - (uintptr_t)ibmr->addr > ibmr->length ||
-	    len > ibmr->length - (addr - (uintptr_t)ibmr->addr))
+	if (addr < m->iova || addr - m->iova > m->len || len > m->len - (addr - m->iova))
 		return -ERANGE;
-	lo = m->dmabuf_off + (addr - (uintptr_t)ibmr->addr);
+	lo = m->dmabuf_off + (addr - m->iova);
 	hi = lo + len;
 	sv_lock(&f->posted_lock);
 	for (int i = 0; i < atomic_load(&f->nposted); i++) {
@@ -205,7 +205,9 @@ SV_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, s
 	mr = sv_container_of(ibmr, struct sv_mr, mr);
 	mr->map = map;
 	mr->maplen = maplen;
-	sv_proc.f->mrs[mr->slot].dmabuf = ((uint64_t)st.st_dev << 40 ^ (uint64_t)st.st_ino) | 1;
+	ibmr->addr = (void *)(uintptr_t)offset; /* as rdma-core sets it for a dmabuf MR */
+	sv_proc.f->mrs[mr->slot].dmabuf =
+	    ((uint64_t)st.st_dev << 40 ^ (uint64_t)st.st_ino) | 1ull << 63;
 	sv_proc.f->mrs[mr->slot].dmabuf_off = offset;
 	return ibmr;
 }

@@ -45,8 +45,8 @@ int softverbs_nic_lossy_bytes(const char *node, const char *nic, uint64_t *bytes
 
 /*
  * Device memory (SOFTVERBS_DMABUF=1, ibv_reg_dmabuf_mr): of the bytes [addr, addr + len)
- * of this process's MR `mr`, which were written through a NIC that no RDMA READ
- * through it ordered since (GPUDirect's flush: on hardware the GPU might still read
+ * (iova, as a peer addresses them) of this process's MR `mr`, which were written through a NIC that
+ * no RDMA READ through it ordered since (GPUDirect's flush: on hardware the GPU might still read
  * the old bytes). Returns how many NICs owe a flush, their indices in the node
  * (SOFTVERBS_NICS order) as bits of *nics, and in *overflow (if not NULL) how many
  * device-memory writes the device had no room to track (each could hide one);

@@ -789,11 +789,13 @@ static void dev_loop_op(struct dev_loop *l, int opcode, struct ibv_mr *local, vo
 	cr_assert(n == 1 && wc.status == IBV_WC_SUCCESS, "status %d", wc.status);
 }
 
+static uint64_t dm_iova; /* where the test's device memory is, as peers address it */
+
 static uint64_t unflushed(struct ibv_mr *mr, uint64_t off, uint64_t len)
 {
 	uint64_t nics = ~0ull, over = ~0ull;
 
-	cr_assert(softverbs_unflushed(mr, (uintptr_t)mr->addr + off, len, &nics, &over) >= 0);
+	cr_assert(softverbs_unflushed(mr, dm_iova + off, len, &nics, &over) >= 0);
 	cr_assert(over == 0);
 	return nics;
 }
@@ -818,10 +820,12 @@ Test(softverbs_dmabuf, writes_owe_their_nics_flush, .init = setup_dmabuf, .fini 
 	cr_assert(view != MAP_FAILED);
 	dev_loop_open(&a, 0);
 	dev_loop_open(&b, 1);
+	dm_iova = (uintptr_t)view + 4096;
 	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 	ma = ibv_reg_dmabuf_mr(a.pd, 4096, 4096, (uintptr_t)view + 4096, fd, acc);
 	mb = ibv_reg_dmabuf_mr(b.pd, 4096, 4096, (uintptr_t)view + 4096, fd, acc);
 	cr_assert(ma && mb, "errno %d", errno);
+	cr_expect((uintptr_t)ma->addr == 4096, "addr is the offset, as rdma-core sets it");
 	sa = ibv_reg_mr(a.pd, src, sizeof(src), acc);
 	sb = ibv_reg_mr(b.pd, src, sizeof(src), acc);
 	host = ibv_reg_mr(a.pd, scratch, sizeof(scratch), acc);
@@ -848,6 +852,15 @@ Test(softverbs_dmabuf, writes_owe_their_nics_flush, .init = setup_dmabuf, .fini 
 	cr_expect(unflushed(ma, 0, 4096) == 2);
 	dev_loop_op(&b, IBV_WR_RDMA_READ, sb, src, mb, (uintptr_t)view + 4096, 1);
 	cr_expect(unflushed(ma, 0, 4096) == 0);
-	cr_expect(ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0);
+	/* a buffer of its own stays apart */
+	int fd2 = memfd_create("svunit-dmabuf2", 0);
+	cr_assert(fd2 >= 0 && ftruncate(fd2, 4096) == 0);
+	struct ibv_mr *mc = ibv_reg_dmabuf_mr(a.pd, 0, 4096, 0x10000, fd2, acc);
+	cr_assert(mc);
+	dev_loop_op(&a, IBV_WR_RDMA_WRITE, sa, src, mc, 0x10000, 64);
+	cr_expect(unflushed(ma, 0, 4096) == 0, "another buffer's write");
+	cr_expect(softverbs_unflushed(mc, 0x10000, 64, &nics, NULL) == 1 && nics == 1);
+	cr_expect(ibv_dereg_mr(ma) == 0 && ibv_dereg_mr(mb) == 0 && ibv_dereg_mr(mc) == 0);
 	close(fd);
+	close(fd2);
 }
