@@ -9,8 +9,10 @@
  * Here the bytes are in memory at once. What the device tracks instead is which of
  * them a GPU could still miss: per buffer and NIC, the ranges written through that NIC
  * since an RDMA READ through it last touched that process's memory. A fault on the
- * NIC settles its ranges (what it wrote before the fault has long reached memory by
- * the time anything could flush elsewhere, and a failed NIC cannot be flushed).
+ * NIC settles its ranges, and a NIC with a fault set (but jitter) owes nothing for
+ * what it lands: PCIe's posted writes reach memory in microseconds, a repair takes
+ * milliseconds, and a failed NIC cannot be read through. What the check is about is
+ * the NICs that carry data after a repair.
  * softverbs_unflushed() answers, for a range of an MR (in its iova, as a peer
  * addresses it), which NICs still owe a flush.
  */
@@ -79,7 +81,11 @@ void sv_devmem_write(int pid, int nic, const struct sv_mr_slot *m, uint64_t addr
 	uint32_t seq = atomic_load(&f->nics[nic].fault_seq);
 	int i, n;
 
-	if (!len)
+	int fault = atomic_load(&f->nics[nic].fault);
+
+	/* A NIC with a fault owes no flush: what it lands then (what was on the wire as
+	 * the fault came) has reached memory long before any repair could act on it. */
+	if (!len || (fault != SV_FAULT_UP && fault != SV_FAULT_JITTER))
 		return;
 	sv_lock(&f->posted_lock);
 	posted_cut(f, pid, nic, m->dmabuf, lo, hi);
