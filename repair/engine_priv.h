@@ -131,6 +131,13 @@ struct r2cc_vcq {
 	 * its next poll of this CQ. Under mu; nflush also read atomically. */
 	struct r2cc_rqp **flush;
 	int nflush, capflush;
+	/* GPU flush across NICs (gpuflush.c): the NICs (bits of their index) that have
+	 * carried data of this CQ's QPs since a repair (atomic), its flush QPs with
+	 * helpers (under mu) and NCCL's posts they hold (atomic). */
+	uint64_t carried;
+	struct r2cc_rqp **gfl;
+	int ngfl, capgfl;
+	uint64_t gf_held;
 };
 
 /* The peer's end of a migrating pair, as its messages describe it. */
@@ -162,10 +169,11 @@ struct r2cc_rqp {
 	struct r2cc_nic *cur_nic;
 	struct r2cc_qp_shadow *cur_sh;
 	bool recv_live, send_live;
-	bool declared_pending; /* on a declared-failed NIC, waiting for NCCL's first post */
-	bool loopback;	       /* connected to itself (NCCL's GPU flush QP) */
-	bool hold_all;	       /* every post is held until the new path is live */
-	bool stash_held;       /* one of its CQ's reserved stash entries is its own */
+	bool declared_pending;	/* on a declared-failed NIC, waiting for NCCL's first post */
+	bool loopback;		/* connected to itself (NCCL's GPU flush QP) */
+	struct r2cc_gflush *gf; /* a flush QP's helpers on other NICs (gpuflush.c), atomic */
+	bool hold_all;		/* every post is held until the new path is live */
+	bool stash_held;	/* one of its CQ's reserved stash entries is its own */
 	/* A held send waits for the peer's rkey map (a key the cache lacks: the
 	 * repair thread fetches it, then posts the held sends); fetch attempts that
 	 * failed in a row. Under mu. */
@@ -606,6 +614,15 @@ void r2cc_exchange_peer_found(void *cookie);
 bool r2cc_app_flush_need(struct r2cc_rqp *r);
 void r2cc_app_flush_run(struct r2cc_rqp *r);
 void r2cc_app_flush_poll(struct r2cc_vcq *v);
+/* gpuflush.c */
+struct r2cc_gflush;
+void r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic);
+bool r2cc_gflush_take(struct r2cc_rqp *r, const struct ibv_send_wr *w);
+bool r2cc_gflush_wc(struct r2cc_rqp *r, const struct ibv_wc *wc);
+void r2cc_gflush_release(struct r2cc_vcq *v);
+void r2cc_gflush_destroy(struct r2cc_rqp *r);
+int r2cc_send_one_locked(struct r2cc_rqp *r, const struct ibv_send_wr *w);
+int r2cc_path_new_self(struct r2cc_rqp *r, struct r2cc_nic *nic);
 int r2cc_plan_post_sends(struct r2cc_rqp *r, uint64_t *held);
 int r2cc_path_commit(struct r2cc_rqp *r, const struct peer_path *p, bool sends, uint64_t *held);
 void r2cc_rqp_fail(struct r2cc_rqp *r, const char *why);

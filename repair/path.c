@@ -286,6 +286,20 @@ int r2cc_path_on_healthy_self(struct r2cc_rqp *r, struct r2cc_nic *first, struct
 	return on_healthy(r, first, NULL, NULL, p, nicp);
 }
 
+/* A new path of r's on nic connected to itself (a GPU flush QP's helper). */
+int r2cc_path_new_self(struct r2cc_rqp *r, struct r2cc_nic *nic)
+{
+	struct peer_path p;
+	int rc = r2cc_path_new(r, nic);
+	if (rc)
+		return rc;
+	self_path(r, nic, &p);
+	rc = r2cc_path_connect(r, &p);
+	if (rc)
+		r2cc_path_drop_new(r);
+	return rc;
+}
+
 /* A QP (and its CQ) of R2CC's own on nic, in INIT. */
 int r2cc_path_new(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {

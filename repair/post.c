@@ -287,6 +287,24 @@ int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad
 							       : rc;
 }
 
+/* One of NCCL's send requests onto r as r's state has it: on its QP once repair has
+ * failed it, held, or on its current path. Under r->mu. */
+int r2cc_send_one_locked(struct r2cc_rqp *r, const struct ibv_send_wr *w)
+{
+	int s = load_state(r), rc;
+	if (s == RQ_FAILED) {
+		struct ibv_send_wr one = *w, *b = NULL;
+		one.next = NULL;
+		rc = -r->orig_ctx->post_send(r->q->qp, &one, &b);
+	} else if (hold_now(r, s, r->send_live, r->hs_head != NULL)) {
+		rc = r2cc_hold_send(r, w);
+	} else if ((rc = r2cc_post_one_send(r, w)) == -EAGAIN) {
+		rc = r2cc_hold_send(r, w);
+		r2cc_keys_need(r);
+	}
+	return rc;
+}
+
 static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct r2cc_rqp *r = q->rep;
@@ -295,21 +313,13 @@ static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ib
 	pthread_mutex_lock(&r->mu);
 	declared_first_post(r, false);
 	r2cc_app_flush_run(r);
-	int s = load_state(r), rc = 0;
+	int rc = 0;
 	struct ibv_send_wr *w = wr;
 	for (; w && !rc; w = w->next) {
-		if (s == RQ_FAILED) {
-			struct ibv_send_wr one = *w, *b = NULL;
-			one.next = NULL;
-			rc = -r->orig_ctx->post_send(q->qp, &one, &b);
-		} else if (hold_now(r, s, r->send_live, r->hs_head != NULL)) {
-			rc = r2cc_hold_send(r, w);
-		} else if ((rc = r2cc_post_one_send(r, w)) == -EAGAIN) {
-			rc = r2cc_hold_send(r, w);
-			r2cc_keys_need(r);
-		}
-		if (rc)
-			break;
+		if (__atomic_load_n(&r->gf, __ATOMIC_RELAXED) && load_state(r) != RQ_FAILED &&
+		    r2cc_gflush_take(r, w))
+			continue;
+		rc = r2cc_send_one_locked(r, w);
 	}
 	pthread_mutex_unlock(&r->mu);
 	if (rc) {

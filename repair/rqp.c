@@ -34,6 +34,9 @@ void r2cc_repair_cq_destroyed(struct r2cc_cq *c)
 	free(v->flush);
 	v->flush = NULL;
 	v->capflush = 0;
+	free(v->gfl);
+	v->gfl = NULL;
+	v->ngfl = v->capgfl = 0;
 	__atomic_store_n(&v->nflush, 0, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&v->mu);
 }
@@ -134,6 +137,7 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q)
 	if (r->tracked)
 		r2cc_peer_forget(&r->ep_local);
 	pthread_mutex_lock(&r->mu);
+	r2cc_gflush_destroy(r);
 	if (r->cur_cq)
 		r2cc_path_put(r, r->cur_qp, r->cur_pcq);
 	r->cur_qp = NULL;

@@ -84,6 +84,9 @@ static void vcq_error_to_nccl(const struct ibv_wc *wc, const struct r2cc_rqp *r,
 /* A completion of r's current path (NCCL's QP or R2CC's), under vcq->mu. */
 static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 {
+	if (r2cc_unlikely(__atomic_load_n(&r->gf, __ATOMIC_RELAXED) != NULL) &&
+	    r2cc_gflush_wc(r, wc))
+		return;
 	if (wc->wr_id == MARK_S || wc->wr_id == MARK_R) {
 		if (wc->status != IBV_WC_SUCCESS) { /* only a flush can complete a marker */
 			if (wc->wr_id == MARK_S)
@@ -190,6 +193,7 @@ int r2cc_repair_poll(struct r2cc_cq *c, int num, struct ibv_wc *wc)
 		v->count--;
 	}
 	pthread_mutex_unlock(&v->mu);
+	r2cc_gflush_release(v);
 	return n;
 }
 

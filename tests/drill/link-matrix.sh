@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Exactly once on both link layers: every NIC fault kind of the drill x {InfiniBand,
-# RoCE v2} x {2, 4 processes} x {GPU flush off, on}, each cell over its own seeds.
+# RoCE v2} x {2, 4 processes} x {GPU flush off, on}, each cell over its own seeds. The
+# flush cells put each connection on one NIC with 2 QPs (--no-fusion --qps 2), so that a
+# repair spreads its data over NICs NCCL's flush QP is not on.
 # RoCE runs a subnet per rail, routed between rails, with a lossless class that every
 # byte must keep (--link roce); jitter must pass with no repair at all. Prints one row
 # per cell: scenarios passed, detection and migration times (median / max, ms).
@@ -26,7 +28,9 @@ for kind in $KINDS; do
 					--first-seed $((1000 + cell * SEEDS)) --nccl-stub --timeout 60)
 				cell=$((cell + 1))
 				[ "$procs" = 4 ] && args+=(--nics 2)
-				[ "$flush" = on ] && args+=(--flush)
+				# GPU flush with a connection on one NIC and 2 QPs: a repair spreads
+				# its data over NICs that NCCL's flush QP is not on
+				[ "$flush" = on ] && args+=(--flush --no-fusion --qps 2)
 				[ "$kind" = jitter ] && args+=(--expect no-repair)
 				out=$("$D" "${args[@]}" 2>&1)
 				rc=$?
