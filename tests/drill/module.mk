@@ -139,8 +139,8 @@ CPU_TESTS   += 60@$(DRILL):--fault:down:--fresh-mr:--seeds:6:--nccl-stub \
 # each message back; hot repair must move those too. A message passes only if every NIC
 # that wrote bytes of it was read through since (softverbs_unflushed). With each
 # connection on one NIC (--no-fusion), a repair spreads its QPs over NICs NCCL's flush
-# QP is not on: R2CC's helper READs there (repair/gpuflush.c). Before them 1, 4, 3 and 5
-# of 6 seeds passed the last four rows.
+# QP is not on: R2CC's helper READs there (repair/gpuflush.c). Before them 1-2, 4-5, 3
+# and 5 of 6 seeds passed the last four rows in two runs (logs/repair/gpu-flush/).
 CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3:--flush:--nccl-stub \
 	       120@$(DRILL):--fault:down:--seeds:20:--flush:--nccl-stub \
 	       120@$(DRILL):--fault:blackhole:--seeds:20:--flush:--nccl-stub \
