@@ -256,6 +256,11 @@ static int drill_check_opts(const struct drill_opts *o)
 		    "--restore needs a NIC fault that can end (down, blackhole, flap, ackloss, "
 		    "jitter, blackhole-tx/rx) on one NIC during the traffic, libr2cc and --expect "
 		    "pass";
+	else if (o->restore_ms >= 0 && (o->no_fusion || o->pattern->one_nic))
+		bad = "--restore checks that the NICs share a node's bytes evenly after the "
+		      "failback, "
+		      "which needs connections over every NIC: not with --no-fusion or one NIC per "
+		      "connection (--nccl-version before 2.20)";
 	else if (!o->pattern->one_nic && o->nics > o->pattern->nrkeys)
 		bad = "--nccl-version 2.20-2.23 fuses at most 2 NICs per connection: --nics 2 or "
 		      "fewer";
