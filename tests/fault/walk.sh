@@ -11,14 +11,17 @@
 #   CRASH / HANG / WRONG   a worker died of a signal / the drill's deadline struck /
 #                          delivered data was corrupt, duplicated or late
 # Any of the last three fails the walk.
-#   tests/fault/walk.sh BUILD POINTS [TABLE] [+]
+#   [WALK_SCENARIO="drill options"] tests/fault/walk.sh BUILD POINTS [TABLE] [+]
 # POINTS 0 walks every point; POINTS K walks K points of each kind spread evenly over
 # its calls (CI: tests/fault/module.mk). TABLE gets one line per run: kind N outcome
 # seconds detail. With '+', every call of the kind fails from the Nth on (kind:N+):
 # memory, verbs or the control plane stay unavailable, as in a real shortage.
 set -u
 B=${1:-build} points=${2:-0} table=${3:-} from=${4:-}
-drill=("$B/bin/r2cc-verbs-drill" --fault down --seeds 1 --first-seed 7 --nccl-stub --timeout 30)
+# WALK_SCENARIO: another scenario's drill options instead (e.g. "--fault down --seeds 1
+# --first-seed 2 --flush --no-fusion --qps 2" for the GPU flush's helpers)
+read -r -a scenario <<<"${WALK_SCENARIO:---fault down --seeds 1 --first-seed 7}"
+drill=("$B/bin/r2cc-verbs-drill" "${scenario[@]}" --nccl-stub --timeout 30)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
