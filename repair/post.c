@@ -315,11 +315,12 @@ static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ib
 	r2cc_app_flush_run(r);
 	int rc = 0;
 	struct ibv_send_wr *w = wr;
-	for (; w && !rc; w = w->next) {
+	for (; w; w = w->next) {
 		if (__atomic_load_n(&r->gf, __ATOMIC_RELAXED) && load_state(r) != RQ_FAILED &&
 		    r2cc_gflush_take(r, w))
 			continue;
-		rc = r2cc_send_one_locked(r, w);
+		if ((rc = r2cc_send_one_locked(r, w)))
+			break; /* *bad is the request that failed */
 	}
 	pthread_mutex_unlock(&r->mu);
 	if (rc) {

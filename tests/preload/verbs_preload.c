@@ -322,6 +322,39 @@ int main(int argc, char **argv)
 	printf("read back                            %s\n",
 	       memcmp(src, back, len) ? "differs" : "equal");
 
+	/* A chain whose second request the device refuses (two SGEs, max_send_sge 1): the
+	 * first is posted, *bad names the second, the third is not posted. */
+	struct ibv_sge s4[2] = {{.addr = (uintptr_t)back, .length = 64, .lkey = mback->lkey},
+				{.addr = (uintptr_t)back + 64, .length = 64, .lkey = mback->lkey}};
+	struct ibv_send_wr c[3];
+	memset(c, 0, sizeof(c));
+	for (int i = 0; i < 3; i++) {
+		c[i].wr_id = 11 + (uint64_t)i;
+		c[i].next = i < 2 ? &c[i + 1] : NULL;
+		c[i].sg_list = s4;
+		c[i].num_sge = i == 1 ? 2 : 1;
+		c[i].opcode = IBV_WR_RDMA_WRITE;
+		c[i].send_flags = IBV_SEND_SIGNALED;
+		c[i].wr.rdma.remote_addr = (uintptr_t)dst;
+		c[i].wr.rdma.rkey = mdst->rkey;
+	}
+	sbad = NULL;
+	int crc = qp->context->ops.post_send(qp, c, &sbad);
+	int at = sbad ? (int)(sbad - c) : -1;
+	printf("post_send chain, 2nd refused         %s bad=%d\n", crc ? "error" : "ok", at);
+	CHECK(crc != 0 && at == 1, "chain post: rc %d, bad at %d, expected an error at 1", crc, at);
+	got = poll_n(cq, 1, wc);
+	printf("chain completions                    %d wr_id=%llu status=%d\n", got,
+	       got == 1 ? (unsigned long long)wc[0].wr_id : 0ull,
+	       got == 1 ? (int)wc[0].status : -1);
+	CHECK(got == 1 && wc[0].wr_id == 11 && wc[0].status == IBV_WC_SUCCESS,
+	      "the chain's first request");
+	int late = 0;
+	for (int i = 0; i < 100000 && !late; i++)
+		late = cq->context->ops.poll_cq(cq, 1, wc);
+	CHECK(late == 0, "a request behind the refused one completed (wr_id %llu)",
+	      (unsigned long long)wc[0].wr_id);
+
 	/* A receive flushed by NCCL's own move to ERR (as at teardown): its error
 	 * completion is the application's, not a failure to hide. */
 	memset(&rwr, 0, sizeof(rwr));
@@ -350,9 +383,9 @@ int main(int argc, char **argv)
 				tx += st[i].tx_bytes;
 				rxw += st[i].rx_wrs;
 			}
-			/* WRITE + WRITE_WITH_IMM + READ's scatter list. */
-			CHECK(tx == 2 * len, "R2CC counted %llu bytes posted, expected %zu",
-			      (unsigned long long)tx, 2 * len);
+			/* WRITE + WRITE_WITH_IMM + READ's scatter list + the chain's first. */
+			CHECK(tx == 2 * len + 64, "R2CC counted %llu bytes posted, expected %zu",
+			      (unsigned long long)tx, 2 * len + 64);
 			CHECK(rxw == 1, "R2CC counted %llu receive completions",
 			      (unsigned long long)rxw);
 		}
