@@ -126,10 +126,10 @@ static int hold_plan_recvs(struct r2cc_rqp *r, const struct r2cc_qp_shadow_plan 
 	return rc;
 }
 
-/* The plan's receives, or after a restart those the previous new path held. A
- * receive the new path's device refuses (it died after the connection) is held
- * with the rest, and the path is left to fail (r->refused_nic): the QP moves
- * again with them once this repair is done. */
+/* The plan's receives, or after a restart those the previous new path held, then
+ * NCCL's held ones. A receive the new path's device refuses (it died after the
+ * connection) is held with the rest, and the path is left to fail (r->refused_nic):
+ * the QP moves again with them once this repair is done. */
 static int post_plan_recvs(struct r2cc_rqp *r)
 {
 	const struct r2cc_qp_shadow_plan *pl = r->have_replan ? &r->replan : &r->plan;
@@ -148,6 +148,10 @@ static int post_plan_recvs(struct r2cc_rqp *r)
 			return rc;
 	}
 	int rc = r2cc_held_flush_recvs(r);
+	if (rc && r2cc_refused_by_dead_device(-rc)) { /* the refused one and the rest stay held */
+		r->refused_nic = r->cur_nic;
+		return 0;
+	}
 	if (!rc)
 		r->recv_live = true;
 	return rc;

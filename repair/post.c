@@ -5,6 +5,7 @@
  * fetches missing rkey maps here (keys_tick) without any lock NCCL takes.
  */
 #include "repair/engine_priv.h"
+#include "shim/fault.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -92,7 +93,8 @@ int r2cc_post_one_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 				&t.wr.rdma.rkey);
 	if (!rc) {
 		struct ibv_send_wr *bad = NULL;
-		rc = -r->cur_ctx->post_send(r->cur_qp, &t, &bad);
+		rc = r2cc_fault_fire(R2CC_FAULT_POST) ? -EIO
+						      : -r->cur_ctx->post_send(r->cur_qp, &t, &bad);
 	}
 	if (rc) {
 		r2cc_qp_shadow_unpost_send(r->cur_sh, &one, &one);
@@ -123,7 +125,8 @@ int r2cc_post_one_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
 	}
 	if (!rc) {
 		struct ibv_recv_wr *bad = NULL;
-		rc = -r->cur_ctx->post_recv(r->cur_qp, &t, &bad);
+		rc = r2cc_fault_fire(R2CC_FAULT_POST) ? -EIO
+						      : -r->cur_ctx->post_recv(r->cur_qp, &t, &bad);
 	}
 	if (rc) {
 		r2cc_qp_shadow_unpost_recv(r->cur_sh, &one, &one);

@@ -14,7 +14,7 @@
 
 int r2cc_fault_active = -1;
 
-static const char *const kind_names[R2CC_FAULT_KINDS] = {"alloc", "verbs", "send"};
+static const char *const kind_names[R2CC_FAULT_KINDS] = {"alloc", "verbs", "send", "post"};
 
 static struct {
 	int kind; /* the armed kind, or -1 */
@@ -79,7 +79,7 @@ __attribute__((destructor(101))) static void fault_at_exit(void)
 	if (__atomic_load_n(&r2cc_fault_active, __ATOMIC_ACQUIRE) <= 0)
 		return;
 	if (!fi.counting && fi.kind < 0) {
-		R2CC_WARN("R2CC_FAULT_INJECT=%s: accepts alloc|verbs|send:N[+] or count:PATH; "
+		R2CC_WARN("R2CC_FAULT_INJECT=%s: accepts alloc|verbs|send|post:N[+] or count:PATH; "
 			  "nothing was injected",
 			  getenv("R2CC_FAULT_INJECT") ? getenv("R2CC_FAULT_INJECT") : "");
 		return;

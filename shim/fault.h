@@ -10,13 +10,16 @@
  *                and port queries; the MR mirror's PDs and registrations) fails
  *   send:N[+]    the Nth control-plane message queued fails as if the queue
  *                were full
+ *   post:N[+]    the Nth request hot repair posts itself (NCCL's posts on the
+ *                slow path, held ones replayed, re-posts onto a new path) is
+ *                refused with EIO, as a dead device refuses it
  *   count:PATH   nothing fails; at exit the calls of each kind are written to
  *                PATH (%h host, %p pid) as "KIND COUNT" lines
  *
  * Compiled in always; while R2CC_FAULT_INJECT is unset a call site costs one
  * load and one predictable branch. None of these calls is on the post/poll fast
- * path. r2cc_fault_hit() runs at each injected failure and does nothing: a
- * place for a breakpoint.
+ * path (post counts the slow path's posts only). r2cc_fault_hit() runs at each
+ * injected failure and does nothing: a place for a breakpoint.
  */
 #ifndef R2CC_SHIM_FAULT_H
 #define R2CC_SHIM_FAULT_H
@@ -26,7 +29,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-enum r2cc_fault_kind { R2CC_FAULT_ALLOC = 0, R2CC_FAULT_VERBS, R2CC_FAULT_SEND, R2CC_FAULT_KINDS };
+enum r2cc_fault_kind {
+	R2CC_FAULT_ALLOC = 0,
+	R2CC_FAULT_VERBS,
+	R2CC_FAULT_SEND,
+	R2CC_FAULT_POST,
+	R2CC_FAULT_KINDS
+};
 
 /* 0: off; anything else: armed, counting, or R2CC_FAULT_INJECT not read yet. */
 extern int r2cc_fault_active;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The fault-injection walk (shim/fault.h): one drill scenario (a NIC cut during
 # traffic, hot repair, every byte checked) is run once with R2CC_FAULT_INJECT=count
-# to count R2CC's allocations, own verbs calls and control-plane sends in each
-# worker, then once per injection point N (kind:N, in every worker) and each run
-# is classified:
+# to count R2CC's allocations, own verbs calls, control-plane sends and slow-path
+# posts (an injected one is refused as by a dead device) in each worker, then once
+# per injection point N (kind:N, in every worker) and each run is classified:
 #   pass         the job completed with every byte correct (R2CC degraded or repaired)
 #   clean-error  the application got an error (an error completion, or a verbs call
 #                such as post_send that returned an error) and every process exited
@@ -29,21 +29,27 @@ export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 R2CC_FAULT_INJECT="count:$tmp/count.%p" "${drill[@]}" >"$tmp/count.out" 2>&1 ||
 	{ echo "walk: the counting run failed:"; cat "$tmp/count.out"; exit 1; }
 declare -A max
-for k in alloc verbs send; do
+for k in alloc verbs send post; do
 	max[$k]=$(cat "$tmp"/count.* 2>/dev/null | awk -v k=$k '$1 == k && $2 > m { m = $2 } END { print m + 0 }')
 done
 [ "${max[alloc]}" -gt 0 ] || { echo "walk: no counts were written"; exit 1; }
+# A scenario whose fault hit no connection (nothing detected) walks no repair.
+if grep -q 'detection n/a' "$tmp/count.out"; then
+	echo "walk: the scenario's fault moved no QP (detection n/a); pick another seed:"
+	tail -n2 "$tmp/count.out"
+	exit 1
+fi
 echo "walk: ${drill[*]}"
-echo "walk: injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]} (walking ${points/#0/all}${from:+, each failing from N on})"
+echo "walk: injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}, post ${max[post]} (walking ${points/#0/all}${from:+, each failing from N on})"
 [ -n "$table" ] && {
 	echo "# ${drill[*]}"
-	echo "# injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}; walking ${points/#0/all}${from:+, each failing from N on}"
+	echo "# injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}, post ${max[post]}; walking ${points/#0/all}${from:+, each failing from N on}"
 	echo "# kind N outcome detail"
 } >"$table"
 
 bad=0
 declare -A tally
-for k in alloc verbs send; do
+for k in alloc verbs send post; do
 	# Two more than counted: the counts vary a little from run to run.
 	last=$((max[$k] + 2)) stride=1
 	[ "$points" -gt 0 ] && stride=$(((last + points - 1) / points))
