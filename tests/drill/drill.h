@@ -268,6 +268,8 @@ void drill_pattern_fill(void *buf, uint64_t len, uint64_t key);
 uint64_t drill_pattern_check(const void *buf, uint64_t len, uint64_t key, uint64_t *first,
 			     uint8_t *got, uint8_t *want);
 uint64_t drill_msg_key(uint64_t seed, int src, int dst, uint64_t seq);
+/* Without NIC fusion: the one NIC of the connection from rank `from` to rank `to`. */
+int drill_pair_nic(const struct drill_opts *o, int from, int to);
 
 /* bootstrap.c: files in the scenario directory, written whole (write + rename). */
 int drill_file_put(const char *dir, const char *name, int rank, const void *data, size_t len);

@@ -1191,6 +1191,30 @@ static void drill_restore_check(const struct drill_opts *o, const struct drill_p
 		    up < o->nics ? " (none on the NIC still down)" : "");
 }
 
+/* The NICs of a node that carry connections: all of them with NIC fusion; without
+ * it those its processes' connections took (a fault elsewhere would test nothing). */
+static uint64_t drill_node_nics(const struct drill_opts *o, int node)
+{
+	uint64_t all = (1ull << o->nics) - 1, m = 0;
+	if (!o->pattern->one_nic && !o->no_fusion)
+		return all;
+	for (int p = node * o->per_node; p < (node + 1) * o->per_node; p++)
+		for (int q = 0; q < o->procs; q++)
+			if (q != p)
+				m |= 1ull << drill_pair_nic(o, p, q) |
+				     1ull << drill_pair_nic(o, q, p);
+	return m ? m : all;
+}
+
+/* The k-th (mod their count) NIC of mask m. */
+static int drill_nth_nic(uint64_t m, uint64_t k)
+{
+	k %= (uint64_t)__builtin_popcountll(m);
+	for (int i = 0;; i++)
+		if (m >> i & 1 && !k--)
+			return i;
+}
+
 /* Where, what and when, all from the seed. */
 static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 {
@@ -1199,9 +1223,13 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 	double frac = 0.15 + (double)(drill_mix(h) % 1000) / 1000.0 * 0.5;
 
 	s->node = (int)(h % (uint64_t)(o->procs / o->per_node));
-	s->nic = (int)((h >> 20) % (uint64_t)o->nics);
-	s->nic2 = o->nics > 1 ? (s->nic + 1 + (int)((h >> 32) % (uint64_t)(o->nics - 1))) % o->nics
-			      : s->nic;
+	uint64_t used = drill_node_nics(o, s->node);
+	s->nic = drill_nth_nic(used, h >> 20);
+	/* the second fault: another NIC that carries connections if there is one */
+	uint64_t rest = used & ~(1ull << s->nic);
+	if (!rest)
+		rest = ((1ull << o->nics) - 1) & ~(1ull << s->nic);
+	s->nic2 = rest ? drill_nth_nic(rest, h >> 32) : s->nic;
 	s->hold = DRILL_HOLD_NONE;
 	if (o->fault_phase == DRILL_AT_CONNECT && s->kind != DRILL_FAULT_NONE &&
 	    s->kind != DRILL_FAULT_KILL)

@@ -112,3 +112,10 @@ uint64_t drill_pattern_check(const void *buf, uint64_t len, uint64_t key, uint64
 	}
 	return bad;
 }
+
+/* The ordered pairs take the NICs in turn, so that a process's send connections use
+ * every NIC once it has as many peers as NICs; both ends agree. */
+int drill_pair_nic(const struct drill_opts *o, int from, int to)
+{
+	return (from * (o->procs - 1) + (to > from ? to - 1 : to)) % o->nics;
+}

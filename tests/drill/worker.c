@@ -584,16 +584,13 @@ static int drill_conn_create(struct drill_worker *w, int peer, bool send)
 	c->peer = peer;
 	/*
 	 * A fused virtual NIC of every NIC (2.20 on, the drill's model), or, before NIC
-	 * fusion, one NIC per connection: the ordered pairs take the NICs in turn, so that a
-	 * process's send connections use every NIC once it has as many peers as NICs; both
-	 * ends of a connection pick the same NIC.
+	 * fusion, one NIC per connection (drill_pair_nic).
 	 */
 	c->nic0 = 0;
 	c->nnic = o->nics;
 	if (o->pattern->one_nic || o->no_fusion) {
-		int from = send ? o->rank : peer, to = send ? peer : o->rank;
-
-		c->nic0 = (from * (o->procs - 1) + (to > from ? to - 1 : to)) % o->nics;
+		c->nic0 =
+		    send ? drill_pair_nic(o, o->rank, peer) : drill_pair_nic(o, peer, o->rank);
 		c->nnic = 1;
 	}
 	c->nqps = c->nnic * o->qps;
