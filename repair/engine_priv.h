@@ -616,12 +616,13 @@ void r2cc_app_flush_run(struct r2cc_rqp *r);
 void r2cc_app_flush_poll(struct r2cc_vcq *v);
 /* gpuflush.c */
 struct r2cc_gflush;
-void r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic);
+int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic);
 bool r2cc_gflush_take(struct r2cc_rqp *r, const struct ibv_send_wr *w);
 bool r2cc_gflush_wc(struct r2cc_rqp *r, const struct ibv_wc *wc);
 void r2cc_gflush_release(struct r2cc_vcq *v);
 void r2cc_gflush_destroy(struct r2cc_rqp *r);
 int r2cc_send_one_locked(struct r2cc_rqp *r, const struct ibv_send_wr *w);
+bool r2cc_refused_take(struct r2cc_rqp *r, int rc, struct r2cc_nic *nic);
 int r2cc_path_new_self(struct r2cc_rqp *r, struct r2cc_nic *nic);
 int r2cc_plan_post_sends(struct r2cc_rqp *r, uint64_t *held);
 int r2cc_path_commit(struct r2cc_rqp *r, const struct peer_path *p, bool sends, uint64_t *held);

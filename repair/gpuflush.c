@@ -9,11 +9,15 @@
  * a loopback QP of R2CC's next to NCCL's flush QP, made by the repair thread before
  * the moved QP's new path goes live. NCCL's flush READs then take the slow path
  * (its QP's gate is closed): each is held back while the same READ runs on every
- * other such NIC that is up, and posted on NCCL's QP (its current path) once those
- * came back, at NCCL's next poll of the CQ. NCCL's completion therefore comes after
- * every NIC's: nothing NCCL sees is reordered or made up. A NIC that fails
- * meanwhile is waited for no longer (what it wrote landed before it failed, and it
- * cannot be read through).
+ * other such NIC, and posted on NCCL's QP (its current path) once those came back,
+ * at NCCL's next poll of the CQ. NCCL's completion therefore comes after every
+ * NIC's: nothing NCCL sees is reordered or made up. A NIC that failed is still read
+ * through, each READ waited for at most GF_DEAD_NS, until its device refuses one, its
+ * QP fails or a READ goes unanswered (a NIC declared dead may still work; a dead one
+ * refuses or never answers, and what it wrote before it died is taken to have
+ * landed). A READ that cannot be posted on a NIC
+ * that is not dead gives the flush QP an error: the flush cannot be done, and NCCL
+ * is not told it was.
  */
 #include "repair/engine_priv.h"
 
@@ -30,11 +34,18 @@ struct gf_helper {
 	struct r2cc_nic *nic;
 	struct ibv_qp *qp;
 	struct pcq *pc;
+	int retired; /* atomic: not read through any more (its post was refused, its QP
+		      * failed, or a READ on its failed NIC went unanswered) */
 };
+
+/* How long a READ through a NIC that has failed is waited for: a dead device's that
+ * accepts the post may never answer it. */
+#define GF_DEAD_NS (1000 * 1000000ll)
 
 struct gf_entry {
 	uint64_t seq;  /* atomic: which held READ the entry is */
 	uint64_t wait; /* atomic: helpers (bits of their index in h[]) still out */
+	int64_t t_ns;  /* when its helpers' READs were posted */
 	struct ibv_send_wr wr;
 	struct ibv_sge sge[GF_SGE];
 };
@@ -101,9 +112,11 @@ static int helper_add(struct r2cc_rqp *l, struct r2cc_gflush *g, struct r2cc_nic
 {
 	int n = __atomic_load_n(&g->nh, __ATOMIC_RELAXED);
 	for (int i = 0; i < n; i++)
-		if (g->h[i].nic == nic)
+		if (g->h[i].nic == nic && !__atomic_load_n(&g->h[i].retired, __ATOMIC_ACQUIRE))
 			return 0;
-	if (n == R2CC_MAX_NICS || l->new_qp)
+	if (n == R2CC_MAX_NICS)
+		return -ENOSPC;
+	if (l->new_qp)
 		return -EBUSY;
 	int rc = r2cc_path_new_self(l, nic);
 	if (rc)
@@ -116,7 +129,7 @@ static int helper_add(struct r2cc_rqp *l, struct r2cc_gflush *g, struct r2cc_nic
 		r2cc_path_drop_new(l);
 		return rc;
 	}
-	g->h[n] = (struct gf_helper){nic, l->new_qp, l->new_pcq};
+	g->h[n] = (struct gf_helper){nic, l->new_qp, l->new_pcq, 0};
 	r2cc_qp_shadow_destroy(l->new_sh);
 	l->new_qp = NULL;
 	l->new_cq = NULL;
@@ -130,14 +143,17 @@ static int helper_add(struct r2cc_rqp *l, struct r2cc_gflush *g, struct r2cc_nic
  * Repair thread, before r's new path on nic goes live: nic (and r's own NIC, which
  * still carries what came before) may now carry data of r's CQ, so every GPU flush
  * QP of that CQ gets a helper on each NIC that has. A QP of NCCL's own that is
- * connected to itself is a flush QP, not a data QP.
+ * connected to itself is a flush QP, not a data QP. Non-zero when a flush QP could
+ * not get a helper it needs (memory, or the device refused the QP): r must not go
+ * live there, since its data would reach GPU memory unordered by NCCL's flush.
  */
-void r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
+int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {
 	struct r2cc_vcq *v = r->vcq ? r->vcq->v : NULL;
 	if (!v || self_connected(r) || r->loopback || !nic || nic->index < 0 ||
 	    r->orig_nic->index < 0)
-		return;
+		return 0;
+	int failed = 0;
 	uint64_t add = 1ull << (nic->index & 63) | 1ull << (r->orig_nic->index & 63);
 	uint64_t carried = __atomic_or_fetch(&v->carried, add, __ATOMIC_ACQ_REL);
 	struct r2cc_rqp **ls;
@@ -152,22 +168,39 @@ void r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 			    __atomic_load_n(&at->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 				continue;
 			int rc = helper_add(l, g, at);
-			if (rc)
+			if (rc == -EBUSY) { /* L's own repair is making its new path now */
 				R2CC_WARN(
-				    "repair: GPU flush qp 0x%x cannot read through %s (%s): data "
-				    "that arrives there is not flushed",
-				    l->qpn, at->name, strerror(rc < 0 ? -rc : rc));
+				    "repair: GPU flush qp 0x%x cannot read through %s yet (its "
+				    "own repair is under way): data that arrives there "
+				    "before its next flush may not be ordered",
+				    l->qpn, at->name);
+			} else if (rc) {
+				failed++;
+				R2CC_WARN("repair: GPU flush qp 0x%x cannot read through %s (%s): "
+					  "qp 0x%x does not move there",
+					  l->qpn, at->name, strerror(rc < 0 ? -rc : rc), r->qpn);
+			}
 		}
-		if (!g && !l->dead)
-			R2CC_WARN("repair: out of memory for GPU flush qp 0x%x: data that arrives "
-				  "on other NICs is not flushed",
-				  l->qpn);
+		if (!g && !l->dead) {
+			failed++;
+			R2CC_WARN("repair: out of memory for GPU flush qp 0x%x: qp 0x%x does not "
+				  "move",
+				  l->qpn, r->qpn);
+		}
 		pthread_mutex_unlock(&l->mu);
 		/* its posts from now on through repair_post_send (r2cc_gflush_take) */
 		if (g && l->q)
 			gate_close(&l->q->gate);
 	}
 	r2cc_rqp_collect_done(ls);
+	return failed;
+}
+
+/* The repair thread gives the QP its error (r2cc_keys_tick). */
+static void gf_error(struct r2cc_rqp *l, int rc)
+{
+	__atomic_store_n(&l->flush_err, rc, __ATOMIC_RELAXED);
+	__atomic_store_n(&r2cc_eng.keys_due, 1, __ATOMIC_RELEASE);
 }
 
 /* NCCL's READ onto helper h: keys of NCCL's NIC translated to h's. */
@@ -194,8 +227,12 @@ static int helper_post(struct r2cc_rqp *l, const struct gf_helper *h, const stru
 
 /*
  * NCCL's post on a flush QP with helpers, under r->mu: a signalled READ runs on
- * every helper's NIC but r's current one first and is held; anything behind a held
- * post is held too (order). true: w is held (posted later by r2cc_gflush_release).
+ * every helper's NIC first and is held; anything behind a held post is held too
+ * (order). true: w is held (posted later by r2cc_gflush_release).
+ * A NIC that failed is still read through, each READ there waited for up to
+ * GF_DEAD_NS: a NIC declared dead while it still works (a false death) may still
+ * land writes that no READ ordered; a dead device refuses the post or never
+ * answers, and is read through no more.
  */
 bool r2cc_gflush_take(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 {
@@ -208,9 +245,10 @@ bool r2cc_gflush_take(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 		return false;
 	uint64_t seq = g->tail, want = 0;
 	int nh = __atomic_load_n(&g->nh, __ATOMIC_ACQUIRE);
+	/* every helper, the current NIC's too: the held READ goes on the path current
+	 * when it is released, which may be on another NIC by then */
 	for (int i = 0; flush && i < nh; i++)
-		if (g->h[i].nic != r->cur_nic &&
-		    __atomic_load_n(&g->h[i].nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
+		if (!__atomic_load_n(&g->h[i].retired, __ATOMIC_ACQUIRE))
 			want |= 1ull << i;
 	if (!want && g->tail == g->head)
 		return false;
@@ -221,16 +259,26 @@ bool r2cc_gflush_take(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 	e->wr.sg_list = e->sge;
 	memcpy(e->sge, w->sg_list, (size_t)w->num_sge * sizeof(*e->sge));
 	__atomic_store_n(&e->wait, want, __ATOMIC_RELAXED);
+	e->t_ns = now_ns();
 	__atomic_store_n(&e->seq, seq, __ATOMIC_RELEASE);
 	uint64_t wait = want;
 	for (int i = 0; i < nh; i++) {
-		if (!(want & 1ull << i) || !helper_post(r, &g->h[i], w, seq))
+		if (!(want & 1ull << i))
+			continue;
+		int rc = helper_post(r, &g->h[i], w, seq);
+		if (!rc)
 			continue;
 		wait &= ~(1ull << i);
 		__atomic_and_fetch(&e->wait, ~(1ull << i), __ATOMIC_RELEASE);
-		R2CC_WARN_ONCE("repair: a GPU flush READ could not be posted on %s; data that "
-			       "arrived there is not flushed",
-			       g->h[i].nic->name);
+		__atomic_store_n(&g->h[i].retired, 1, __ATOMIC_RELEASE);
+		if (r2cc_refused_by_dead_device(-rc))
+			continue; /* a dead device: what it wrote landed, nothing to read */
+		/* data came through that NIC, and no READ can order it: the QP's error,
+		 * not a flush that claims what it did not do */
+		R2CC_WARN("repair: GPU flush qp 0x%x: a flush READ could not be posted on %s "
+			  "(%s); the QP gets an error",
+			  r->qpn, g->h[i].nic->name, strerror(-rc));
+		gf_error(r, rc);
 	}
 	g->tail = seq + 1;
 	if (flush) {
@@ -255,20 +303,45 @@ bool r2cc_gflush_wc(struct r2cc_rqp *r, const struct ibv_wc *wc)
 		return false;
 	uint64_t seq = wc->wr_id & GF_SEQ;
 	struct gf_entry *e = &g->ring[seq % g->size];
+	/* the helper's QP failed: nothing more through it */
+	if (wc->status != IBV_WC_SUCCESS)
+		__atomic_store_n(&g->h[i].retired, 1, __ATOMIC_RELEASE);
 	if ((__atomic_load_n(&e->seq, __ATOMIC_ACQUIRE) & GF_SEQ) == seq)
 		__atomic_and_fetch(&e->wait, ~(1ull << i), __ATOMIC_RELEASE);
 	return true;
 }
 
-/* Helpers on NICs that are not up any more: nothing to wait for there. */
-static uint64_t gone_mask(const struct r2cc_gflush *g)
+/* Whether e waits for nothing more: each READ still out is on a retired helper, or
+ * on a failed NIC for longer than GF_DEAD_NS (which retires it). Under the QP's mu. */
+static bool entry_done(struct r2cc_gflush *g, const struct gf_entry *e, int64_t now)
 {
-	uint64_t m = 0;
-	int nh = __atomic_load_n(&g->nh, __ATOMIC_ACQUIRE);
-	for (int i = 0; i < nh; i++)
-		if (__atomic_load_n(&g->h[i].nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
-			m |= 1ull << i;
-	return m;
+	uint64_t w = __atomic_load_n(&e->wait, __ATOMIC_ACQUIRE);
+	for (int i = 0; w; i++, w >>= 1) {
+		struct gf_helper *h = &g->h[i];
+		if (!(w & 1) || __atomic_load_n(&h->retired, __ATOMIC_ACQUIRE))
+			continue;
+		if (__atomic_load_n(&h->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP ||
+		    now - e->t_ns < GF_DEAD_NS)
+			return false;
+		__atomic_store_n(&h->retired, 1, __ATOMIC_RELEASE);
+	}
+	return true;
+}
+
+/* A released READ that nic's dead device refused, now held first on l: the NIC
+ * fails, and l's repair posts it on its next path; or l had already moved off nic,
+ * and NCCL's next post or poll posts it there; or no repair takes l, and the error
+ * is NCCL's. No locks held. */
+static void gf_refused(struct r2cc_rqp *l, struct r2cc_nic *nic)
+{
+	if (!r2cc_refused_take(l, EIO, nic)) {
+		gf_error(l, -EIO);
+		return;
+	}
+	pthread_mutex_lock(&l->mu);
+	if (load_state(l) == RQ_MIGRATED && l->cur_nic != nic && !r2cc_app_flush_need(l))
+		gf_error(l, -ENOMEM);
+	pthread_mutex_unlock(&l->mu);
 }
 
 /* NCCL's thread, no locks held: the held posts of v's flush QPs whose helpers are
@@ -287,20 +360,31 @@ void r2cc_gflush_release(struct r2cc_vcq *v)
 		struct r2cc_rqp *l = ls[i];
 		pthread_mutex_lock(&l->mu);
 		struct r2cc_gflush *g = l->gf;
-		uint64_t gone = g ? gone_mask(g) : 0;
+		int64_t now = now_ns();
+		struct r2cc_nic *refused = NULL;
 		while (g && g->head != g->tail && !l->dead) {
 			struct gf_entry *e = &g->ring[g->head % g->size];
-			if (__atomic_load_n(&e->wait, __ATOMIC_ACQUIRE) & ~gone)
+			if (!entry_done(g, e, now))
 				break;
+			struct r2cc_nic *at = l->cur_nic;
+			int rc = r2cc_send_one_locked(l, &e->wr);
+			/* A dead device refused it: held, first, for the QP's next path (the
+			 * rest stay in the ring, and are held behind it when released). */
+			if (rc && r2cc_refused_by_dead_device(-rc) && load_state(l) != RQ_FAILED &&
+			    !r2cc_hold_send(l, &e->wr)) {
+				refused = at;
+				rc = 0;
+			}
 			g->head++;
 			__atomic_sub_fetch(&v->gf_held, 1, __ATOMIC_RELEASE);
-			int rc = r2cc_send_one_locked(l, &e->wr);
-			if (rc) { /* the repair thread gives the QP its error (r2cc_keys_tick) */
-				__atomic_store_n(&l->flush_err, rc, __ATOMIC_RELAXED);
-				__atomic_store_n(&r2cc_eng.keys_due, 1, __ATOMIC_RELEASE);
-			}
+			if (rc)
+				gf_error(l, rc);
+			if (refused)
+				break;
 		}
 		pthread_mutex_unlock(&l->mu);
+		if (refused)
+			gf_refused(l, refused);
 	}
 }
 

@@ -223,7 +223,7 @@ static void declared_first_post(struct r2cc_rqp *r, bool recv)
  * this is their only post. false when no repair took r (the error is NCCL's).
  * Slow path: it follows a failure, and waits on nothing.
  */
-static bool refused_take(struct r2cc_rqp *r, int rc, struct r2cc_nic *nic)
+bool r2cc_refused_take(struct r2cc_rqp *r, int rc, struct r2cc_nic *nic)
 {
 	if (!r2cc_refused_by_dead_device(rc) || !nic)
 		return false;
@@ -258,7 +258,7 @@ int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_
 	for (int i = 0; i < REFUSED_TRIES; i++) {
 		struct r2cc_nic *at = cur_nic_of(q);
 		rc = repair_post_send(q, wr, bad);
-		if (!rc || !q->rep || !refused_take(q->rep, rc, at))
+		if (!rc || !q->rep || !r2cc_refused_take(q->rep, rc, at))
 			break;
 		wr = *bad;
 	}
@@ -271,7 +271,7 @@ int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_
 	for (int i = 0; i < REFUSED_TRIES; i++) {
 		struct r2cc_nic *at = cur_nic_of(q);
 		rc = repair_post_recv(q, wr, bad);
-		if (!rc || !q->rep || !refused_take(q->rep, rc, at))
+		if (!rc || !q->rep || !r2cc_refused_take(q->rep, rc, at))
 			break;
 		wr = *bad;
 	}
@@ -280,14 +280,16 @@ int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_
 
 int r2cc_repair_send_refused(struct r2cc_qp *q, int rc, struct ibv_send_wr **bad)
 {
-	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? r2cc_repair_post_send(q, *bad, bad)
-							       : rc;
+	return q->rep && r2cc_refused_take(q->rep, rc, q->ctx->nic)
+		   ? r2cc_repair_post_send(q, *bad, bad)
+		   : rc;
 }
 
 int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad)
 {
-	return q->rep && refused_take(q->rep, rc, q->ctx->nic) ? r2cc_repair_post_recv(q, *bad, bad)
-							       : rc;
+	return q->rep && r2cc_refused_take(q->rep, rc, q->ctx->nic)
+		   ? r2cc_repair_post_recv(q, *bad, bad)
+		   : rc;
 }
 
 /* One of NCCL's send requests onto r as r's state has it: on its QP once repair has
