@@ -19,7 +19,9 @@
 set -u
 B=${1:-build} points=${2:-0} table=${3:-} from=${4:-}
 # WALK_SCENARIO: another scenario's drill options instead (e.g. "--fault down --seeds 1
-# --first-seed 2 --flush --no-fusion --qps 2" for the GPU flush's helpers)
+# --first-seed 2 --flush --no-fusion --qps 2" for the GPU flush's helpers; "flush" is
+# short for that)
+[ "${WALK_SCENARIO:-}" = flush ] && WALK_SCENARIO="--fault down --seeds 1 --first-seed 2 --flush --no-fusion --qps 2"
 read -r -a scenario <<<"${WALK_SCENARIO:---fault down --seeds 1 --first-seed 7}"
 drill=("$B/bin/r2cc-verbs-drill" "${scenario[@]}" --nccl-stub --timeout 30)
 tmp=$(mktemp -d)
