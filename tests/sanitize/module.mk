@@ -45,7 +45,8 @@ TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/
 	      300@$(TSAN_DRILL):--fault:blackhole:--churn:--seeds:3:--messages:512:--nccl-stub:--time-scale:0.1 \
 	      300@$(TSAN_DRILL):--fault:fatal:--fault-phase:connect:--procs:4:--flush:--seeds:2:--nccl-stub:--time-scale:0.1 \
 	      300@$(TSAN_DRILL):--fault:fatal:--second-fault:0:--flush:--seeds:4:--nccl-stub:--time-scale:0.1 \
-	      300@$(TSAN_DRILL):--fault:down:--flush:--no-fusion:--qps:2:--procs:4:--seeds:3:--nccl-stub:--time-scale:0.1
+	      300@$(TSAN_DRILL):--fault:down:--flush:--no-fusion:--qps:2:--procs:4:--seeds:3:--nccl-stub:--time-scale:0.1 \
+	      300@$(TSAN_DRILL):--fault:fatal:--seeds:6:--second-fault:2:--flush:--no-fusion:--qps:2:--nccl-stub:--time-scale:0.1
 
 # What CI runs under ASan (.ci/run): every CPU test except the drill's hot-repair cases
 # (the --nccl-stub ones, and stall-matrix.sh and link-matrix.sh, which run them), whose repair
