@@ -156,6 +156,17 @@ static int poll_n(struct ibv_cq *cq, int want, struct ibv_wc *wc)
 	return got;
 }
 
+/* One completion, printed as "WHAT  N wr_id=... status=...": whether it is wr_id's
+ * with status st. */
+static int poll_one(struct ibv_cq *cq, const char *what, uint64_t wr_id, int st, struct ibv_wc *wc)
+{
+	int got = poll_n(cq, 1, wc);
+	printf("%-36s %d wr_id=%llu status=%d\n", what, got,
+	       got == 1 ? (unsigned long long)wc[0].wr_id : 0ull,
+	       got == 1 ? (int)wc[0].status : -1);
+	return got == 1 && wc[0].wr_id == wr_id && (int)wc[0].status == st;
+}
+
 int main(int argc, char **argv)
 {
 	mode = argc > 1 ? argv[1] : "";
@@ -343,11 +354,7 @@ int main(int argc, char **argv)
 	int at = sbad ? (int)(sbad - c) : -1;
 	printf("post_send chain, 2nd refused         %s bad=%d\n", crc ? "error" : "ok", at);
 	CHECK(crc != 0 && at == 1, "chain post: rc %d, bad at %d, expected an error at 1", crc, at);
-	got = poll_n(cq, 1, wc);
-	printf("chain completions                    %d wr_id=%llu status=%d\n", got,
-	       got == 1 ? (unsigned long long)wc[0].wr_id : 0ull,
-	       got == 1 ? (int)wc[0].status : -1);
-	CHECK(got == 1 && wc[0].wr_id == 11 && wc[0].status == IBV_WC_SUCCESS,
+	CHECK(poll_one(cq, "chain completions", 11, IBV_WC_SUCCESS, wc),
 	      "the chain's first request");
 	int late = 0;
 	for (int i = 0; i < 100000 && !late; i++)
@@ -364,11 +371,7 @@ int main(int argc, char **argv)
 	memset(&err, 0, sizeof(err));
 	err.qp_state = IBV_QPS_ERR;
 	note_int("modify_qp ERR", p_ibv_modify_qp(qp2, &err, IBV_QP_STATE));
-	got = poll_n(cq, 1, wc);
-	printf("flushed                              %d wr_id=%llu status=%d\n", got,
-	       got == 1 ? (unsigned long long)wc[0].wr_id : 0ull,
-	       got == 1 ? (int)wc[0].status : -1);
-	CHECK(got == 1 && wc[0].wr_id == 88 && wc[0].status == IBV_WC_WR_FLUSH_ERR,
+	CHECK(poll_one(cq, "flushed", 88, IBV_WC_WR_FLUSH_ERR, wc),
 	      "the flushed receive's completion");
 
 	if (!strcmp(mode, "--expect-wrapped")) {
