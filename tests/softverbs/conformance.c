@@ -1463,6 +1463,9 @@ static void bigcq_a(struct peer *p)
 	bigcq_ask(p, BIGCQ_RQ);
 	bigcq_drain(p, next, 2 * BIGCQ_RQ);
 	bigcq_ask(p, 0);
+	/* The CQ stays until B has counted its mappings: destroyed, B's progress thread
+	 * would unmap the ring before B looks (a clean-clone CI run with a hog saw 0). */
+	sync_wait(p, 9);
 }
 
 /* SEND_WITH_IMMs of no data, immediate = wr_id = 0, 1, ..., 256 a batch, as A asks. */
@@ -1487,6 +1490,7 @@ static void bigcq_b(struct peer *p)
 	CHECK(p, n == 0);
 	/* B placed A's completions: it maps A's ring, the one after the resize only. */
 	CHECK(p, ring_maps(p) == 1, "(%d rings mapped)", ring_maps(p));
+	sync_send(p, 9);
 }
 
 /* The owner of a large CQ dies: the peer that mapped its ring lets it go. */
