@@ -15,9 +15,8 @@
  * through, each READ waited for at most GF_DEAD_NS, until its device refuses one, its
  * QP fails or a READ goes unanswered (a NIC declared dead may still work; a dead one
  * refuses or never answers, and what it wrote before it died is taken to have
- * landed). A READ that cannot be posted on a NIC
- * that is not dead gives the flush QP an error: the flush cannot be done, and NCCL
- * is not told it was.
+ * landed). A READ that cannot be posted on a NIC that is not dead gives the flush
+ * QP an error: the flush cannot be done, and NCCL is not told it was.
  */
 #include "repair/engine_priv.h"
 

@@ -30,8 +30,9 @@ export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 
 R2CC_FAULT_INJECT="count:$tmp/count.%p" "${drill[@]}" >"$tmp/count.out" 2>&1 ||
 	{ echo "walk: the counting run failed:"; cat "$tmp/count.out"; exit 1; }
+kinds=(alloc verbs send post)
 declare -A max
-for k in alloc verbs send post; do
+for k in "${kinds[@]}"; do
 	max[$k]=$(cat "$tmp"/count.* 2>/dev/null | awk -v k=$k '$1 == k && $2 > m { m = $2 } END { print m + 0 }')
 done
 [ "${max[alloc]}" -gt 0 ] || { echo "walk: no counts were written"; exit 1; }
@@ -41,17 +42,19 @@ if grep -q 'detection n/a' "$tmp/count.out"; then
 	tail -n2 "$tmp/count.out"
 	exit 1
 fi
+counts="alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}, post ${max[post]}"
+walking="walking ${points/#0/all}${from:+, each failing from N on}"
 echo "walk: ${drill[*]}"
-echo "walk: injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}, post ${max[post]} (walking ${points/#0/all}${from:+, each failing from N on})"
+echo "walk: injection points per worker: $counts ($walking)"
 [ -n "$table" ] && {
 	echo "# ${drill[*]}"
-	echo "# injection points per worker: alloc ${max[alloc]}, verbs ${max[verbs]}, send ${max[send]}, post ${max[post]}; walking ${points/#0/all}${from:+, each failing from N on}"
+	echo "# injection points per worker: $counts; $walking"
 	echo "# kind N outcome detail"
 } >"$table"
 
 bad=0
 declare -A tally
-for k in alloc verbs send post; do
+for k in "${kinds[@]}"; do
 	# Two more than counted: the counts vary a little from run to run.
 	last=$((max[$k] + 2)) stride=1
 	[ "$points" -gt 0 ] && stride=$(((last + points - 1) / points))
