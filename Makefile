@@ -23,6 +23,9 @@ CUDA_INC := $(firstword $(foreach d,$(CUDA_HOME)/include $(BUILD)/deps/cuda/incl
 WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wmissing-prototypes
 CSTD     := -std=c11 -D_GNU_SOURCE
 OPT      ?= -O2 -g
+# Parallel jobs for the builds that `make test` and the sanitizer targets start
+# themselves (the tests run one at a time whatever this is).
+BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 CFLAGS_BASE := $(CSTD) $(OPT) $(WARN) -fPIC -I. $(if $(CUDA_INC),-isystem $(CUDA_INC)) $(if $(NCCL_INC),-isystem $(NCCL_INC))
 LIB_CFLAGS  := $(CFLAGS_BASE) -fvisibility=hidden -pthread
 BIN_CFLAGS  := $(CFLAGS_BASE) -pthread
@@ -67,7 +70,7 @@ deps:
 	@scripts/deps.sh
 
 test: deps
-	@$(MAKE) --no-print-directory all $(TEST_DEPS)
+	@$(MAKE) --no-print-directory -j$(BUILD_JOBS) all $(TEST_DEPS)
 	@scripts/run-tests.sh $(CPU_TESTS)
 
 demo: deps

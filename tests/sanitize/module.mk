@@ -71,16 +71,16 @@ san-deps-%:
 	@if [ -d build/deps ] && [ ! -e $*/deps ]; then ln -s ../build/deps $*/deps; fi
 
 test-asan: deps san-deps-$(ASAN_BUILD)
-	@$(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-build
+	@$(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" -j$(BUILD_JOBS) test-build
 	@BUILD=$(ASAN_BUILD) R2CC_TEST_PRELOAD=$$($(CC) -print-file-name=libasan.so) $(ASAN_ENV) \
 	  $(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-run
 
 test-asan-ci: deps san-deps-$(ASAN_BUILD)
-	@$(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-build
+	@$(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" -j$(BUILD_JOBS) test-build
 	@BUILD=$(ASAN_BUILD) R2CC_TEST_PRELOAD=$$($(CC) -print-file-name=libasan.so) $(ASAN_ENV) \
 	  $(SAN_MAKE) BUILD=$(ASAN_BUILD) CC="$(CC) $(SAN_ASAN)" CXX="$(CXX) $(SAN_ASAN)" test-run-ci
 
 test-tsan: deps san-deps-$(TSAN_BUILD)
-	@$(SAN_MAKE) BUILD=$(TSAN_BUILD) CC="$(CC) $(SAN_TSAN)" CXX="$(CXX) $(SAN_TSAN)" test-build
+	@$(SAN_MAKE) BUILD=$(TSAN_BUILD) CC="$(CC) $(SAN_TSAN)" CXX="$(CXX) $(SAN_TSAN)" -j$(BUILD_JOBS) test-build
 	@BUILD=$(TSAN_BUILD) R2CC_TEST_PRELOAD=$$($(CC) -print-file-name=libtsan.so) $(TSAN_ENV) \
 	  scripts/run-tests.sh $(TSAN_TESTS)
