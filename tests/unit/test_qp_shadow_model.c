@@ -16,17 +16,17 @@
  * carrying it, or an unsignalled WRITE plus a zero-byte signalled
  * WRITE_WITH_IMM (imm = size, wr_id = slot).
  *
- * The wire: each QP executes its send queue in order, at random moments,
- * reading non-inline sources when it executes; an IMM waits (RNR) for a posted
- * receive; a signalled request's acknowledgement comes back later, in order.
- * The failure, on a random non-empty set of QP pairs, in both directions: some
- * acknowledgements in flight arrive, the rest are lost (the peer may already
- * have used what they acknowledge); a random number of pending requests still
- * land in full (no acknowledgement), the next may land in part (a byte prefix,
- * never a receive), the rest never land. Both sides then drain their CQs
- * through the shadows, exchange receive-consumed counts (and the sender's FIFO
- * head), build plans, translate keys to the new NIC, re-post on fresh QPs and
- * hand the synthesised completions to "NCCL". Some seeds fail twice.
+ * The wire: each QP executes its send queue in order, at random moments; the
+ * NIC reads a small non-inline write's source when it sends it, and it lands a
+ * flight later (other QPs' requests may be read and land in between); an IMM waits (RNR) for a
+ * posted receive; a signalled request's acknowledgement comes back later, in order. The failure, on
+ * a random non-empty set of QP pairs, in both directions: some acknowledgements in flight arrive,
+ * the rest are lost (the peer may already have used what they acknowledge); a random number of
+ * pending requests still land in full (no acknowledgement), the next may land in part (a byte
+ * prefix, never a receive), the rest never land. Both sides then drain their CQs through the
+ * shadows, exchange receive-consumed counts (and the sender's FIFO head), build plans, translate
+ * keys to the new NIC, re-post on fresh QPs and hand the synthesised completions to "NCCL". Some
+ * seeds fail twice.
  *
  * Checked: every request's bytes are right when it completes; every IMM lands
  * exactly once, in order, on the right receive (wr_id, imm); no data write
@@ -35,7 +35,9 @@
  * overwritten by an older one; no plan re-sends a message, data write or FIFO
  * element the peer had already consumed; keys on a new QP are the new NIC's;
  * the run finishes. Two deliberately wrong repairs (k - 1 instead of k; no FIFO
- * report from the sender) must be caught.
+ * report from the sender) must be caught, and so must the engine's configuration
+ * with 3 QPs (3 fused NICs) and no FIFO report; a landed check (the sender's slot
+ * holds the write's element or a newer one) makes every configuration safe.
  */
 #include "repair/qp_shadow.h"
 
@@ -62,6 +64,10 @@ enum { NEG_NONE, NEG_K_MINUS_1, NEG_NO_FIFO_REPORT };
 /* run_seed flags */
 #define SINGLE_PATH 1 /* every write to a FIFO slot on one QP (nq 1, 2, 4), not inline */
 #define WIRE_ONLY   2 /* skip the plan-time "consumed" checks: only what lands is judged */
+#define THREE_QPS   4 /* 3 QPs, not inline: one slot's writes alternate QPs (3 fused NICs) */
+/* The receiver's plan asks whether each FIFO write landed: the sender's slot holds
+ * its element or a newer one (the sender's memory as it is after the fence) */
+#define LANDED_CHECK 8
 
 struct mwr {
 	enum ibv_wr_opcode op;
@@ -69,8 +75,8 @@ struct mwr {
 	uint64_t wr_id, raddr, laddr, tag;
 	uint32_t imm, rkey, len, lkey;
 	int nsge;
-	uint8_t data[ELEM]; /* inline payload, copied at post */
-	bool reposted;
+	uint8_t data[ELEM]; /* inline payload, copied at post; or read by the NIC (fetched) */
+	bool reposted, fetched;
 };
 
 struct mqp {
@@ -128,7 +134,7 @@ struct model {
 struct totals {
 	int seeds, failed_seeds, twice, bad, neg_applicable;
 	uint64_t synth, saved, reposted, superseded, consumed, reads;
-	char first[300];
+	char first[512];
 };
 
 static uint64_t rnd(struct model *m)
@@ -276,8 +282,9 @@ static void land(struct model *m, struct mqp *p, const struct mwr *e, uint32_t l
 		violate(m, "lkey not of this NIC", e->lkey, p->nic);
 	if (e->rkey != key(p->nic, rr))
 		violate(m, "rkey not of this NIC", e->rkey, p->nic);
-	const uint8_t *src =
-	    (e->flags & IBV_SEND_INLINE) ? e->data : (const uint8_t *)(uintptr_t)e->laddr;
+	const uint8_t *src = (e->flags & IBV_SEND_INLINE) || e->fetched
+				 ? e->data
+				 : (const uint8_t *)(uintptr_t)e->laddr;
 	uint8_t *dst = (uint8_t *)(uintptr_t)e->raddr;
 	int j = (int)e->tag - 1;
 	if (rr == R_FIFO) {
@@ -310,13 +317,22 @@ static void read_back(struct model *m, struct mqp *p, const struct mwr *e, uint3
 	memmove((void *)(uintptr_t)e->laddr, (const void *)(uintptr_t)e->raddr, len);
 }
 
-/* Executes the oldest pending request of p; false when it must wait (RNR). */
+/* Executes the oldest pending request of p (or has the NIC read a small write's
+ * source); false when it must wait (RNR). */
 static bool exec_one(struct model *m, struct mqp *p, bool ack)
 {
 	struct mwr *e = &p->sq[p->sq_h % QCAP];
 	struct mqp *t = p->peer;
 	if (e->op == IBV_WR_RDMA_WRITE_WITH_IMM && t->rq_h == t->rq_n)
 		return false;
+	/* A small write's source is read by the NIC when it sends, and lands a
+	 * flight later: requests of other QPs may be read and land in between. */
+	if (!(e->flags & IBV_SEND_INLINE) && !e->fetched && e->nsge && e->len <= ELEM &&
+	    e->op == IBV_WR_RDMA_WRITE && (rnd(m) & 1)) {
+		memcpy(e->data, (const void *)(uintptr_t)e->laddr, e->len);
+		e->fetched = true;
+		return true;
+	}
 	if (e->op == IBV_WR_RDMA_READ)
 		read_back(m, p, e, ack ? e->len : below(m, e->len + 1));
 	else
@@ -598,6 +614,19 @@ static bool fifo_consumed(void *ctx, const struct r2cc_shadow_send *w)
 	return w->tag <= ((struct fifo_head *)ctx)->head;
 }
 
+/* LANDED_CHECK: the sender's FIFO slot this write targets holds its element or a
+ * newer one (idx at least the write's). */
+static bool fifo_landed(void *ctx, const struct r2cc_shadow_send *w)
+{
+	struct model *m = ctx;
+	size_t off;
+	if (!w->tag || region(m, w->remote_addr, &off) != R_FIFO)
+		return false;
+	uint64_t idx;
+	memcpy(&idx, (const uint8_t *)(uintptr_t)w->remote_addr + 40, 8);
+	return idx >= w->tag;
+}
+
 static int to_nic(void *ctx, uint64_t addr, uint32_t len, uint32_t k, uint32_t *new_key_p)
 {
 	*new_key_p = key(*(int *)ctx, (int)(k & 0xff));
@@ -640,6 +669,10 @@ static void repair_pair(struct model *m, int q)
 	if (m->neg == NEG_NO_FIFO_REPORT) {
 		in_r.write_consumed = NULL;
 		m->neg_applied = 1;
+	}
+	if (m->flags & LANDED_CHECK) {
+		in_r.write_consumed = fifo_landed;
+		in_r.ctx = m;
 	}
 	struct r2cc_qp_shadow_plan ps, pr;
 	int rc = r2cc_qp_shadow_plan_build(os->sh, &in_s, &ps);
@@ -790,6 +823,10 @@ static bool run_seed(uint64_t seed, int neg, int flags, struct totals *t)
 		m->nq = m->nq == 3 ? 4 : m->nq;
 		m->inl = false;
 	}
+	if (flags & THREE_QPS) {
+		m->nq = 3;
+		m->inl = false;
+	}
 	for (int j = 0; j < m->n; j++) {
 		uint32_t c = below(m, 8);
 		m->ssize[j] = c == 0   ? 0
@@ -855,8 +892,9 @@ static bool run_seed(uint64_t seed, int neg, int flags, struct totals *t)
 		t->bad++;
 		if (!t->first[0])
 			snprintf(t->first, sizeof(t->first),
-				 "seed %llu (nq %d, n %d, w %d, %s): %s", (unsigned long long)seed,
-				 m->nq, m->n, m->w, m->inl ? "inline" : "not inline", m->viol);
+				 "seed %llu (nq %d, n %d, w %d, %s, failures %d): %s",
+				 (unsigned long long)seed, m->nq, m->n, m->w,
+				 m->inl ? "inline" : "not inline", m->failures, m->viol);
 	}
 	for (int i = 0; i < m->nqps; i++) {
 		r2cc_qp_shadow_destroy(m->qps[i]->sh);
@@ -961,4 +999,37 @@ Test(qp_shadow_model, single_path_safe_without_fifo_report)
 	for (uint64_t s = 1; s <= 1500; s++)
 		run_seed(s, NEG_NO_FIFO_REPORT, SINGLE_PATH | WIRE_ONLY, &t);
 	cr_expect_eq(t.bad, 0, "%d of %d seeds failed; first: %s", t.bad, t.seeds, t.first);
+}
+
+/*
+ * What the engine runs with 3 fused NICs (the drill's default, NCCL_NET_FORCE_MERGE):
+ * one slot's clear-to-send writes alternate QPs, the elements are not inline, and the
+ * receiver's plan has no FIFO report. A re-post reads its element when the NIC sends
+ * it: it may carry an element ahead of NCCL's own write of it still in flight on a
+ * sibling QP, and the sender then prepares the slot's next one, which that late write
+ * overwrites (caught). Asking the sender's memory whether each write landed, after
+ * the fence, closes it (docs/nccl-versions.md, section 3).
+ */
+Test(qp_shadow_model, three_qps_need_the_landed_check)
+{
+	int caught = 0;
+	for (uint64_t s = 1; s <= 3000; s++) {
+		struct totals one = {0};
+		caught += !run_seed(s, NEG_NO_FIFO_REPORT, THREE_QPS | WIRE_ONLY, &one);
+	}
+	cr_log_info("3 QPs, not inline, no FIFO report: %d of 3000 seeds caught", caught);
+	cr_expect_gt(caught, 0);
+	struct totals t = {0};
+	for (uint64_t s = 1; s <= 3000; s++)
+		run_seed(s, NEG_NONE, THREE_QPS | LANDED_CHECK, &t);
+	cr_log_info("3 QPs, not inline, landed check: %d of %d seeds failed, %llu B consumed",
+		    t.bad, t.seeds, (unsigned long long)t.consumed);
+	cr_expect_eq(t.bad, 0, "%d of %d seeds failed; first: %s", t.bad, t.seeds, t.first);
+	cr_expect_gt(t.consumed, 0);
+	/* and on 1-4 QPs, inline or not */
+	struct totals a = {0};
+	for (uint64_t s = 1; s <= 3000; s++)
+		run_seed(s, NEG_NONE, LANDED_CHECK, &a);
+	cr_log_info("1-4 QPs, inline or not, landed check: %d of %d seeds failed", a.bad, a.seeds);
+	cr_expect_eq(a.bad, 0, "%d of %d seeds failed; first: %s", a.bad, a.seeds, a.first);
 }
