@@ -152,6 +152,24 @@ static void note_version(void)
 		r2cc_note_nccl_version(v);
 }
 
+void r2cc_nccl_version_probe(void)
+{
+	static int tried;
+	if (__atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED) ||
+	    __atomic_exchange_n(&tried, 1, __ATOMIC_RELAXED))
+		return;
+	/* quietly: a program without NCCL (perftest) is no error */
+	real_ncclGetVersion_fn f = __atomic_load_n(&real_ncclGetVersion, __ATOMIC_RELAXED);
+	if (!f)
+		f = (real_ncclGetVersion_fn)dlsym(RTLD_DEFAULT, "pncclGetVersion");
+	void *h = f ? NULL : nccl_handle();
+	if (h)
+		f = (real_ncclGetVersion_fn)dlsym(h, "pncclGetVersion");
+	int v = 0;
+	if (f && f(&v) == ncclSuccess && v > 0)
+		r2cc_note_nccl_version(v);
+}
+
 R2CC_EXPORT ncclResult_t ncclGetVersion(int *version)
 {
 	FORWARD(GetVersion, (version));

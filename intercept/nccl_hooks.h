@@ -32,6 +32,9 @@ extern r2cc_comm_async_error_fn r2cc_comm_async_error_hook;
 
 /* Depth of ncclGroupStart nesting on this thread. */
 int r2cc_nccl_group_depth(void);
+/* Notes NCCL's version from the loaded NCCL if it is not known yet (the first QP
+ * NCCL creates; quiet when there is no NCCL). */
+void r2cc_nccl_version_probe(void);
 
 /* The real NCCL functions, as void pointers to be cast by the user. */
 struct r2cc_nccl_real {

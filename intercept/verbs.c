@@ -11,6 +11,8 @@
  * With R2CC inactive (R2CC_MODE=0 or a bad setting) the hook returns the real
  * functions untouched.
  */
+#include "intercept/nccl_hooks.h"
+#include "repair/cts.h"
 #include "repair/engine.h"
 #include "repair/mr_mirror.h"
 #include "repair/qp_shadow.h"
@@ -506,14 +508,17 @@ static int wrap_ibv_dealloc_pd(struct ibv_pd *pd)
 	return rc;
 }
 
+/* va: addr is the registration's virtual address (not an IOVA or a dma-buf). */
 static struct ibv_mr *note_mr(struct ibv_pd *pd, struct ibv_mr *mr, uint64_t addr, size_t len,
-			      int access)
+			      int access, bool va)
 {
 	if (mr) {
 		int saved = errno;
 		struct r2cc_pd *p = r2cc_pd_find(pd);
-		if (p)
-			r2cc_mr_add(mr, p->ctx->nic, addr, len, mr->lkey, mr->rkey, access);
+		struct r2cc_mr *m =
+		    p ? r2cc_mr_add(mr, p->ctx->nic, addr, len, mr->lkey, mr->rkey, access) : NULL;
+		if (m && va && r2cc_repair_enabled() && r2cc_cts_host_readable(addr, len))
+			__atomic_store_n(&m->host_ok, 1, __ATOMIC_RELEASE);
 		errno = saved;
 	}
 	return mr;
@@ -548,7 +553,8 @@ static struct ibv_mr *refused_mr(struct ibv_pd *pd, struct r2cc_mr_mirror_src sr
 		       "the other NICs, for the queue pairs that moved off this one (further "
 		       "ones not logged)",
 		       p->ctx->nic->name, strerror(err));
-	return note_mr(pd, mr, mr->addr ? (uintptr_t)mr->addr : src.iova, src.len, src.access);
+	return note_mr(pd, mr, mr->addr ? (uintptr_t)mr->addr : src.iova, src.len, src.access,
+		       src.kind == R2CC_MR_VA);
 }
 
 static struct ibv_mr *wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
@@ -557,7 +563,7 @@ static struct ibv_mr *wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len,
 	struct ibv_mr *mr = real_ibv_reg_mr(pd, addr, len, access);
 	if (!mr)
 		return refused_mr(pd, src);
-	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, access), src);
+	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, access, true), src);
 }
 
 static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len,
@@ -567,7 +573,7 @@ static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_
 	struct ibv_mr *mr = real_ibv_reg_mr_iova2(pd, addr, len, iova, access);
 	if (!mr)
 		return refused_mr(pd, src);
-	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, (int)access), src);
+	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, (int)access, false), src);
 }
 
 static struct ibv_mr *wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
@@ -577,7 +583,7 @@ static struct ibv_mr *wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
 	struct ibv_mr *mr = real_ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access);
 	if (!mr)
 		return refused_mr(pd, src);
-	return mirror_mr(pd, note_mr(pd, mr, iova, len, access), src);
+	return mirror_mr(pd, note_mr(pd, mr, iova, len, access, false), src);
 }
 
 static int wrap_ibv_dereg_mr(struct ibv_mr *mr)
@@ -704,6 +710,7 @@ static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_a
 				q->cap = attr->cap;
 				q->sq_sig_all = attr->sq_sig_all != 0;
 				q->stand_in_cq = own_cq;
+				r2cc_nccl_version_probe(); /* the layout of its FIFO */
 				r2cc_repair_qp_created(q, attr);
 				R2CC_TRACE("%s: qp 0x%x created (send_wr %u recv_wr %u)",
 					   p->ctx->nic->name, qp->qp_num, q->max_send_wr,

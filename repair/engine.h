@@ -62,10 +62,16 @@
  * its queue pair moves between. An entry ends with the sender's retired message
  * count (u64 at R2CC_REPAIR_WIRE_SENT), a count of records (a byte, at most
  * R2CC_REPAIR_WIRE_LOST and at most the retired count) and that many message
- * opcodes (1..3), immediates and lengths. The whole message is at most
- * R2CC_CTL_MAX_PAYLOAD (larger ones are split, each part with its maps). */
-#define R2CC_REPAIR_WIRE_VERSION  4
-#define R2CC_REPAIR_WIRE_HDR	  4
+ * opcodes (1..3), immediates and lengths. The header ends with a little-endian u32
+ * count of clear-to-send records (repair/cts.h), R2CC_REPAIR_WIRE_CTS bytes each, that
+ * follow the maps: the entry they belong to (u16), a kind (1 query, 2 answer), the
+ * elements (1..8), an element's size (32 or 64), idx's offset in it (a multiple of 8,
+ * 8 bytes inside it), an answer's landed flag (0 or 1), a pad byte, then the write's
+ * remote address and its idx (u64 each). The whole message is at most
+ * R2CC_CTL_MAX_PAYLOAD (larger ones are split, each part with its maps and records). */
+#define R2CC_REPAIR_WIRE_VERSION  5
+#define R2CC_REPAIR_WIRE_HDR	  8
+#define R2CC_REPAIR_WIRE_CTS	  24
 #define R2CC_REPAIR_WIRE_SIZE	  307
 #define R2CC_REPAIR_WIRE_MAX	  4096 /* entries in one message */
 #define R2CC_REPAIR_WIRE_NEW_NIC  98

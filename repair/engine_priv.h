@@ -18,6 +18,7 @@
  * side, which only needs to know whether errors are to be hidden.
  */
 #pragma once
+#include "repair/cts.h"
 #include "repair/engine.h"
 #include "repair/hmap.h"
 #include "repair/job.h"
@@ -224,6 +225,12 @@ struct r2cc_rqp {
 	int incident;
 	struct r2cc_qp_shadow_plan plan;
 	bool have_plan;
+	/* Clear-to-send writes (repair/cts.h), repair thread only: this side's
+	 * queries about its unretired ones as of the fence, the peer's answers, and
+	 * how many the answers dropped from the plan. */
+	struct rep_cts *cts_q, *cts_a;
+	int ncts_q, ncts_a;
+	size_t cts_dropped;
 	/* A restart (exchange.c): the initiator's new path died before it connected.
 	 * The responder's new path carried nothing; it waits for the initiator's
 	 * next REQ (not stale_pair's), and replan holds the receives to post on the
@@ -294,6 +301,9 @@ struct incident {
 	int64_t t_detect, t_done;
 	int qps, migrated, failed;
 	uint64_t bytes_reposted, bytes_saved, synth, held;
+	/* clear-to-send writes the peer was asked about, and those it found landed
+	 * (not re-posted) */
+	uint64_t cts_checked, cts_landed;
 	/* queue pairs whose peer's rkey map came with its message, and those for
 	 * which it did not and was fetched */
 	int maps_carried, maps_fetched;
@@ -326,6 +336,7 @@ struct rep_hdr {
 	uint8_t version;
 	uint8_t nmaps; /* rkey maps after the entries */
 	uint16_t n;
+	uint32_t ncts; /* clear-to-send records after the maps */
 } __attribute__((packed));
 
 struct rep_wire {
@@ -373,8 +384,28 @@ struct inbox {
 	int nmaps;
 	const unsigned char *maps;  /* nmaps of them, checked (after m[n]) */
 	bool map_ok[WIRE_MAX_MAPS]; /* stored in the key cache */
+	int ncts;
+	const struct rep_cts *cts; /* ncts of them, checked (after the maps) */
 	struct rep_wire m[];
 };
+
+/*
+ * A clear-to-send record after the maps (repair/cts.h): a query about one of the
+ * sender's unretired clear-to-send writes into the addressee's memory (a REQ's or
+ * a REP's), or the answer to one (a REP's or a GO's), for the entry it names.
+ */
+enum { CTS_QUERY = 1, CTS_ANSWER = 2 };
+struct rep_cts {
+	uint16_t entry;	 /* the entry of this message it belongs to */
+	uint8_t kind;	 /* CTS_QUERY, CTS_ANSWER */
+	uint8_t nelem;	 /* elements the write carries: 1..R2CC_CTS_MAX_ELEMS */
+	uint8_t elem;	 /* bytes of one: 32 or 64 */
+	uint8_t idx_off; /* where idx sits in one: a multiple of 8, idx_off + 8 <= elem */
+	uint8_t landed;	 /* answer: 1 when every element holds idx >= tag, else 0 */
+	uint8_t pad;
+	uint64_t addr; /* the write's remote address */
+	uint64_t tag;  /* the idx it carries */
+} __attribute__((packed));
 
 /* A directory whose communicator is gone, freed once no queue pair uses it. */
 struct retired_dir {
@@ -391,6 +422,8 @@ struct outbox {
 	int rank;
 	int n, cap;
 	struct rep_wire *e;
+	int nc, ccap;
+	struct rep_cts *c; /* their clear-to-send records, entry indexing e */
 };
 
 struct outboxes {
@@ -552,6 +585,7 @@ void r2cc_nic_failed(struct r2cc_nic *nic, const char *why);
 /* repair/scan.c */
 int64_t r2cc_scan_floor(void);
 void r2cc_scan(int64_t t);
+void r2cc_probe(struct r2cc_rqp *r, int64_t t, uint64_t posted_now);
 
 /* repair/localise.c */
 void r2cc_localise(struct r2cc_rqp *r);
@@ -597,7 +631,22 @@ void r2cc_wire_counts(struct rep_wire *m, const struct r2cc_rqp *r);
 void r2cc_wire_take_counts(struct r2cc_rqp *r, const struct rep_wire *m);
 void r2cc_wire_path(struct rep_wire *m, const struct r2cc_rqp *r);
 struct rep_wire *r2cc_out_add(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank);
-int r2cc_wire_send(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *e, int n);
+/* c: nc clear-to-send records of the entries, by their index in e (may be NULL). */
+int r2cc_wire_send(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *e, int n,
+		   const struct rep_cts *c, int nc);
+/* Records for the entry r2cc_out_add() gave last to (dir, rank): 0 or -ENOMEM. */
+int r2cc_out_cts(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank,
+		 const struct rep_cts *c, int n);
+/* repair/cts.c. After the fence: this side's queries (their number, or -ENOMEM:
+ * none); the answers to the queries of entry `entry` of in, into the entry last
+ * added for (dir, rank); the answers for r in entry `entry` of in, kept; the plan's
+ * landed writes dropped; all of it forgotten. */
+int r2cc_cts_queries(struct r2cc_rqp *r);
+int r2cc_cts_answer(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank,
+		    const struct inbox *in, int entry);
+void r2cc_cts_take(struct r2cc_rqp *r, const struct inbox *in, int entry);
+void r2cc_cts_drop(struct r2cc_rqp *r);
+void r2cc_cts_forget(struct r2cc_rqp *r);
 void r2cc_out_flush(struct outboxes *o);
 void r2cc_wire_on_msg(void *arg, int from_rank, const void *payload, size_t len,
 		      struct r2cc_ctl_call *call);

@@ -220,6 +220,11 @@ static bool initiate_check(struct r2cc_rqp *r)
 /* Fenced, then a new path: the REQ entry in *m. 0, or the QP failed. */
 static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 {
+	const char *unsafe = r2cc_cts_unsafe(r->cur_sh);
+	if (unsafe) {
+		r2cc_rqp_fail(r, unsafe);
+		return -EOPNOTSUPP;
+	}
 	r->churn_skip = false;
 	struct r2cc_nic *nic = NULL, *home = r->failback_to;
 	int rc = r2cc_path_on_healthy(r, home && r2cc_nic_usable(r, home, true) ? home : NULL, NULL,
@@ -244,9 +249,27 @@ static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 	r2cc_wire_fill(m, OP_REQ, r);
 	r2cc_wire_counts(m, r);
 	r2cc_wire_path(m, r);
+	r2cc_cts_queries(r);
 	r->resends = 0;
 	pthread_mutex_unlock(&r->mu);
 	return 0;
+}
+
+/* The clear-to-send queries of the REQs of rs[0..k), entry i for rs[i]; NULL when
+ * there are none (or no memory: those writes are re-posted without the check). */
+static struct rep_cts *req_queries(struct r2cc_rqp *const *rs, int k, int *nc)
+{
+	int n = 0;
+	for (int i = 0; i < k; i++)
+		n += rs[i]->ncts_q;
+	struct rep_cts *c = n ? malloc(sizeof(*c) * (size_t)n) : NULL;
+	*nc = 0;
+	for (int i = 0; c && i < k; i++)
+		for (int j = 0; j < rs[i]->ncts_q; j++) {
+			c[*nc] = rs[i]->cts_q[j];
+			c[(*nc)++].entry = htole16((uint16_t)i);
+		}
+	return c;
 }
 
 static int cmp_by_peer(const void *a, const void *b)
@@ -365,8 +388,12 @@ void r2cc_exchange_initiate(struct batch *b)
 					    (unsigned long long)r->k_local, r->new_ctx->nic->name,
 					    dir ? "asking its peer" : "its peer is being searched");
 		}
-		if (dir && k)
-			r2cc_wire_send(dir, rank, m, k);
+		if (dir && k) {
+			int nc = 0;
+			struct rep_cts *c = req_queries(&w.r[first], k, &nc);
+			r2cc_wire_send(dir, rank, m, k, c, nc);
+			free(c);
+		}
 		/* Their exchange goes on by messages now: released to them (and to
 		 * NCCL's destroy) before the next peer's. */
 		pthread_mutex_lock(&r2cc_eng.mu);
@@ -410,7 +437,7 @@ void r2cc_exchange_suspect(struct r2cc_rqp *r)
 	const struct r2cc_ctl_dir *dir = r->dir;
 	int rank = r->peer_rank;
 	pthread_mutex_unlock(&r->mu);
-	r2cc_wire_send(dir, rank, &m, 1);
+	r2cc_wire_send(dir, rank, &m, 1, NULL, 0);
 }
 
 /* Responder, one REQ entry, before the fence: true when it is to be fenced
@@ -498,6 +525,12 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 		       struct outboxes *out, const struct r2cc_ctl_dir *dir)
 {
 	bool peer_nic_failed = le16toh(m->flags) & WIRE_F_SENDER_NIC_FAILED;
+	const char *unsafe = r2cc_cts_unsafe(r->cur_sh);
+	if (unsafe) {
+		nack(out, dir, in->from_rank, m, -EOPNOTSUPP);
+		r2cc_rqp_fail(r, unsafe);
+		return;
+	}
 	struct peer_path p;
 	path_from_wire(&p, m);
 	/* The peer's own NIC failed: this side stays where NCCL put it (a fresh QP on
@@ -542,6 +575,7 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 	rep.pair_id = m->pair_id;
 	r2cc_wire_counts(&rep, r);
 	r2cc_wire_path(&rep, r);
+	r2cc_cts_queries(r); /* of the fenced old path, before the commit replaces it */
 	r->t_deadline = now_ns() + exchange_ns(r->batch);
 	pthread_mutex_unlock(&r->mu);
 	const char *step = "connect";
@@ -557,8 +591,14 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 		return;
 	}
 	struct rep_wire *e = r2cc_out_add(out, dir, in->from_rank);
-	if (e)
+	if (e) {
 		*e = rep;
+		/* The initiator's clear-to-send writes, read here after this side's
+		 * fence (nothing more lands from the old path), and this side's own. */
+		r2cc_cts_answer(out, dir, in->from_rank, in, (int)(m - in->m));
+		if (r->ncts_q)
+			r2cc_out_cts(out, dir, in->from_rank, r->cts_q, r->ncts_q);
+	}
 }
 
 /* Responder, every REQ entry of one message: checks, all fences at once, the
@@ -709,6 +749,7 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 		r->dir = dir;
 		r->peer_rank = in->from_rank;
 		r2cc_wire_take_counts(r, m);
+		r2cc_cts_take(r, in, i);
 		if (!r->migrations)
 			snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
 		pthread_mutex_unlock(&r->mu);
@@ -738,8 +779,12 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 			continue;
 		}
 		struct rep_wire *e = r2cc_out_add(&out, dir, in->from_rank);
-		if (e)
+		if (e) {
 			r2cc_wire_fill(e, OP_GO, r);
+			/* the responder's sends wait for this GO: its clear-to-send
+			 * writes into this process's memory are settled */
+			r2cc_cts_answer(&out, dir, in->from_rank, in, i);
+		}
 		r2cc_rqp_done(r, held);
 	}
 	r2cc_out_flush(&out);
@@ -759,6 +804,7 @@ static void on_go_batch(const struct inbox *in, struct r2cc_rqp **rq)
 			continue;
 		uint64_t held = 0;
 		pthread_mutex_lock(&r->mu);
+		r2cc_cts_take(r, in, i);
 		int rc = r2cc_plan_post_sends(r, &held);
 		if (!rc)
 			set_state(r, RQ_MIGRATED);
@@ -927,10 +973,14 @@ void r2cc_exchange_tick(int64_t t)
 			r2cc_wire_path(&m[k], r);
 			r->t_sent = now_ns();
 			pthread_mutex_unlock(&r->mu);
-			k++;
+			w[first + k++] = r;
 		}
-		if (k)
-			r2cc_wire_send(dir, rank, m, k);
+		if (k) {
+			int nc = 0;
+			struct rep_cts *c = req_queries(&w[first], k, &nc);
+			r2cc_wire_send(dir, rank, m, k, c, nc);
+			free(c);
+		}
 		first = last;
 	}
 	free(m);

@@ -124,7 +124,8 @@ void r2cc_repair_report(FILE *text, FILE *json)
 				"incident %d: %s, %s%s%s: %s=%lld qps=%d migrated=%d failed=%d "
 				"created_after=%d %s=%.3f bytes_reposted=%llu bytes_saved=%llu "
 				"completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
-				"peer_maps_fetched=%d peer_maps_later=%d\n",
+				"peer_maps_fetched=%d peer_maps_later=%d cts_checked=%llu "
+				"cts_landed=%llu\n",
 				i + 1, in->nic, in->declared ? "[declared] " : "",
 				in->failback ? "[failback] " : "", in->evidence,
 				in->failback ? "started_ns" : "detected_ns",
@@ -133,7 +134,8 @@ void r2cc_repair_report(FILE *text, FILE *json)
 				(unsigned long long)in->bytes_reposted,
 				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
 				(unsigned long long)in->held, in->maps_carried, in->maps_fetched,
-				in->maps_later);
+				in->maps_later, (unsigned long long)in->cts_checked,
+				(unsigned long long)in->cts_landed);
 			for (int e = 0; e < in->nevents; e++)
 				fprintf(text, "  +%.3f ms %s\n", (in->ev[e].t - in->t_detect) / 1e6,
 					in->ev[e].text);
@@ -164,11 +166,13 @@ void r2cc_repair_report(FILE *text, FILE *json)
 				",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
 				"\"completions_synthesised\":%llu,\"posts_held\":%llu,"
 				"\"peer_maps_carried\":%d,\"peer_maps_fetched\":%d,"
-				"\"peer_maps_later\":%d,\"timeline\":[",
+				"\"peer_maps_later\":%d,\"cts_checked\":%llu,\"cts_landed\":%llu,"
+				"\"timeline\":[",
 				(unsigned long long)in->bytes_reposted,
 				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
 				(unsigned long long)in->held, in->maps_carried, in->maps_fetched,
-				in->maps_later);
+				in->maps_later, (unsigned long long)in->cts_checked,
+				(unsigned long long)in->cts_landed);
 			for (int e = 0; e < in->nevents; e++) {
 				fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
 					(in->ev[e].t - in->t_detect) / 1e6);

@@ -265,6 +265,7 @@ void r2cc_app_flush_poll(struct r2cc_vcq *v)
 
 int r2cc_plan_post_sends(struct r2cc_rqp *r, uint64_t *held)
 {
+	r2cc_cts_drop(r); /* the clear-to-send writes the peer found landed */
 	if (r2cc_app_flush_need(r))
 		return hold_plan_sends(r, 0);
 	for (size_t i = 0; i < r->plan.n_send; i++) {
@@ -434,6 +435,8 @@ void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
 		in->bytes_saved += r->plan.bytes_saved;
 		in->synth += r->plan.completions_synth + (uint64_t)r->lost_synth;
 		in->held += held;
+		in->cts_checked += (uint64_t)r->ncts_a;
+		in->cts_landed += r->cts_dropped;
 		if (t > in->t_done && !r->born_late)
 			in->t_done = t;
 	}
@@ -452,7 +455,24 @@ void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
 	if (r->have_replan)
 		r2cc_qp_shadow_plan_free(&r->replan);
 	r->have_replan = false;
+	r2cc_cts_forget(r);
 	__atomic_store_n(&r->switched, 0, __ATOMIC_RELEASE);
+	/* A new path the plan gave no signalled send (its clear-to-send writes had
+	 * all landed, or nothing was owed) proves nothing until NCCL posts again, and
+	 * NCCL may be waiting on the peer instead: with the peer's end of that path
+	 * dead this side would wait forever. A signalled zero-byte write shows it now;
+	 * its failure repairs the QP again, or ends it (barren_check). */
+	if (r->cur_sh && load_state(r) == RQ_MIGRATED) {
+		uint64_t posted, retired;
+		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
+		/* only where NCCL waits for this peer (a receive outstanding): it
+		 * polls this CQ, so the probe's completion is seen */
+		if (posted == retired && r2cc_qp_shadow_recv_outstanding(r->cur_sh)) {
+			struct r2cc_qp_shadow_stats st;
+			r2cc_qp_shadow_get_stats(r->cur_sh, &st);
+			r2cc_probe(r, t, st.send_posted);
+		}
+	}
 	/* The new path failed while the exchange went on (its error was kept from NCCL,
 	 * as a repair's are): repaired now, not when the stall scan finds the wait. */
 	int e = __atomic_exchange_n(&r->new_path_err, 0, __ATOMIC_ACQ_REL);
@@ -503,8 +523,11 @@ static void barren_check(struct r2cc_rqp *r)
 	r->barren_seen = r->migrations;
 	uint64_t posted, retired;
 	r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
-	bool barren = posted != retired && retired == r->moved_retired &&
-		      now_ns() - r->moved_at < attempt_ns(r);
+	/* R2CC's probe of a path that was given nothing to send (r2cc_rqp_done)
+	 * counts as owed too: a path that failed it completed nothing. */
+	bool owed = posted != retired ||
+		    (r->probe_at && !__atomic_load_n(&r->probe_done, __ATOMIC_ACQUIRE));
+	bool barren = owed && retired == r->moved_retired && now_ns() - r->moved_at < attempt_ns(r);
 	r->barren = barren ? r->barren + 1 : 0;
 }
 

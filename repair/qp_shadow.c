@@ -36,6 +36,7 @@ struct r2cc_qp_shadow {
 	uint64_t
 	    sig_posted; /* signalled send requests recorded (atomic: the stall scan reads it) */
 	uint64_t send_posted, recv_posted, send_bytes_posted;
+	uint64_t tag_last, tag_step; /* the last tag recorded, and its rise over the one before */
 	/* poller */
 	uint64_t msgs_retired;
 	uint64_t send_retired, recv_imm;
@@ -230,6 +231,11 @@ int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr
 			e->inline_data = dst;
 		}
 		e->tag = sh->tag_fn ? sh->tag_fn(sh->tag_ctx, w) : 0;
+		if (e->tag) {
+			if (e->tag > sh->tag_last && sh->tag_last)
+				sh->tag_step = e->tag - sh->tag_last;
+			sh->tag_last = e->tag;
+		}
 		bytes_all += bytes;
 		if (e->send_flags & IBV_SEND_SIGNALED)
 			store_rel(&sh->sig_posted, sh->sig_posted + 1);
@@ -543,10 +549,9 @@ static void add_synth(struct r2cc_qp_shadow_plan *plan, const struct r2cc_shadow
 	c->seq = e->seq;
 }
 
-static void add_hollow(struct r2cc_qp_shadow_plan *plan, const struct r2cc_shadow_send *e)
+/* d re-posted as a zero-byte signalled WRITE with its wr_id. */
+static void make_hollow(struct r2cc_shadow_send *d)
 {
-	struct r2cc_shadow_send *d = &plan->send[plan->n_send++];
-	*d = *e;
 	d->opcode = IBV_WR_RDMA_WRITE;
 	d->send_flags = IBV_SEND_SIGNALED;
 	d->num_sge = 0;
@@ -555,6 +560,13 @@ static void add_hollow(struct r2cc_qp_shadow_plan *plan, const struct r2cc_shado
 	d->inline_len = 0;
 	d->inline_data = NULL;
 	d->hollow = true;
+}
+
+static void add_hollow(struct r2cc_qp_shadow_plan *plan, const struct r2cc_shadow_send *e)
+{
+	struct r2cc_shadow_send *d = &plan->send[plan->n_send++];
+	*d = *e;
+	make_hollow(d);
 }
 
 int r2cc_qp_shadow_plan_build(const struct r2cc_qp_shadow *sh,
@@ -658,6 +670,43 @@ int r2cc_qp_shadow_plan_build(const struct r2cc_qp_shadow *sh,
 	}
 	plan->completions_synth = plan->n_synth;
 	return 0;
+}
+
+uint64_t r2cc_qp_shadow_tag_step(const struct r2cc_qp_shadow *sh)
+{
+	return sh->tag_step;
+}
+
+void r2cc_qp_shadow_tagged_writes(const struct r2cc_qp_shadow *sh,
+				  void (*fn)(void *ctx, const struct r2cc_shadow_send *w),
+				  void *ctx)
+{
+	for (uint64_t seq = sh->sq.tail + 1; seq <= sh->sq.head; seq++) {
+		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
+		if (e->opcode == IBV_WR_RDMA_WRITE && e->tag)
+			fn(ctx, e);
+	}
+}
+
+size_t r2cc_qp_shadow_plan_drop(struct r2cc_qp_shadow_plan *plan,
+				bool (*consumed)(void *ctx, const struct r2cc_shadow_send *w),
+				void *ctx)
+{
+	size_t out = 0, hit = 0;
+	for (size_t i = 0; i < plan->n_send; i++) {
+		struct r2cc_shadow_send e = plan->send[i];
+		if (!e.hollow && e.opcode == IBV_WR_RDMA_WRITE && consumed(ctx, &e)) {
+			hit++;
+			plan->bytes_consumed += e.byte_len;
+			plan->bytes_reposted -= e.byte_len;
+			if (!(e.send_flags & IBV_SEND_SIGNALED))
+				continue;
+			make_hollow(&e);
+		}
+		plan->send[out++] = e;
+	}
+	plan->n_send = out;
+	return hit;
 }
 
 void r2cc_qp_shadow_plan_free(struct r2cc_qp_shadow_plan *plan)

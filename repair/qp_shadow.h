@@ -105,26 +105,21 @@
  * The plan re-posts a FIFO write only if (i) no later write to the same slot
  * follows it in the plan (superseded otherwise: the later one is newer by F2,
  * and the earlier one was consumed by F1), and (ii) the peer does not report it
- * consumed: the sender side reports its FIFO head (entries with idx <= head are
- * consumed) and the caller's write_consumed() compares the write's tag (its idx,
- * captured at post time by the tag function) with it. A re-posted write W for
- * slot s carrying idx i could only overwrite a newer entry i' > i at s if the
- * receiver had posted i', which by F1 needs i consumed, which (ii) excludes.
+ * landed: after the fence the peer reads the write's destination in its own
+ * memory and says whether every element there holds the write's idx (captured
+ * at post time by the tag function) or a newer one (repair/cts.h); the answer
+ * drops the write from the plan (plan_drop; a signalled one is re-posted hollow).
  * (ii) matters when writes for one slot travel on different QPs (NCCL puts
  * entry id on device id % ndevs: with 3 devices, id and id + 256 do) and for
- * inline writes, whose recorded bytes are the old element. Without the peer's
- * report, (i) alone is still safe when every write to a slot goes through one
- * QP (ndevs of 1, 2 or 4) and the writes are not inline, because a non-inline
- * re-post reads the element as it is NOW (the newest NCCL prepared) and writing
- * the newest element is never older than what is there (F3 covers repeats);
- * the caller must then run the re-post on the QP's posting thread, never while
- * NCCL is filling an element (it writes the fields, then posts).
- * The sender's head is a snapshot: it may consume a landed entry after
- * reporting it unconsumed, and the re-post then writes it again. That is inert
- * (F3) unless a newer entry for the slot got there first, which needs 256 more
- * requests to complete while the re-post has not executed; but the re-post sits
- * in front of every later clear-to-send write of its new QP, and the sender
- * consumes in order, so it cannot get more than ndevs requests further.
+ * inline writes, whose recorded bytes are the old element: a non-inline re-post
+ * reads its element when the new NIC sends it, so it may deliver an element
+ * ahead of NCCL's own write of it still in flight on a sibling QP, which then
+ * lands over the next element with an older one (tests/unit/
+ * test_qp_shadow_model.c: a hang in 87 of 3000 seeds with 3 QPs and (i) alone,
+ * none with (i) and (ii)). With one QP per slot (ndevs of 1, 2 or 4) (i) alone is
+ * safe. Releases that zero a consumed element (NCCL 2.18-2.28) make a consumed
+ * write look like one that never landed: with several QPs per slot such a QP
+ * cannot be repaired exactly once (r2cc_cts_unsafe()).
  *
  * Every function returns 0 or a negative errno unless it says otherwise.
  */
@@ -297,6 +292,15 @@ struct r2cc_qp_shadow_plan_in {
 	void *ctx;
 };
 
+/* Quiesced shadow: by how much the last tag recorded rose over the one before it
+ * (0: fewer than two tags); NCCL's clear-to-send idx rises by the number of fused
+ * devices between two writes of one QP. */
+uint64_t r2cc_qp_shadow_tag_step(const struct r2cc_qp_shadow *sh);
+/* Quiesced shadow: fn for every unretired plain WRITE with a tag, oldest first. */
+void r2cc_qp_shadow_tagged_writes(const struct r2cc_qp_shadow *sh,
+				  void (*fn)(void *ctx, const struct r2cc_shadow_send *w),
+				  void *ctx);
+
 /* A completion to hand to NCCL as if the NIC had produced it. */
 struct r2cc_shadow_wc {
 	uint64_t wr_id;
@@ -330,6 +334,16 @@ int r2cc_qp_shadow_plan_build(const struct r2cc_qp_shadow *sh,
 			      const struct r2cc_qp_shadow_plan_in *in,
 			      struct r2cc_qp_shadow_plan *plan);
 void r2cc_qp_shadow_plan_free(struct r2cc_qp_shadow_plan *plan);
+
+/*
+ * The consumed refinement of (b) after the plan was built (the peer's answer came
+ * later): every plain WRITE of the plan, not hollow, that consumed() selects is
+ * dropped, or re-posted hollow when signalled; bytes_consumed and bytes_reposted
+ * follow. Before any of the plan's sends is posted. How many were selected.
+ */
+size_t r2cc_qp_shadow_plan_drop(struct r2cc_qp_shadow_plan *plan,
+				bool (*consumed)(void *ctx, const struct r2cc_shadow_send *w),
+				void *ctx);
 
 /*
  * Rewrites every lkey (send and receive SGEs; not inline payloads, which carry

@@ -57,6 +57,8 @@ void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *at
 	    .max_recv_sge = attr->cap.max_recv_sge,
 	    .max_inline_data = attr->cap.max_inline_data,
 	    .sq_sig_all = attr->sq_sig_all,
+	    .tag_fn = r2cc_cts_tag, /* NCCL's keys are those of its NIC */
+	    .tag_ctx = q->ctx->nic,
 	};
 	struct r2cc_rqp *r = calloc(1, sizeof(*r));
 	if (!r || r2cc_qp_shadow_create(&sa, &q->shadow)) {
@@ -209,6 +211,7 @@ void r2cc_records_sweep_locked(void)
 		}
 		*pp = r->next_all;
 		pthread_mutex_destroy(&r->mu);
+		r2cc_cts_forget(r);
 		if (r->q_gone)
 			r2cc_qp_free(r->q_gone);
 		free(r);

@@ -19,7 +19,7 @@ int64_t r2cc_scan_floor(void)
 
 /* A signalled zero-byte write behind trailing unsignalled ones: their fate shows
  * in its completion. Repair thread; the provider serialises it with NCCL's posts. */
-static void probe(struct r2cc_rqp *r, int64_t t, uint64_t posted_now)
+void r2cc_probe(struct r2cc_rqp *r, int64_t t, uint64_t posted_now)
 {
 	struct ibv_send_wr w = {.wr_id = R2CC_PROBE_WRID,
 				.opcode = IBV_WR_RDMA_WRITE,
@@ -143,7 +143,7 @@ void r2cc_scan(int64_t t)
 				 * receive outstanding here: it polls this CQ, so the
 				 * probe's completion will be seen). */
 				pthread_mutex_unlock(&r2cc_eng.mu);
-				probe(r, t, st.send_posted);
+				r2cc_probe(r, t, st.send_posted);
 				pthread_mutex_lock(&r2cc_eng.mu);
 				r->scan_progress = t;
 			}

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 
 void r2cc_wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r)
 {
@@ -127,6 +128,29 @@ struct rep_wire *r2cc_out_add(struct outboxes *o, const struct r2cc_ctl_dir *dir
 	return &b->e[b->n++];
 }
 
+int r2cc_out_cts(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank,
+		 const struct rep_cts *c, int n)
+{
+	struct outbox *b = box_of(o, dir, rank);
+	if (!b || !b->n)
+		return -ENOMEM;
+	if (b->nc + n > b->ccap) {
+		int cap = b->ccap ? 2 * b->ccap : 64;
+		while (cap < b->nc + n)
+			cap *= 2;
+		struct rep_cts *g = realloc(b->c, sizeof(*g) * (size_t)cap);
+		if (!g)
+			return -ENOMEM;
+		b->c = g;
+		b->ccap = cap;
+	}
+	for (int i = 0; i < n; i++) {
+		b->c[b->nc] = c[i];
+		b->c[b->nc++].entry = htole16((uint16_t)(b->n - 1));
+	}
+	return 0;
+}
+
 /*
  * This process's rkey maps that the entries of one send call for, each made
  * once: for a REQ or REP whose QP's new path is on another NIC than its
@@ -180,14 +204,27 @@ static void map_set_free(struct map_set *ms)
 	*ms = (struct map_set){0};
 }
 
-/* One message of entries e[0..k), with the maps they call for unless !maps:
- * 0 and *buf (malloc'd, *len bytes), -E2BIG (more than a frame holds) or
- * -ENOMEM. */
+/* The records of entries [first, first + k) of c[0..nc) (sorted by entry). */
+static const struct rep_cts *cts_range(const struct rep_cts *c, int nc, int first, int k, int *n)
+{
+	int i = 0;
+	while (i < nc && le16toh(c[i].entry) < first)
+		i++;
+	int j = i;
+	while (j < nc && le16toh(c[j].entry) < first + k)
+		j++;
+	*n = j - i;
+	return c ? c + i : NULL;
+}
+
+/* One message of entries e[0..k), with the maps they call for unless !maps and
+ * the clear-to-send records c[0..nc) (entry first + index in e): 0 and *buf
+ * (malloc'd, *len bytes), -E2BIG (more than a frame holds) or -ENOMEM. */
 static int wire_build(struct map_set *ms, const struct rep_wire *e, int k, bool maps,
-		      unsigned char **buf, size_t *len)
+		      const struct rep_cts *c, int nc, int first, unsigned char **buf, size_t *len)
 {
 	int used[WIRE_MAX_MAPS], nu = 0;
-	size_t n = sizeof(struct rep_hdr) + (size_t)k * sizeof(*e);
+	size_t n = sizeof(struct rep_hdr) + (size_t)k * sizeof(*e) + (size_t)nc * sizeof(*c);
 	for (int i = 0; maps && i < k; i++) {
 		int j = map_of(ms, &e[i]), u = 0;
 		if (j < 0 || !ms->m[j].b)
@@ -206,8 +243,10 @@ static int wire_build(struct map_set *ms, const struct rep_wire *e, int k, bool 
 	unsigned char *b = malloc(n), *p = b;
 	if (!b)
 		return -ENOMEM;
-	struct rep_hdr h = {
-	    .version = WIRE_VERSION, .nmaps = (uint8_t)nu, .n = htole16((uint16_t)k)};
+	struct rep_hdr h = {.version = WIRE_VERSION,
+			    .nmaps = (uint8_t)nu,
+			    .n = htole16((uint16_t)k),
+			    .ncts = htole32((uint32_t)nc)};
 	memcpy(p, &h, sizeof(h));
 	p += sizeof(h);
 	memcpy(p, e, (size_t)k * sizeof(*e));
@@ -221,6 +260,12 @@ static int wire_build(struct map_set *ms, const struct rep_wire *e, int k, bool 
 		memcpy(p + sizeof(mh), w->b, w->len);
 		p += sizeof(mh) + w->len;
 	}
+	for (int i = 0; i < nc; i++) {
+		struct rep_cts r = c[i];
+		r.entry = htole16((uint16_t)(le16toh(r.entry) - first));
+		memcpy(p, &r, sizeof(r));
+		p += sizeof(r);
+	}
 	*buf = b;
 	*len = n;
 	return 0;
@@ -230,7 +275,8 @@ static int wire_build(struct map_set *ms, const struct rep_wire *e, int k, bool 
  * message that would not fit in a frame is split, each part with the maps of
  * its own entries; a map too large for a frame on its own stays behind (the
  * peer's fetch of it fails the same way). */
-int r2cc_wire_send(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *e, int n)
+int r2cc_wire_send(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *e, int n,
+		   const struct rep_cts *c, int nc)
 {
 	struct map_set ms = {0};
 	int rc = 0;
@@ -239,11 +285,16 @@ int r2cc_wire_send(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wi
 		bool maps = true;
 		unsigned char *buf = NULL;
 		size_t len = 0;
-		while ((rc = wire_build(&ms, e + first, k, maps, &buf, &len)) == -E2BIG && maps) {
+		int kc = 0;
+		const struct rep_cts *kr = cts_range(c, nc, first, k, &kc);
+		while ((rc = wire_build(&ms, e + first, k, maps, kr, kc, first, &buf, &len)) ==
+			   -E2BIG &&
+		       maps) {
 			if (k > 1)
 				k /= 2;
 			else
 				maps = false;
+			kr = cts_range(c, nc, first, k, &kc);
 		}
 		if (rc)
 			break;
@@ -263,8 +314,10 @@ void r2cc_out_flush(struct outboxes *o)
 {
 	for (int i = 0; i < o->n; i++) {
 		if (o->box[i].n)
-			r2cc_wire_send(o->box[i].dir, o->box[i].rank, o->box[i].e, o->box[i].n);
+			r2cc_wire_send(o->box[i].dir, o->box[i].rank, o->box[i].e, o->box[i].n,
+				       o->box[i].c, o->box[i].nc);
 		free(o->box[i].e);
+		free(o->box[i].c);
 	}
 	free(o->box);
 	r2cc_hmap_free(&o->by_peer);
@@ -274,30 +327,47 @@ void r2cc_out_flush(struct outboxes *o)
 _Static_assert(sizeof(struct rep_hdr) == R2CC_REPAIR_WIRE_HDR, "exchange header size");
 _Static_assert(sizeof(struct rep_wire) == R2CC_REPAIR_WIRE_SIZE, "exchange entry size");
 _Static_assert(sizeof(struct rep_map) == R2CC_REPAIR_WIRE_MAP_HDR, "rkey map header size");
+_Static_assert(sizeof(struct rep_cts) == R2CC_REPAIR_WIRE_CTS, "clear-to-send record size");
+_Static_assert(R2CC_CTS_MAX_QUERY *WIRE_MAX_ENTRIES <= UINT32_MAX, "records per message");
 _Static_assert(offsetof(struct rep_wire, new_nic) == R2CC_REPAIR_WIRE_NEW_NIC, "new_nic");
 _Static_assert(offsetof(struct rep_wire, orig_nic) == R2CC_REPAIR_WIRE_ORIG_NIC, "orig_nic");
 _Static_assert(offsetof(struct rep_wire, sent) == R2CC_REPAIR_WIRE_SENT, "sent");
 _Static_assert(R2CC_SHADOW_LOST_MAX == R2CC_REPAIR_WIRE_LOST, "records per entry");
 _Static_assert(WIRE_MAX_ENTRIES <= R2CC_REPAIR_WIRE_MAX, "entries per message");
 
-/* The maps after a message's entries: exactly nmaps of them in len bytes, each
- * with both NIC names terminated and not empty, and a body (checked in full
- * when it is stored). */
-static bool wire_maps_ok(const unsigned char *p, size_t len, int nmaps)
+/* The maps after a message's entries: nmaps of them in the first len bytes,
+ * each with both NIC names terminated and not empty, and a body (checked in
+ * full when it is stored). Their bytes, or -1. */
+static ssize_t wire_maps_len(const unsigned char *p, size_t len, int nmaps)
 {
+	size_t used = 0;
 	for (int j = 0; j < nmaps; j++) {
 		struct rep_map h;
-		if (len < sizeof(h))
-			return false;
-		memcpy(&h, p, sizeof(h));
+		if (len - used < sizeof(h))
+			return -1;
+		memcpy(&h, p + used, sizeof(h));
 		size_t n = le32toh(h.len);
 		if (!h.from[0] || !h.to[0] || !memchr(h.from, 0, sizeof(h.from)) ||
-		    !memchr(h.to, 0, sizeof(h.to)) || n == 0 || n > len - sizeof(h))
-			return false;
-		p += sizeof(h) + n;
-		len -= sizeof(h) + n;
+		    !memchr(h.to, 0, sizeof(h.to)) || n == 0 || n > len - used - sizeof(h))
+			return -1;
+		used += sizeof(h) + n;
 	}
-	return len == 0;
+	return (ssize_t)used;
+}
+
+/* The clear-to-send records: each for an entry of the n, of a known kind, with a
+ * layout that keeps idx inside its element. */
+static bool wire_cts_ok(const unsigned char *p, uint32_t ncts, int n)
+{
+	for (uint32_t i = 0; i < ncts; i++) {
+		struct rep_cts c;
+		memcpy(&c, p + (size_t)i * sizeof(c), sizeof(c));
+		if (le16toh(c.entry) >= n || (c.kind != CTS_QUERY && c.kind != CTS_ANSWER) ||
+		    c.nelem < 1 || c.nelem > R2CC_CTS_MAX_ELEMS || (c.elem != 32 && c.elem != 64) ||
+		    c.idx_off % 8 || c.idx_off + 8 > c.elem || c.landed > 1)
+			return false;
+	}
+	return true;
 }
 
 int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
@@ -308,8 +378,14 @@ int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
 	memcpy(&h, payload, sizeof(h));
 	int n = le16toh(h.n);
 	size_t body = sizeof(h) + (size_t)n * sizeof(struct rep_wire);
-	if (h.version != WIRE_VERSION || n == 0 || n > max || len < body ||
-	    !wire_maps_ok((const unsigned char *)payload + body, len - body, h.nmaps))
+	if (h.version != WIRE_VERSION || n == 0 || n > max || len < body)
+		return -EPROTO;
+	const unsigned char *tail = (const unsigned char *)payload + body;
+	ssize_t maps = wire_maps_len(tail, len - body, h.nmaps);
+	uint32_t ncts = le32toh(h.ncts);
+	if (maps < 0 || (len - body - (size_t)maps) / sizeof(struct rep_cts) != ncts ||
+	    (len - body - (size_t)maps) % sizeof(struct rep_cts) ||
+	    !wire_cts_ok(tail + maps, ncts, n))
 		return -EPROTO;
 	struct rep_wire *m = out;
 	memcpy(m, (const unsigned char *)payload + sizeof(h), (size_t)n * sizeof(*m));
@@ -353,6 +429,8 @@ void r2cc_wire_on_msg(void *arg, int from_rank, const void *payload, size_t len,
 	in->nmaps = h.nmaps;
 	in->maps = (const unsigned char *)(in->m + n);
 	memcpy(in->m + n, (const unsigned char *)payload + body, len - body);
+	in->ncts = (int)le32toh(h.ncts);
+	in->cts = (const struct rep_cts *)(in->maps + wire_maps_len(in->maps, len - body, h.nmaps));
 	memset(in->map_ok, 0, sizeof(in->map_ok));
 	in->job_id = call->job_id;
 	in->from_rank = from_rank;

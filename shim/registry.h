@@ -81,6 +81,10 @@ struct r2cc_mr {
 	uint64_t addr, len;
 	uint32_t lkey, rkey;
 	int access;
+	/* atomic: [addr, addr+len) is host memory this process can read (a small VA
+	 * registration, probed when it was made): hot repair reads NCCL's
+	 * clear-to-send elements there (repair/cts.c) */
+	int host_ok;
 };
 
 /* Data-path gate of a QP or CQ (repair/engine.h): users in the low bits, and

@@ -4,9 +4,10 @@
  * repair thread is handed. What passes must be a message of the current version whose
  * length is its header, its entries, each with a known op and NUL-terminated
  * NIC names, and exactly the rkey maps its header counts, each with two
- * NUL-terminated, non-empty NIC names and a body within the message; each
- * entry's records of retired messages no more than it has room for and than its
- * retired count, each with a known opcode.
+ * NUL-terminated, non-empty NIC names and a body within the message, then exactly
+ * the clear-to-send records its header counts, each for one of its entries, of a known
+ * kind and with idx inside its element; each entry's records of retired messages no
+ * more than it has room for and than its retired count, each with a known opcode.
  */
 #include "repair/engine.h"
 
@@ -37,8 +38,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		at += R2CC_REPAIR_WIRE_MAP_HDR + len;
 	}
-	if (at != size)
+	uint32_t ncts = data[4] | data[5] << 8 | data[6] << 16 | (uint32_t)data[7] << 24;
+	if ((size - at) % R2CC_REPAIR_WIRE_CTS || (size - at) / R2CC_REPAIR_WIRE_CTS != ncts)
 		abort();
+	for (; at < size; at += R2CC_REPAIR_WIRE_CTS) {
+		const uint8_t *c = data + at;
+		int entry = c[0] | c[1] << 8;
+		/* kind 1 (query) or 2 (answer), 1..8 elements of 32 or 64 bytes, idx 8-aligned
+		 * inside one, landed 0 or 1 */
+		if (entry >= n || c[2] < 1 || c[2] > 2 || c[3] < 1 || c[3] > 8 ||
+		    (c[4] != 32 && c[4] != 64) || c[5] % 8 || c[5] + 8 > c[4] || c[6] > 1)
+			abort();
+	}
 	for (int i = 0; i < n; i++) {
 		const unsigned char *m = out + (size_t)i * R2CC_REPAIR_WIRE_SIZE;
 		/* op 1..5: REQ, REP, GO, NACK, SUSPECT */

@@ -230,6 +230,19 @@ static void wire_seeds(void)
 	b[11] = 7, b[19] = 2, b[23] = 1; /* epoch, generation, one entry */
 	b[27] = 0x11, b[31] = 0x22, b[32] = 0x10, b[47] = 0x40;
 	put("rep_wire", "batch3-map", m, sizeof(m));
+	/* ... and clear-to-send records: a query for entry 0, an answer for entry 2 */
+	unsigned char c[sizeof(m) + 2 * R2CC_REPAIR_WIRE_CTS];
+	memcpy(c, m, sizeof(m));
+	c[4] = 2;
+	unsigned char *q = c + sizeof(m);
+	memset(q, 0, 2 * R2CC_REPAIR_WIRE_CTS);
+	q[2] = 1, q[3] = 1, q[4] = 64, q[5] = 40; /* 1 element of 64 B, idx at 40 */
+	q[8 + 1] = 0x40, q[8 + 5] = 0x7f;	  /* its address, */
+	q[16] = 0x21;				  /* idx 33 */
+	q += R2CC_REPAIR_WIRE_CTS;
+	q[0] = 2, q[2] = 2, q[3] = 2, q[4] = 32, q[5] = 24, q[6] = 1;
+	q[8 + 1] = 0x80, q[8 + 5] = 0x7f, q[16] = 0x05;
+	put("rep_wire", "batch3-map-cts", c, sizeof(c));
 }
 
 static void settings_seeds(void)

@@ -546,6 +546,80 @@ Test(qp_shadow, fifo_consumed_filter_uses_tags_and_inline_copy)
 	r2cc_qp_shadow_destroy(sh);
 }
 
+static uint64_t tag_of_raddr(void *ctx, const struct ibv_send_wr *wr)
+{
+	(void)ctx;
+	return wr->opcode == IBV_WR_RDMA_WRITE ? wr->wr.rdma.remote_addr / 64 : 0;
+}
+
+static bool tag_odd(void *ctx, const struct r2cc_shadow_send *w)
+{
+	(*(int *)ctx)++;
+	return w->tag % 2 == 1;
+}
+
+static void count_tagged(void *ctx, const struct r2cc_shadow_send *w)
+{
+	cr_assert_neq(w->tag, 0);
+	(*(int *)ctx)++;
+}
+
+/* The landed check's answers arrive after the plan: r2cc_qp_shadow_plan_drop(). */
+Test(qp_shadow, plan_drop_after_the_plan)
+{
+	struct r2cc_qp_shadow_attr a = {.max_send_wr = 64,
+					.max_recv_wr = 4,
+					.max_send_sge = 1,
+					.max_recv_sge = 1,
+					.tag_fn = tag_of_raddr};
+	struct r2cc_qp_shadow *sh;
+	cr_assert_eq(r2cc_qp_shadow_create(&a, &sh), 0);
+	cr_assert_eq(r2cc_qp_shadow_tag_step(sh), 0);
+	/* five clear-to-send writes 3 slots apart (3 fused NICs), the 4th signalled, and a
+	 * message after them */
+	for (uint64_t t = 1; t <= 13; t += 3)
+		cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, t == 10 ? IBV_SEND_SIGNALED : 0, 100 + t,
+				   64 * t, 64),
+			     0);
+	cr_assert_eq(r2cc_qp_shadow_tag_step(sh), 3);
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE_WITH_IMM, IBV_SEND_SIGNALED, 7, 0x100000, 32), 0);
+	int n = 0;
+	r2cc_qp_shadow_tagged_writes(sh, count_tagged, &n);
+	cr_assert_eq(n, 5);
+	struct r2cc_qp_shadow_plan p = plan_k(sh, 0);
+	cr_assert_eq(p.n_send, 6);
+	uint64_t before = p.bytes_reposted;
+	int calls = 0;
+	/* tags 1, 7, 13 odd: 1 and 13 dropped, 7 ... the signalled 10 is even, kept */
+	cr_assert_eq(r2cc_qp_shadow_plan_drop(&p, tag_odd, &calls), 3);
+	cr_assert_eq(calls, 5); /* the plain writes only, not the IMM */
+	cr_assert_eq(p.n_send, 3);
+	cr_assert_eq(p.send[0].tag, 4);
+	cr_assert_eq(p.send[1].tag, 10);
+	cr_assert(!p.send[1].hollow);
+	cr_assert_eq(p.send[2].opcode, IBV_WR_RDMA_WRITE_WITH_IMM);
+	cr_assert_eq(p.bytes_consumed, 3 * 64);
+	cr_assert_eq(p.bytes_reposted, before - 3 * 64);
+	r2cc_qp_shadow_plan_free(&p);
+
+	/* a signalled write found landed stays as a hollow one: its completion is owed */
+	p = plan_k(sh, 0);
+	calls = 0;
+	cr_assert_eq(r2cc_qp_shadow_plan_drop(&p, consumed_upto, &(uint64_t){10}), 4);
+	cr_assert_eq(p.n_send, 3);
+	cr_assert(p.send[0].hollow);
+	cr_assert_eq(p.send[0].wr_id, 110);
+	cr_assert_eq(p.send[0].byte_len, 0);
+	cr_assert(p.send[0].send_flags & IBV_SEND_SIGNALED);
+	cr_assert_eq(p.send[1].tag, 13);
+	/* a hollow one is never dropped again */
+	cr_assert_eq(r2cc_qp_shadow_plan_drop(&p, consumed_upto, &(uint64_t){100}), 1);
+	cr_assert_eq(p.n_send, 2);
+	cr_assert(p.send[0].hollow);
+	r2cc_qp_shadow_plan_free(&p);
+	r2cc_qp_shadow_destroy(sh);
+}
+
 static int xlate(void *ctx, uint64_t addr, uint32_t len, uint32_t key, uint32_t *new_key_p)
 {
 	if (key == 0xdead)
