@@ -87,12 +87,13 @@ struct drill_opts {
 	bool keep;
 	bool verbose;
 	bool selftest_corrupt;
-	bool nccl_stub; /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
-	bool flush;	/* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
-	bool no_fusion; /* --no-fusion: each connection on one NIC (NCCL_NET_MERGE_LEVEL=LOC) */
-	bool fresh_mr;	/* --fresh-mr: receivers register their rings anew, 3/4 in */
-	bool churn;	/* --churn: QPs created and destroyed beside the traffic */
-	bool roce;	/* --link roce: RoCE v2 soft NICs, a subnet per rail */
+	bool nccl_stub;	    /* form a communicator through build/tests/ncclstub/libnccl.so.2 */
+	bool flush;	    /* --flush: NCCL's GPU flush, a loopback RDMA READ per NIC */
+	bool no_fusion;	    /* --no-fusion: each connection on one NIC (NCCL_NET_MERGE_LEVEL=LOC) */
+	bool fresh_mr;	    /* --fresh-mr: receivers register their rings anew, 3/4 in */
+	bool expect_landed; /* --expect-landed: some repair found a clear-to-send write landed */
+	bool churn;	    /* --churn: QPs created and destroyed beside the traffic */
+	bool roce;	    /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
 	double
 	    restore_ms;	 /* --restore: the faulted NIC back this long after the fault; < 0 never */
@@ -143,8 +144,12 @@ struct drill_pattern {
 	int off_size, size_len, off_rkeys, nrkeys, off_nreqs, off_tag, off_idx;
 	bool one_nic;	 /* no NIC fusion: a connection's QPs on one NIC, clear-to-send on qps[0] */
 	bool send_no_rq; /* the QPs that receive nothing have no receive queue */
+	int code;	 /* the version code a release of the family reports (ncclGetVersion) */
+	bool clears;	 /* the sender zeroes an element it consumed (before 2.29) */
 };
 
+/* The pattern pncclGetVersion reports (the worker's; NULL: none). */
+extern const struct drill_pattern *drill_pattern_reported;
 const struct drill_pattern *drill_pattern_default(void);
 const struct drill_pattern *drill_pattern_find(const char *version);
 /* One FIFO element in the pattern's layout, and back (DRILL_MAX_NICS rkeys at most). */

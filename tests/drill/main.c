@@ -96,6 +96,9 @@ struct drill_scenario {
 	 * those for which it did not (R2CC fetched it: a message without its map) */
 	uint64_t maps_carried, maps_fetched;
 	uint64_t maps_later; /* fetched after a move, for keys registered since (--fresh-mr) */
+	/* clear-to-send writes the peers were asked about after a fence, and those found
+	 * landed and not re-posted (repair/cts.h) */
+	uint64_t cts_checked, cts_landed;
 	/* sends R2CC posted on moved paths, by NCCL's thread and by its repair thread; how
 	 * many reports said so */
 	uint64_t reposts_nccl, reposts_repair;
@@ -151,7 +154,7 @@ static void usage(FILE *f)
 	    "                        [--flush] [--no-fusion] [--gbps G] [--qps Q] [--per-node P] "
 	    "[--declare NODE:NIC]\n"
 	    "                        [--nccl-version 2.18..2.32] [--link ib|roce] "
-	    "[--detect-within MS] [--fresh-mr]\n"
+	    "[--detect-within MS] [--fresh-mr] [--expect-landed]\n"
 	    "                        [--restore MS] [--failback-ms MS] [--flap-ms MS] [--churn]\n"
 	    "Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 	    "scenario per (fault kind, seed), and checks that every message arrives exactly\n"
@@ -184,6 +187,8 @@ static void usage(FILE *f)
 	    "and sends the new rkeys; the faulted node's then stops for 1 s. A scenario\n"
 	    "fails if a data ibv_post_send took more than 250 ms (a migrated QP's key lookup\n"
 	    "waited on the stopped peer); the run fails if no scenario fetched a map.\n"
+	    "--expect-landed: the run fails unless hot repair found some clear-to-send\n"
+	    "write landed at the peer and did not re-post it (cts-landed, repair/cts.h).\n"
 	    "--restore MS: the faulted NIC comes back MS ms after the fault (softverbs-ctl\n"
 	    "up; for flap, the flapping ends then), with R2CC_FAILBACK_MS=--failback-ms\n"
 	    "(300). Traffic trickles from half the messages on until every process of the\n"
@@ -306,6 +311,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_FLUSH,
 		O_NO_FUSION,
 		O_FRESH_MR,
+		O_EXPECT_LANDED,
 		O_CHURN,
 		O_QPS,
 		O_PER_NODE,
@@ -352,6 +358,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"flush", no_argument, NULL, O_FLUSH},
 	    {"no-fusion", no_argument, NULL, O_NO_FUSION},
 	    {"fresh-mr", no_argument, NULL, O_FRESH_MR},
+	    {"expect-landed", no_argument, NULL, O_EXPECT_LANDED},
 	    {"churn", no_argument, NULL, O_CHURN},
 	    {"qps", required_argument, NULL, O_QPS},
 	    {"per-node", required_argument, NULL, O_PER_NODE},
@@ -573,6 +580,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			break;
 		case O_FRESH_MR:
 			o->fresh_mr = true;
+			break;
+		case O_EXPECT_LANDED:
+			o->expect_landed = true;
 			break;
 		case O_CHURN:
 			o->churn = true;
@@ -1465,6 +1475,12 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 						   DRILL_MAX_INCIDENT);
 				for (int i = 0; i < n; i++)
 					s->maps_later += (uint64_t)maps[i];
+				n = drill_scan_key(text, "cts_checked", maps, DRILL_MAX_INCIDENT);
+				for (int i = 0; i < n; i++)
+					s->cts_checked += (uint64_t)maps[i];
+				n = drill_scan_key(text, "cts_landed", maps, DRILL_MAX_INCIDENT);
+				for (int i = 0; i < n; i++)
+					s->cts_landed += (uint64_t)maps[i];
 				/* a whole JSON report, at exit, with or without incidents */
 				if (k == 0 && strstr(text, "\"nics\":["))
 					found++;
@@ -1991,6 +2007,9 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 		       (unsigned long long)(s->maps_carried + s->maps_fetched));
 	if (s->maps_later)
 		printf(" later-maps %llu", (unsigned long long)s->maps_later);
+	if (s->cts_checked)
+		printf(" cts-landed %llu/%llu", (unsigned long long)s->cts_landed,
+		       (unsigned long long)s->cts_checked);
 	if (o->churn)
 		printf(" churned %llu freed %llu conns %llu msgs %llu errors %llu in-repair %llu "
 		       "destroy-max %.1f ms",
@@ -2021,7 +2040,7 @@ int main(int argc, char **argv)
 	struct drill_opts o;
 	struct drill_paths p;
 	struct sigaction sa;
-	uint64_t delivered = 0, expected = 0, maps_later = 0;
+	uint64_t delivered = 0, expected = 0, maps_later = 0, cts_checked = 0, cts_landed = 0;
 	int kinds[DRILL_FAULT_KINDS], nkinds = 0, passed = 0, total = 0, fault_failed = 0;
 	int not_interposed = 0;
 
@@ -2105,6 +2124,8 @@ int main(int argc, char **argv)
 			expected += s.expected;
 			not_interposed += s.not_interposed;
 			maps_later += s.maps_later;
+			cts_checked += s.cts_checked;
+			cts_landed += s.cts_landed;
 			if (!s.pass && s.kind != DRILL_FAULT_NONE && s.kind != DRILL_FAULT_SLOW &&
 			    o.expect == DRILL_EXPECT_PASS)
 				fault_failed++;
@@ -2138,6 +2159,12 @@ int main(int argc, char **argv)
 		       "was shown\n");
 		passed = 0;
 	}
+	if (o.expect_landed && !cts_landed) {
+		printf("--expect-landed: no repair found a clear-to-send write landed (%llu "
+		       "asked about)\n",
+		       (unsigned long long)cts_checked);
+		passed = 0;
+	}
 	printf("%s messages %llu/%llu scenarios %d/%d",
 	       passed == total && total > 0 && !drill_stop ? "PASS" : "FAIL",
 	       (unsigned long long)delivered, (unsigned long long)expected, passed, total);
@@ -2147,6 +2174,9 @@ int main(int argc, char **argv)
 		drill_print_times("failback", times.back, times.nback);
 	if (o.expect == DRILL_EXPECT_CLEAN)
 		drill_print_times("app-error", times.app, times.napp);
+	if (cts_checked)
+		printf(" cts-landed %llu/%llu", (unsigned long long)cts_landed,
+		       (unsigned long long)cts_checked);
 	printf("\n");
 	return passed == total && total > 0 && !drill_stop ? 0 : 1;
 }

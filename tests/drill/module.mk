@@ -18,7 +18,7 @@ $(DRILL_OBJ)/%.o: $(DRILL_DIR)/%.c
 
 $(DRILL): $(DRILL_OBJS)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(DRILL_OBJS) -ldl -lm -pthread
+	$(CC) -o $@ $(DRILL_OBJS) -ldl -lm -pthread -Wl,--export-dynamic-symbol=pncclGetVersion
 
 -include $(DRILL_OBJS:.o=.d)
 
@@ -31,16 +31,17 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 	       60@$(DRILL):--fault:none:--seeds:1:--nccl-stub \
 	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--selftest-corrupt
 # NCCL's own port failover on (DESIGN.md section 3): for a release that reads the variable
-# (the test double reports 2.30.7) R2CC steps aside, so the drill fails with the error
-# completions the application gets (plain verbs: a peer that only receives may then wait
-# for ever, as under plain NCCL); for 2.28.9, which ignores it, R2CC repairs.
+# (the drill's default pattern, 2.30, reports 2.30.3) R2CC steps aside, so the drill fails
+# with the error completions the application gets (plain verbs: a peer that only receives
+# may then wait for ever, as under plain NCCL); for 2.28, which ignores it, R2CC repairs
+# (over 2 fused NICs: over 3, 2.28's connections cannot be repaired, repair/cts.h).
 # NCCL settings under which re-posted clear-to-send writes are not safe (inline ones; a
 # connection's data split over several QPs per NIC): hot repair steps aside with one
 # warning naming the setting, and the application gets plain NCCL's errors.
 CPU_TESTS   += 60@env:NCCL_IB_USE_INLINE=1:$(DRILL_DIR)/expect-fail.sh:NCCL_IB_USE_INLINE=1:$(DRILL):--fault:down:--seeds:1:--nccl-stub:--timeout:5 \
 	       60@env:NCCL_IB_QPS_PER_CONNECTION=2:NCCL_IB_SPLIT_DATA_ON_QPS=1:$(DRILL_DIR)/expect-fail.sh:NCCL_IB_QPS_PER_CONNECTION=2:$(DRILL):--fault:down:--seeds:1:--nccl-stub:--timeout:5
-CPU_TESTS   += 60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:NCCLSTUB_REPORT_VERSION=23007:$(DRILL_DIR)/expect-fail.sh:exceeded:$(DRILL):--fault:down:--seeds:2:--nccl-stub:--timeout:5 \
-	       60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL):--fault:down:--seeds:3:--nccl-stub
+CPU_TESTS   += 60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL_DIR)/expect-fail.sh:exceeded:$(DRILL):--fault:down:--seeds:2:--nccl-stub:--timeout:5 \
+	       60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL):--fault:down:--seeds:3:--nccl-version:2.28:--nics:2:--nccl-stub
 # Failback (R2CC_FAILBACK_MS, here 300 ms): the faulted NIC restored (--restore), every
 # process of its node brings it back, the node's NICs carry a third of its bytes again
 # and every message arrives exactly once (with a second NIC down, the QPs it lost are
@@ -153,7 +154,11 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3:--flush:--nccl-stub \
 # (64 request slots, 32-byte FIFO elements, each connection on one NIC with its
 # clear-to-send on qps[0]; 4 processes so that every NIC carries connections), 2.20-2.23
 # (idx at 32, at most 2 fused NICs) and 2.30-2.32 (idx at 56, no receive queue on the
-# QPs that receive nothing), healthy and through hot repair.
+# QPs that receive nothing; the default), healthy and through hot repair.
+# The landed check (repair/cts.h): with 3 fused NICs (the default) some repair must find
+# clear-to-send writes landed at the peer and leave them out; 2.28 clears a consumed
+# element, so over 3 fused NICs its QPs are refused (NCCL gets its error in bounded
+# time) and over 2 they are repaired.
 CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 \
 	       120@$(DRILL):--fault:down:--seeds:10:--nccl-version:2.18:--procs:4:--nccl-stub \
 	       120@$(DRILL):--fault:blackhole:--seeds:10:--nccl-version:2.18:--procs:4:--nccl-stub \
@@ -161,7 +166,11 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 	       60@$(DRILL):--fault:down:--seeds:5:--nccl-version:2.21:--nics:2:--messages:256:--nccl-stub \
 	       90@$(DRILL):--fault:blackhole:--seeds:10:--nccl-version:2.30:--messages:256:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--nccl-version:2.30:--flush:--nccl-stub \
-	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--nccl-version:2.18:--selftest-corrupt
+	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--nccl-version:2.18:--selftest-corrupt \
+	       60@$(DRILL):--fault:down:--seeds:4:--expect-landed:--nccl-stub \
+	       60@$(DRILL):--fault:blackhole:--seeds:3:--expect-landed:--link:roce:--procs:4:--nccl-stub \
+	       60@$(DRILL):--fault:down:--seeds:3:--nccl-version:2.28:--expect:clean-error:--nccl-stub \
+	       60@$(DRILL):--fault:blackhole:--seeds:4:--nccl-version:2.28:--nics:2:--nccl-stub
 FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
 # A healthy job is never taken down (tests/drill/stall-matrix.sh): slow NICs, many QPs,
 # several processes per node, large messages with a declared failure; no repair at all

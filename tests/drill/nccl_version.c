@@ -20,16 +20,16 @@ static const struct drill_pattern patterns[] = {
      * every clear-to-send goes on qps[0] and is signalled when slot == 0; the data is
      * split over every QP (NCCL_IB_SPLIT_DATA_ON_QPS=1 then).
      */
-    {"2.18", "2.18-2.19", 64, 32, 8, 4, 12, 1, 16, 20, 24, true, false},
+    {"2.18", "2.18-2.19", 64, 32, 8, 4, 12, 1, 16, 20, 24, true, false, 21805, true},
     /* 2.20-2.23: 256 slots; rkeys[2] (NCCL_IB_MAX_DEVS_PER_NIC 2), int size, idx at 32. */
-    {"2.20", "2.20-2.23", 256, 64, 8, 4, 12, 2, 20, 24, 32, false, false},
+    {"2.20", "2.20-2.23", 256, 64, 8, 4, 12, 2, 20, 24, 32, false, false, 22005, true},
     /* 2.24-2.28: uint64_t size, rkeys[4], idx at 40 (the drill's own layout). */
-    {"2.28", "2.24-2.28", 256, 64, 8, 8, 16, 4, 32, 36, 40, false, false},
+    {"2.28", "2.24-2.28", 256, 64, 8, 8, 16, 4, 32, 36, 40, false, false, 22803, true},
     /* 2.29: as 2.28, and the QPs that receive nothing (the sender's, the GPU flush QPs)
      * are made with max_recv_wr 0; a flush QP with max_send_wr 256. */
-    {"2.29", "2.29", 256, 64, 8, 8, 16, 4, 32, 36, 40, false, true},
+    {"2.29", "2.29", 256, 64, 8, 8, 16, 4, 32, 36, 40, false, true, 22907, false},
     /* 2.30 on: rkeys[8] (NCCL_NET_MAX_DEVS_PER_NIC 8), no padding, idx at 56. */
-    {"2.30", "2.30-2.32", 256, 64, 8, 8, 16, 8, 48, 52, 56, false, true},
+    {"2.30", "2.30-2.32", 256, 64, 8, 8, 16, 8, 48, 52, 56, false, true, 23003, false},
 };
 
 _Static_assert(offsetof(struct drill_fifo_elem, size) == 8 &&
@@ -39,9 +39,11 @@ _Static_assert(offsetof(struct drill_fifo_elem, size) == 8 &&
 		   offsetof(struct drill_fifo_elem, idx) == 40,
 	       "the 2.28 row of the table is struct drill_fifo_elem's layout");
 
+/* The newest family: a connection over a fused virtual NIC of 3 NICs (the drill's
+ * default) is one hot repair can make exactly-once only from 2.29 on (repair/cts.h). */
 const struct drill_pattern *drill_pattern_default(void)
 {
-	return &patterns[2];
+	return &patterns[4];
 }
 
 /* "2.18", "2.21.5", ...: the family of that release; NULL outside 2.18-2.32. */
@@ -65,6 +67,23 @@ const struct drill_pattern *drill_pattern_find(const char *version)
 	if (minor < 30)
 		return &patterns[3];
 	return &patterns[4];
+}
+
+/*
+ * NCCL's pncclGetVersion, as the release the pattern stands for reports it: a preloaded
+ * libr2cc.so learns the layout of the FIFO element from it (repair/cts.h), as it does
+ * from the real NCCL. Exported from the program (module.mk); set by the worker.
+ */
+const struct drill_pattern *drill_pattern_reported;
+
+int pncclGetVersion(int *version);
+int pncclGetVersion(int *version)
+{
+	const struct drill_pattern *p = drill_pattern_reported;
+	if (!version || !p)
+		return 4; /* ncclInvalidArgument */
+	*version = p->code;
+	return 0;
 }
 
 /* Fields in order of offset, idx last: a reader that sees idx sees the rest. */

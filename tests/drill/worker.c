@@ -1324,8 +1324,10 @@ static bool drill_send_try(struct drill_worker *w, struct drill_conn *c)
 	drill_msg_start(c, slot, seq, size, off, end);
 	if (drill_multi_send(w, c, slot, &e, c->buf + off, size))
 		return false;
-	/* NCCL clears the consumed element (and so must the receiver's next lap set idx). */
-	memset(v, 0, (size_t)o->pattern->elem);
+	/* NCCL before 2.29 clears the consumed element (and so must the receiver's next lap
+	 * set idx); 2.29 on leave it */
+	if (o->pattern->clears)
+		memset(v, 0, (size_t)o->pattern->elem);
 	c->head++;
 	return true;
 }
@@ -2153,6 +2155,7 @@ int drill_worker_main(const struct drill_opts *o)
 	if (!w)
 		return 1;
 	w->o = o;
+	drill_pattern_reported = o->pattern;
 	if (o->procs > DRILL_FULL_PROCS) {
 		backoff_spin = 8;
 		backoff_yield = 64;
