@@ -68,6 +68,9 @@ enum { NEG_NONE, NEG_K_MINUS_1, NEG_NO_FIFO_REPORT };
 /* The receiver's plan asks whether each FIFO write landed: the sender's slot holds
  * its element or a newer one (the sender's memory as it is after the fence) */
 #define LANDED_CHECK 8
+/* NCCL 2.18-2.28: the sender zeroes a slot's first element once it has consumed it
+ * and posted the data (2.29 on leaves it) */
+#define CLEARS 16
 
 struct mwr {
 	enum ibv_wr_opcode op;
@@ -543,6 +546,8 @@ static bool sender_consume(struct model *m)
 		m->sexp[q][m->sexp_n[q]++ % QCAP] = (uint64_t)slot;
 		off += len;
 	}
+	if (m->flags & CLEARS)
+		memset(m->fifo[slot], 0, ELEM);
 	m->fifo_head++;
 	return true;
 }
@@ -1032,4 +1037,36 @@ Test(qp_shadow_model, three_qps_need_the_landed_check)
 		run_seed(s, NEG_NONE, LANDED_CHECK, &a);
 	cr_log_info("1-4 QPs, inline or not, landed check: %d of %d seeds failed", a.bad, a.seeds);
 	cr_expect_eq(a.bad, 0, "%d of %d seeds failed; first: %s", a.bad, a.seeds, a.first);
+}
+
+/*
+ * NCCL 2.18-2.28 zero a slot's first element once it is consumed (CLEARS): a slot
+ * reads the same, 0, whether its write was consumed or never landed, so the landed
+ * check cannot tell the one it must skip from the one it must re-post, and on 3 QPs
+ * a consumed element re-posted lands over a newer one. The engine refuses those
+ * repairs (repair/cts.h). With every write to a slot on one QP (1, 2, 4 fused NICs)
+ * the clearing does no harm, with the landed check or without it, and the sender's
+ * FIFO head (which R2CC cannot read) would be enough even on 3 QPs.
+ */
+Test(qp_shadow_model, clearing_nccl_needs_one_qp_per_slot)
+{
+	struct totals t = {0};
+	for (uint64_t s = 1; s <= 3000; s++)
+		run_seed(s, NEG_NONE, THREE_QPS | CLEARS | LANDED_CHECK | WIRE_ONLY, &t);
+	cr_log_info("3 QPs, clearing, landed check: %d of %d seeds failed", t.bad, t.seeds);
+	cr_expect_gt(t.bad, 0);
+	int flags[] = {SINGLE_PATH | CLEARS | LANDED_CHECK | WIRE_ONLY,
+		       SINGLE_PATH | CLEARS | WIRE_ONLY, THREE_QPS | CLEARS | WIRE_ONLY};
+	const char *what[] = {"1, 2 or 4 QPs, clearing, landed check",
+			      "1, 2 or 4 QPs, clearing, no check",
+			      "3 QPs, clearing, the sender's FIFO head"};
+	for (size_t f = 0; f < sizeof(flags) / sizeof(flags[0]); f++) {
+		struct totals a = {0};
+		int neg = f == 1 ? NEG_NO_FIFO_REPORT : NEG_NONE;
+		for (uint64_t s = 1; s <= 3000; s++)
+			run_seed(s, neg, flags[f], &a);
+		cr_log_info("%s: %d of %d seeds failed", what[f], a.bad, a.seeds);
+		cr_expect_eq(a.bad, 0, "%s: %d of %d seeds failed; first: %s", what[f], a.bad,
+			     a.seeds, a.first);
+	}
 }
