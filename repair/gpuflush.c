@@ -143,8 +143,10 @@ static int helper_add(struct r2cc_rqp *l, struct r2cc_gflush *g, struct r2cc_nic
  * still carries what came before) may now carry data of r's CQ, so every GPU flush
  * QP of that CQ gets a helper on each NIC that has. A QP of NCCL's own that is
  * connected to itself is a flush QP, not a data QP. Non-zero when a flush QP could
- * not get a helper it needs (memory, or the device refused the QP): r must not go
- * live there, since its data would reach GPU memory unordered by NCCL's flush.
+ * not get a helper it needs on a NIC that is up (memory, or the device refused the
+ * QP): r must not go live there, since its data would reach GPU memory unordered by
+ * NCCL's flush. NICs that failed get a helper too where they still make one (r's
+ * old NIC: what it wrote before the fence); where they do not, the device is dead.
  */
 int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {
@@ -163,11 +165,18 @@ int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 		struct r2cc_gflush *g = l->dead ? NULL : gf_get(l);
 		for (int k = 0; g && k < R2CC_MAX_NICS; k++) {
 			struct r2cc_nic *at = r2cc_nic_by_index(k);
-			if (!(carried & 1ull << k) || !at ||
-			    __atomic_load_n(&at->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
+			if (!(carried & 1ull << k) || !at)
 				continue;
 			int rc = helper_add(l, g, at);
-			if (rc == -EBUSY) { /* L's own repair is making its new path now */
+			if (rc && __atomic_load_n(&at->state, __ATOMIC_RELAXED) != R2CC_NIC_UP) {
+				/* A NIC that failed is read through if it still can be (it
+				 * may have been declared dead while it works: its writes
+				 * then still need ordering); one that cannot even make the
+				 * helper is dead, and what it wrote is taken to have landed. */
+				R2CC_INFO("repair: GPU flush qp 0x%x: no helper on failed %s (%s); "
+					  "what it wrote is taken to have landed",
+					  l->qpn, at->name, strerror(rc < 0 ? -rc : rc));
+			} else if (rc == -EBUSY) { /* L's own repair is making its new path now */
 				R2CC_WARN(
 				    "repair: GPU flush qp 0x%x cannot read through %s yet (its "
 				    "own repair is under way): data that arrives there "
