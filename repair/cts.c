@@ -55,11 +55,12 @@ const char *r2cc_cts_unsafe(const struct r2cc_qp_shadow *sh)
 	 * several QPs (a step that does not divide the slots) cannot be judged */
 	if (!t || code >= 22900 || !step || t->slots % step == 0)
 		return NULL;
-	static __thread char why[256];
+	static __thread char why[320];
 	snprintf(why, sizeof(why),
 		 "NCCL before 2.29 clears a consumed clear-to-send element, and over %llu fused "
 		 "NICs one FIFO slot's writes travel on several QPs: fuse 1, 2 or 4 NICs "
-		 "(NCCL_NET_FORCE_MERGE), or use NCCL 2.29+",
+		 "(NCCL_NET_MERGE_LEVEL=LOC fuses none, NCCL_NET_FORCE_MERGE names them), or "
+		 "use NCCL 2.29+",
 		 (unsigned long long)step);
 	return why;
 }
