@@ -461,6 +461,22 @@ void dr_check_nccl(struct dr_state *st)
 				   "NCCL sees the soft NICs as co-located and fuses them into "
 				   "one virtual NIC",
 				   "export NCCL_NET_MERGE_LEVEL=LOC");
+			/* repair/cts.h: before 2.29 a consumed clear-to-send element reads
+			 * 0, and over 3 or 5-7 fused NICs a slot's writes use several QPs */
+			bool odd = nsoft == 3 || (nsoft >= 5 && nsoft <= 7);
+			if (odd && st->nccl_code > 0 && st->nccl_code < 22900 &&
+			    env_long("NCCL_IB_MERGE_NICS", 1) != 0) {
+				c = dr_add(st, DR_SEC_NCCL, DR_WARN, "NIC fusion",
+					   "NCCL %d.%d would fuse %d soft NICs into one",
+					   st->nccl_code / 10000, st->nccl_code / 100 % 100, nsoft);
+				dr_explain(
+				    c,
+				    "hot repair does not repair the QPs of such a NIC (NCCL "
+				    "before 2.29 clears consumed clear-to-send elements): "
+				    "NCCL gets the error",
+				    "export NCCL_NET_MERGE_LEVEL=LOC, or fuse 1, 2 or 4 NICs, or "
+				    "use NCCL 2.29+");
+			}
 		} else {
 			dr_add(st, DR_SEC_NCCL, DR_OK, "NCCL_NET_MERGE_LEVEL", "LOC");
 		}

@@ -233,6 +233,20 @@ PY
 	check nosplit <<'PY'
 assert rc == 0, (rc, fails())
 PY
+	# NIC fusion of 3 soft NICs: NCCL before 2.29 cannot be repaired there (repair/cts.h)
+	env -u NCCL_NET_MERGE_LEVEL "$DOC" doctor --json >"$TMP/fuse28.json"
+	echo $? >"$TMP/fuse28.rc"
+	env -u NCCL_NET_MERGE_LEVEL DOCTOR_STUB_NCCL_VERSION=22907 "$DOC" doctor --json \
+		>"$TMP/fuse29.json"
+	echo $? >"$TMP/fuse29.rc"
+	check fuse28 <<'PY'
+c = check("nccl", "NIC fusion")
+assert c["level"] == "WARN" and "2.28" in c["message"] and "3 soft NICs" in c["message"], c
+assert check("nccl", "NCCL_NET_MERGE_LEVEL")["level"] == "WARN"
+PY
+	check fuse29 <<'PY'
+assert not [c for c in j["checks"] if c["item"] == "NIC fusion"], j["checks"]
+PY
 	env -u NCCL_GIN_TYPE -u NCCL_TOPO_FILE "$DOC" doctor --json >"$TMP/gin.json"
 	echo $? >"$TMP/gin.rc"
 	check gin <<'PY'
