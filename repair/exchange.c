@@ -255,21 +255,23 @@ static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 	return 0;
 }
 
-/* The clear-to-send queries of the REQs of rs[0..k), entry i for rs[i]; NULL when
- * there are none (or no memory: those writes are re-posted without the check). */
-static struct rep_cts *req_queries(struct r2cc_rqp *const *rs, int k, int *nc)
+/* The REQs m[0..k) of rs[0..k) to rank, with their clear-to-send queries (entry i
+ * for rs[i]); without memory for those, without them: the writes are then re-posted
+ * as without the check. */
+static void send_reqs(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *m, int k,
+		      struct r2cc_rqp *const *rs)
 {
-	int n = 0;
+	int n = 0, nc = 0;
 	for (int i = 0; i < k; i++)
 		n += rs[i]->ncts_q;
 	struct rep_cts *c = n ? malloc(sizeof(*c) * (size_t)n) : NULL;
-	*nc = 0;
 	for (int i = 0; c && i < k; i++)
 		for (int j = 0; j < rs[i]->ncts_q; j++) {
-			c[*nc] = rs[i]->cts_q[j];
-			c[(*nc)++].entry = htole16((uint16_t)i);
+			c[nc] = rs[i]->cts_q[j];
+			c[nc++].entry = htole16((uint16_t)i);
 		}
-	return c;
+	r2cc_wire_send(dir, rank, m, k, c, nc);
+	free(c);
 }
 
 static int cmp_by_peer(const void *a, const void *b)
@@ -388,12 +390,8 @@ void r2cc_exchange_initiate(struct batch *b)
 					    (unsigned long long)r->k_local, r->new_ctx->nic->name,
 					    dir ? "asking its peer" : "its peer is being searched");
 		}
-		if (dir && k) {
-			int nc = 0;
-			struct rep_cts *c = req_queries(&w.r[first], k, &nc);
-			r2cc_wire_send(dir, rank, m, k, c, nc);
-			free(c);
-		}
+		if (dir && k)
+			send_reqs(dir, rank, m, k, &w.r[first]);
 		/* Their exchange goes on by messages now: released to them (and to
 		 * NCCL's destroy) before the next peer's. */
 		pthread_mutex_lock(&r2cc_eng.mu);
@@ -975,12 +973,8 @@ void r2cc_exchange_tick(int64_t t)
 			pthread_mutex_unlock(&r->mu);
 			w[first + k++] = r;
 		}
-		if (k) {
-			int nc = 0;
-			struct rep_cts *c = req_queries(&w[first], k, &nc);
-			r2cc_wire_send(dir, rank, m, k, c, nc);
-			free(c);
-		}
+		if (k)
+			send_reqs(dir, rank, m, k, &w[first]);
 		first = last;
 	}
 	free(m);
