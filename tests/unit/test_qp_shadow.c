@@ -590,7 +590,7 @@ Test(qp_shadow, plan_drop_after_the_plan)
 	cr_assert_eq(p.n_send, 6);
 	uint64_t before = p.bytes_reposted;
 	int calls = 0;
-	/* tags 1, 7, 13 odd: 1 and 13 dropped, 7 ... the signalled 10 is even, kept */
+	/* tags 1, 7 and 13 are odd: dropped; 4 and the signalled 10 are even: kept */
 	cr_assert_eq(r2cc_qp_shadow_plan_drop(&p, tag_odd, &calls), 3);
 	cr_assert_eq(calls, 5); /* the plain writes only, not the IMM */
 	cr_assert_eq(p.n_send, 3);
@@ -604,7 +604,6 @@ Test(qp_shadow, plan_drop_after_the_plan)
 
 	/* a signalled write found landed stays as a hollow one: its completion is owed */
 	p = plan_k(sh, 0);
-	calls = 0;
 	cr_assert_eq(r2cc_qp_shadow_plan_drop(&p, consumed_upto, &(uint64_t){10}), 4);
 	cr_assert_eq(p.n_send, 3);
 	cr_assert(p.send[0].hollow);
