@@ -33,10 +33,14 @@ void r2cc_detect(struct r2cc_rqp *r, const char *cause, int status)
 	int s = load_state(r);
 	if ((s != RQ_HEALTHY && s != RQ_MIGRATED) || !connected(r))
 		return;
-	if (!__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
-					 __ATOMIC_RELAXED))
-		return;
+	/* The state changes under r2cc_eng.mu, with the note: a thread that sees
+	 * RQ_DETECTED and takes the lock reads the note's incident, not the one before. */
 	pthread_mutex_lock(&r2cc_eng.mu);
+	if (!__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED)) {
+		pthread_mutex_unlock(&r2cc_eng.mu);
+		return;
+	}
 	r2cc_detect_note(r, cause, status);
 	r2cc_engine_start_locked();
 	r2cc_work_push_locked(r);

@@ -705,4 +705,6 @@ void r2cc_failback_tick(int64_t t);
 /* repair/incident.c */
 int r2cc_incident_get(const char *nic, const char *evidence, int64_t t, bool born_late);
 void r2cc_incident_event(int idx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void r2cc_rqp_event(const struct r2cc_rqp *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 void r2cc_report_stalls(FILE *text, FILE *json);

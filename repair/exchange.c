@@ -186,10 +186,9 @@ static bool initiate_check(struct r2cc_rqp *r)
 		return false;
 	}
 	if (r->failback_to)
-		r2cc_incident_event(r->incident, "qp 0x%x: returns to %s", r->qpn,
-				    r->failback_to->name);
+		r2cc_rqp_event(r, "qp 0x%x: returns to %s", r->qpn, r->failback_to->name);
 	else
-		r2cc_incident_event(r->incident, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
+		r2cc_rqp_event(r, "qp 0x%x: failure seen (%s)", r->qpn, r->cause);
 	/* A declared NIC, or one that had failed before the QP was made: not a failure
 	 * of the path the QP is on. */
 	bool of_path = strncmp(r->cause, "declared", 8) && strncmp(r->cause, "created on", 10) &&
@@ -212,8 +211,8 @@ static bool initiate_check(struct r2cc_rqp *r)
 	if (path_failed && strncmp(r->cause, "same ", 5))
 		r2cc_localise(r);
 	else if (!path_level)
-		r2cc_incident_event(r->incident, "qp 0x%x: localised to this QP (status %d)",
-				    r->qpn, r->status_seen);
+		r2cc_rqp_event(r, "qp 0x%x: localised to this QP (status %d)", r->qpn,
+			       r->status_seen);
 	return true;
 }
 
@@ -385,10 +384,9 @@ void r2cc_exchange_initiate(struct batch *b)
 			r->t_deadline = t + exchange_ns(n);
 			pthread_mutex_unlock(&r->mu);
 			m[i - first].work = htole32((uint32_t)n);
-			r2cc_incident_event(r->incident,
-					    "qp 0x%x: fenced (k=%llu), new path on %s, %s", r->qpn,
-					    (unsigned long long)r->k_local, r->new_ctx->nic->name,
-					    dir ? "asking its peer" : "its peer is being searched");
+			r2cc_rqp_event(r, "qp 0x%x: fenced (k=%llu), new path on %s, %s", r->qpn,
+				       (unsigned long long)r->k_local, r->new_ctx->nic->name,
+				       dir ? "asking its peer" : "its peer is being searched");
 		}
 		if (dir && k)
 			send_reqs(dir, rank, m, k, &w.r[first]);
@@ -495,19 +493,27 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 				 le16toh(m->flags) & WIRE_F_DECLARED
 				     ? " (its NIC is declared failed)"
 				     : "");
-		/* The failback's is the peer's: this side returns home too, if it can. */
-		r->failback_to = back ? r->orig_nic : NULL;
+		/* The state changes under r2cc_eng.mu, as in r2cc_detect: NCCL's thread
+		 * may detect r at this moment; then its detection stands, and the REQ
+		 * serves it as in RQ_DETECTED. */
 		pthread_mutex_lock(&r2cc_eng.mu);
-		r->born_late = le16toh(m->flags) & WIRE_F_CREATED_AFTER;
-		r2cc_detect_note(r, why, r->status_seen);
+		bool ours = __atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false,
+							__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		if (ours || s == RQ_DETECTED)
+			/* The failback's is the peer's: this side returns home too, if it can. */
+			r->failback_to = back ? r->orig_nic : NULL;
+		if (ours) {
+			r->born_late = le16toh(m->flags) & WIRE_F_CREATED_AFTER;
+			r2cc_detect_note(r, why, r->status_seen);
+		}
 		pthread_mutex_unlock(&r2cc_eng.mu);
-		set_state(r, RQ_DETECTED);
+		if (!ours && s != RQ_DETECTED)
+			return false; /* failed meanwhile: the initiator's next REQ gets a NACK */
 	}
-	r2cc_incident_event(r->incident, "qp 0x%x: peer rank %d asks to migrate%s", r->qpn,
-			    in->from_rank,
-			    back	      ? " (failback: its NIC is back)"
-			    : peer_nic_failed ? " (its own NIC failed)"
-					      : "");
+	r2cc_rqp_event(r, "qp 0x%x: peer rank %d asks to migrate%s", r->qpn, in->from_rank,
+		       back		 ? " (failback: its NIC is back)"
+		       : peer_nic_failed ? " (its own NIC failed)"
+					 : "");
 	/* The peer saw the failure; whether it is this side's NIC only a self-test
 	 * can say (a port that is down says so itself), unless the peer knows its
 	 * own NIC is the failed one. A failback is no failure. */
@@ -639,9 +645,8 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 		if (!serve[i] || load_state(r) != RQ_EXCHANGE || r->initiator)
 			continue;
 		peer_keys(&rs, in, dir, r, r->peer_cur_nic);
-		r2cc_incident_event(r->incident,
-				    "qp 0x%x: path %s <-> %s connected, %zu receives re-posted",
-				    r->qpn, r->cur_nic->name, r->peer_cur_nic, r->plan.n_recv);
+		r2cc_rqp_event(r, "qp 0x%x: path %s <-> %s connected, %zu receives re-posted",
+			       r->qpn, r->cur_nic->name, r->peer_cur_nic, r->plan.n_recv);
 	}
 	r2cc_hmap_free(&rs.seen);
 	free(serve);
@@ -672,10 +677,10 @@ static bool restart_initiator(struct r2cc_rqp *r, int rc, struct outboxes *out,
 	r->restarts++;
 	set_state(r, RQ_DETECTED);
 	pthread_mutex_unlock(&r->mu);
-	r2cc_incident_event(r->incident,
-			    "qp 0x%x: the new path's device (%s) is dead; asking the peer again "
-			    "from another NIC",
-			    r->qpn, nic->name);
+	r2cc_rqp_event(r,
+		       "qp 0x%x: the new path's device (%s) is dead; asking the peer again "
+		       "from another NIC",
+		       r->qpn, nic->name);
 	pthread_mutex_lock(&r2cc_eng.mu);
 	r2cc_work_push_locked(r);
 	pthread_mutex_unlock(&r2cc_eng.mu);
@@ -714,10 +719,10 @@ static int restart_responder(struct r2cc_rqp *r)
 	}
 	pthread_mutex_unlock(&r->mu);
 	if (!rc)
-		r2cc_incident_event(r->incident,
-				    "qp 0x%x: the peer's new path died; %zu receives wait for the "
-				    "path it asks for next",
-				    r->qpn, r->replan.n_recv);
+		r2cc_rqp_event(r,
+			       "qp 0x%x: the peer's new path died; %zu receives wait for the "
+			       "path it asks for next",
+			       r->qpn, r->replan.n_recv);
 	return rc;
 }
 

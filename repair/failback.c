@@ -56,11 +56,14 @@ static bool homed_on(const struct r2cc_rqp *r, const void *nic)
 static int detect_failback(struct r2cc_rqp *r, struct r2cc_nic *nic, const char *why)
 {
 	int s = RQ_MIGRATED;
-	if (!r2cc_active() || !connected(r) ||
-	    !__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
-					 __ATOMIC_RELAXED))
+	if (!r2cc_active() || !connected(r))
 		return -1;
-	pthread_mutex_lock(&r2cc_eng.mu);
+	pthread_mutex_lock(&r2cc_eng.mu); /* as r2cc_detect: the state changes with the note */
+	if (!__atomic_compare_exchange_n(&r->state, &s, RQ_DETECTED, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED)) {
+		pthread_mutex_unlock(&r2cc_eng.mu);
+		return -1;
+	}
 	r->failback_to = nic;
 	r2cc_detect_note(r, why, 0);
 	int inc = r->incident;

@@ -33,21 +33,40 @@ int r2cc_incident_get(const char *nic, const char *evidence, int64_t t, bool bor
 	in->t_detect = t;
 	return r2cc_eng.ninc++;
 }
-void r2cc_incident_event(int idx, const char *fmt, ...)
+
+static void event_locked(int idx, const char *fmt, va_list ap)
 {
 	if (idx < 0)
 		return;
-	pthread_mutex_lock(&r2cc_eng.mu);
 	struct incident *in = &r2cc_eng.inc[idx];
 	if (in->nevents < MAX_EVENTS) {
-		va_list ap;
-		va_start(ap, fmt);
 		in->ev[in->nevents].t = now_ns();
 		vsnprintf(in->ev[in->nevents].text, sizeof(in->ev[0].text), fmt, ap);
-		va_end(ap);
 		in->nevents++;
 	}
+}
+
+void r2cc_incident_event(int idx, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	pthread_mutex_lock(&r2cc_eng.mu);
+	event_locked(idx, fmt, ap);
 	pthread_mutex_unlock(&r2cc_eng.mu);
+	va_end(ap);
+}
+
+/* An event of r's incident. Its index is read under r2cc_eng.mu, where a detection
+ * writes it: another thread's detection of r may be under way (a peer's REQ is
+ * served while NCCL's thread detects the same QP). */
+void r2cc_rqp_event(const struct r2cc_rqp *r, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	pthread_mutex_lock(&r2cc_eng.mu);
+	event_locked(r->incident, fmt, ap);
+	pthread_mutex_unlock(&r2cc_eng.mu);
+	va_end(ap);
 }
 
 static void json_str(FILE *f, const char *s)

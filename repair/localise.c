@@ -56,9 +56,9 @@ void r2cc_localise(struct r2cc_rqp *r)
 	for (int i = 0; i < n; i++)
 		r2cc_detect_on(list[i], nic, why, r->status_seen);
 	r2cc_rqp_collect_done(list);
-	r2cc_incident_event(r->incident, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move",
-			    r->qpn, port_down ? "NIC" : "path from", nic->name,
-			    port_down ? "" : " to its peer", n);
+	r2cc_rqp_event(r, "qp 0x%x: localised to %s %s%s, %d more QP(s) to move", r->qpn,
+		       port_down ? "NIC" : "path from", nic->name, port_down ? "" : " to its peer",
+		       n);
 	if (!port_down)
 		r2cc_selftest_start(nic, why, false);
 }

@@ -402,7 +402,7 @@ void r2cc_rqp_fail(struct r2cc_rqp *r, const char *why)
 		r2cc_eng.inc[r->incident].failed++;
 	r->born_late = false;
 	pthread_mutex_unlock(&r2cc_eng.mu);
-	r2cc_incident_event(r->incident, "qp 0x%x: repair impossible: %s", r->qpn, why);
+	r2cc_rqp_event(r, "qp 0x%x: repair impossible: %s", r->qpn, why);
 }
 
 void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
@@ -442,12 +442,12 @@ void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
 	}
 	r->born_late = false;
 	pthread_mutex_unlock(&r2cc_eng.mu);
-	r2cc_incident_event(r->incident,
-			    "qp 0x%x: %s -> %s (peer %s -> %s), re-posted %zu sends %zu receives "
-			    "%llu held, %zu completions synthesised",
-			    r->qpn, r->orig_nic->name, r->cur_nic->name, r->peer_orig_nic,
-			    r->peer_cur_nic, r->plan.n_send, r->plan.n_recv,
-			    (unsigned long long)held, r->plan.n_synth + (size_t)r->lost_synth);
+	r2cc_rqp_event(r,
+		       "qp 0x%x: %s -> %s (peer %s -> %s), re-posted %zu sends %zu receives "
+		       "%llu held, %zu completions synthesised",
+		       r->qpn, r->orig_nic->name, r->cur_nic->name, r->peer_orig_nic,
+		       r->peer_cur_nic, r->plan.n_send, r->plan.n_recv, (unsigned long long)held,
+		       r->plan.n_synth + (size_t)r->lost_synth);
 	R2CC_INFO("repair: qp 0x%x %s %s in %.1f ms (%s)", r->qpn, back ? "back on" : "migrated to",
 		  r->cur_nic->name, (t - r->t_detect) / 1e6, r->cause);
 	r2cc_qp_shadow_plan_free(&r->plan);
@@ -559,8 +559,7 @@ const char *r2cc_rqp_churning(struct r2cc_rqp *r)
  */
 void r2cc_migrate_loopback(struct r2cc_rqp *r)
 {
-	r2cc_incident_event(r->incident, "qp 0x%x: failure seen (%s), loopback QP", r->qpn,
-			    r->cause);
+	r2cc_rqp_event(r, "qp 0x%x: failure seen (%s), loopback QP", r->qpn, r->cause);
 	int rc = r2cc_fence(r);
 	if (rc) {
 		r2cc_rqp_fail(r, r2cc_fence_failure(rc));
