@@ -855,7 +855,7 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	/* read by requesters that hold this slot's old QPN (sv_path_view) */
 	__atomic_store_n(&s->nic, sv_ctx_nic(pd->context), __ATOMIC_RELAXED);
 	s->pd = spd->id;
-	s->epoch = sv_ctx_of(pd->context)->epoch;
+	__atomic_store_n(&s->epoch, sv_ctx_of(pd->context)->epoch, __ATOMIC_RELAXED); /* as nic */
 	atomic_store(&s->state, IBV_QPS_RESET);
 	atomic_store(&s->access, 0);
 	atomic_store(&s->dest_qpn, 0);
@@ -1809,6 +1809,8 @@ static void sv_path_view(struct sv_qp *qp, int64_t now, struct sv_pathv *pv)
 	struct sv_fabric *f = sv_proc.f;
 	uint32_t dqpn = qp->attr.dest_qp_num;
 	struct sv_qp_slot *t = &f->qps[dqpn & (SV_MAX_QPS - 1)];
+	/* t's fields are read once each, atomically: the slot may be reused meanwhile
+	 * (its QP destroyed, another created, as a self-test's on another thread) */
 	int nic[2] = {qp->s->nic, __atomic_load_n(&t->nic, __ATOMIC_RELAXED)}, st, jit;
 	enum sv_link l[2];
 	unsigned loss[2], lost_req[2] = {SV_LOSE_REQ_TX, SV_LOSE_REQ_RX};
@@ -1818,7 +1820,8 @@ static void sv_path_view(struct sv_qp *qp, int64_t now, struct sv_pathv *pv)
 	if (!dqpn || atomic_load(&t->qpn) != dqpn)
 		return;
 	st = atomic_load(&t->state);
-	if ((st != IBV_QPS_RTR && st != IBV_QPS_RTS) || sv_nic_dead(f, t->nic, t->epoch))
+	if ((st != IBV_QPS_RTR && st != IBV_QPS_RTS) ||
+	    sv_nic_dead(f, nic[1], __atomic_load_n(&t->epoch, __ATOMIC_RELAXED)))
 		return;
 	/*
 	 * IB: the dlid names the target's NIC. RoCE: our GRH reaches it and its GRH
@@ -1826,8 +1829,8 @@ static void sv_path_view(struct sv_qp *qp, int64_t now, struct sv_pathv *pv)
 	 * leads elsewhere is silence both ways.
 	 */
 	if (f->net.link == SV_LL_ROCE
-		? atomic_load(&qp->s->grh_peer) != t->nic || atomic_load(&t->grh_peer) != qp->s->nic
-		: f->nics[t->nic].lid != qp->attr.ah_attr.dlid)
+		? atomic_load(&qp->s->grh_peer) != nic[1] || atomic_load(&t->grh_peer) != qp->s->nic
+		: f->nics[nic[1]].lid != qp->attr.ah_attr.dlid)
 		return;
 	pv->t = t;
 	for (int i = 0; i < 2; i++) {
