@@ -655,8 +655,9 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 }
 
 /*
- * Initiator: the REP came, and the new path's device refused its connection (it
- * died during the exchange, as a second NIC failing in the repair does). Nothing
+ * Initiator: the REP came, and the new path's device refused its connection, or
+ * the GPU flush's helper on it before the commit (it died during the exchange, as a
+ * second NIC failing in the repair does). Nothing
  * was posted on either new path yet: the peer is told to wait for another REQ
  * (NACK -EAGAIN: it keeps its fence and its plan), the NIC has failed, and this
  * side begins again from its fenced old path, on another NIC. false: the QP's
@@ -664,23 +665,23 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
  */
 #define RESTARTS_MAX 3
 
-static bool restart_initiator(struct r2cc_rqp *r, int rc, struct outboxes *out,
+static bool restart_initiator(struct r2cc_rqp *r, int rc, const char *what, struct outboxes *out,
 			      const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *m)
 {
 	if (!r2cc_refused_by_dead_device(-rc) || r->restarts >= RESTARTS_MAX || !r->new_ctx)
 		return false;
 	struct r2cc_nic *nic = r->new_ctx->nic;
 	nack(out, dir, rank, m, -EAGAIN);
-	r2cc_nic_dead(nic, "connecting a new path on it", -rc);
+	r2cc_nic_dead(nic, what, -rc);
 	pthread_mutex_lock(&r->mu);
 	r2cc_path_drop_new(r);
 	r->restarts++;
 	set_state(r, RQ_DETECTED);
 	pthread_mutex_unlock(&r->mu);
 	r2cc_rqp_event(r,
-		       "qp 0x%x: the new path's device (%s) is dead; asking the peer again "
-		       "from another NIC",
-		       r->qpn, nic->name);
+		       "qp 0x%x: the new path's device (%s) is dead (%s); asking the peer "
+		       "again from another NIC",
+		       r->qpn, nic->name, what);
 	pthread_mutex_lock(&r2cc_eng.mu);
 	r2cc_work_push_locked(r);
 	pthread_mutex_unlock(&r2cc_eng.mu);
@@ -756,7 +757,8 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 		if (!r->migrations)
 			snprintf(r->peer_orig_nic, sizeof(r->peer_orig_nic), "%s", m->orig_nic);
 		pthread_mutex_unlock(&r->mu);
-		if (rc && restart_initiator(r, rc, &out, dir, in->from_rank, m))
+		if (rc && restart_initiator(r, rc, "connecting a new path on it", &out, dir,
+					    in->from_rank, m))
 			continue;
 		if (rc) {
 			char why[96];
@@ -774,6 +776,11 @@ static void on_rep_batch(const struct inbox *in, struct r2cc_rqp **rq,
 		struct r2cc_rqp *r = rq[i];
 		uint64_t held = 0;
 		int rc = r2cc_path_commit(r, &p[i], true, &held);
+		/* The new NIC died after the connect, before anything was posted on the
+		 * path (the GPU flush's helpers found it): as a refused connect. */
+		if (rc && restart_initiator(r, rc, "a GPU flush helper on it", &out, dir,
+					    in->from_rank, &in->m[i]))
+			continue;
 		if (rc) {
 			char why[96];
 			snprintf(why, sizeof(why), "cannot re-post on the new path (%s)",

@@ -147,6 +147,8 @@ static int helper_add(struct r2cc_rqp *l, struct r2cc_gflush *g, struct r2cc_nic
  * QP): r must not go live there, since its data would reach GPU memory unordered by
  * NCCL's flush. NICs that failed get a helper too where they still make one (r's
  * old NIC: what it wrote before the fence); where they do not, the device is dead.
+ * The error is the refusal of nic's device where it died since r's new path was
+ * made there (the repair then begins again from another NIC), -ENOMEM otherwise.
  */
 int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 {
@@ -154,7 +156,7 @@ int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	if (!v || self_connected(r) || r->loopback || !nic || nic->index < 0 ||
 	    r->orig_nic->index < 0)
 		return 0;
-	int failed = 0;
+	int failed = 0, dead = 0;
 	uint64_t add = 1ull << (nic->index & 63) | 1ull << (r->orig_nic->index & 63);
 	uint64_t carried = __atomic_or_fetch(&v->carried, add, __ATOMIC_ACQ_REL);
 	struct r2cc_rqp **ls;
@@ -183,6 +185,9 @@ int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 				    "before its next flush may not be ordered",
 				    l->qpn, at->name);
 			} else if (rc) {
+				int e = rc < 0 ? -rc : rc;
+				if (at == nic && r2cc_refused_by_dead_device(e))
+					dead = -e;
 				failed++;
 				R2CC_WARN("repair: GPU flush qp 0x%x cannot read through %s (%s): "
 					  "qp 0x%x does not move there",
@@ -201,7 +206,7 @@ int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 			gate_close(&l->q->gate);
 	}
 	r2cc_rqp_collect_done(ls);
-	return failed;
+	return dead ? dead : failed ? -ENOMEM : 0;
 }
 
 /* The repair thread gives the QP its error (r2cc_keys_tick). */

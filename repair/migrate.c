@@ -314,9 +314,11 @@ int r2cc_path_commit(struct r2cc_rqp *r, const struct peer_path *p, bool sends, 
 	struct ibv_qp *oq = NULL;
 	struct pcq *oc = NULL;
 	struct r2cc_qp_shadow *osh = NULL;
-	/* GPU flush QPs of r's CQ read through its new NIC too, before data arrives there */
-	if (r2cc_gflush_cover(r, r->new_ctx ? r->new_ctx->nic : NULL))
-		return -ENOMEM;
+	/* GPU flush QPs of r's CQ read through its new NIC too, before data arrives there;
+	 * nothing is posted on the new path before they do */
+	int frc = r2cc_gflush_cover(r, r->new_ctx ? r->new_ctx->nic : NULL);
+	if (frc)
+		return frc;
 	pthread_mutex_lock(&r->mu);
 	int rc = register_path(r);
 	if (!rc && !r->restart) /* a restart keeps its plan (exchange.c) */

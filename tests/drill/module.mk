@@ -85,6 +85,7 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       60@$(DRILL):--fault:blackhole:--seeds:5:--second-fault:100:--nccl-stub \
 	       90@$(DRILL):--fault:fatal:--seeds:24:--second-fault:2:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:8:--second-fault:0:--link:roce:--nccl-stub \
+	       60@$(DRILL):--fault:fatal:--seeds:24:--second-fault:0:--flush:--nccl-stub \
 	       90@$(DRILL):--fault:down:--fault-nics:all:--expect:clean-error:--seeds:3:--nics:2:--nccl-stub \
 	       90@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--nccl-stub \
 	       90@$(DRILL):--kill-peer:--expect:clean-error:--seeds:3:--nccl-stub
