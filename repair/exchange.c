@@ -656,12 +656,12 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 
 /*
  * Initiator: the REP came, and the new path's device refused its connection, or
- * the GPU flush's helper on it before the commit (it died during the exchange, as a
- * second NIC failing in the repair does). Nothing
- * was posted on either new path yet: the peer is told to wait for another REQ
- * (NACK -EAGAIN: it keeps its fence and its plan), the NIC has failed, and this
- * side begins again from its fenced old path, on another NIC. false: the QP's
- * repair fails (not a dead device, or begun again too often).
+ * the GPU flush's helper on it before the commit (it died during the exchange, as
+ * a second NIC failing in the repair does). Nothing was posted on either new path
+ * yet: the peer is told to wait for another REQ (NACK -EAGAIN: it keeps its fence
+ * and its plan), the NIC has failed, and this side begins again from its fenced
+ * old path, on another NIC. false: the QP's repair fails (not a dead device, or
+ * begun again too often).
  */
 #define RESTARTS_MAX 3
 

@@ -191,7 +191,7 @@ int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 				failed++;
 				R2CC_WARN("repair: GPU flush qp 0x%x cannot read through %s (%s): "
 					  "qp 0x%x does not move there",
-					  l->qpn, at->name, strerror(rc < 0 ? -rc : rc), r->qpn);
+					  l->qpn, at->name, strerror(e), r->qpn);
 			}
 		}
 		if (!g && !l->dead) {

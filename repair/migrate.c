@@ -307,7 +307,10 @@ static int register_path(struct r2cc_rqp *r)
  * The plan against the peer's count (its synthesised completions queued for NCCL),
  * the new path made current, the receives re-posted and, with sends, the sends and
  * NCCL's held posts too: then the QP has migrated. The previous private path, if
- * any, is destroyed after. 0 or a negative errno.
+ * any, is destroyed after. 0 or a negative errno. A dead device's refusal (EIO,
+ * ENETDOWN) comes back only from before anything is posted on the new path (the GPU
+ * flush's helper on its NIC), which the initiator begins again from; refusals after
+ * the switch are held, and the NIC fails once the repair is done (r->refused_nic).
  */
 int r2cc_path_commit(struct r2cc_rqp *r, const struct peer_path *p, bool sends, uint64_t *held)
 {
