@@ -3,6 +3,7 @@
  * events) and hot repair's part of the exit report, in text and JSON.
  */
 #include "repair/engine_priv.h"
+#include "shim/report.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -67,18 +68,6 @@ void r2cc_rqp_event(const struct r2cc_rqp *r, const char *fmt, ...)
 	event_locked(r->incident, fmt, ap);
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	va_end(ap);
-}
-
-static void json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		if (*s == '"' || *s == '\\')
-			fputc('\\', f);
-		if ((unsigned char)*s >= 0x20)
-			fputc(*s, f);
-	}
-	fputc('"', f);
 }
 
 /* The stall scan's suspicions and how their confirmations ended. */
@@ -164,10 +153,10 @@ void r2cc_repair_report(FILE *text, FILE *json)
 		for (int i = 0; i < n; i++) {
 			const struct incident *in = &r2cc_eng.inc[i];
 			fprintf(json, "%s{\"nic\":", i ? "," : "");
-			json_str(json, in->nic);
+			r2cc_json_str(json, in->nic);
 			fprintf(json, ",\"declared\":%s,\"failback\":%s,\"evidence\":",
 				in->declared ? "true" : "false", in->failback ? "true" : "false");
-			json_str(json, in->evidence);
+			r2cc_json_str(json, in->evidence);
 			/* a failback is no detection: its start and time have keys of
 			 * their own */
 			const char *k0 = in->failback ? "started" : "detected";
@@ -195,7 +184,7 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			for (int e = 0; e < in->nevents; e++) {
 				fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
 					(in->ev[e].t - in->t_detect) / 1e6);
-				json_str(json, in->ev[e].text);
+				r2cc_json_str(json, in->ev[e].text);
 				fputc('}', json);
 			}
 			fprintf(json, "]}");

@@ -9,6 +9,7 @@
 #include "shim/core.h"
 #include "shim/log.h"
 #include "shim/params.h"
+#include "shim/protect.h"
 #include "shim/registry.h"
 
 #include <errno.h>
@@ -29,6 +30,18 @@ static int failbacks(int i)
 {
 	const struct r2cc_nic *nic = r2cc_nic_by_index(i);
 	return nic ? __atomic_load_n(&nic->failbacks, __ATOMIC_RELAXED) : 0;
+}
+
+void r2cc_json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (; *s; s++) {
+		if (*s == '"' || *s == '\\')
+			fputc('\\', f);
+		if ((unsigned char)*s >= 0x20)
+			fputc(*s, f);
+	}
+	fputc('"', f);
 }
 
 void r2cc_report_write(FILE *text, FILE *json)
@@ -56,6 +69,11 @@ void r2cc_report_write(FILE *text, FILE *json)
 				(unsigned long long)st[i].rx_bytes,
 				(unsigned long long)st[i].rx_wrs, failbacks(i));
 		fprintf(text, "communicators alive at exit: %d\n", r2cc_comm_count());
+		const char *unprot = r2cc_unprotected_first();
+		if (unprot)
+			fprintf(text, "protection: NOT PROTECTED: %s\n", unprot);
+		else
+			fprintf(text, "protection: every transport seen is one R2CC repairs\n");
 		void (*inc)(FILE *, FILE *) =
 		    __atomic_load_n(&r2cc_report_incidents_hook, __ATOMIC_ACQUIRE);
 		if (inc)
@@ -82,7 +100,14 @@ void r2cc_report_write(FILE *text, FILE *json)
 			    (unsigned long long)st[i].tx_bytes, (unsigned long long)st[i].tx_wrs,
 			    (unsigned long long)st[i].rx_bytes, (unsigned long long)st[i].rx_wrs,
 			    failbacks(i));
-		fprintf(json, "],\"communicators\":%d,\"incidents\":[", r2cc_comm_count());
+		fprintf(json, "],\"communicators\":%d,\"protected\":%s,", r2cc_comm_count(),
+			r2cc_unprotected_first() ? "false" : "true");
+		if (r2cc_unprotected_first()) {
+			fprintf(json, "\"not_protected\":");
+			r2cc_json_str(json, r2cc_unprotected_first());
+			fputc(',', json);
+		}
+		fprintf(json, "\"incidents\":[");
 		void (*inc)(FILE *, FILE *) =
 		    __atomic_load_n(&r2cc_report_incidents_hook, __ATOMIC_ACQUIRE);
 		if (inc)

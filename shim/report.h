@@ -15,6 +15,9 @@ extern void (*r2cc_report_incidents_hook)(FILE *text, FILE *json);
 /* Hot repair's stall-scan summary: one text line, or one JSON object. */
 extern void (*r2cc_report_stalls_hook)(FILE *text, FILE *json);
 
+/* s as a JSON string: quoted, '"' and '\\' escaped, control characters left out. */
+void r2cc_json_str(FILE *f, const char *s);
+
 /* Write the text and JSON forms to the two streams (either may be NULL). */
 void r2cc_report_write(FILE *text, FILE *json);
 /* Write to R2CC_REPORT and R2CC_REPORT.json; called once at exit. */

@@ -8,12 +8,13 @@
 #ifndef R2CC_SHIM_STATS_H
 #define R2CC_SHIM_STATS_H
 
+#include "shim/protect.h"
 #include "shim/registry.h"
 
 #include <stdint.h>
 
 #define R2CC_STATS_MAGIC   0x5441545343433252ull /* "R2CCSTAT" */
-#define R2CC_STATS_VERSION 2
+#define R2CC_STATS_VERSION 3
 #define R2CC_STATS_PREFIX  "r2cc-stats."
 
 struct r2cc_stats_page {
@@ -28,6 +29,9 @@ struct r2cc_stats_page {
 	uint32_t nic_size;	/* sizeof(struct r2cc_nic), checked by readers */
 	uint32_t pad;
 	struct r2cc_nic nics[R2CC_MAX_NICS];
+	/* Where R2CC does not protect this process (shim/protect.h), NUL-terminated;
+	 * empty when it does. Written once. */
+	char unprotected[R2CC_UNPROTECTED_MAX];
 };
 
 /* Map the page (once); NULL when publishing is off or failed (logged). */

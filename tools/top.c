@@ -134,6 +134,9 @@ static void print_table(double secs)
 			p->last[j] = now;
 			rows++;
 		}
+		if (p->page->unprotected[0])
+			printf("%-8d NOT PROTECTED: %.*s\n", p->page->pid,
+			       (int)sizeof(p->page->unprotected), p->page->unprotected);
 	}
 	if (!rows)
 		printf("(no R2CC process with NICs on this node)\n");
@@ -161,6 +164,14 @@ static void print_prometheus(void)
 				       (unsigned long long)v[k]);
 			}
 		}
+	}
+	/* 1: every transport the process used is one R2CC repairs (shim/protect.h) */
+	printf("# TYPE r2cc_protected gauge\n");
+	for (int i = 0; i < nprocs; i++) {
+		const struct r2cc_stats_page *pg = procs[i].page;
+		if (alive(pg->pid))
+			printf("r2cc_protected{host=\"%s\",node=\"%s\",pid=\"%d\"} %d\n", pg->host,
+			       pg->node, pg->pid, !pg->unprotected[0]);
 	}
 	printf("# TYPE r2cc_nic_up gauge\n");
 	for (int i = 0; i < nprocs; i++) {
