@@ -18,50 +18,65 @@
 /* docs/nccl-versions.md section 3: struct ncclIbSendFifo by release. */
 static const struct cts_release {
 	int from, to;
-	uint8_t elem, idx, nreqs;
-	uint16_t slots;
+	struct r2cc_cts_layout l;
 } releases[] = {
-    {21800, 22000, 32, 24, 16, 64},  /* addr, int size, rkey, nreqs, tag, idx */
-    {22000, 22400, 64, 32, 20, 256}, /* addr, int size, rkeys[2], nreqs, tag, idx */
-    {22400, 23000, 64, 40, 32, 256}, /* addr, uint64_t size, rkeys[4], ... */
-    {23000, 23300, 64, 56, 48, 256}, /* addr, uint64_t size, rkeys[8], ... */
+    /* addr, int size, rkey, nreqs, tag, idx */
+    {21800, 22000, {32, 24, 16, 64, true, "NCCL 2.18-2.19"}},
+    /* addr, int size, rkeys[2], nreqs, tag, idx */
+    {22000, 22400, {64, 32, 20, 256, true, "NCCL 2.20-2.23"}},
+    /* addr, uint64_t size, rkeys[4], ... */
+    {22400, 22900, {64, 40, 32, 256, true, "NCCL 2.24-2.28"}},
+    {22900, 23000, {64, 40, 32, 256, false, "NCCL 2.29"}},
+    /* addr, uint64_t size, rkeys[8], ... */
+    {23000, 23300, {64, 56, 48, 256, false, "NCCL 2.30-2.32"}},
 };
 
-static const struct cts_release *release_of(int code)
+/*
+ * nccl-rdma-sharp-plugins' struct ncclIbSendFifo (docs/net-plugins.md): its
+ * releases that export net API v9-v11 (synced with NCCL 2.24-2.28) write NCCL
+ * 2.24's element into a FIFO of 64 slots (MAX_REQUESTS 8 x 8 receives) and zero a
+ * consumed slot's first element. Older releases (net API v8 and below) wrote
+ * 32-byte or rkeys[2] elements that the exported API alone does not tell apart:
+ * R2CC does not guess.
+ */
+static const struct r2cc_cts_layout ibext_224 = {64, 40, 32, 64, true, "IBext (net API v9-v11)"};
+
+const struct r2cc_cts_layout *r2cc_cts_nccl_layout(int code)
 {
 	for (size_t i = 0; i < sizeof(releases) / sizeof(releases[0]); i++)
 		if (code >= releases[i].from && code < releases[i].to)
-			return &releases[i];
+			return &releases[i].l;
 	return NULL;
 }
 
-bool r2cc_cts_layout(int code, uint8_t *elem, uint8_t *idx_off, uint8_t *nreqs_off)
+const struct r2cc_cts_layout *r2cc_cts_ibext_layout(int net_api)
 {
-	const struct cts_release *t = release_of(code);
-	if (!t)
-		return false;
-	*elem = t->elem;
-	*idx_off = t->idx;
-	*nreqs_off = t->nreqs;
-	return true;
+	return net_api >= 9 && net_api <= 11 ? &ibext_224 : NULL;
 }
 
-const char *r2cc_cts_unsafe(const struct r2cc_qp_shadow *sh)
+const struct r2cc_cts_layout *r2cc_cts_of(const struct r2cc_qp *q)
 {
-	int code = __atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED);
-	const struct cts_release *t = release_of(code);
+	if (q->cts)
+		return q->cts;
+	return q->cts_unknown
+		   ? NULL
+		   : r2cc_cts_nccl_layout(__atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED));
+}
+
+const char *r2cc_cts_unsafe(const struct r2cc_qp_shadow *sh, const struct r2cc_cts_layout *l)
+{
 	uint64_t step = sh ? r2cc_qp_shadow_tag_step(sh) : 0;
-	/* 2.29 on leave a consumed element as it is; before, one slot's writes on
-	 * several QPs (a step that does not divide the slots) cannot be judged */
-	if (!t || code >= 22900 || !step || t->slots % step == 0)
+	/* a transport that leaves a consumed element as it is can always be judged;
+	 * one that clears it, only when one slot's writes stay on one QP */
+	if (!l || !l->clears || !step || l->slots % step == 0)
 		return NULL;
 	static __thread char why[320];
 	snprintf(why, sizeof(why),
-		 "NCCL before 2.29 clears a consumed clear-to-send element, and over %llu fused "
-		 "NICs one FIFO slot's writes travel on several QPs: fuse 1, 2 or 4 NICs "
+		 "%s clears a consumed clear-to-send element, and over %llu fused NICs one "
+		 "FIFO slot's writes travel on several QPs: fuse 1, 2 or 4 NICs "
 		 "(NCCL_NET_MERGE_LEVEL=LOC fuses none, NCCL_NET_FORCE_MERGE names them), or "
-		 "use NCCL 2.29+",
-		 (unsigned long long)step);
+		 "use NCCL 2.29+ with its own IB transport",
+		 l->who, (unsigned long long)step);
 	return why;
 }
 
@@ -96,17 +111,17 @@ bool r2cc_cts_host_readable(uint64_t addr, uint64_t len)
 
 uint64_t r2cc_cts_tag(void *ctx, const struct ibv_send_wr *w)
 {
-	uint8_t elem, off, noff;
-	if (w->opcode != IBV_WR_RDMA_WRITE || w->num_sge != 1 ||
-	    !r2cc_cts_layout(__atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED), &elem, &off,
-			     &noff))
+	const struct r2cc_qp *q = ctx;
+	const struct r2cc_cts_layout *l = r2cc_cts_of(q);
+	if (w->opcode != IBV_WR_RDMA_WRITE || w->num_sge != 1 || !l)
 		return 0;
+	uint8_t elem = l->elem, off = l->idx, noff = l->nreqs;
 	uint64_t a = w->sg_list[0].addr;
 	uint32_t len = w->sg_list[0].length;
 	if (!len || len % elem || len > R2CC_CTS_MAX_ELEMS * elem ||
 	    w->wr.rdma.remote_addr % elem || (a + off) % 8)
 		return 0;
-	struct r2cc_mr *m = r2cc_mr_by_lkey(ctx, w->sg_list[0].lkey);
+	struct r2cc_mr *m = r2cc_mr_by_lkey(q->ctx->nic, w->sg_list[0].lkey);
 	if (!m || !__atomic_load_n(&m->host_ok, __ATOMIC_ACQUIRE) || a < m->addr ||
 	    a + len > m->addr + m->len)
 		return 0;
@@ -158,10 +173,11 @@ int r2cc_cts_queries(struct r2cc_rqp *r)
 {
 	r2cc_cts_forget(r);
 	struct collect c = {0};
-	uint8_t noff;
-	if (!r->cur_sh || !r2cc_cts_layout(__atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED),
-					   &c.elem, &c.off, &noff))
+	const struct r2cc_cts_layout *l = r->cur_sh ? r2cc_cts_of(r->q) : NULL;
+	if (!l)
 		return 0;
+	c.elem = l->elem;
+	c.off = l->idx;
 	c.q = malloc(sizeof(*c.q) * R2CC_CTS_MAX_QUERY);
 	if (!c.q)
 		return -ENOMEM; /* no queries: the writes are re-posted as without the check */

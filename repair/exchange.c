@@ -219,7 +219,7 @@ static bool initiate_check(struct r2cc_rqp *r)
 /* Fenced, then a new path: the REQ entry in *m. 0, or the QP failed. */
 static int initiate_path(struct r2cc_rqp *r, struct rep_wire *m)
 {
-	const char *unsafe = r2cc_cts_unsafe(r->cur_sh);
+	const char *unsafe = r2cc_cts_unsafe(r->cur_sh, r2cc_cts_of(r->q));
 	if (unsafe) {
 		r2cc_rqp_fail(r, unsafe);
 		return -EOPNOTSUPP;
@@ -529,7 +529,7 @@ static void serve_path(struct r2cc_rqp *r, const struct inbox *in, const struct 
 		       struct outboxes *out, const struct r2cc_ctl_dir *dir)
 {
 	bool peer_nic_failed = le16toh(m->flags) & WIRE_F_SENDER_NIC_FAILED;
-	const char *unsafe = r2cc_cts_unsafe(r->cur_sh);
+	const char *unsafe = r2cc_cts_unsafe(r->cur_sh, r2cc_cts_of(r->q));
 	if (unsafe) {
 		nack(out, dir, in->from_rank, m, -EOPNOTSUPP);
 		r2cc_rqp_fail(r, unsafe);

@@ -350,7 +350,7 @@ int r2cc_path_new(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	    .max_inline_data = r->cap.max_inline_data,
 	    .sq_sig_all = r->sq_sig_all,
 	    .tag_fn = r2cc_cts_tag, /* NCCL's keys, as the shadow records them */
-	    .tag_ctx = r->orig_nic,
+	    .tag_ctx = r->q,
 	};
 	struct r2cc_qp_shadow *sh = NULL;
 	if (!rc)

@@ -58,7 +58,7 @@ void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *at
 	    .max_inline_data = attr->cap.max_inline_data,
 	    .sq_sig_all = attr->sq_sig_all,
 	    .tag_fn = r2cc_cts_tag, /* NCCL's keys are those of its NIC */
-	    .tag_ctx = q->ctx->nic,
+	    .tag_ctx = q,
 	};
 	struct r2cc_rqp *r = calloc(1, sizeof(*r));
 	if (!r || r2cc_qp_shadow_create(&sa, &q->shadow)) {

@@ -68,6 +68,11 @@ struct r2cc_ctx {
 	r2cc_post_send_fn post_send;
 	r2cc_post_recv_fn post_recv;
 	r2cc_poll_cq_fn poll_cq;
+	/* The extended context's ops that verbs.h's inlines call in place of a symbol
+	 * (ibv_query_port, ibv_create_qp_ex), as the provider set them; NULL where it
+	 * has none. */
+	int (*query_port)(struct ibv_context *, uint8_t, struct ibv_port_attr *, size_t);
+	struct ibv_qp *(*create_qp_ex)(struct ibv_context *, struct ibv_qp_init_attr_ex *);
 };
 
 struct r2cc_pd {
@@ -114,6 +119,8 @@ struct r2cc_qp_peer {
 	    sgid; /* with a GRH: this end's GID (the RTR's sgid_index), as the peer sees it */
 };
 
+struct r2cc_cts_layout; /* repair/cts.h */
+
 struct r2cc_qp {
 	struct ibv_qp *qp;
 	struct r2cc_ctx *ctx;
@@ -144,6 +151,12 @@ struct r2cc_qp {
 	/* A stand-in (the dead device refused NCCL the QP): qp is R2CC's, in RESET on
 	 * a sibling NIC, with this CQ of its own; ctx is still the dead NIC's */
 	struct ibv_cq *stand_in_cq;
+	/* The transport that made it (intercept/transport.h): the clear-to-send layout
+	 * it writes (repair/cts.h; NULL: the loaded NCCL's own, unless cts_unknown),
+	 * and its name for logs and reports. */
+	const struct r2cc_cts_layout *cts;
+	bool cts_unknown;
+	const char *transport;
 };
 
 /* Initialise once (idempotent); -ENOMEM when the tables cannot be made. */
