@@ -12,6 +12,7 @@
  * functions untouched.
  */
 #include "intercept/nccl_hooks.h"
+#include "intercept/transport.h"
 #include "repair/cts.h"
 #include "repair/engine.h"
 #include "repair/mr_mirror.h"
@@ -21,6 +22,7 @@
 #include "shim/fault.h"
 #include "shim/log.h"
 #include "shim/params.h"
+#include "shim/protect.h"
 #include "shim/registry.h"
 
 #include <dlfcn.h>
@@ -32,25 +34,52 @@
 
 /* --- real functions ------------------------------------------------------- */
 
-#define R2CC_VERBS_FN(ret, name, params, args) typedef ret(*name##_fn) params;
+#define R2CC_VERBS_FN(ret, name, ver, params, args) typedef ret(*name##_fn) params;
 #define R2CC_VERBS_OWN			       R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN
 
-#define R2CC_VERBS_FN(ret, name, params, args) static name##_fn real_##name;
-#define R2CC_VERBS_OWN			       R2CC_VERBS_FN
+#define R2CC_VERBS_FN(ret, name, ver, params, args)                                                \
+	static name##_fn real_##name;                                                              \
+	static const char *const name##_ver = ver;
+#define R2CC_VERBS_OWN R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN
 
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 static dlvsym_fn real_dlvsym;
-static void *verbs_handle;     /* the libibverbs handle NCCL resolved through */
-static char verbs_version[16]; /* the version node it asked for */
+static void *verbs_handle; /* the libibverbs handle NCCL resolved through */
 
 /* Calls made while resolving (libunwind, libcrypto, …) go straight through. */
 static __thread int in_hook;
+
+/*
+ * Nesting: a verbs call made while a wrapper runs (the real ibv_reg_mr calling
+ * ibv_reg_mr_iova2 through its PLT, which reaches libr2cc.so's export of that name)
+ * goes straight to the real function, so that one registration is recorded once.
+ * verbs_caller is the return address of the outermost call: the code whose
+ * transport a new QP belongs to (intercept/transport.h).
+ */
+static __thread int in_verbs;
+static __thread const void *verbs_caller;
+
+static inline int verbs_enter(const void *caller)
+{
+	if (!in_verbs++)
+		verbs_caller = caller;
+	return 0;
+}
+
+static inline void verbs_leave(int *unused)
+{
+	in_verbs--;
+}
+
+#define VERBS_ENTER()                                                                              \
+	int verbs_guard_ __attribute__((cleanup(verbs_leave), unused)) =                           \
+	    verbs_enter(__builtin_return_address(0))
 
 /*
  * The sanitizers' runtimes resolve their own interceptors through dlvsym while
@@ -70,17 +99,59 @@ R2CC_EARLY static dlvsym_fn get_real_dlvsym(void)
 	return f;
 }
 
-/* Resolve a real function a wrapper needs that NCCL has not asked for yet. */
-static void *resolve_real(const char *name)
+/*
+ * The libibverbs whose functions are the real ones: the handle NCCL resolved
+ * through, else (a caller that links libibverbs) the one already loaded as that
+ * caller's dependency, found by soname: it may sit in a plugin's local scope,
+ * where RTLD_NEXT would not see it.
+ */
+static void *verbs_lib(void)
 {
-	dlvsym_fn f = get_real_dlvsym();
 	void *h = __atomic_load_n(&verbs_handle, __ATOMIC_ACQUIRE);
-	if (!f || !h)
-		return NULL;
-	return f(h, name, verbs_version[0] ? verbs_version : "IBVERBS_1.1");
+	if (h)
+		return h;
+	h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
+	if (!h)
+		h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+	void *none = NULL;
+	if (h && !__atomic_compare_exchange_n(&verbs_handle, &none, h, false, __ATOMIC_ACQ_REL,
+					      __ATOMIC_ACQUIRE)) {
+		dlclose(h);
+		h = none;
+	}
+	return h;
 }
 
-#define REAL(name) (real_##name ? real_##name : (real_##name = (name##_fn)resolve_real(#name)))
+/* Resolve a real function a wrapper needs that its caller has not asked for yet,
+ * at rdma-core's default version of the name. */
+static void *resolve_real(const char *name, const char *version)
+{
+	dlvsym_fn f = get_real_dlvsym();
+	void *h = verbs_lib();
+	if (!f || !h)
+		return NULL;
+	return f(h, name, version);
+}
+
+/* The real function behind an export, at the version the caller linked against. */
+static bool sym_real(void **slot, const char *name, const char *version)
+{
+	if (r2cc_likely(__atomic_load_n(slot, __ATOMIC_ACQUIRE) != NULL))
+		return true;
+	dlvsym_fn f = get_real_dlvsym();
+	void *h = verbs_lib();
+	void *fn = f && h ? f(h, name, version) : NULL;
+	if (!fn) {
+		R2CC_WARN("verbs: %s@%s: libibverbs has no such function (%s)", name, version,
+			  h ? "its version is older than the caller's" : "it cannot be found");
+		return false;
+	}
+	__atomic_store_n(slot, fn, __ATOMIC_RELEASE);
+	return true;
+}
+
+#define REAL(name)                                                                                 \
+	(real_##name ? real_##name : (real_##name = (name##_fn)resolve_real(#name, name##_ver)))
 
 /* --- data path ------------------------------------------------------------- */
 
@@ -370,8 +441,8 @@ static void mirror_ctx_opened(struct ibv_context *ctx, struct r2cc_nic *nic)
 	    .alloc_pd = REAL(ibv_alloc_pd) ? fi_alloc_pd : NULL,
 	    .dealloc_pd = REAL(ibv_dealloc_pd) ? fi_dealloc_pd : NULL,
 	    .reg_mr = REAL(ibv_reg_mr) ? fi_reg_mr : NULL,
-	    .reg_mr_iova2 = real_ibv_reg_mr_iova2 ? fi_reg_mr_iova2 : NULL,
-	    .reg_dmabuf_mr = real_ibv_reg_dmabuf_mr ? fi_reg_dmabuf_mr : NULL,
+	    .reg_mr_iova2 = REAL(ibv_reg_mr_iova2) ? fi_reg_mr_iova2 : NULL,
+	    .reg_dmabuf_mr = REAL(ibv_reg_dmabuf_mr) ? fi_reg_dmabuf_mr : NULL,
 	    .dereg_mr = REAL(ibv_dereg_mr) ? fi_dereg_mr : NULL,
 	};
 	r2cc_mr_mirror_ctx_opened(ctx, nic, &v);
@@ -389,6 +460,107 @@ static void query_port_attrs(struct ibv_context *ctx, struct r2cc_nic *nic)
 	}
 }
 
+/* What a port query told: NCCL's view of the NIC's port. */
+static void note_port(struct r2cc_ctx *c, uint8_t port, const struct ibv_port_attr *attr)
+{
+	c->nic->port = port;
+	c->nic->port_state = attr->state;
+	c->nic->lid = attr->lid;
+	c->nic->link_layer = attr->link_layer;
+	c->nic->active_mtu = attr->active_mtu;
+}
+
+/* Why hot repair must leave a QP alone: what it is, why, the way back (or NULL). */
+struct refusal {
+	const char *what, *why, *fix;
+};
+
+static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr,
+				struct ibv_qp *qp, const struct refusal *no);
+
+/*
+ * The extended context's ops that verbs.h's inlines call instead of a symbol: a
+ * caller linked against libibverbs queries a port through query_port (NCCL 2.27.6+
+ * too), and ibv_create_qp_ex with more than a PD reaches create_qp_ex. Nested
+ * calls (a provider's own) pass through.
+ */
+static int wrap_vctx_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr,
+				size_t len)
+{
+	struct r2cc_ctx *c = r2cc_ctx_find(ctx);
+	if (!c || !c->query_port)
+		return EOPNOTSUPP;
+	int rc = c->query_port(ctx, port, attr, len);
+	if (rc == 0 && len >= offsetof(struct ibv_port_attr, active_mtu) + sizeof(attr->active_mtu))
+		note_port(c, port, attr);
+	return rc;
+}
+
+static struct ibv_qp *wrap_vctx_create_qp_ex(struct ibv_context *ctx,
+					     struct ibv_qp_init_attr_ex *attr)
+{
+	struct r2cc_ctx *c = r2cc_ctx_find(ctx);
+	if (!c || !c->create_qp_ex) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (in_verbs)
+		return c->create_qp_ex(ctx, attr);
+	VERBS_ENTER();
+	struct ibv_qp *qp = c->create_qp_ex(ctx, attr);
+	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !r2cc_active())
+		return qp; /* no PD: not a QP R2CC can place */
+	static const struct refusal wr_api = {
+	    "queue pairs made for the ibv_wr_* send API",
+	    "ibv_create_qp_ex with send_ops_flags: R2CC does not see their posts", NULL};
+	static const struct refusal ex_attrs = {
+	    "queue pairs made by ibv_create_qp_ex",
+	    "they ask for attributes hot repair cannot give a new path", NULL};
+	const struct refusal *no = NULL;
+	if (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS)
+		no = &wr_api;
+	else if (attr->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS))
+		no = &ex_attrs;
+	return record_qp(attr->pd, (struct ibv_qp_init_attr *)attr, qp, no);
+}
+
+/* Replaces the data-path ops and the extended ops above in a new context. */
+static void wrap_ops(struct ibv_context *ctx, struct r2cc_ctx *c)
+{
+	c->post_send = ctx->ops.post_send;
+	c->post_recv = ctx->ops.post_recv;
+	c->poll_cq = ctx->ops.poll_cq;
+	struct verbs_context *vc = verbs_get_ctx_op(ctx, query_port);
+	if (vc)
+		c->query_port = vc->query_port;
+	vc = verbs_get_ctx_op(ctx, create_qp_ex);
+	if (vc)
+		c->create_qp_ex = vc->create_qp_ex;
+	/* Publish the originals before the wrappers can run. */
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	ctx->ops.post_send = wrap_post_send;
+	ctx->ops.post_recv = wrap_post_recv;
+	ctx->ops.poll_cq = wrap_poll_cq;
+	vc = verbs_get_ctx(ctx);
+	if (c->query_port)
+		vc->query_port = wrap_vctx_query_port;
+	if (c->create_qp_ex)
+		vc->create_qp_ex = wrap_vctx_create_qp_ex;
+}
+
+/* Puts back what wrap_ops() replaced; again: wrap them again (a close that failed). */
+static void unwrap_ops(struct ibv_context *ctx, const struct r2cc_ctx *c, bool again)
+{
+	struct verbs_context *vc = verbs_get_ctx(ctx);
+	ctx->ops.post_send = again ? wrap_post_send : c->post_send;
+	ctx->ops.post_recv = again ? wrap_post_recv : c->post_recv;
+	ctx->ops.poll_cq = again ? wrap_poll_cq : c->poll_cq;
+	if (c->query_port)
+		vc->query_port = again ? wrap_vctx_query_port : c->query_port;
+	if (c->create_qp_ex)
+		vc->create_qp_ex = again ? wrap_vctx_create_qp_ex : c->create_qp_ex;
+}
+
 static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 {
 	struct ibv_context *ctx = real_ibv_open_device(dev);
@@ -404,9 +576,6 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 		errno = saved;
 		return ctx;
 	}
-	c->post_send = ctx->ops.post_send;
-	c->post_recv = ctx->ops.post_recv;
-	c->poll_cq = ctx->ops.poll_cq;
 	query_port_attrs(ctx, nic);
 	if (r2cc_repair_enabled()) {
 		struct r2cc_repair_verbs rv = {
@@ -422,11 +591,7 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 		};
 		r2cc_repair_set_verbs(&rv);
 	}
-	/* Publish the originals before the wrappers can run. */
-	__atomic_thread_fence(__ATOMIC_RELEASE);
-	ctx->ops.post_send = wrap_post_send;
-	ctx->ops.post_recv = wrap_post_recv;
-	ctx->ops.poll_cq = wrap_poll_cq;
+	wrap_ops(ctx, c);
 	R2CC_INFO("%s: opened (NIC %d, lid %u, port %s)", nic->name, nic->index, nic->lid,
 		  nic->port_state == IBV_PORT_ACTIVE ? "active" : "not active");
 	if (r2cc_param.mr_mirror) /* MR mirror hook */
@@ -440,19 +605,13 @@ static int wrap_ibv_close_device(struct ibv_context *ctx)
 	struct r2cc_ctx *c = r2cc_ctx_find(ctx);
 	if (r2cc_param.mr_mirror) /* MR mirror hook: R2CC's PD and MRs on ctx go first */
 		r2cc_mr_mirror_ctx_closing(ctx);
-	if (c) {
-		ctx->ops.post_send = c->post_send;
-		ctx->ops.post_recv = c->post_recv;
-		ctx->ops.poll_cq = c->poll_cq;
-	}
+	if (c)
+		unwrap_ops(ctx, c, false);
 	int rc = real_ibv_close_device(ctx);
 	if (rc == 0)
 		r2cc_ctx_remove(ctx);
-	else if (c) {
-		ctx->ops.post_send = wrap_post_send;
-		ctx->ops.post_recv = wrap_post_recv;
-		ctx->ops.poll_cq = wrap_poll_cq;
-	}
+	else if (c)
+		unwrap_ops(ctx, c, true);
 	return rc;
 }
 
@@ -460,13 +619,8 @@ static int wrap_ibv_query_port(struct ibv_context *ctx, uint8_t port, struct ibv
 {
 	int rc = real_ibv_query_port(ctx, port, attr);
 	struct r2cc_ctx *c;
-	if (rc == 0 && (c = r2cc_ctx_find(ctx))) {
-		c->nic->port = port;
-		c->nic->port_state = attr->state;
-		c->nic->lid = attr->lid;
-		c->nic->link_layer = attr->link_layer;
-		c->nic->active_mtu = attr->active_mtu;
-	}
+	if (rc == 0 && (c = r2cc_ctx_find(ctx)))
+		note_port(c, port, attr);
 	return rc;
 }
 
@@ -566,6 +720,17 @@ static struct ibv_mr *wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len,
 	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, access, true), src);
 }
 
+static struct ibv_mr *wrap_ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t len,
+					   uint64_t iova, int access)
+{
+	struct r2cc_mr_mirror_src src = {R2CC_MR_IOVA, addr, iova, 0, -1, len, access};
+	struct ibv_mr *mr = real_ibv_reg_mr_iova(pd, addr, len, iova, access);
+	if (!mr)
+		return refused_mr(pd, src);
+	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, access, iova == (uintptr_t)addr),
+			 src);
+}
+
 static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len,
 					    uint64_t iova, unsigned int access)
 {
@@ -573,7 +738,9 @@ static struct ibv_mr *wrap_ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_
 	struct ibv_mr *mr = real_ibv_reg_mr_iova2(pd, addr, len, iova, access);
 	if (!mr)
 		return refused_mr(pd, src);
-	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, (int)access, false), src);
+	/* verbs.h's ibv_reg_mr comes here with iova = addr: a plain VA registration */
+	return mirror_mr(
+	    pd, note_mr(pd, mr, (uintptr_t)addr, len, (int)access, iova == (uintptr_t)addr), src);
 }
 
 static struct ibv_mr *wrap_ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
@@ -691,11 +858,27 @@ static int wrap_ibv_destroy_cq(struct ibv_cq *cq)
 	return rc;
 }
 
-static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+/*
+ * Records a QP the caller made (qp, or NULL: a stand-in is then tried). no: why hot
+ * repair must leave it alone (an out-of-order receive queue), or NULL; the transport
+ * that made it may have its own reason. Returns the QP the caller gets.
+ */
+static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr,
+				struct ibv_qp *qp, const struct refusal *no)
 {
-	struct ibv_qp *qp = real_ibv_create_qp(pd, attr);
 	struct ibv_cq *own_cq = NULL;
-	if (!qp)
+	const struct r2cc_transport *t = r2cc_transport_of(verbs_caller);
+	char what[160];
+	struct refusal by_transport = {what, t->why_not,
+				       t->kind == R2CC_TRANSPORT_NCCL
+					   ? NULL
+					   : "NCCL_NET_PLUGIN=none, NCCL_IBEXT_DISABLE=1 or NCCL_NET=IB "
+					     "give NCCL's own IB transport, which R2CC repairs"};
+	if (!no && t->why_not) {
+		snprintf(what, sizeof(what), "queue pairs of %s", t->name);
+		no = &by_transport;
+	}
+	if (!qp && !no)
 		qp = stand_in_qp(pd, attr, &own_cq);
 	if (qp) {
 		int saved = errno;
@@ -710,10 +893,16 @@ static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_a
 				q->cap = attr->cap;
 				q->sq_sig_all = attr->sq_sig_all != 0;
 				q->stand_in_cq = own_cq;
+				q->cts = t->cts;
+				q->cts_unknown = t->cts_unknown;
+				q->transport = t->name;
 				r2cc_nccl_version_probe(); /* the layout of its FIFO */
-				r2cc_repair_qp_created(q, attr);
-				R2CC_TRACE("%s: qp 0x%x created (send_wr %u recv_wr %u)",
-					   p->ctx->nic->name, qp->qp_num, q->max_send_wr,
+				if (!no)
+					r2cc_repair_qp_created(q, attr);
+				else if (attr->qp_type == IBV_QPT_RC && r2cc_repair_enabled())
+					r2cc_unprotected(no->what, no->why, no->fix);
+				R2CC_TRACE("%s: qp 0x%x created by %s (send_wr %u recv_wr %u)",
+					   p->ctx->nic->name, qp->qp_num, t->name, q->max_send_wr,
 					   q->max_recv_wr);
 			}
 		}
@@ -726,6 +915,11 @@ static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_a
 		errno = saved;
 	}
 	return qp;
+}
+
+static struct ibv_qp *wrap_ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+	return record_qp(pd, attr, real_ibv_create_qp(pd, attr), NULL);
 }
 
 static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
@@ -826,12 +1020,54 @@ static int wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_ev
 
 /* --- generated forwarding wrappers ---------------------------------------- */
 
-#define R2CC_VERBS_OWN(ret, name, params, args)
-#define R2CC_VERBS_FN(ret, name, params, args)                                                     \
+#define R2CC_VERBS_OWN(ret, name, ver, params, args)
+#define R2CC_VERBS_FN(ret, name, ver, params, args)                                                \
 	static ret wrap_##name params                                                              \
 	{                                                                                          \
 		return real_##name args;                                                           \
 	}
+#include "intercept/verbs_funcs.def"
+#undef R2CC_VERBS_FN
+#undef R2CC_VERBS_OWN
+
+/* What dlvsym hands out: the wrapper, entered as the outermost verbs call. */
+#define R2CC_VERBS_FN(ret, name, ver, params, args)                                                \
+	static ret hook_##name params                                                              \
+	{                                                                                          \
+		VERBS_ENTER();                                                                     \
+		return wrap_##name args;                                                           \
+	}
+#define R2CC_VERBS_OWN R2CC_VERBS_FN
+#include "intercept/verbs_funcs.def"
+#undef R2CC_VERBS_FN
+#undef R2CC_VERBS_OWN
+
+/* --- by symbol -------------------------------------------------------------- */
+
+/*
+ * libr2cc.so exports every name of verbs_funcs.def at rdma-core's default version
+ * of it (shim/exports.map), so that code linked against libibverbs (HPC-X's net
+ * plugin, NCCL built with RDMA_CORE=1, rdma-core's own programs) reaches the same
+ * wrappers as NCCL's dlvsym path. Each export resolves the real function at that
+ * version; a nested call, or any call while R2CC is not active (R2CC_MODE=0, a bad
+ * setting, a forked child), goes straight to it. A caller of an older version of
+ * a name (the IBVERBS_1.0 ABI) binds to libibverbs itself.
+ */
+#define VERBS_NONE(ret) ((ret)(__builtin_types_compatible_p(ret, int) ? ENOSYS : 0))
+#define R2CC_VERBS_FN(ret, name, ver, params, args)                                                \
+	R2CC_EXPORT ret export_##name params __asm__(#name);                                       \
+	ret export_##name params                                                                   \
+	{                                                                                          \
+		if (r2cc_unlikely(!sym_real((void **)&real_##name, #name, ver))) {                 \
+			errno = ENOSYS;                                                            \
+			return VERBS_NONE(ret);                                                    \
+		}                                                                                  \
+		if (in_verbs || !r2cc_active())                                                    \
+			return real_##name args;                                                   \
+		VERBS_ENTER();                                                                     \
+		return wrap_##name args;                                                           \
+	}
+#define R2CC_VERBS_OWN R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN
@@ -845,7 +1081,7 @@ struct verbs_entry {
 };
 
 static const struct verbs_entry verbs_table[] = {
-#define R2CC_VERBS_FN(ret, name, params, args) {#name, (void **)&real_##name, (void *)wrap_##name},
+#define R2CC_VERBS_FN(ret, name, ver, params, args) {#name, (void **)&real_##name, (void *)hook_##name},
 #define R2CC_VERBS_OWN			       R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
@@ -884,10 +1120,9 @@ static void *verbs_hook(void *handle, const char *symbol, const char *version, v
 	for (size_t i = 0; i < R2CC_ARRAY_SIZE(verbs_table); i++) {
 		if (strcmp(verbs_table[i].name, symbol))
 			continue;
-		if (!__atomic_load_n(&verbs_handle, __ATOMIC_ACQUIRE)) {
-			snprintf(verbs_version, sizeof(verbs_version), "%s", version);
-			__atomic_store_n(&verbs_handle, handle, __ATOMIC_RELEASE);
-		}
+		void *none = NULL;
+		__atomic_compare_exchange_n(&verbs_handle, &none, handle, false, __ATOMIC_ACQ_REL,
+					    __ATOMIC_ACQUIRE);
 		__atomic_store_n(verbs_table[i].real, fn, __ATOMIC_RELEASE);
 		out = verbs_table[i].wrapper;
 		if (__atomic_fetch_add(&verbs_wrapped, 1, __ATOMIC_RELAXED) == 0)

@@ -1,0 +1,35 @@
+/*
+ * Which transport made a queue pair, told by the code that called the verbs
+ * function (its return address, through dladdr): NCCL's own IB transport (NCCL,
+ * by dlvsym or linked against libibverbs), HPC-X's IBext net plugin, or another
+ * NCCL net plugin. Hot repair re-posts a transport's clear-to-send writes by the
+ * layout that transport writes, so it repairs only the transports whose layout it
+ * knows; the others get one warning each and pass through.
+ */
+#ifndef R2CC_INTERCEPT_TRANSPORT_H
+#define R2CC_INTERCEPT_TRANSPORT_H
+
+#include <stdbool.h>
+
+enum r2cc_transport_kind {
+	R2CC_TRANSPORT_NCCL,   /* NCCL's IB transport (or any code that is no net plugin) */
+	R2CC_TRANSPORT_IBEXT,  /* nccl-rdma-sharp-plugins' IB transport */
+	R2CC_TRANSPORT_PLUGIN, /* another net plugin */
+};
+
+struct r2cc_transport {
+	enum r2cc_transport_kind kind;
+	char name[96]; /* "NCCL IB", "IBext 2.28 (libnccl-net.so)", a plugin's name */
+	/* The clear-to-send layout it writes (repair/cts.h); NULL: the loaded NCCL's
+	 * (cts_unknown false) or one R2CC does not know (true). */
+	const struct r2cc_cts_layout *cts;
+	bool cts_unknown;
+	/* Why hot repair leaves its queue pairs alone, or NULL. */
+	const char *why_not;
+};
+
+/* The transport of the code at caller (never NULL; control path: may take a lock,
+ * call dladdr and dlopen with RTLD_NOLOAD once per loaded object). */
+const struct r2cc_transport *r2cc_transport_of(const void *caller);
+
+#endif
