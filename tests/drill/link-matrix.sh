@@ -6,15 +6,18 @@
 # RoCE runs a subnet per rail, routed between rails, with a lossless class that every
 # byte must keep (--link roce); jitter must pass with no repair at all. Prints one row
 # per cell: scenarios passed, detection and migration times (median / max, ms).
-#   tests/drill/link-matrix.sh BUILD [SEEDS] [KINDS]
+#   tests/drill/link-matrix.sh BUILD [SEEDS] [KINDS] [DRILL]
 # SEEDS per cell (default 5: 40 per kind over the 8 cells of a kind); KINDS, a
-# comma-separated list, defaults to every kind. Exit status 1 if any cell failed.
+# comma-separated list, defaults to every kind (- too); DRILL, the drill program's name
+# in BUILD/bin (default r2cc-verbs-drill; r2cc-verbs-drill-direct reaches verbs by
+# symbol, with no dlvsym). Exit status 1 if any cell failed.
 set -u
 B=${1:-build}
 SEEDS=${2:-5}
-KINDS=${3:-down,blackhole,flap,slow,ackloss,blackhole-tx,blackhole-rx,fatal,jitter}
+KINDS=${3:--}
+[ "$KINDS" = - ] && KINDS=down,blackhole,flap,slow,ackloss,blackhole-tx,blackhole-rx,fatal,jitter
 KINDS=${KINDS//,/ }
-D=$B/bin/r2cc-verbs-drill
+D=$B/bin/${4:-r2cc-verbs-drill}
 [ -x "$D" ] || { echo "link-matrix: $D missing (make)" >&2; exit 2; }
 fail=0 cell=0
 printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s\n' fault link procs flush scenarios passed \

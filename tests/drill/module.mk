@@ -22,8 +22,25 @@ $(DRILL): $(DRILL_OBJS)
 
 -include $(DRILL_OBJS:.o=.d)
 
-ALL_TARGETS += $(DRILL)
-TEST_DEPS   += $(DRILL) $(DRILL_RUNTIME)
+# r2cc-verbs-drill-direct: the same program linked against libibverbs (the software
+# device's, found next to it), reaching verbs by symbol as HPC-X's net plugin does
+# (verbs.c, DRILL_DIRECT); an interposer must meet it without dlvsym.
+DRILL_DIRECT := $(BUILD)/bin/r2cc-verbs-drill-direct
+DRILL_DIRECT_OBJS := $(filter-out $(DRILL_OBJ)/verbs.o,$(DRILL_OBJS)) $(DRILL_OBJ)/verbs_direct.o
+
+$(DRILL_OBJ)/verbs_direct.o: $(DRILL_DIR)/verbs.c
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -DDRILL_DIRECT -MMD -MP -c -o $@ $<
+
+$(DRILL_DIRECT): $(DRILL_DIRECT_OBJS) $(SV_LINK)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(DRILL_DIRECT_OBJS) -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../softverbs' \
+	  -ldl -lm -pthread -Wl,--export-dynamic-symbol=pncclGetVersion
+
+-include $(DRILL_OBJ)/verbs_direct.d
+
+ALL_TARGETS += $(DRILL) $(DRILL_DIRECT)
+TEST_DEPS   += $(DRILL) $(DRILL_DIRECT) $(DRILL_RUNTIME)
 CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 	       60@$(DRILL):--fault:none:--seeds:3:--no-preload \
 	       60@$(DRILL):--fault:none:--seeds:3:--procs:4:--nics:2 \

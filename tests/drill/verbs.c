@@ -17,6 +17,66 @@ struct drill_ibv drill_ibv;
 struct ibv_mr *(*drill_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
 int (*drill_sv_unflushed)(const struct ibv_mr *, uint64_t, uint64_t, uint64_t *, uint64_t *);
 
+#ifdef DRILL_DIRECT
+/*
+ * r2cc-verbs-drill-direct: the same traffic from a program linked against
+ * libibverbs, as HPC-X's net plugin and NCCL built with RDMA_CORE=1 are. Every call
+ * is what verbs.h compiles a direct caller's call into: a symbol at rdma-core's
+ * default version, ibv_reg_mr with access flags that are not constant into
+ * ibv_reg_mr_iova2@IBVERBS_1.8, ibv_query_port into the context's query_port op.
+ * An interposer must meet the drill there, by symbol and by op, with no dlvsym.
+ */
+static struct ibv_device **d_get_device_list(int *n)
+{
+	return ibv_get_device_list(n);
+}
+
+static struct ibv_mr *d_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+	return ibv_reg_mr(pd, addr, len, access);
+}
+
+static int d_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
+{
+	return ibv_query_port(ctx, port, attr);
+}
+
+int drill_ibv_load(char *err, size_t len)
+{
+	drill_ibv = (struct drill_ibv){
+	    .get_device_list = d_get_device_list,
+	    .free_device_list = ibv_free_device_list,
+	    .get_device_name = ibv_get_device_name,
+	    .open_device = ibv_open_device,
+	    .close_device = ibv_close_device,
+	    .get_async_event = ibv_get_async_event,
+	    .ack_async_event = ibv_ack_async_event,
+	    .query_device = ibv_query_device,
+	    .query_port = d_query_port,
+	    .query_gid = ibv_query_gid,
+	    .query_qp = ibv_query_qp,
+	    .alloc_pd = ibv_alloc_pd,
+	    .dealloc_pd = ibv_dealloc_pd,
+	    .reg_mr = d_reg_mr,
+	    .dereg_mr = ibv_dereg_mr,
+	    .create_cq = ibv_create_cq,
+	    .destroy_cq = ibv_destroy_cq,
+	    .create_qp = ibv_create_qp,
+	    .modify_qp = ibv_modify_qp,
+	    .destroy_qp = ibv_destroy_qp,
+	    .fork_init = ibv_fork_init,
+	    .event_type_str = ibv_event_type_str,
+	};
+	drill_reg_dmabuf_mr = ibv_reg_dmabuf_mr;
+	/* the device's own extension, by name as before: not a verbs symbol */
+	drill_sv_unflushed = (int (*)(const struct ibv_mr *, uint64_t, uint64_t, uint64_t *,
+				      uint64_t *))dlsym(RTLD_DEFAULT, "softverbs_unflushed");
+	(void)err;
+	(void)len;
+	return 0;
+}
+#else
+
 /* Optional symbols NCCL looks up (and copes without); resolved only so that an
  * interposer sees the same lookups. */
 static const struct {
@@ -55,6 +115,8 @@ int drill_ibv_load(char *err, size_t len)
 				      uint64_t *))dlsym(h, "softverbs_unflushed");
 	return 0;
 }
+
+#endif
 
 /* NCCL carries its own table too (ibvWcStatusStr); libibverbs' is not resolved. */
 const char *drill_wc_status_str(int status)
