@@ -1108,8 +1108,9 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	    ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) ||
 	    ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) ||
 	    ((mask & IBV_QP_MIN_RNR_TIMER) && attr->min_rnr_timer > 31) ||
-	    ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > 16) ||
-	    ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > 16) ||
+	    ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > SV_MAX_RD_ATOM) ||
+	    ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > SV_MAX_RD_ATOM) ||
+	    ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index != 0) || /* pkey_tbl_len 1 */
 	    ((mask & IBV_QP_AV) && attr->ah_attr.port_num > 1))
 		goto out;
 	/* A RoCE port needs a GRH from a GID of its own (EINVAL, ENODATA for an empty one). */
