@@ -2631,6 +2631,26 @@ static void limits_a(struct peer *p)
 	CHECK(p, ibv_close_device(ctx) == 0);
 }
 
+/* Completion vectors: those below num_comp_vectors, and nothing else (EINVAL). */
+static void comp_vector_a(struct peer *p)
+{
+	struct ibv_context *ctx = open_first(p);
+	const int bad[] = {-1, 1000, INT_MAX};
+
+	CHECK(p, ctx->num_comp_vectors >= 1);
+	for (int v = 0; v < ctx->num_comp_vectors; v++) {
+		struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, v);
+
+		CHECK(p, cq != NULL, "(vector %d: errno %d)", v, errno);
+		CHECK(p, ibv_destroy_cq(cq) == 0);
+	}
+	REFUSED(p, ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors), EINVAL);
+	REFUSED(p, ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors + 1), EINVAL);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		REFUSED(p, ibv_create_cq(ctx, 16, NULL, NULL, bad[i]), EINVAL);
+	CHECK(p, ibv_close_device(ctx) == 0);
+}
+
 struct test {
 	const char *name;
 	role_fn a, b;
@@ -2701,6 +2721,7 @@ static const struct test tests[] = {
      .b = fair_b,
      .env = "SOFTVERBS_SHAPING=1;SOFTVERBS_NICS=mlx5_0:5,mlx5_1:5"},
     {.name = "limits", .a = limits_a, .b = absent_b},
+    {.name = "comp_vector", .a = comp_vector_a, .b = absent_b},
 };
 
 static void child_env(const struct test *t, char role)

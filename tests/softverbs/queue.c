@@ -368,7 +368,9 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 		errno = EIO;
 		return NULL;
 	}
-	if (cqe < 1 || cqe > SV_MAX_CQE) {
+	/* As the kernel checks them: a vector the context lacks, a size past max_cqe. */
+	if (cqe < 1 || cqe > SV_MAX_CQE || comp_vector < 0 ||
+	    comp_vector >= context->num_comp_vectors) {
 		errno = EINVAL;
 		return NULL;
 	}
