@@ -2738,6 +2738,64 @@ static void comp_vector_a(struct peer *p)
 	CHECK(p, ibv_close_device(ctx) == 0);
 }
 
+/* Descriptors of /dev/null, what a context's cmd_fd is (other threads open others). */
+static int null_fds(void)
+{
+	char path[64], target[64];
+	int n = 0;
+
+	for (int fd = 0; fd < 1024; fd++) {
+		ssize_t len;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		len = readlink(path, target, sizeof(target) - 1);
+		if (len > 0) {
+			target[len] = '\0';
+			n += strcmp(target, "/dev/null") == 0;
+		}
+	}
+	return n;
+}
+
+/*
+ * cmd_fd is a descriptor a program can dup() and hand on (to a child, to
+ * ibv_import_device); sharing objects that way is unsupported, and the import calls
+ * say so (NULL, EOPNOTSUPP), in this process and in a child. Contexts give theirs back.
+ */
+static void cmd_fd_a(struct peer *p)
+{
+	struct ibv_context *ctx = open_first(p);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	static char page[4096];
+	struct ibv_mr *mr = ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_LOCAL_WRITE);
+	int fd, st, before;
+	pid_t child;
+
+	CHECK(p, pd && mr);
+	fd = dup(ctx->cmd_fd);
+	CHECK(p, fd >= 0, "(dup(cmd_fd %d): errno %d)", ctx->cmd_fd, errno);
+	REFUSED(p, ibv_import_device(fd), EOPNOTSUPP);
+	REFUSED(p, ibv_import_pd(ctx, pd->handle), EOPNOTSUPP);
+	REFUSED(p, ibv_import_mr(pd, mr->handle), EOPNOTSUPP);
+	child = fork();
+	CHECK(p, child >= 0);
+	if (child == 0) {
+		errno = 0;
+		_exit(ibv_import_device(fd) == NULL && errno == EOPNOTSUPP ? 0 : 1);
+	}
+	CHECK(p, waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CHECK(p, close(fd) == 0);
+	CHECK(p, ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0);
+	CHECK(p, ibv_close_device(ctx) == 0);
+	before = null_fds();
+	for (int i = 0; i < 32; i++) {
+		ctx = open_first(p);
+		CHECK(p, ctx->cmd_fd >= 0 && ctx->cmd_fd != ctx->async_fd);
+		CHECK(p, ibv_close_device(ctx) == 0);
+	}
+	CHECK(p, null_fds() == before, "(%d descriptors, were %d)", null_fds(), before);
+}
+
 struct test {
 	const char *name;
 	role_fn a, b;
@@ -2810,6 +2868,7 @@ static const struct test tests[] = {
     {.name = "limits", .a = limits_a, .b = absent_b},
     {.name = "reset_cleans_cq", .a = reset_clean_a, .b = reset_clean_b},
     {.name = "comp_vector", .a = comp_vector_a, .b = absent_b},
+    {.name = "cmd_fd", .a = cmd_fd_a, .b = absent_b},
 };
 
 static void child_env(const struct test *t, char role)

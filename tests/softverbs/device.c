@@ -201,6 +201,15 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	}
 	if (pipe2(fds, O_CLOEXEC) != 0)
 		goto err_free;
+	/*
+	 * No kernel command channel stands behind a context, but programs dup() cmd_fd to
+	 * hand the context to a child or to ibv_import_device; a descriptor that exists
+	 * (reads end at once, writes and ioctls fail) lets them reach that call, which
+	 * answers EOPNOTSUPP (compat.c), instead of stopping at dup() with EBADF.
+	 */
+	ctx->vctx.context.cmd_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (ctx->vctx.context.cmd_fd < 0)
+		goto err_close_pipe;
 	ctx->nic = d->nic;
 	ctx->epoch = atomic_load(&sv_proc.f->nics[d->nic].epoch);
 	ctx->ev_wfd = fds[1];
@@ -211,7 +220,6 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->vctx.query_device_ex = sv_query_device_ex_op;
 	ctx->vctx.create_qp_ex = sv_create_qp_ex;
 	ctx->vctx.context.device = device;
-	ctx->vctx.context.cmd_fd = -1;
 	ctx->vctx.context.async_fd = fds[0];
 	ctx->vctx.context.num_comp_vectors = 1;
 	ctx->vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -228,6 +236,11 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	sv_thread_start();
 	return &ctx->vctx.context;
 
+err_close_pipe:
+	rc = errno;
+	close(fds[0]);
+	close(fds[1]);
+	errno = rc;
 err_free:
 	rc = errno;
 	free(ctx);
@@ -247,6 +260,7 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 		*pp = ctx->next;
 	pthread_mutex_unlock(&sv_proc.lock);
 	close(context->async_fd);
+	close(context->cmd_fd);
 	close(ctx->ev_wfd);
 	pthread_mutex_destroy(&ctx->ev_lock);
 	free(ctx);
