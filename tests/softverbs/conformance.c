@@ -2383,6 +2383,419 @@ static void fair_b(struct peer *p)
 	sync_wait(p, 1);
 }
 
+/* ---- issue #39: what ibv_query_device advertises is what the device accepts ---- */
+
+/* B of the single-process tests below: no verbs at all, so A has the fabric's tables. */
+static void absent_b(struct peer *p)
+{
+}
+
+static struct ibv_context *open_first(struct peer *p)
+{
+	struct ibv_device **devs = ibv_get_device_list(NULL);
+	struct ibv_context *ctx;
+
+	CHECK(p, devs && devs[0]);
+	ctx = ibv_open_device(devs[0]);
+	CHECK(p, ctx != NULL, "(errno %d)", errno);
+	ibv_free_device_list(devs);
+	return ctx;
+}
+
+/* A QP with these capabilities, or NULL with errno. */
+static struct ibv_qp *qp_with(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t swr, uint32_t rwr,
+			      uint32_t ssge, uint32_t rsge)
+{
+	struct ibv_qp_init_attr init = {.send_cq = cq,
+					.recv_cq = cq,
+					.cap = {.max_send_wr = swr,
+						.max_recv_wr = rwr,
+						.max_send_sge = ssge,
+						.max_recv_sge = rsge},
+					.qp_type = IBV_QPT_RC};
+
+	return ibv_create_qp(pd, &init);
+}
+
+#define REFUSED(p, call, err)                                                                      \
+	do {                                                                                       \
+		errno = 0;                                                                         \
+		CHECK(p, (call) == NULL && errno == (err), "(errno %d, want %d)", errno, err);     \
+	} while (0)
+
+/*
+ * Each limit of ibv_device_attr and ibv_port_attr taken at its value, and refused one
+ * past it with the errno a kernel provider gives: EINVAL for a size, ENOMEM for a table
+ * that is full. The tables are the fabric's: B opens nothing, so A has all of them.
+ */
+static void limits_a(struct peer *p)
+{
+	struct ibv_context *ctx = open_first(p);
+	struct ibv_device_attr da;
+	struct ibv_port_attr pa;
+	struct ibv_pd *pd = ibv_alloc_pd(ctx), **pds;
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0), **cqs;
+	struct ibv_qp **qps, *qp;
+	struct ibv_srq **srqs;
+	struct ibv_mr **mrs;
+	struct ibv_qp_attr a;
+	union ibv_gid gid;
+	__be16 pkey;
+	unsigned seed = 39;
+	static char page[4096];
+
+	CHECK(p, pd && cq);
+	CHECK(p, ibv_query_device(ctx, &da) == 0 && ibv_query_port(ctx, 1, &pa) == 0);
+
+	/* Receive queues, the smaller side: both sides at max_qp_wr x max_sge. */
+	qp = qp_with(pd, cq, (uint32_t)da.max_qp_wr, (uint32_t)da.max_qp_wr, (uint32_t)da.max_sge,
+		     (uint32_t)da.max_sge);
+	CHECK(p, qp != NULL, "(max_qp_wr %d max_sge %d: errno %d)", da.max_qp_wr, da.max_sge,
+	      errno);
+	CHECK(p, ibv_destroy_qp(qp) == 0);
+	REFUSED(p, qp_with(pd, cq, 1, (uint32_t)da.max_qp_wr + 1, 1, 1), EINVAL);
+	REFUSED(p, qp_with(pd, cq, 1, 1, 1, (uint32_t)da.max_sge + 1), EINVAL);
+	/* The issue's program: random sizes up to the reported maximum, every one taken. */
+	for (int i = 0; i < 64; i++) {
+		uint32_t s = 1 + (uint32_t)rand_r(&seed) % (uint32_t)da.max_qp_wr;
+		uint32_t r = 1 + (uint32_t)rand_r(&seed) % (uint32_t)da.max_qp_wr;
+		uint32_t g = 1 + (uint32_t)rand_r(&seed) % (uint32_t)da.max_sge;
+
+		qp = qp_with(pd, cq, s, r, g, g);
+		CHECK(p, qp != NULL, "(send %u recv %u sge %u: errno %d)", s, r, g, errno);
+		CHECK(p, ibv_destroy_qp(qp) == 0);
+	}
+	/* Send queues are process-local and take more, as a kernel's max_send_sge may. */
+	qp = qp_with(pd, cq, 32768, 1, 30, 1);
+	CHECK(p, qp != NULL, "(errno %d)", errno);
+	CHECK(p, ibv_destroy_qp(qp) == 0);
+	REFUSED(p, qp_with(pd, cq, 32769, 1, 1, 1), EINVAL);
+	REFUSED(p, qp_with(pd, cq, 1, 1, 31, 1), EINVAL);
+	{
+		struct ibv_qp_init_attr ud = {
+		    .send_cq = cq, .recv_cq = cq, .cap = {1, 1, 1, 1, 0}, .qp_type = IBV_QPT_UD};
+
+		REFUSED(p, ibv_create_qp(pd, &ud), EOPNOTSUPP);
+	}
+
+	/* SRQs. */
+	{
+		struct ibv_srq_init_attr si = {.attr = {.max_wr = (uint32_t)da.max_srq_wr,
+							.max_sge = (uint32_t)da.max_srq_sge}};
+		struct ibv_srq *srq = ibv_create_srq(pd, &si);
+
+		CHECK(p, srq != NULL, "(max_srq_wr %d max_srq_sge %d: errno %d)", da.max_srq_wr,
+		      da.max_srq_sge, errno);
+		CHECK(p, ibv_destroy_srq(srq) == 0);
+		si.attr.max_wr = (uint32_t)da.max_srq_wr + 1;
+		si.attr.max_sge = 1;
+		REFUSED(p, ibv_create_srq(pd, &si), EINVAL);
+		si.attr.max_wr = 1;
+		si.attr.max_sge = (uint32_t)da.max_srq_sge + 1;
+		REFUSED(p, ibv_create_srq(pd, &si), EINVAL);
+	}
+
+	/* CQ size (the largest takes its ring at once, 192 MiB, and gives it back). */
+	{
+		struct ibv_cq *big = ibv_create_cq(ctx, da.max_cqe, NULL, NULL, 0);
+
+		CHECK(p, big != NULL, "(max_cqe %d: errno %d)", da.max_cqe, errno);
+		CHECK(p, ibv_destroy_cq(big) == 0);
+		REFUSED(p, ibv_create_cq(ctx, da.max_cqe + 1, NULL, NULL, 0), EINVAL);
+		REFUSED(p, ibv_create_cq(ctx, 0, NULL, NULL, 0), EINVAL);
+	}
+
+	/* RDMA READ depth, P_Key and GID tables, MTU, on a QP connected to itself. */
+	qp = qp_with(pd, cq, 4, 4, 1, 1);
+	CHECK(p, qp != NULL);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.port_num = 1;
+	a.pkey_index = pa.pkey_tbl_len;
+	CHECK(p, ibv_modify_qp(qp, &a,
+			       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				   IBV_QP_ACCESS_FLAGS) == EINVAL);
+	a.pkey_index = pa.pkey_tbl_len - 1;
+	CHECK(p, ibv_modify_qp(qp, &a,
+			       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				   IBV_QP_ACCESS_FLAGS) == 0);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = pa.max_mtu;
+	a.dest_qp_num = qp->qp_num;
+	a.ah_attr.dlid = pa.lid;
+	a.ah_attr.port_num = 1;
+	a.max_dest_rd_atomic = (uint8_t)(da.max_qp_rd_atom + 1);
+	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	CHECK(p, ibv_modify_qp(qp, &a, rtr) == EINVAL);
+	a.max_dest_rd_atomic = (uint8_t)da.max_qp_rd_atom;
+	CHECK(p, ibv_modify_qp(qp, &a, rtr) == 0);
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = (uint8_t)(da.max_qp_init_rd_atom + 1);
+	int rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+		  IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
+	CHECK(p, ibv_modify_qp(qp, &a, rts) == EINVAL);
+	a.max_rd_atomic = (uint8_t)da.max_qp_init_rd_atom;
+	CHECK(p, ibv_modify_qp(qp, &a, rts) == 0);
+	CHECK(p, ibv_destroy_qp(qp) == 0);
+	CHECK(p, ibv_query_pkey(ctx, 1, pa.pkey_tbl_len - 1, &pkey) == 0);
+	CHECK(p, ibv_query_pkey(ctx, 1, pa.pkey_tbl_len, &pkey) == EINVAL);
+	CHECK(p, da.max_pkeys == pa.pkey_tbl_len);
+	CHECK(p, ibv_query_gid(ctx, 1, pa.gid_tbl_len - 1, &gid) == 0);
+	CHECK(p, ibv_query_gid(ctx, 1, pa.gid_tbl_len, &gid) == -1 && errno == EINVAL);
+
+	/* MR access flags as the kernel checks them. */
+	{
+		struct ibv_mr *mr = ibv_reg_mr(
+		    pd, page, sizeof(page), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
+
+		CHECK(p, mr != NULL, "(an optional flag is a hint: errno %d)", errno);
+		CHECK(p, ibv_dereg_mr(mr) == 0);
+		REFUSED(p, ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_REMOTE_WRITE), EINVAL);
+		REFUSED(p, ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_LOCAL_WRITE | (1 << 10)),
+			EINVAL);
+		REFUSED(p, ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_ON_DEMAND), EOPNOTSUPP);
+	}
+
+	/* The tables: every entry, then one more is ENOMEM. */
+	CHECK(p, ibv_destroy_cq(cq) == 0);
+	cqs = calloc((size_t)da.max_cq, sizeof(*cqs));
+	CHECK(p, cqs != NULL);
+	for (int i = 0; i < da.max_cq; i++) {
+		cqs[i] = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+		CHECK(p, cqs[i] != NULL, "(CQ %d of max_cq %d: errno %d)", i, da.max_cq, errno);
+	}
+	REFUSED(p, ibv_create_cq(ctx, 1, NULL, NULL, 0), ENOMEM);
+	for (int i = 1; i < da.max_cq; i++)
+		CHECK(p, ibv_destroy_cq(cqs[i]) == 0);
+	cq = cqs[0];
+	free(cqs);
+
+	qps = calloc((size_t)da.max_qp, sizeof(*qps));
+	CHECK(p, qps != NULL);
+	for (int i = 0; i < da.max_qp; i++) {
+		qps[i] = qp_with(pd, cq, 1, 1, 1, 1);
+		CHECK(p, qps[i] != NULL, "(QP %d of max_qp %d: errno %d)", i, da.max_qp, errno);
+	}
+	REFUSED(p, qp_with(pd, cq, 1, 1, 1, 1), ENOMEM);
+	for (int i = 0; i < da.max_qp; i++)
+		CHECK(p, ibv_destroy_qp(qps[i]) == 0);
+	free(qps);
+
+	srqs = calloc((size_t)da.max_srq, sizeof(*srqs));
+	CHECK(p, srqs != NULL);
+	for (int i = 0; i < da.max_srq; i++) {
+		struct ibv_srq_init_attr si = {.attr = {.max_wr = 1, .max_sge = 1}};
+
+		srqs[i] = ibv_create_srq(pd, &si);
+		CHECK(p, srqs[i] != NULL, "(SRQ %d of max_srq %d: errno %d)", i, da.max_srq, errno);
+	}
+	{
+		struct ibv_srq_init_attr si = {.attr = {.max_wr = 1, .max_sge = 1}};
+
+		REFUSED(p, ibv_create_srq(pd, &si), ENOMEM);
+	}
+	for (int i = 0; i < da.max_srq; i++)
+		CHECK(p, ibv_destroy_srq(srqs[i]) == 0);
+	free(srqs);
+
+	mrs = calloc((size_t)da.max_mr, sizeof(*mrs));
+	CHECK(p, mrs != NULL);
+	for (int i = 0; i < da.max_mr; i++) {
+		mrs[i] = ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_LOCAL_WRITE);
+		CHECK(p, mrs[i] != NULL, "(MR %d of max_mr %d: errno %d)", i, da.max_mr, errno);
+	}
+	REFUSED(p, ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_LOCAL_WRITE), ENOMEM);
+	for (int i = 0; i < da.max_mr; i++)
+		CHECK(p, ibv_dereg_mr(mrs[i]) == 0);
+	free(mrs);
+
+	/* PDs: this process holds one already. */
+	pds = calloc((size_t)da.max_pd, sizeof(*pds));
+	CHECK(p, pds != NULL);
+	for (int i = 1; i < da.max_pd; i++) {
+		pds[i] = ibv_alloc_pd(ctx);
+		CHECK(p, pds[i] != NULL, "(PD %d of max_pd %d: errno %d)", i, da.max_pd, errno);
+	}
+	REFUSED(p, ibv_alloc_pd(ctx), ENOMEM);
+	for (int i = 1; i < da.max_pd; i++)
+		CHECK(p, ibv_dealloc_pd(pds[i]) == 0);
+	free(pds);
+
+	CHECK(p, ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd) == 0);
+	CHECK(p, ibv_close_device(ctx) == 0);
+}
+
+/* Polls exactly these completions, in this order, and then nothing. */
+static void expect_only(struct peer *p, const uint64_t *ids, const int *status, int n)
+{
+	struct ibv_wc wc;
+
+	for (int i = 0; i < n; i++) {
+		CHECK(p, poll_one(p->cq, &wc, 1000) == 1, "(completion %d missing)", i);
+		CHECK(p, wc.wr_id == ids[i] && (int)wc.status == status[i],
+		      "(completion %d: wr_id %llu status %s, want wr_id %llu status %s)", i,
+		      (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status),
+		      (unsigned long long)ids[i], ibv_wc_status_str(status[i]));
+	}
+	CHECK(p, ibv_poll_cq(p->cq, 1, &wc) == 0, "(left: wr_id %llu status %s)",
+	      (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+}
+
+static void to_state(struct peer *p, int q, enum ibv_qp_state st)
+{
+	struct ibv_qp_attr a = {.qp_state = st};
+
+	CHECK(p, ibv_modify_qp(p->qp[q], &a, IBV_QP_STATE) == 0);
+}
+
+/*
+ * A QP taken ERR -> RESET -> RTS leaves no flush of its last life in the CQ it shares
+ * with two other QPs, whose completions (a success, another QP's flushes) stay in order;
+ * the reused QP's first completions are its new traffic.
+ */
+static void reset_clean_a(struct peer *p)
+{
+	struct ibv_qp_attr a = {
+	    .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = ACCESS_RW};
+	const uint64_t kept[] = {11, 12, 21, 22};
+	const int kept_st[] = {IBV_WC_SUCCESS, IBV_WC_SUCCESS, IBV_WC_WR_FLUSH_ERR,
+			       IBV_WC_WR_FLUSH_ERR};
+	const uint64_t fresh[] = {5, 6};
+	const int fresh_st[] = {IBV_WC_SUCCESS, IBV_WC_SUCCESS};
+
+	setup(p);
+	for (int i = 1; i <= 4; i++)
+		post_recv(p, 0, (uint64_t)i);
+	post_recv(p, 2, 21);
+	post_recv(p, 2, 22);
+	/* Completions of three QPs interleaved in the one CQ, none polled yet. */
+	post(p, 1, IBV_WR_RDMA_WRITE, 11, IBV_SEND_SIGNALED, 0, 64, 0, p->peer.rkey, 0);
+	usleep(300000);		     /* it lands and is acknowledged in microseconds */
+	to_state(p, 0, IBV_QPS_ERR); /* flushes 1..4 */
+	post(p, 1, IBV_WR_RDMA_WRITE, 12, IBV_SEND_SIGNALED, 0, 64, 0, p->peer.rkey, 0);
+	usleep(300000);
+	to_state(p, 2, IBV_QPS_ERR); /* flushes 21, 22 */
+	to_state(p, 0, IBV_QPS_RESET);
+	expect_only(p, kept, kept_st, 4);
+
+	/* The same QP again: RESET -> INIT -> RTR -> RTS, then traffic both ways. */
+	CHECK(p, ibv_modify_qp(p->qp[0], &a,
+			       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				   IBV_QP_ACCESS_FLAGS) == 0);
+	connect_qp(p, 0);
+	{
+		struct ibv_sge sge = {.addr = (uintptr_t)p->buf, .length = 64, .lkey = p->mr->lkey};
+		struct ibv_recv_wr wr = {.wr_id = 5, .sg_list = &sge, .num_sge = 1}, *bad;
+
+		CHECK(p, ibv_post_recv(p->qp[0], &wr, &bad) == 0);
+	}
+	sync_send(p, 1); /* B sends to it */
+	sync_wait(p, 2);
+	post(p, 0, IBV_WR_RDMA_WRITE, 6, IBV_SEND_SIGNALED, 0, 64, 0, p->peer.rkey, 0);
+	expect_only(p, fresh, fresh_st, 2);
+	/* RESET with nothing of its own queued leaves the CQ as it is. */
+	to_state(p, 0, IBV_QPS_RESET);
+	CHECK(p, ibv_poll_cq(p->cq, 1, &(struct ibv_wc){0}) == 0);
+	sync_send(p, 3);
+}
+
+static void reset_clean_b(struct peer *p)
+{
+	struct ibv_wc wc;
+
+	setup(p);
+	sync_wait(p, 1);
+	post(p, 0, IBV_WR_SEND, 7, IBV_SEND_SIGNALED, 0, 32, 0, 0, 0);
+	CHECK(p, poll_one(p->cq, &wc, 2000) == 1 && wc.wr_id == 7 && wc.status == IBV_WC_SUCCESS,
+	      "(status %s)", ibv_wc_status_str(wc.status));
+	sync_send(p, 2);
+	sync_wait(p, 3);
+}
+
+/* Completion vectors: those below num_comp_vectors, and nothing else (EINVAL). */
+static void comp_vector_a(struct peer *p)
+{
+	struct ibv_context *ctx = open_first(p);
+	const int bad[] = {-1, 1000, INT_MAX};
+
+	CHECK(p, ctx->num_comp_vectors >= 1);
+	for (int v = 0; v < ctx->num_comp_vectors; v++) {
+		struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, v);
+
+		CHECK(p, cq != NULL, "(vector %d: errno %d)", v, errno);
+		CHECK(p, ibv_destroy_cq(cq) == 0);
+	}
+	REFUSED(p, ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors), EINVAL);
+	REFUSED(p, ibv_create_cq(ctx, 16, NULL, NULL, ctx->num_comp_vectors + 1), EINVAL);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		REFUSED(p, ibv_create_cq(ctx, 16, NULL, NULL, bad[i]), EINVAL);
+	CHECK(p, ibv_close_device(ctx) == 0);
+}
+
+/* Descriptors of /dev/null, what a context's cmd_fd is (other threads open others). */
+static int null_fds(void)
+{
+	char path[64], target[64];
+	int n = 0;
+
+	for (int fd = 0; fd < 1024; fd++) {
+		ssize_t len;
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		len = readlink(path, target, sizeof(target) - 1);
+		if (len > 0) {
+			target[len] = '\0';
+			n += strcmp(target, "/dev/null") == 0;
+		}
+	}
+	return n;
+}
+
+/*
+ * cmd_fd is a descriptor a program can dup() and hand on (to a child, to
+ * ibv_import_device); sharing objects that way is unsupported, and the import calls
+ * say so (NULL, EOPNOTSUPP), in this process and in a child. Contexts give theirs back.
+ */
+static void cmd_fd_a(struct peer *p)
+{
+	struct ibv_context *ctx = open_first(p);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	static char page[4096];
+	struct ibv_mr *mr = ibv_reg_mr(pd, page, sizeof(page), IBV_ACCESS_LOCAL_WRITE);
+	int fd, st, before;
+	pid_t child;
+
+	CHECK(p, pd && mr);
+	fd = dup(ctx->cmd_fd);
+	CHECK(p, fd >= 0, "(dup(cmd_fd %d): errno %d)", ctx->cmd_fd, errno);
+	REFUSED(p, ibv_import_device(fd), EOPNOTSUPP);
+	REFUSED(p, ibv_import_pd(ctx, pd->handle), EOPNOTSUPP);
+	REFUSED(p, ibv_import_mr(pd, mr->handle), EOPNOTSUPP);
+	child = fork();
+	CHECK(p, child >= 0);
+	if (child == 0) {
+		errno = 0;
+		_exit(ibv_import_device(fd) == NULL && errno == EOPNOTSUPP ? 0 : 1);
+	}
+	CHECK(p, waitpid(child, &st, 0) == child && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	CHECK(p, close(fd) == 0);
+	CHECK(p, ibv_dereg_mr(mr) == 0 && ibv_dealloc_pd(pd) == 0);
+	CHECK(p, ibv_close_device(ctx) == 0);
+	before = null_fds();
+	for (int i = 0; i < 32; i++) {
+		ctx = open_first(p);
+		CHECK(p, ctx->cmd_fd >= 0 && ctx->cmd_fd != ctx->async_fd);
+		CHECK(p, ibv_close_device(ctx) == 0);
+	}
+	CHECK(p, null_fds() == before, "(%d descriptors, were %d)", null_fds(), before);
+}
+
 struct test {
 	const char *name;
 	role_fn a, b;
@@ -2452,6 +2865,10 @@ static const struct test tests[] = {
      .a = fair_a,
      .b = fair_b,
      .env = "SOFTVERBS_SHAPING=1;SOFTVERBS_NICS=mlx5_0:5,mlx5_1:5"},
+    {.name = "limits", .a = limits_a, .b = absent_b},
+    {.name = "reset_cleans_cq", .a = reset_clean_a, .b = reset_clean_b},
+    {.name = "comp_vector", .a = comp_vector_a, .b = absent_b},
+    {.name = "cmd_fd", .a = cmd_fd_a, .b = absent_b},
 };
 
 static void child_env(const struct test *t, char role)

@@ -44,6 +44,7 @@ static void sv_atfork_child(void)
 	sv_proc.ctxs = NULL;
 	sv_proc.cqs = NULL;
 	sv_proc.srqs = NULL;
+	atomic_store(&sv_proc.live_pds, 0);
 	sv_engines_forget();
 	sv_proc.pd_base = (uint32_t)getpid() << 12;
 	if (sv_proc.f && sv_fabric_join(sv_proc.f, &sv_proc.cfg, &sv_proc.proc_slot) < 0)
@@ -200,6 +201,15 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	}
 	if (pipe2(fds, O_CLOEXEC) != 0)
 		goto err_free;
+	/*
+	 * No kernel command channel stands behind a context, but programs dup() cmd_fd to
+	 * hand the context to a child or to ibv_import_device; a descriptor that exists
+	 * (reads end at once, writes and ioctls fail) lets them reach that call, which
+	 * answers EOPNOTSUPP (compat.c), instead of stopping at dup() with EBADF.
+	 */
+	ctx->vctx.context.cmd_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	if (ctx->vctx.context.cmd_fd < 0)
+		goto err_close_pipe;
 	ctx->nic = d->nic;
 	ctx->epoch = atomic_load(&sv_proc.f->nics[d->nic].epoch);
 	ctx->ev_wfd = fds[1];
@@ -210,7 +220,6 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	ctx->vctx.query_device_ex = sv_query_device_ex_op;
 	ctx->vctx.create_qp_ex = sv_create_qp_ex;
 	ctx->vctx.context.device = device;
-	ctx->vctx.context.cmd_fd = -1;
 	ctx->vctx.context.async_fd = fds[0];
 	ctx->vctx.context.num_comp_vectors = 1;
 	ctx->vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -227,6 +236,11 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	sv_thread_start();
 	return &ctx->vctx.context;
 
+err_close_pipe:
+	rc = errno;
+	close(fds[0]);
+	close(fds[1]);
+	errno = rc;
 err_free:
 	rc = errno;
 	free(ctx);
@@ -246,6 +260,7 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 		*pp = ctx->next;
 	pthread_mutex_unlock(&sv_proc.lock);
 	close(context->async_fd);
+	close(context->cmd_fd);
 	close(ctx->ev_wfd);
 	pthread_mutex_destroy(&ctx->ev_lock);
 	free(ctx);
@@ -418,21 +433,26 @@ SV_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_at
 	attr->vendor_id = 0x5efe;
 	attr->vendor_part_id = 1;
 	attr->hw_ver = 1;
+	/*
+	 * What every QP, CQ, SRQ and MR call accepts (conformance's `limits` creates each
+	 * maximum and is refused one more). Per queue the receive side is the smaller one
+	 * (internal.h); tables are fabric-wide, PDs counted per process.
+	 */
 	attr->max_qp = SV_MAX_QPS;
-	attr->max_qp_wr = SV_MAX_SEND_WR;
+	attr->max_qp_wr = SV_RQ_CAP;
 	attr->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_PORT_ACTIVE_EVENT;
-	attr->max_sge = SV_MAX_SEND_SGE;
+	attr->max_sge = SV_RQ_SGE;
 	attr->max_sge_rd = SV_MAX_SEND_SGE;
 	attr->max_cq = SV_MAX_CQS;
 	attr->max_cqe = SV_MAX_CQE;
-	attr->max_mr = SV_MAX_MRS;
-	attr->max_pd = 1 << 16;
+	attr->max_mr = SV_MAX_MRS - 1; /* slot 0 is never a key */
+	attr->max_pd = SV_MAX_PDS;
 	attr->max_srq = SV_MAX_SRQS;
 	attr->max_srq_wr = SV_SRQ_CAP;
 	attr->max_srq_sge = SV_RQ_SGE;
-	attr->max_qp_rd_atom = 16;
-	attr->max_res_rd_atom = 16 * SV_MAX_QPS;
-	attr->max_qp_init_rd_atom = 16;
+	attr->max_qp_rd_atom = SV_MAX_RD_ATOM;
+	attr->max_res_rd_atom = SV_MAX_RD_ATOM * SV_MAX_QPS;
+	attr->max_qp_init_rd_atom = SV_MAX_RD_ATOM;
 	attr->atomic_cap = IBV_ATOMIC_NONE;
 	attr->max_pkeys = 1;
 	attr->local_ca_ack_delay = 16;
@@ -664,8 +684,15 @@ SV_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context)
 		errno = EIO;
 		return NULL;
 	}
+	/* As a device out of PD numbers: ENOMEM past what max_pd reports. */
+	if (atomic_fetch_add(&sv_proc.live_pds, 1) >= SV_MAX_PDS) {
+		atomic_fetch_sub(&sv_proc.live_pds, 1);
+		errno = ENOMEM;
+		return NULL;
+	}
 	pd = calloc(1, sizeof(*pd));
 	if (!pd) {
+		atomic_fetch_sub(&sv_proc.live_pds, 1);
 		errno = ENOMEM;
 		return NULL;
 	}
@@ -682,6 +709,7 @@ SV_EXPORT int ibv_dealloc_pd(struct ibv_pd *ibpd)
 	if (atomic_load(&pd->users))
 		return EBUSY;
 	free(pd);
+	atomic_fetch_sub(&sv_proc.live_pds, 1);
 	return 0;
 }
 
@@ -692,6 +720,23 @@ struct sv_mr_slot *sv_mr_find(struct sv_fabric *f, uint32_t key)
 	return key && atomic_load(&m->key) == key ? m : NULL;
 }
 
+/*
+ * MR access flags as the kernel checks them (ib_check_mr_access): a bit it does not
+ * know is EINVAL, remote write and atomics need local write (the IB spec), and on-demand
+ * paging, which this device lacks, is EOPNOTSUPP.
+ */
+static int sv_mr_access_check(unsigned int access)
+{
+	if (access & ~((IBV_ACCESS_HUGETLB << 1) - 1))
+		return EINVAL;
+	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+	    !(access & IBV_ACCESS_LOCAL_WRITE))
+		return EINVAL;
+	if (access & IBV_ACCESS_ON_DEMAND)
+		return EOPNOTSUPP;
+	return 0;
+}
+
 /* An MR; dmabuf: the device-memory buffer it is in (devmem.c), 0 for host memory. */
 struct ibv_mr *sv_mr_register(struct ibv_pd *ibpd, void *addr, size_t length, uint64_t iova,
 			      unsigned int access, uint64_t dmabuf, uint64_t dmabuf_off)
@@ -700,16 +745,16 @@ struct ibv_mr *sv_mr_register(struct ibv_pd *ibpd, void *addr, size_t length, ui
 	struct sv_fabric *f = sv_proc.f;
 	struct sv_mr *mr;
 	uint32_t gen, key;
-	int i;
+	int i, err;
 
 	if (sv_ctx_dead(ibpd->context)) {
 		errno = EIO;
 		return NULL;
 	}
-	/* Remote write and atomics need local write, as the IB spec and every provider say. */
-	if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
-	    !(access & IBV_ACCESS_LOCAL_WRITE)) {
-		errno = EINVAL;
+	access &= ~IBV_ACCESS_OPTIONAL_RANGE; /* hints a device may ignore, as libibverbs does */
+	err = sv_mr_access_check(access);
+	if (err) {
+		errno = err;
 		return NULL;
 	}
 	if (!addr && length) {
@@ -792,11 +837,15 @@ SV_EXPORT int ibv_rereg_mr(struct ibv_mr *ibmr, int flags, struct ibv_pd *ibpd, 
 		errno = EINVAL;
 		return IBV_REREG_MR_ERR_INPUT;
 	}
-	if ((flags & IBV_REREG_MR_CHANGE_ACCESS) &&
-	    (access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
-	    !(access & IBV_ACCESS_LOCAL_WRITE)) {
-		errno = EINVAL;
-		return IBV_REREG_MR_ERR_CMD;
+	if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+		int err;
+
+		access &= ~IBV_ACCESS_OPTIONAL_RANGE;
+		err = sv_mr_access_check((unsigned)access);
+		if (err) {
+			errno = err;
+			return IBV_REREG_MR_ERR_CMD;
+		}
 	}
 	if (flags & IBV_REREG_MR_CHANGE_PD)
 		pd = sv_container_of(ibpd, struct sv_pd, pd);

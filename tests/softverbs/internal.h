@@ -17,11 +17,18 @@
 #include <pthread.h>
 #include <stddef.h>
 
-#define SV_EXPORT			 __attribute__((visibility("default")))
+/*
+ * A send queue is process-local and may be larger than a receive queue, which lives in
+ * the fabric (SV_RQ_CAP x SV_RQ_SGE): ibv_query_device reports the smaller of the two,
+ * as the kernel reports max_sge = min(max_send_sge, max_recv_sge), and sends take more.
+ */
 #define SV_MAX_SEND_WR			 32768
 #define SV_MAX_SEND_SGE			 30
+#define SV_MAX_PDS			 65536 /* live PDs per process */
+#define SV_MAX_RD_ATOM			 16    /* max_qp_rd_atom, max_qp_init_rd_atom */
 #define SV_MAX_INLINE			 512
 #define SV_EVQ_CAP			 256
+#define SV_EXPORT			 __attribute__((visibility("default")))
 #define sv_container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
 struct sv_device {
@@ -172,6 +179,7 @@ struct sv_process {
 	struct sv_srq *srqs;
 	uint32_t pd_base;
 	_Atomic uint32_t next_pd;
+	_Atomic uint32_t live_pds; /* at most SV_MAX_PDS, what max_pd reports */
 	_Atomic uint32_t qps_made; /* QPs created by this process (their draw identity) */
 };
 

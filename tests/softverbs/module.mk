@@ -4,6 +4,7 @@
 #   $(BUILD)/tests/softverbs/{unit,compat,conformance,roce}  its tests
 #   $(BUILD)/bin/softverbs-bw                             its bandwidth and latency benchmark
 #   $(BUILD)/bin/softverbs-pieces                         the kernel's cost of word-by-word landing
+#   $(BUILD)/bin/softverbs-limits                         each reported limit against what is accepted
 
 SV_DIR   := tests/softverbs
 SV_OUT   := $(BUILD)/softverbs
@@ -18,6 +19,7 @@ SV_ROCE  := $(SV_TDIR)/roce
 SV_COMPAT := $(SV_TDIR)/compat
 SV_BW    := $(BUILD)/bin/softverbs-bw
 SV_PIECES := $(BUILD)/bin/softverbs-pieces
+SV_LIMITS := $(BUILD)/bin/softverbs-limits
 
 SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o \
                $(SV_OBJ)/srq.o $(SV_OBJ)/compat.o $(SV_OBJ)/devmem.o
@@ -61,15 +63,20 @@ $(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(SV_OBJ)/bw.o -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../softverbs' -pthread
 
+$(SV_LIMITS): $(SV_OBJ)/limits.o $(SV_LINK)
+	@mkdir -p $(@D)
+	$(CC) -o $@ $(SV_OBJ)/limits.o -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../softverbs'
+
 $(SV_PIECES): $(SV_OBJ)/pieces.o
 	@mkdir -p $(@D)
 	$(CC) -o $@ $<
 
 -include $(SV_OBJ)/*.d
 
-ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW) $(SV_PIECES)
+ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW) $(SV_PIECES) $(SV_LIMITS)
 TEST_DEPS   += $(SV_UNIT) $(SV_COMPAT) $(SV_CONF) $(SV_ROCE)
-CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF) 60@$(SV_ROCE) 30@$(SV_DIR)/topo_check.py
+CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF) 60@$(SV_ROCE) 30@$(SV_DIR)/topo_check.py \
+               30@$(SV_LIMITS)
 # rdma-core's own programs over the device (scripts/deps.sh installs them): every one
 # loads, ibv_*_pingpong and perftest between two emulated nodes.
 CPU_TESTS   += 60@$(SV_DIR)/abi.sh:$(BUILD) 60@$(SV_DIR)/pingpong.sh:$(BUILD) \

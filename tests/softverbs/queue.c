@@ -368,7 +368,9 @@ SV_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, voi
 		errno = EIO;
 		return NULL;
 	}
-	if (cqe < 1 || cqe > SV_MAX_CQE) {
+	/* As the kernel checks them: a vector the context lacks, a size past max_cqe. */
+	if (cqe < 1 || cqe > SV_MAX_CQE || comp_vector < 0 ||
+	    comp_vector >= context->num_comp_vectors) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -1079,6 +1081,46 @@ static void sv_qp_set_state(struct sv_qp *qp, enum ibv_qp_state st)
 	atomic_store(&qp->s->state, st);
 }
 
+/*
+ * Removes a QP's completions from a CQ, as mlx5 does when the QP goes to RESET
+ * (mlx5_modify_qp -> mlx5_cq_clean): a QP reused after ERR -> RESET must not poll the
+ * flushes of its last life. The others' completions stay, in order: the ones kept are
+ * moved toward the tail and the head advances past the gap. Neither producers (the
+ * slot's lock) nor pollers (poll_lock) run meanwhile; that is resize's order.
+ */
+static void sv_cq_clean(struct ibv_cq *ibcq, uint32_t qpn)
+{
+	struct sv_cq *cq = to_cq(ibcq);
+	struct sv_cq_slot *s = cq->s;
+	uint64_t head, tail, keep;
+
+	sv_lock(&s->lock);
+	pthread_mutex_lock(&cq->poll_lock);
+	head = atomic_load(&s->head);
+	tail = atomic_load(&s->tail);
+	keep = tail;
+	for (uint64_t k = tail; k != head; k--) {
+		struct ibv_wc *wc = &cq->ring[(k - 1) & cq->mask];
+
+		if (wc->qp_num == qpn)
+			continue;
+		keep--;
+		if (keep != k - 1)
+			cq->ring[keep & cq->mask] = *wc;
+	}
+	atomic_store_explicit(&s->head, keep, memory_order_release);
+	pthread_mutex_unlock(&cq->poll_lock);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* A QP entering RESET: its completions leave both of its CQs (an SRQ's receives too). */
+static void sv_qp_clean_cqs(struct sv_qp *qp)
+{
+	sv_cq_clean(qp->qp.recv_cq, qp->qp.qp_num);
+	if (qp->qp.send_cq != qp->qp.recv_cq)
+		sv_cq_clean(qp->qp.send_cq, qp->qp.qp_num);
+}
+
 SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int mask)
 {
 	struct sv_qp *qp = to_qp(ibqp);
@@ -1093,6 +1135,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		rc = EIO;
 		if ((mask & IBV_QP_STATE) && (next == IBV_QPS_ERR || next == IBV_QPS_RESET)) {
 			sv_qp_set_state(qp, next);
+			if (next == IBV_QPS_RESET)
+				sv_qp_clean_cqs(qp); /* mlx5 cleans in user space, dead or not */
 			rc = 0;
 		}
 		goto out;
@@ -1108,8 +1152,9 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 	    ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) ||
 	    ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) ||
 	    ((mask & IBV_QP_MIN_RNR_TIMER) && attr->min_rnr_timer > 31) ||
-	    ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > 16) ||
-	    ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > 16) ||
+	    ((mask & IBV_QP_MAX_QP_RD_ATOMIC) && attr->max_rd_atomic > SV_MAX_RD_ATOM) ||
+	    ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && attr->max_dest_rd_atomic > SV_MAX_RD_ATOM) ||
+	    ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index != 0) || /* pkey_tbl_len 1 */
 	    ((mask & IBV_QP_AV) && attr->ah_attr.port_num > 1))
 		goto out;
 	/* A RoCE port needs a GRH from a GID of its own (EINVAL, ENODATA for an empty one). */
@@ -1168,6 +1213,8 @@ SV_EXPORT int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *attr, int m
 		sv_qp_set_state(qp, next);
 		if (next == IBV_QPS_ERR)
 			sv_qp_flush(qp);
+		else if (next == IBV_QPS_RESET)
+			sv_qp_clean_cqs(qp);
 	}
 	rc = 0;
 out:
