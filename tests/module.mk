@@ -37,8 +37,13 @@ FORMAT_SRCS += $(wildcard tests/unit/test_params.c tests/unit/test_registry.c te
 $(BUILD)/tests/preload/verbs_preload: tests/preload/verbs_preload.c
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -o $@ $< -ldl
+# The same linked against libibverbs (the software device's, found at run time through
+# LD_LIBRARY_PATH): by symbol, no dlvsym.
+$(BUILD)/tests/preload/verbs_preload_direct: tests/preload/verbs_preload.c $(BUILD)/softverbs/libibverbs.so
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -DPRELOAD_DIRECT -o $@ $< -L$(BUILD)/softverbs -libverbs -ldl
 
-TEST_DEPS += $(BUILD)/tests/preload/verbs_preload
+TEST_DEPS += $(BUILD)/tests/preload/verbs_preload $(BUILD)/tests/preload/verbs_preload_direct
 CPU_TESTS += 120@tests/preload/run.sh
 FORMAT_SRCS += tests/preload/verbs_preload.c
 

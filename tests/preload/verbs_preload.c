@@ -8,7 +8,13 @@
  * the functions handed out and the context's data-path ops must be R2CC's,
  * and R2CC's per-NIC counters must show the bytes posted.
  *
- *   verbs_preload [--expect-wrapped | --expect-real]
+ * verbs_preload_direct is the same program linked against libibverbs: it
+ * reaches every function by symbol, as code that links libibverbs does.
+ *
+ *   verbs_preload [--expect-wrapped | --expect-real | --expect-forwarded]
+ * (--expect-forwarded: R2CC_MODE=0 under the preload by symbol, where the names
+ * bind to libr2cc.so's exports, which forward; the data-path ops stay the
+ * provider's.)
  */
 #include "include/r2cc.h"
 
@@ -89,6 +95,19 @@ static void check_owner(const char *name, const void *fn)
 		CHECK(strstr(o, "libr2cc") != NULL, "%s handed out by %s, not libr2cc", name, o);
 	else if (!strcmp(mode, "--expect-real"))
 		CHECK(strstr(o, "libibverbs") != NULL, "%s handed out by %s", name, o);
+	else if (!strcmp(mode, "--expect-forwarded")) /* by symbol, R2CC_MODE=0 */
+		CHECK(strstr(o, "libr2cc") != NULL || strstr(o, "libibverbs") != NULL,
+		      "%s bound to %s", name, o);
+}
+
+/* A context's data-path op: R2CC's when wrapped, the provider's otherwise. */
+static void check_op(const char *name, const void *fn)
+{
+	const char *o = owner(fn);
+	if (!strcmp(mode, "--expect-wrapped"))
+		CHECK(strstr(o, "libr2cc") != NULL, "%s is %s's, not libr2cc's", name, o);
+	else
+		CHECK(strstr(o, "libibverbs") != NULL, "%s is %s's", name, o);
 }
 
 static void *resolve(void *h, const char *name)
@@ -178,7 +197,19 @@ int main(int argc, char **argv)
 		printf("cannot dlopen libibverbs: %s\n", dlerror());
 		return 2;
 	}
+#ifdef PRELOAD_DIRECT
+	/* verbs_preload_direct: linked against libibverbs, each function is the symbol
+	 * the dynamic linker bound at rdma-core's default version, as for HPC-X's net
+	 * plugin; an interposer must export it. */
+	(void)resolve;
+#define R(name)                                                                                    \
+	do {                                                                                       \
+		p_##name = (__typeof__(p_##name))(void *) & name;                                  \
+		check_owner(#name, (const void *)p_##name);                                        \
+	} while (0)
+#else
 #define R(name) p_##name = (__typeof__(p_##name))resolve(h, #name)
+#endif
 	R(ibv_get_device_list);
 	R(ibv_free_device_list);
 	R(ibv_get_device_name);
@@ -216,9 +247,9 @@ int main(int argc, char **argv)
 	note_ptr("open_device", ctx, errno);
 	if (!ctx)
 		return 1;
-	check_owner("ops.post_send", (void *)ctx->ops.post_send);
-	check_owner("ops.post_recv", (void *)ctx->ops.post_recv);
-	check_owner("ops.poll_cq", (void *)ctx->ops.poll_cq);
+	check_op("ops.post_send", (void *)ctx->ops.post_send);
+	check_op("ops.post_recv", (void *)ctx->ops.post_recv);
+	check_op("ops.poll_cq", (void *)ctx->ops.poll_cq);
 
 	struct ibv_device_attr da;
 	note_int("query_device", p_ibv_query_device(ctx, &da));
