@@ -113,8 +113,11 @@ CPU_TESTS   += 120@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-er
 # Exactly once on both link layers (tests/drill/link-matrix.sh): every fault kind x
 # {InfiniBand, RoCE v2: a subnet per rail, routed, a lossless class no byte may leave}
 # x {2, 4 processes} x {flush off, on}, 3 seeds a cell (24 a kind); with the rows above
-# and the stall matrix, at least 100 seeds of every kind.
+# and the stall matrix, at least 100 seeds of every kind. The same matrix once more,
+# one seed a cell, through r2cc-verbs-drill-direct: the worker linked against
+# libibverbs, whose verbs R2CC reaches by symbol (HPC-X's net plugin's door).
 CPU_TESTS   += 600@$(DRILL_DIR)/link-matrix.sh:$(BUILD):3 \
+	       300@$(DRILL_DIR)/link-matrix.sh:$(BUILD):1:-:r2cc-verbs-drill-direct \
 	       120@$(DRILL):--fault:blackhole-tx:--seeds:76:--nccl-stub \
 	       120@$(DRILL):--fault:blackhole-rx:--seeds:76:--nccl-stub \
 	       60@$(DRILL):--fault:ackloss:--seeds:20:--nccl-stub \
