@@ -39,6 +39,21 @@ $(SV_LIB): $(SV_LIB_OBJS) $(SV_DIR)/libibverbs.map
 $(SV_LINK): $(SV_LIB)
 	ln -sf libibverbs.so.1 $@
 
+# libmlx5.so.1 (+ libmlx5.so): the mlx5 Direct Verbs stand-in (mlx5.c), on the device.
+# A folder of its own, put on LD_LIBRARY_PATH only where wanted: rdma-core's programs
+# (perftest, pyverbs) link Debian's libmlx5 for far more than it has.
+SV_MLX5 := $(SV_OUT)/mlx5/libmlx5.so.1
+SV_MLX5_LINK := $(SV_OUT)/mlx5/libmlx5.so
+
+$(SV_MLX5): $(SV_OBJ)/mlx5.o $(SV_DIR)/libmlx5.map $(SV_LINK)
+	@mkdir -p $(@D)
+	$(CC) -shared -o $@ $(SV_OBJ)/mlx5.o -Wl,-soname,libmlx5.so.1 \
+	  -Wl,--version-script=$(SV_DIR)/libmlx5.map -Wl,-z,defs -L$(SV_OUT) -libverbs \
+	  -Wl,-rpath,'$$ORIGIN/..'
+
+$(SV_MLX5_LINK): $(SV_MLX5)
+	ln -sf libmlx5.so.1 $@
+
 $(SV_CTL): $(SV_OBJ)/ctl.o $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o
 	@mkdir -p $(@D)
 	$(CC) -o $@ $^ -pthread
@@ -73,7 +88,7 @@ $(SV_PIECES): $(SV_OBJ)/pieces.o
 
 -include $(SV_OBJ)/*.d
 
-ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_CTL) $(SV_BW) $(SV_PIECES) $(SV_LIMITS)
+ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_MLX5) $(SV_MLX5_LINK) $(SV_CTL) $(SV_BW) $(SV_PIECES) $(SV_LIMITS)
 TEST_DEPS   += $(SV_UNIT) $(SV_COMPAT) $(SV_CONF) $(SV_ROCE)
 CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF) 60@$(SV_ROCE) 30@$(SV_DIR)/topo_check.py \
                30@$(SV_LIMITS)
