@@ -27,6 +27,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,26 +101,38 @@ R2CC_EARLY static dlvsym_fn get_real_dlvsym(void)
 }
 
 /*
- * The libibverbs whose functions are the real ones: the handle NCCL resolved
- * through, else (a caller that links libibverbs) the one already loaded as that
- * caller's dependency, found by soname: it may sit in a plugin's local scope,
- * where RTLD_NEXT would not see it.
+ * The library whose functions are the real ones: the handle NCCL resolved through,
+ * else (a caller that links the library) the one already loaded as that caller's
+ * dependency, found by soname: it may sit in a plugin's local scope, where
+ * RTLD_NEXT would not see it.
  */
-static void *verbs_lib(void)
+static void *lib_handle(void **slot, const char *soname)
 {
-	void *h = __atomic_load_n(&verbs_handle, __ATOMIC_ACQUIRE);
+	void *h = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
 	if (h)
 		return h;
-	h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
+	h = dlopen(soname, RTLD_NOW | RTLD_NOLOAD);
 	if (!h)
-		h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+		h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
 	void *none = NULL;
-	if (h && !__atomic_compare_exchange_n(&verbs_handle, &none, h, false, __ATOMIC_ACQ_REL,
+	if (h && !__atomic_compare_exchange_n(slot, &none, h, false, __ATOMIC_ACQ_REL,
 					      __ATOMIC_ACQUIRE)) {
 		dlclose(h);
 		h = none;
 	}
 	return h;
+}
+
+static void *verbs_lib(void)
+{
+	return lib_handle(&verbs_handle, "libibverbs.so.1");
+}
+
+static void *mlx5_handle; /* libmlx5: NCCL's handle, or the one loaded */
+
+static void *mlx5_lib(void)
+{
+	return lib_handle(&mlx5_handle, "libmlx5.so.1");
 }
 
 /* Resolve a real function a wrapper needs that its caller has not asked for yet,
@@ -134,16 +147,16 @@ static void *resolve_real(const char *name, const char *version)
 }
 
 /* The real function behind an export, at the version the caller linked against. */
-static bool sym_real(void **slot, const char *name, const char *version)
+static bool sym_real(void **slot, void *(*lib)(void), const char *name, const char *version)
 {
 	if (r2cc_likely(__atomic_load_n(slot, __ATOMIC_ACQUIRE) != NULL))
 		return true;
 	dlvsym_fn f = get_real_dlvsym();
-	void *h = verbs_lib();
+	void *h = lib();
 	void *fn = f && h ? f(h, name, version) : NULL;
 	if (!fn) {
-		R2CC_WARN("verbs: %s@%s: libibverbs has no such function (%s)", name, version,
-			  h ? "its version is older than the caller's" : "it cannot be found");
+		R2CC_WARN("verbs: %s@%s: the library has no such function (%s)", name, version,
+			  h ? "it is older than the caller's" : "it cannot be found");
 		return false;
 	}
 	__atomic_store_n(slot, fn, __ATOMIC_RELEASE);
@@ -1058,7 +1071,7 @@ static int wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_ev
 	R2CC_EXPORT ret export_##name params __asm__(#name);                                       \
 	ret export_##name params                                                                   \
 	{                                                                                          \
-		if (r2cc_unlikely(!sym_real((void **)&real_##name, #name, ver))) {                 \
+		if (r2cc_unlikely(!sym_real((void **)&real_##name, verbs_lib, #name, ver))) {      \
 			errno = ENOSYS;                                                            \
 			return VERBS_NONE(ret);                                                    \
 		}                                                                                  \
@@ -1072,12 +1085,132 @@ static int wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_ev
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN
 
+/* --- mlx5 Direct Verbs ------------------------------------------------------ */
+
+/*
+ * NCCL's own transport resolves mlx5dv_* from libmlx5 with dlvsym (2.27.3+ data
+ * direct: mlx5dv_reg_dmabuf_mr; 2.30+ with NCCL_IB_OOO_RQ=1: mlx5dv_create_qp), and
+ * HPC-X's net plugin links libmlx5: both doors lead here, as for libibverbs. A QP
+ * mlx5dv_create_qp makes is recorded as ibv_create_qp's are, and repaired alike
+ * (its new path is a plain RC QP, which is what it is), unless it asks for what a
+ * new path cannot give: an out-of-order receive queue (MLX5DV_QP_CREATE_OOO_DP)
+ * lets the NIC place a message's data and consume receives out of order, and hot
+ * repair's exactly-once plan rests on RC's in-order placement, so such a QP is
+ * refused with one warning naming NCCL_IB_OOO_RQ. A data-direct registration
+ * enters the MR records and mirrors as a dma-buf one.
+ */
+#define R2CC_MLX5DV_QP_CREATE_OOO_DP (1u << 7) /* rdma-core 50+'s mlx5dv.h */
+
+typedef struct ibv_qp *(*mlx5dv_create_qp_fn)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
+					      struct mlx5dv_qp_init_attr *);
+typedef struct ibv_mr *(*mlx5dv_reg_dmabuf_mr_fn)(struct ibv_pd *, uint64_t, size_t, uint64_t, int,
+						  int, int);
+static mlx5dv_create_qp_fn real_mlx5dv_create_qp;
+static mlx5dv_reg_dmabuf_mr_fn real_mlx5dv_reg_dmabuf_mr;
+
+static struct ibv_qp *wrap_mlx5dv_create_qp(struct ibv_context *ctx,
+					    struct ibv_qp_init_attr_ex *attr,
+					    struct mlx5dv_qp_init_attr *mattr)
+{
+	struct ibv_qp *qp = real_mlx5dv_create_qp(ctx, attr, mattr);
+	if (!attr || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD))
+		return qp; /* no PD: not a QP R2CC can place */
+	static const struct refusal ooo = {
+	    "queue pairs with an out-of-order receive queue (mlx5dv_create_qp with "
+	    "MLX5DV_QP_CREATE_OOO_DP)",
+	    "hot repair's exactly-once plan rests on RC's in-order data placement",
+	    "unset NCCL_IB_OOO_RQ, which is off by default"};
+	static const struct refusal dv = {
+	    "queue pairs made by mlx5dv_create_qp with mlx5 attributes",
+	    "hot repair cannot give a new path those attributes", NULL};
+	static const struct refusal ex = {
+	    "queue pairs made by mlx5dv_create_qp with extended attributes",
+	    "hot repair cannot give a new path those attributes", NULL};
+	const struct refusal *no = NULL;
+	uint64_t mmask = mattr ? mattr->comp_mask : 0;
+	uint32_t flags = mmask & MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS ? mattr->create_flags : 0;
+	if (flags & R2CC_MLX5DV_QP_CREATE_OOO_DP)
+		no = &ooo;
+	else if ((mmask & ~(uint64_t)MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS) || flags)
+		no = &dv;
+	else if (attr->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS))
+		no = &ex;
+	return record_qp(attr->pd, (struct ibv_qp_init_attr *)attr, qp, no);
+}
+
+static struct ibv_mr *wrap_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+						uint64_t iova, int fd, int access, int mlx5_access)
+{
+	struct r2cc_mr_mirror_src src = {R2CC_MR_DMABUF, NULL, iova, offset, fd, len, access};
+	struct ibv_mr *mr = real_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
+	if (!mr)
+		return NULL;
+	return mirror_mr(pd, note_mr(pd, mr, iova, len, access, false), src);
+}
+
+static struct ibv_qp *hook_mlx5dv_create_qp(struct ibv_context *ctx,
+					    struct ibv_qp_init_attr_ex *attr,
+					    struct mlx5dv_qp_init_attr *mattr)
+{
+	VERBS_ENTER();
+	return wrap_mlx5dv_create_qp(ctx, attr, mattr);
+}
+
+static struct ibv_mr *hook_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+						uint64_t iova, int fd, int access, int mlx5_access)
+{
+	VERBS_ENTER();
+	return wrap_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
+}
+
+R2CC_EXPORT struct ibv_qp *export_mlx5dv_create_qp(struct ibv_context *ctx,
+						   struct ibv_qp_init_attr_ex *attr,
+						   struct mlx5dv_qp_init_attr *mattr)
+    __asm__("mlx5dv_create_qp");
+struct ibv_qp *export_mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr,
+				       struct mlx5dv_qp_init_attr *mattr)
+{
+	if (r2cc_unlikely(!sym_real((void **)&real_mlx5dv_create_qp, mlx5_lib, "mlx5dv_create_qp",
+				    "MLX5_1.3"))) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (in_verbs || !r2cc_active())
+		return real_mlx5dv_create_qp(ctx, attr, mattr);
+	VERBS_ENTER();
+	return wrap_mlx5dv_create_qp(ctx, attr, mattr);
+}
+
+R2CC_EXPORT struct ibv_mr *export_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
+						       size_t len, uint64_t iova, int fd,
+						       int access, int mlx5_access)
+    __asm__("mlx5dv_reg_dmabuf_mr");
+struct ibv_mr *export_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+					   uint64_t iova, int fd, int access, int mlx5_access)
+{
+	if (r2cc_unlikely(!sym_real((void **)&real_mlx5dv_reg_dmabuf_mr, mlx5_lib,
+				    "mlx5dv_reg_dmabuf_mr", "MLX5_1.25"))) {
+		errno = ENOSYS;
+		return NULL;
+	}
+	if (in_verbs || !r2cc_active())
+		return real_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
+	VERBS_ENTER();
+	return wrap_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
+}
+
 /* --- the hook ------------------------------------------------------------- */
 
 struct verbs_entry {
 	const char *name;
 	void **real;
 	void *wrapper;
+};
+
+static const struct verbs_entry mlx5_table[] = {
+    {"mlx5dv_create_qp", (void **)&real_mlx5dv_create_qp, (void *)hook_mlx5dv_create_qp},
+    {"mlx5dv_reg_dmabuf_mr", (void **)&real_mlx5dv_reg_dmabuf_mr,
+     (void *)hook_mlx5dv_reg_dmabuf_mr},
 };
 
 static const struct verbs_entry verbs_table[] = {
@@ -1101,12 +1234,18 @@ R2CC_EXPORT R2CC_EARLY void *dlvsym(void *handle, const char *symbol, const char
 	void *fn = real(handle, symbol, version);
 	/* By hand, and before the thread-local in_hook: strncmp and __tls_get_addr are
 	 * intercepted too. */
-	if (!fn || symbol[0] != 'i' || symbol[1] != 'b' || symbol[2] != 'v' || symbol[3] != '_')
+	if (!fn)
 		return fn;
-	return verbs_hook(handle, symbol, version, fn);
+	if (symbol[0] == 'i' && symbol[1] == 'b' && symbol[2] == 'v' && symbol[3] == '_')
+		return verbs_hook(handle, symbol, version, fn);
+	if (symbol[0] == 'm' && symbol[1] == 'l' && symbol[2] == 'x' && symbol[3] == '5' &&
+	    symbol[4] == 'd' && symbol[5] == 'v' && symbol[6] == '_')
+		return verbs_hook(handle, symbol, version, fn);
+	return fn;
 }
 
-/* dlvsym's ibv_* names: hand back the wrapper and remember the real function. */
+/* dlvsym's ibv_* and mlx5dv_* names: hand back the wrapper and remember the real
+ * function. */
 static void *verbs_hook(void *handle, const char *symbol, const char *version, void *fn)
 {
 	if (in_hook)
@@ -1116,18 +1255,21 @@ static void *verbs_hook(void *handle, const char *symbol, const char *version, v
 		in_hook = 0;
 		return fn;
 	}
+	bool mlx5 = symbol[0] == 'm';
+	const struct verbs_entry *table = mlx5 ? mlx5_table : verbs_table;
+	size_t n = mlx5 ? R2CC_ARRAY_SIZE(mlx5_table) : R2CC_ARRAY_SIZE(verbs_table);
 	void *out = fn;
-	for (size_t i = 0; i < R2CC_ARRAY_SIZE(verbs_table); i++) {
-		if (strcmp(verbs_table[i].name, symbol))
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(table[i].name, symbol))
 			continue;
 		void *none = NULL;
-		__atomic_compare_exchange_n(&verbs_handle, &none, handle, false, __ATOMIC_ACQ_REL,
-					    __ATOMIC_ACQUIRE);
-		__atomic_store_n(verbs_table[i].real, fn, __ATOMIC_RELEASE);
-		out = verbs_table[i].wrapper;
+		__atomic_compare_exchange_n(mlx5 ? &mlx5_handle : &verbs_handle, &none, handle,
+					    false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		__atomic_store_n(table[i].real, fn, __ATOMIC_RELEASE);
+		out = table[i].wrapper;
 		if (__atomic_fetch_add(&verbs_wrapped, 1, __ATOMIC_RELAXED) == 0)
-			R2CC_INFO("verbs: wrapping %s's functions (first: %s@%s)", "libibverbs",
-				  symbol, version);
+			R2CC_INFO("verbs: wrapping %s's functions (first: %s@%s)",
+				  mlx5 ? "libmlx5" : "libibverbs", symbol, version);
 		break;
 	}
 	in_hook = 0;
