@@ -93,6 +93,7 @@ struct drill_opts {
 	bool fresh_mr;	    /* --fresh-mr: receivers register their rings anew, 3/4 in */
 	bool expect_landed; /* --expect-landed: some repair found a clear-to-send write landed */
 	bool churn;	    /* --churn: QPs created and destroyed beside the traffic */
+	int mlx5dv;	    /* --mlx5dv: data QPs by mlx5dv_create_qp (1), out of order (2) */
 	bool roce;	    /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
 	double
@@ -246,6 +247,13 @@ struct drill_status {
 	X(int, destroy_qp, (struct ibv_qp *))                                                      \
 	X(int, fork_init, (void))                                                                  \
 	X(const char *, event_type_str, (enum ibv_event_type))
+
+/* --mlx5dv: libmlx5's mlx5dv_create_qp (the software device's stand-in, found in
+ * softverbs/mlx5), NULL until drill_mlx5_load(). */
+struct mlx5dv_qp_init_attr;
+extern struct ibv_qp *(*drill_mlx5dv_create_qp)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
+						struct mlx5dv_qp_init_attr *);
+int drill_mlx5_load(char *err, size_t len);
 
 /* Optional: ibv_reg_dmabuf_mr (NULL where libibverbs lacks it). */
 extern struct ibv_mr *(*drill_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);

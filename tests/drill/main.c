@@ -156,6 +156,7 @@ static void usage(FILE *f)
 	    "                        [--nccl-version 2.18..2.32] [--link ib|roce] "
 	    "[--detect-within MS] [--fresh-mr] [--expect-landed]\n"
 	    "                        [--restore MS] [--failback-ms MS] [--flap-ms MS] [--churn]\n"
+	    "                        [--mlx5dv plain|ooo]\n"
 	    "Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 	    "scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 	    "once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -175,6 +176,9 @@ static void usage(FILE *f)
 	    "(NCCL_IB_QPS_PER_CONNECTION); --per-node P: P processes share each node's NICs;\n"
 	    "--declare NODE:NIC: R2CC_FAILED_NODE/HCA; --expect no-repair: as pass, and no\n"
 	    "incident in any R2CC report but declared moves (a migration is a false repair).\n"
+	    "--mlx5dv plain|ooo: data QPs made by libmlx5's mlx5dv_create_qp (the device's\n"
+	    "stand-in, SOFTVERBS_MLX5DV=1), as NCCL 2.30 makes them with NCCL_IB_OOO_RQ=1; ooo\n"
+	    "asks for an out-of-order receive queue (MLX5DV_QP_CREATE_OOO_DP).\n"
 	    "--nccl-version V: the verbs pattern of that NCCL release (default 2.28): request\n"
 	    "slots, FIFO layout, one NIC per connection before 2.20, no receive queue on the\n"
 	    "QPs that receive nothing from 2.29 (docs/nccl-versions.md).\n"
@@ -310,6 +314,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_HOLD,
 		O_FLUSH,
 		O_NO_FUSION,
+		O_MLX5DV,
 		O_FRESH_MR,
 		O_EXPECT_LANDED,
 		O_CHURN,
@@ -357,6 +362,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"hold-connect", required_argument, NULL, O_HOLD},
 	    {"flush", no_argument, NULL, O_FLUSH},
 	    {"no-fusion", no_argument, NULL, O_NO_FUSION},
+	    {"mlx5dv", required_argument, NULL, O_MLX5DV},
 	    {"fresh-mr", no_argument, NULL, O_FRESH_MR},
 	    {"expect-landed", no_argument, NULL, O_EXPECT_LANDED},
 	    {"churn", no_argument, NULL, O_CHURN},
@@ -578,6 +584,11 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		case O_NO_FUSION:
 			o->no_fusion = true;
 			break;
+		case O_MLX5DV:
+			ok = !strcmp(optarg, "plain") || !strcmp(optarg, "ooo");
+			o->mlx5dv = strcmp(optarg, "ooo") ? 1 : 2;
+			name = "--mlx5dv (plain or ooo)";
+			break;
 		case O_FRESH_MR:
 			o->fresh_mr = true;
 			break;
@@ -752,7 +763,7 @@ static bool drill_env_ours(const char *kv)
 	    "LD_LIBRARY_PATH=",	 "LD_PRELOAD=",		  "SOFTVERBS_FABRIC=", "SOFTVERBS_NODE=",
 	    "SOFTVERBS_NICS=",	 "SOFTVERBS_TIME_SCALE=", "SOFTVERBS_FAULT=",  "R2CC_REPORT=",
 	    "NCCL_HOSTID=",	 "SOFTVERBS_SHAPING=",	  "R2CC_FAILED_NODE=", "R2CC_FAILED_HCA=",
-	    "SOFTVERBS_DMABUF=",
+	    "SOFTVERBS_DMABUF=", "SOFTVERBS_MLX5DV=",
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -793,7 +804,11 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 		env[n++] = store + used;                                                           \
 		used += (size_t)w_ + 1;                                                            \
 	} while (0)
-	DRILL_ENV("LD_LIBRARY_PATH=%s%s%s", p->softverbs, ld && *ld ? ":" : "", ld ? ld : "");
+	/* --mlx5dv: the device's libmlx5 stand-in, its NICs passing for mlx5 ones */
+	DRILL_ENV("LD_LIBRARY_PATH=%s%s%s%s%s", o->mlx5dv ? p->softverbs : "",
+		  o->mlx5dv ? "/mlx5:" : "", p->softverbs, ld && *ld ? ":" : "", ld ? ld : "");
+	if (o->mlx5dv)
+		DRILL_ENV("SOFTVERBS_MLX5DV=1");
 	/* R2CC_TEST_PRELOAD goes first (the sanitizer runtime, README: Tests). */
 	if (o->preload) {
 		const char *first = getenv("R2CC_TEST_PRELOAD");
@@ -880,6 +895,10 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 		argv[n++] = (char *)"--flush";
 	if (o->no_fusion)
 		argv[n++] = (char *)"--no-fusion";
+	if (o->mlx5dv) {
+		argv[n++] = (char *)"--mlx5dv";
+		argv[n++] = (char *)(o->mlx5dv == 2 ? "ooo" : "plain");
+	}
 	if (o->fresh_mr)
 		argv[n++] = (char *)"--fresh-mr";
 	if (o->churn)

@@ -10,6 +10,7 @@ DRILL_SRCS := $(DRILL_DIR)/main.c $(DRILL_DIR)/worker.c $(DRILL_DIR)/verbs.c \
 DRILL_OBJS := $(DRILL_SRCS:$(DRILL_DIR)/%.c=$(DRILL_OBJ)/%.o)
 # What a run needs besides the program: the device, its control tool and the library.
 DRILL_RUNTIME := $(BUILD)/softverbs/libibverbs.so.1 $(BUILD)/softverbs/libibverbs.so \
+		 $(BUILD)/softverbs/mlx5/libmlx5.so.1 \
 		 $(BUILD)/bin/softverbs-ctl $(LIBR2CC) $(BUILD)/tests/ncclstub/libnccl.so.2
 
 $(DRILL_OBJ)/%.o: $(DRILL_DIR)/%.c
@@ -32,9 +33,10 @@ $(DRILL_OBJ)/verbs_direct.o: $(DRILL_DIR)/verbs.c
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -DDRILL_DIRECT -MMD -MP -c -o $@ $<
 
-$(DRILL_DIRECT): $(DRILL_DIRECT_OBJS) $(SV_LINK)
+$(DRILL_DIRECT): $(DRILL_DIRECT_OBJS) $(SV_LINK) $(SV_MLX5_LINK)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(DRILL_DIRECT_OBJS) -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../softverbs' \
+	$(CC) -o $@ $(DRILL_DIRECT_OBJS) -L$(SV_OUT) -libverbs -L$(SV_OUT)/mlx5 -lmlx5 \
+	  -Wl,-rpath,'$$ORIGIN/../softverbs:$$ORIGIN/../softverbs/mlx5' \
 	  -ldl -lm -pthread -Wl,--export-dynamic-symbol=pncclGetVersion
 
 -include $(DRILL_OBJ)/verbs_direct.d
@@ -123,6 +125,15 @@ CPU_TESTS   += 600@$(DRILL_DIR)/link-matrix.sh:$(BUILD):3 \
 	       60@$(DRILL):--fault:ackloss:--seeds:20:--nccl-stub \
 	       90@$(DRILL):--fault:jitter:--expect:no-repair:--seeds:20:--nccl-stub
 BENCHES     += $(DRILL_DIR)/link-matrix.sh:$(BUILD):13
+# mlx5 Direct Verbs (the device's libmlx5 stand-in): data QPs made by mlx5dv_create_qp,
+# reached through dlvsym at MLX5_1.3 (as NCCL 2.30) and by symbol (the direct drill),
+# are repaired exactly once; with an out-of-order receive queue (NCCL_IB_OOO_RQ=1's
+# QPs) R2CC refuses them with one warning naming the setting, and the application
+# gets its error, as under plain NCCL.
+CPU_TESTS   += 60@$(DRILL):--fault:down:--seeds:5:--mlx5dv:plain:--nccl-stub \
+	       60@$(DRILL_DIRECT):--fault:blackhole:--seeds:3:--mlx5dv:plain:--link:roce:--nccl-stub \
+	       60@$(DRILL_DIR)/expect-fail.sh:NCCL_IB_OOO_RQ:$(DRILL):--fault:down:--seeds:1:--mlx5dv:ooo:--nccl-stub:--timeout:5 \
+	       60@$(DRILL_DIR)/expect-fail.sh:NCCL_IB_OOO_RQ:$(DRILL_DIRECT):--fault:blackhole:--seeds:1:--mlx5dv:ooo:--nccl-stub:--timeout:5
 # RoCE's self-test: with transport timeouts of 1.7 s (time scale 0.05), a black hole or
 # lost acknowledgements on a RoCE NIC must be found by the stall scan and the self-test,
 # well before the transport error (which was the only detection there before).

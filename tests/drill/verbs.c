@@ -9,6 +9,7 @@
 #include "tests/drill/drill.h"
 
 #include <dlfcn.h>
+#include <infiniband/mlx5dv.h>
 #include <stdio.h>
 
 #define DRILL_IBVERBS_VERSION "IBVERBS_1.1"
@@ -17,7 +18,19 @@ struct drill_ibv drill_ibv;
 struct ibv_mr *(*drill_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int);
 int (*drill_sv_unflushed)(const struct ibv_mr *, uint64_t, uint64_t, uint64_t *, uint64_t *);
 
+struct ibv_qp *(*drill_mlx5dv_create_qp)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
+					 struct mlx5dv_qp_init_attr *);
+
 #ifdef DRILL_DIRECT
+/* linked against libmlx5 too: by symbol */
+int drill_mlx5_load(char *err, size_t len)
+{
+	drill_mlx5dv_create_qp = mlx5dv_create_qp;
+	(void)err;
+	(void)len;
+	return 0;
+}
+
 /*
  * r2cc-verbs-drill-direct: the same traffic from a program linked against
  * libibverbs, as HPC-X's net plugin and NCCL built with RDMA_CORE=1 are. Every call
@@ -76,6 +89,22 @@ int drill_ibv_load(char *err, size_t len)
 	return 0;
 }
 #else
+/* NCCL 2.30's way (src/misc/mlx5dvsymbols.cc): dlopen, then dlvsym at MLX5_1.3. */
+int drill_mlx5_load(char *err, size_t len)
+{
+	void *h = dlopen("libmlx5.so.1", RTLD_NOW);
+	if (h)
+		drill_mlx5dv_create_qp =
+		    (struct ibv_qp * (*)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
+					 struct mlx5dv_qp_init_attr *))dlvsym(h, "mlx5dv_create_qp",
+									      "MLX5_1.3");
+	if (!drill_mlx5dv_create_qp) {
+		snprintf(err, len, "libmlx5.so.1 lacks mlx5dv_create_qp@MLX5_1.3: %s", dlerror());
+		return -1;
+	}
+	return 0;
+}
+
 
 /* Optional symbols NCCL looks up (and copes without); resolved only so that an
  * interposer sees the same lookups. */

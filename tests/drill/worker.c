@@ -32,6 +32,8 @@
  */
 #include "tests/drill/drill.h"
 
+#include <infiniband/mlx5dv.h>
+
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -511,9 +513,26 @@ static int drill_qp_create(struct drill_worker *w, struct drill_conn *c, struct 
 	ia.cap.max_send_sge = 1;
 	ia.cap.max_recv_sge = 1;
 	ia.cap.max_inline_data = 0;
-	qp->qp = drill_ibv.create_qp(d->pd, &ia);
+	if (o->mlx5dv && !qp->flush) {
+		/* NCCL 2.30's NCCL_IB_OOO_RQ=1 QPs (--mlx5dv ooo), or plain ones by the same
+		 * call (--mlx5dv plain) */
+		struct ibv_qp_init_attr_ex ix;
+		memset(&ix, 0, sizeof(ix));
+		memcpy(&ix, &ia, sizeof(ia));
+		ix.comp_mask = IBV_QP_INIT_ATTR_PD;
+		ix.pd = d->pd;
+		struct mlx5dv_qp_init_attr mx = {
+		    .comp_mask = o->mlx5dv == 2 ? MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS : 0,
+		    .create_flags = o->mlx5dv == 2 ? 1u << 7 /* MLX5DV_QP_CREATE_OOO_DP */ : 0,
+		};
+		qp->qp = drill_mlx5dv_create_qp(d->ctx, &ix, &mx);
+	} else {
+		qp->qp = drill_ibv.create_qp(d->pd, &ia);
+	}
 	if (!qp->qp) {
-		drill_fail_app(w, "ibv_create_qp on %s: %s", d->name, strerror(errno));
+		drill_fail_app(w, "%s on %s: %s",
+			       o->mlx5dv && !qp->flush ? "mlx5dv_create_qp" : "ibv_create_qp",
+			       d->name, strerror(errno));
 		return -1;
 	}
 	qp->dev = d->index;
@@ -2167,7 +2186,7 @@ int drill_worker_main(const struct drill_opts *o)
 		return 1;
 	}
 	drill_pick_corrupt(w);
-	if (drill_ibv_load(err, sizeof(err))) {
+	if (drill_ibv_load(err, sizeof(err)) || (o->mlx5dv && drill_mlx5_load(err, sizeof(err)))) {
 		drill_fail(w, "%s", err);
 		goto out;
 	}
