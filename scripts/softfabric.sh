@@ -5,6 +5,9 @@
 # topology file; NCCL_HOSTID/SOFTVERBS_NODE are set per rank by the launcher.
 # SOFTFABRIC_FUSED=1: the NICs as ports of one device (topo.sh --fused) and NCCL's
 # default merge level, so that NCCL fuses them into one virtual NIC.
+# SOFTFABRIC_PLUGIN_DIR=DIR: a net plugin's libnccl-net.so there (HPC-X's IBext, built
+# against the device), found by NCCL as it finds HPC-X's: on the library path, NCCL_NET
+# unset; the device's libmlx5 stand-in (build/softverbs/mlx5) goes on the path with it.
 softfabric_env() {
 	local spec=$1 name=${2:-r2cc-$$}
 	local root=${R2CC_ROOT:-$PWD}
@@ -25,6 +28,10 @@ softfabric_env() {
 		NCCL_DMABUF_ENABLE=0 NCCL_NET_MERGE_LEVEL=LOC NCCL_GIN_TYPE=2 NCCL_TOPO_FILE=$topo
 	export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 	[ ${#fused[@]} -eq 0 ] || unset NCCL_NET_MERGE_LEVEL
+	if [ -n "${SOFTFABRIC_PLUGIN_DIR:-}" ]; then
+		unset NCCL_NET
+		export LD_LIBRARY_PATH=$SOFTFABRIC_PLUGIN_DIR:$root/$b/softverbs/mlx5:$LD_LIBRARY_PATH
+	fi
 }
 
 # The mpirun command that starts NP ranks over the soft fabric, one emulated node each
