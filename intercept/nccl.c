@@ -10,6 +10,7 @@
  * strategies need to know whether a call is inside a user's group.
  */
 #include "intercept/nccl_hooks.h"
+#include "intercept/netcheck.h"
 #include "repair/job.h"
 #include "shim/comm.h"
 #include "shim/common.h"
@@ -221,6 +222,15 @@ static void register_comm(ncclComm_t comm, int rank, int nranks, struct r2cc_com
 		  parent ? " (split)" : "");
 }
 
+/* The network NCCL chose at the first init that spans nodes (intercept/netcheck.h);
+ * only once a blocking init returned: NCCL has set its network up by then. */
+static void net_check(ncclComm_t comm)
+{
+	struct r2cc_comm *c = r2cc_comm_find(comm);
+	if (c)
+		r2cc_net_check(c->nnodes);
+}
+
 static bool on_create(void)
 {
 	static int armed;
@@ -244,6 +254,8 @@ R2CC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniq
 	if (active && rc == ncclSuccess)
 		register_comm(*comm, rank, nranks, NULL, NULL);
 	r2cc_job_register_end(reg, rc == ncclSuccess ? *comm : NULL);
+	if (active && rc == ncclSuccess)
+		net_check(*comm);
 	return rc;
 }
 
@@ -261,6 +273,8 @@ R2CC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, nc
 	if (active && ok)
 		register_comm(*comm, rank, nranks, NULL, config);
 	r2cc_job_register_end(reg, ok ? *comm : NULL);
+	if (active && rc == ncclSuccess)
+		net_check(*comm);
 	return rc;
 }
 
@@ -281,6 +295,8 @@ R2CC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, 
 	if (active && ok)
 		register_comm(*comm, rank, nranks, NULL, config);
 	r2cc_job_register_end(reg, ok ? *comm : NULL);
+	if (active && rc == ncclSuccess)
+		net_check(*comm);
 	return rc;
 }
 

@@ -14,6 +14,7 @@
  * The answers are kept per object for the life of the process (objects are few).
  */
 #include "intercept/transport.h"
+#include "intercept/netplugin.h"
 #include "repair/cts.h"
 
 #include <dlfcn.h>
@@ -22,7 +23,6 @@
 #include <string.h>
 
 #define KNOWN_MAX 16
-#define NET_API_MAX 12 /* the newest ncclNetPlugin_vN asked for */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct known {
@@ -61,18 +61,10 @@ static void classify(const char *path, const void *base, struct r2cc_transport *
 		t->why_not = NULL;
 		goto out;
 	}
-	int api = 0;
-	const char *net = NULL;
-	for (int v = NET_API_MAX; v >= 2 && !api; v--) {
-		char sym[32];
-		snprintf(sym, sizeof(sym), "ncclNetPlugin_v%d", v);
-		const char *const *s = own_symbol(look, base, sym);
-		if (s) {
-			api = v;
-			net = *s; /* every ncclNet_vN begins with its name */
-		}
-	}
-	if (api && net && !strncmp(net, "IBext", 5)) {
+	struct r2cc_netplugin np;
+	int api = path && r2cc_netplugin_probe(path, false, &np) == 0 ? np.api : 0;
+	const char *net = api ? np.name : NULL;
+	if (api && r2cc_netplugin_is_ibext(&np)) {
 		t->kind = R2CC_TRANSPORT_IBEXT;
 		t->cts = r2cc_cts_ibext_layout(api);
 		t->cts_unknown = !t->cts;

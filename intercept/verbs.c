@@ -12,6 +12,7 @@
  * functions untouched.
  */
 #include "intercept/nccl_hooks.h"
+#include "intercept/netcheck.h"
 #include "intercept/transport.h"
 #include "repair/cts.h"
 #include "repair/engine.h"
@@ -473,6 +474,18 @@ static void query_port_attrs(struct ibv_context *ctx, struct r2cc_nic *nic)
 	}
 }
 
+static struct ibv_device **wrap_ibv_get_device_list(int *num)
+{
+	int n = 0;
+	struct ibv_device **list = real_ibv_get_device_list(num ? num : &n);
+	if (list && r2cc_active()) {
+		int saved = errno;
+		r2cc_net_listed(r2cc_transport_of(verbs_caller), num ? *num : n);
+		errno = saved;
+	}
+	return list;
+}
+
 /* What a port query told: NCCL's view of the NIC's port. */
 static void note_port(struct r2cc_ctx *c, uint8_t port, const struct ibv_port_attr *attr)
 {
@@ -605,6 +618,7 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 		r2cc_repair_set_verbs(&rv);
 	}
 	wrap_ops(ctx, c);
+	r2cc_net_opened(r2cc_transport_of(verbs_caller));
 	R2CC_INFO("%s: opened (NIC %d, lid %u, port %s)", nic->name, nic->index, nic->lid,
 		  nic->port_state == IBV_PORT_ACTIVE ? "active" : "not active");
 	if (r2cc_param.mr_mirror) /* MR mirror hook */
@@ -1077,6 +1091,7 @@ static int wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_ev
 		}                                                                                  \
 		if (in_verbs || !r2cc_active())                                                    \
 			return real_##name args;                                                   \
+		r2cc_net_verbs_seen();                                                             \
 		VERBS_ENTER();                                                                     \
 		return wrap_##name args;                                                           \
 	}
@@ -1255,6 +1270,7 @@ static void *verbs_hook(void *handle, const char *symbol, const char *version, v
 		in_hook = 0;
 		return fn;
 	}
+	r2cc_net_verbs_seen();
 	bool mlx5 = symbol[0] == 'm';
 	const struct verbs_entry *table = mlx5 ? mlx5_table : verbs_table;
 	size_t n = mlx5 ? R2CC_ARRAY_SIZE(mlx5_table) : R2CC_ARRAY_SIZE(verbs_table);

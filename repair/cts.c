@@ -5,6 +5,7 @@
  */
 #include "repair/cts.h"
 
+#include "intercept/netplugin.h"
 #include "repair/engine_priv.h"
 
 #include <endian.h>
@@ -51,7 +52,7 @@ const struct r2cc_cts_layout *r2cc_cts_nccl_layout(int code)
 
 const struct r2cc_cts_layout *r2cc_cts_ibext_layout(int net_api)
 {
-	return net_api >= 9 && net_api <= 11 ? &ibext_224 : NULL;
+	return net_api >= R2CC_IBEXT_API_MIN && net_api <= R2CC_IBEXT_API_MAX ? &ibext_224 : NULL;
 }
 
 const struct r2cc_cts_layout *r2cc_cts_of(const struct r2cc_qp *q)

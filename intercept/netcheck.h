@@ -1,0 +1,25 @@
+/*
+ * Which network NCCL chose for this process, and whether R2CC repairs it: told once,
+ * after the first communicator that spans nodes (NCCL picks its network at init, once
+ * per process: its external net plugin first, then its own IB transport, then
+ * sockets, the first that initialises with devices and whose name matches NCCL_NET).
+ * A network R2CC cannot repair (sockets, UCX inside HPC-X's plugin, EFA, TCPX, an
+ * unknown plugin) is one NOT PROTECTED warning with the zero-code way back
+ * (shim/protect.h); a repaired one, one INFO line. Where the evidence does not tell,
+ * nothing is said.
+ */
+#ifndef R2CC_INTERCEPT_NETCHECK_H
+#define R2CC_INTERCEPT_NETCHECK_H
+
+#include "intercept/transport.h"
+
+/* A device opened, or listed (n devices), through code of transport t. */
+void r2cc_net_opened(const struct r2cc_transport *t);
+void r2cc_net_listed(const struct r2cc_transport *t, int n);
+/* A verbs call of any kind was seen (NCCL resolved libibverbs, or called it). */
+void r2cc_net_verbs_seen(void);
+
+/* After a communicator's init: nnodes, the nodes it spans (0: not known). */
+void r2cc_net_check(int nnodes);
+
+#endif
