@@ -21,6 +21,10 @@ FAULTS=${4:-blackhole down ackloss fatal}
 [ -f "${IBEXT_DIR:-}/libnccl-net.so" ] || { echo "IBEXT_DIR: the plugin's libnccl-net.so" >&2; exit 2; }
 [ -x "${NCCL_TESTS_DIR:-}/all_reduce_perf" ] || { echo "NCCL_TESTS_DIR: nccl-tests' binaries" >&2; exit 2; }
 export LINK SOFTFABRIC_PLUGIN_DIR=$IBEXT_DIR NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET
+# RoCE: the plugin sends its clear-to-send writes with NCCL_IB_FIFO_TC, whose default is
+# 0 there (NCCL's own transport's is -1: NCCL_IB_TC's class), outside the fabric's
+# lossless class (106, gpu-stall.sh): an HPC-X user on RoCE sets it as here.
+[ "$LINK" = roce ] && export NCCL_IB_FIFO_TC=${NCCL_IB_FIFO_TC:-106}
 mkdir -p "$LOG"
 fail=0
 # the channels' transport, from NCCL's INIT lines
