@@ -8,6 +8,8 @@
 # SOFTFABRIC_PLUGIN_DIR=DIR: a net plugin's libnccl-net.so there (HPC-X's IBext, built
 # against the device), found by NCCL as it finds HPC-X's: on the library path, NCCL_NET
 # unset; the device's libmlx5 stand-in (build/softverbs/mlx5) goes on the path with it.
+# SOFTFABRIC_MLX5DV=1: the soft NICs pass for mlx5 devices (SOFTVERBS_MLX5DV=1, the
+# stand-in on the path), for NCCL 2.30's NCCL_IB_OOO_RQ=1.
 softfabric_env() {
 	local spec=$1 name=${2:-r2cc-$$}
 	local root=${R2CC_ROOT:-$PWD}
@@ -28,6 +30,9 @@ softfabric_env() {
 		NCCL_DMABUF_ENABLE=0 NCCL_NET_MERGE_LEVEL=LOC NCCL_GIN_TYPE=2 NCCL_TOPO_FILE=$topo
 	export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 	[ ${#fused[@]} -eq 0 ] || unset NCCL_NET_MERGE_LEVEL
+	if [ "${SOFTFABRIC_MLX5DV:-0}" = 1 ]; then
+		export SOFTVERBS_MLX5DV=1 LD_LIBRARY_PATH=$root/$b/softverbs/mlx5:$LD_LIBRARY_PATH
+	fi
 	if [ -n "${SOFTFABRIC_PLUGIN_DIR:-}" ]; then
 		unset NCCL_NET
 		export LD_LIBRARY_PATH=$SOFTFABRIC_PLUGIN_DIR:$root/$b/softverbs/mlx5:$LD_LIBRARY_PATH
