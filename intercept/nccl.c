@@ -222,12 +222,22 @@ static void register_comm(ncclComm_t comm, int rank, int nranks, struct r2cc_com
 		  parent ? " (split)" : "");
 }
 
-/* The network NCCL chose at the first init that spans nodes (intercept/netcheck.h);
- * only once a blocking init returned: NCCL has set its network up by then. */
+/*
+ * The network NCCL chose at the first init that spans nodes (intercept/netcheck.h),
+ * once NCCL has set its network up: when a blocking init returns, or, for an init
+ * inside a group (nccl-tests makes its communicators so), when the outermost
+ * ncclGroupEnd returns, which is when NCCL does that init's work.
+ */
+static int net_pending; /* nodes of a communicator whose init waits for the group's end */
+
 static void net_check(ncclComm_t comm)
 {
 	struct r2cc_comm *c = r2cc_comm_find(comm);
-	if (c)
+	if (!c)
+		return;
+	if (group_depth > 0)
+		__atomic_store_n(&net_pending, c->nnodes, __ATOMIC_RELAXED);
+	else
 		r2cc_net_check(c->nnodes);
 }
 
@@ -481,7 +491,13 @@ R2CC_EXPORT ncclResult_t ncclGroupEnd(void)
 		return ncclInvalidUsage;
 	if (group_depth > 0)
 		group_depth--;
-	return f();
+	ncclResult_t rc = f();
+	if (r2cc_unlikely(__atomic_load_n(&net_pending, __ATOMIC_RELAXED)) && group_depth == 0) {
+		int nnodes = __atomic_exchange_n(&net_pending, 0, __ATOMIC_RELAXED);
+		if (rc == ncclSuccess)
+			r2cc_net_check(nnodes);
+	}
+	return rc;
 }
 
 /* Ends the group like ncclGroupEnd, without launching anything. */
