@@ -223,22 +223,19 @@ static void register_comm(ncclComm_t comm, int rank, int nranks, struct r2cc_com
 }
 
 /*
- * The network NCCL chose at the first init that spans nodes (intercept/netcheck.h),
- * once NCCL has set its network up: when a blocking init returns, or, for an init
- * inside a group (nccl-tests makes its communicators so), when the outermost
- * ncclGroupEnd returns, which is when NCCL does that init's work.
+ * The network NCCL chose (intercept/netcheck.h) can be told once NCCL has set it
+ * up: when a blocking init returns, or, for an init inside a group (nccl-tests
+ * makes its communicators so), when the outermost ncclGroupEnd returns, which is
+ * when NCCL does that init's work.
  */
-static int net_pending; /* nodes of a communicator whose init waits for the group's end */
+static int net_pending; /* an init waits for its group's end */
 
-static void net_check(ncclComm_t comm)
+static void net_check(void)
 {
-	struct r2cc_comm *c = r2cc_comm_find(comm);
-	if (!c)
-		return;
 	if (group_depth > 0)
-		__atomic_store_n(&net_pending, c->nnodes, __ATOMIC_RELAXED);
+		__atomic_store_n(&net_pending, 1, __ATOMIC_RELAXED);
 	else
-		r2cc_net_check(c->nnodes);
+		r2cc_net_init_done();
 }
 
 static bool on_create(void)
@@ -247,6 +244,7 @@ static bool on_create(void)
 	if (!r2cc_active())
 		return false;
 	note_version();
+	__atomic_store_n(&r2cc_comm_nodes_hook, r2cc_net_nodes, __ATOMIC_RELEASE);
 	if (r2cc_active() && !__atomic_exchange_n(&armed, 1, __ATOMIC_ACQ_REL))
 		r2cc_strategies_init();
 	return r2cc_active();
@@ -265,7 +263,7 @@ R2CC_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniq
 		register_comm(*comm, rank, nranks, NULL, NULL);
 	r2cc_job_register_end(reg, rc == ncclSuccess ? *comm : NULL);
 	if (active && rc == ncclSuccess)
-		net_check(*comm);
+		net_check();
 	return rc;
 }
 
@@ -284,7 +282,7 @@ R2CC_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, nc
 		register_comm(*comm, rank, nranks, NULL, config);
 	r2cc_job_register_end(reg, ok ? *comm : NULL);
 	if (active && rc == ncclSuccess)
-		net_check(*comm);
+		net_check();
 	return rc;
 }
 
@@ -306,7 +304,7 @@ R2CC_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, 
 		register_comm(*comm, rank, nranks, NULL, config);
 	r2cc_job_register_end(reg, ok ? *comm : NULL);
 	if (active && rc == ncclSuccess)
-		net_check(*comm);
+		net_check();
 	return rc;
 }
 
@@ -492,11 +490,9 @@ R2CC_EXPORT ncclResult_t ncclGroupEnd(void)
 	if (group_depth > 0)
 		group_depth--;
 	ncclResult_t rc = f();
-	if (r2cc_unlikely(__atomic_load_n(&net_pending, __ATOMIC_RELAXED)) && group_depth == 0) {
-		int nnodes = __atomic_exchange_n(&net_pending, 0, __ATOMIC_RELAXED);
-		if (rc == ncclSuccess)
-			r2cc_net_check(nnodes);
-	}
+	if (r2cc_unlikely(__atomic_load_n(&net_pending, __ATOMIC_RELAXED)) && group_depth == 0 &&
+	    __atomic_exchange_n(&net_pending, 0, __ATOMIC_RELAXED) && rc == ncclSuccess)
+		r2cc_net_init_done();
 	return rc;
 }
 

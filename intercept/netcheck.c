@@ -15,6 +15,8 @@
 #include <strings.h>
 
 static int decided;
+static int nodes_max; /* the most nodes a communicator of this process spans */
+static int init_done; /* NCCL finished an init: its network is set up */
 static int opened[3];	/* devices opened, by enum r2cc_transport_kind */
 static int listed = -1; /* devices NCCL's IB transport listed; -1 before it asked */
 static int verbs_seen;
@@ -38,18 +40,18 @@ void r2cc_net_verbs_seen(void)
 
 static void protected(const char *what)
 {
-	R2CC_INFO("network: %s; R2CC's hot repair covers it", what);
+	R2CC_INFO("%s: R2CC's hot repair covers it", what);
 }
 
 #define NO_PLUGIN_FIX                                                                              \
 	"NCCL_NET_PLUGIN=none gives NCCL's own IB transport, which R2CC repairs"
 
-/* The loaded plugin's verdict: 1 decided, 0 not yet. */
-static int plugin_verdict(const struct r2cc_netplugin *p, int by_nccl, int by_ibext)
+/* The loaded plugin's verdict: 1 decided, 0 not yet. final: NCCL's init is over. */
+static int plugin_verdict(const struct r2cc_netplugin *p, int by_nccl, int by_ibext, bool final)
 {
 	char what[400];
 	if (by_nccl && !by_ibext) { /* the plugin found no devices: NCCL's IB won */
-		protected("NCCL's own IB transport (its net plugin found no device)");
+		protected("network IB, NCCL's own transport (its net plugin found no device)");
 		return 1;
 	}
 	if (!strncmp(p->name, "NCCL RDMA Plugin", 16))
@@ -68,6 +70,8 @@ static int plugin_verdict(const struct r2cc_netplugin *p, int by_nccl, int by_ib
 				 NO_PLUGIN_FIX);
 		return 1;
 	}
+	if (!final)
+		return 0; /* NCCL's own IB may still take over from a plugin that failed */
 	snprintf(what, sizeof(what), "network %s (net plugin %s)", p->name, p->path);
 	bool ucx = !strncasecmp(p->name, "UCX", 3);
 	r2cc_unprotected(what,
@@ -78,7 +82,7 @@ static int plugin_verdict(const struct r2cc_netplugin *p, int by_nccl, int by_ib
 	return 1;
 }
 
-static int verdict(void)
+static int verdict(bool final)
 {
 	int by_nccl = __atomic_load_n(&opened[R2CC_TRANSPORT_NCCL], __ATOMIC_RELAXED);
 	int by_ibext = __atomic_load_n(&opened[R2CC_TRANSPORT_IBEXT], __ATOMIC_RELAXED);
@@ -104,14 +108,14 @@ static int verdict(void)
 	for (int i = 0; i < n; i++) {
 		struct r2cc_netplugin p;
 		if (r2cc_netplugin_probe(names[i], false, &p) == 0)
-			return plugin_verdict(&p, by_nccl, by_ibext);
+			return plugin_verdict(&p, by_nccl, by_ibext, final);
 	}
 	if (by_nccl) {
-		protected("NCCL's own IB transport");
+		protected("network IB, NCCL's own transport");
 		return 1;
 	}
 	int l = __atomic_load_n(&listed, __ATOMIC_RELAXED);
-	if (l == 0 || !__atomic_load_n(&verbs_seen, __ATOMIC_RELAXED)) {
+	if (final && (l == 0 || !__atomic_load_n(&verbs_seen, __ATOMIC_RELAXED))) {
 		r2cc_unprotected("network Socket",
 				 l == 0 ? "NCCL's IB transport found no RDMA device"
 					: "NCCL loaded no libibverbs (rdma-core missing?)",
@@ -121,13 +125,30 @@ static int verdict(void)
 	return 0;
 }
 
-void r2cc_net_check(int nnodes)
+void r2cc_net_attempt(void)
 {
-	if (nnodes < 2 || __atomic_load_n(&decided, __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(&decided, __ATOMIC_ACQUIRE) ||
+	    __atomic_load_n(&nodes_max, __ATOMIC_RELAXED) < 2)
 		return;
 	static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 	pthread_mutex_lock(&mu);
-	if (!decided && verdict())
+	if (!decided && verdict(__atomic_load_n(&init_done, __ATOMIC_ACQUIRE)))
 		__atomic_store_n(&decided, 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&mu);
+}
+
+void r2cc_net_init_done(void)
+{
+	__atomic_store_n(&init_done, 1, __ATOMIC_RELEASE);
+	r2cc_net_attempt();
+}
+
+void r2cc_net_nodes(int nnodes)
+{
+	int cur = __atomic_load_n(&nodes_max, __ATOMIC_RELAXED);
+	while (nnodes > cur &&
+	       !__atomic_compare_exchange_n(&nodes_max, &cur, nnodes, false, __ATOMIC_RELAXED,
+					    __ATOMIC_RELAXED))
+		;
+	r2cc_net_attempt();
 }

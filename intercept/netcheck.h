@@ -19,7 +19,14 @@ void r2cc_net_listed(const struct r2cc_transport *t, int n);
 /* A verbs call of any kind was seen (NCCL resolved libibverbs, or called it). */
 void r2cc_net_verbs_seen(void);
 
-/* After a communicator's init: nnodes, the nodes it spans (0: not known). */
-void r2cc_net_check(int nnodes);
+/*
+ * The moments the verdict is tried, until one is reached: NCCL finished a
+ * communicator's init (a blocking init returned, or the group that held it ended),
+ * a communicator's node map arrived (its node count), a queue pair was made. Only
+ * once NCCL finished an init does the absence of evidence count (sockets).
+ */
+void r2cc_net_init_done(void);
+void r2cc_net_nodes(int nnodes);
+void r2cc_net_attempt(void);
 
 #endif

@@ -924,6 +924,7 @@ static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr
 				q->cts_unknown = t->cts_unknown;
 				q->transport = t->name;
 				r2cc_nccl_version_probe(); /* the layout of its FIFO */
+				r2cc_net_attempt(); /* a transport's queue pairs tell */
 				if (!no)
 					r2cc_repair_qp_created(q, attr);
 				else if (attr->qp_type == IBV_QPT_RC && r2cc_repair_enabled())

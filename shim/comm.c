@@ -71,6 +71,8 @@ int r2cc_comm_count(void)
 	return __atomic_load_n(&ncomms, __ATOMIC_RELAXED);
 }
 
+void (*r2cc_comm_nodes_hook)(int nnodes);
+
 int r2cc_comm_set_nodes(void *comm, const int *node_of_rank, int nranks, uint64_t job)
 {
 	int *map = malloc((size_t)nranks * sizeof(*map));
@@ -95,5 +97,8 @@ int r2cc_comm_set_nodes(void *comm, const int *node_of_rank, int nranks, uint64_
 	}
 	pthread_mutex_unlock(&comm_lock);
 	free(map);
+	void (*hook)(int) = __atomic_load_n(&r2cc_comm_nodes_hook, __ATOMIC_ACQUIRE);
+	if (rc == 0 && hook)
+		hook(nnodes);
 	return rc;
 }

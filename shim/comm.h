@@ -33,6 +33,9 @@ int r2cc_comm_count(void);
  * when job is not 0; safe against a concurrent destroy. Returns 0, -ENOENT
  * (gone, or another size) or -ENOMEM. */
 int r2cc_comm_set_nodes(void *comm, const int *node_of_rank, int nranks, uint64_t job);
+/* Called (from any thread) with a communicator's node count once its map is set
+ * (intercept/netcheck.c sets it). */
+extern void (*r2cc_comm_nodes_hook)(int nnodes);
 
 extern struct r2cc_map r2cc_comm_map;
 

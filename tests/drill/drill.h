@@ -94,6 +94,10 @@ struct drill_opts {
 	bool expect_landed; /* --expect-landed: some repair found a clear-to-send write landed */
 	bool churn;	    /* --churn: QPs created and destroyed beside the traffic */
 	int mlx5dv;	    /* --mlx5dv: data QPs by mlx5dv_create_qp (1), out of order (2) */
+	/* --net-plugin, --nccl-net: NCCL_NET_PLUGIN and NCCL_NET for the workers (what the
+	 * NCCL test double loads); --expect-unprotected: a word every worker's report
+	 * must say it is not protected for */
+	const char *net_plugin, *nccl_net, *expect_unprotected;
 	bool roce;	    /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
 	double

@@ -99,6 +99,7 @@ struct drill_scenario {
 	/* clear-to-send writes the peers were asked about after a fence, and those found
 	 * landed and not re-posted (repair/cts.h) */
 	uint64_t cts_checked, cts_landed;
+	int unprotected; /* reports that say not protected, for --expect-unprotected's word */
 	/* sends R2CC posted on moved paths, by NCCL's thread and by its repair thread; how
 	 * many reports said so */
 	uint64_t reposts_nccl, reposts_repair;
@@ -156,7 +157,8 @@ static void usage(FILE *f)
 	    "                        [--nccl-version 2.18..2.32] [--link ib|roce] "
 	    "[--detect-within MS] [--fresh-mr] [--expect-landed]\n"
 	    "                        [--restore MS] [--failback-ms MS] [--flap-ms MS] [--churn]\n"
-	    "                        [--mlx5dv plain|ooo]\n"
+	    "                        [--mlx5dv plain|ooo] [--net-plugin NAME] [--nccl-net NAME]\n"
+	    "                        [--expect-unprotected WORD]\n"
 	    "Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 	    "scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 	    "once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -179,6 +181,10 @@ static void usage(FILE *f)
 	    "--mlx5dv plain|ooo: data QPs made by libmlx5's mlx5dv_create_qp (the device's\n"
 	    "stand-in, SOFTVERBS_MLX5DV=1), as NCCL 2.30 makes them with NCCL_IB_OOO_RQ=1; ooo\n"
 	    "asks for an out-of-order receive queue (MLX5DV_QP_CREATE_OOO_DP).\n"
+	    "--net-plugin NAME, --nccl-net NAME: NCCL_NET_PLUGIN and NCCL_NET for the workers,\n"
+	    "whose NCCL test double loads the plugin as NCCL does (testnet: the project's own,\n"
+	    "which opens no RDMA device); --expect-unprotected WORD: every worker's R2CC report\n"
+	    "must say it is not protected, for a reason that names WORD.\n"
 	    "--nccl-version V: the verbs pattern of that NCCL release (default 2.28): request\n"
 	    "slots, FIFO layout, one NIC per connection before 2.20, no receive queue on the\n"
 	    "QPs that receive nothing from 2.29 (docs/nccl-versions.md).\n"
@@ -315,6 +321,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_FLUSH,
 		O_NO_FUSION,
 		O_MLX5DV,
+		O_NET_PLUGIN,
+		O_NCCL_NET,
+		O_EXPECT_UNPROT,
 		O_FRESH_MR,
 		O_EXPECT_LANDED,
 		O_CHURN,
@@ -363,6 +372,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"flush", no_argument, NULL, O_FLUSH},
 	    {"no-fusion", no_argument, NULL, O_NO_FUSION},
 	    {"mlx5dv", required_argument, NULL, O_MLX5DV},
+	    {"net-plugin", required_argument, NULL, O_NET_PLUGIN},
+	    {"nccl-net", required_argument, NULL, O_NCCL_NET},
+	    {"expect-unprotected", required_argument, NULL, O_EXPECT_UNPROT},
 	    {"fresh-mr", no_argument, NULL, O_FRESH_MR},
 	    {"expect-landed", no_argument, NULL, O_EXPECT_LANDED},
 	    {"churn", no_argument, NULL, O_CHURN},
@@ -584,6 +596,15 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		case O_NO_FUSION:
 			o->no_fusion = true;
 			break;
+		case O_NET_PLUGIN:
+			o->net_plugin = optarg;
+			break;
+		case O_NCCL_NET:
+			o->nccl_net = optarg;
+			break;
+		case O_EXPECT_UNPROT:
+			o->expect_unprotected = optarg;
+			break;
 		case O_MLX5DV:
 			ok = !strcmp(optarg, "plain") || !strcmp(optarg, "ooo");
 			o->mlx5dv = strcmp(optarg, "ooo") ? 1 : 2;
@@ -789,7 +810,9 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 	n = 0;
 	for (char **e = environ; *e; e++)
 		if (!drill_env_ours(*e) &&
-		    !(o->restore_ms >= 0 && !strncmp(*e, "R2CC_FAILBACK_MS=", 17)))
+		    !(o->restore_ms >= 0 && !strncmp(*e, "R2CC_FAILBACK_MS=", 17)) &&
+		    !(o->nccl_net && !strncmp(*e, "NCCL_NET=", 9)) &&
+		    !(o->net_plugin && !strncmp(*e, "NCCL_NET_PLUGIN=", 16)))
 			env[n++] = *e;
 	for (int k = 0; k < o->nics; k++)
 		snprintf(nics + strlen(nics), sizeof(nics) - strlen(nics), "%smlx5_%d:%d",
@@ -804,9 +827,21 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 		env[n++] = store + used;                                                           \
 		used += (size_t)w_ + 1;                                                            \
 	} while (0)
-	/* --mlx5dv: the device's libmlx5 stand-in, its NICs passing for mlx5 ones */
-	DRILL_ENV("LD_LIBRARY_PATH=%s%s%s%s%s", o->mlx5dv ? p->softverbs : "",
+	/* --mlx5dv: the device's libmlx5 stand-in, its NICs passing for mlx5 ones;
+	 * --net-plugin: the NCCL test double's folder, where the test plugin is */
+	char stubdir[PATH_MAX] = "";
+	if (o->net_plugin) {
+		snprintf(stubdir, sizeof(stubdir), "%s", p->nccl);
+		char *slash = strrchr(stubdir, '/');
+		if (slash)
+			slash[0] = ':', slash[1] = '\0';
+	}
+	DRILL_ENV("LD_LIBRARY_PATH=%s%s%s%s%s%s", stubdir, o->mlx5dv ? p->softverbs : "",
 		  o->mlx5dv ? "/mlx5:" : "", p->softverbs, ld && *ld ? ":" : "", ld ? ld : "");
+	if (o->net_plugin)
+		DRILL_ENV("NCCL_NET_PLUGIN=%s", o->net_plugin);
+	if (o->nccl_net)
+		DRILL_ENV("NCCL_NET=%s", o->nccl_net);
 	if (o->mlx5dv)
 		DRILL_ENV("SOFTVERBS_MLX5DV=1");
 	/* R2CC_TEST_PRELOAD goes first (the sanitizer runtime, README: Tests). */
@@ -1503,6 +1538,12 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				/* a whole JSON report, at exit, with or without incidents */
 				if (k == 0 && strstr(text, "\"nics\":["))
 					found++;
+				const char *np;
+				if (k == 0 && o->expect_unprotected &&
+				    strstr(text, "\"protected\":false") &&
+				    (np = strstr(text, "\"not_protected\":\"")) &&
+				    strstr(np, o->expect_unprotected))
+					s->unprotected++;
 			}
 			free(text);
 			fclose(f);
@@ -1909,6 +1950,13 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		if (!s->pass && !s->why[0])
 			drill_explain(o, s, st, failed_exit,
 				      failed_exit >= 0 ? status[failed_exit] : 0, missed);
+		/* --expect-unprotected: every worker's report says so, naming the word */
+		if (s->pass && o->expect_unprotected && s->unprotected < o->procs) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "%d of %d R2CC reports say 'not protected' for '%s'", s->unprotected,
+				 o->procs, o->expect_unprotected);
+		}
 		/* Nothing failed, so nothing may have been repaired: a migration here is a
 		 * false repair, whatever the data say. */
 		if (s->pass && o->expect == DRILL_EXPECT_NO_REPAIR && o->preload &&

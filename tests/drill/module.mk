@@ -125,6 +125,15 @@ CPU_TESTS   += 600@$(DRILL_DIR)/link-matrix.sh:$(BUILD):3 \
 	       60@$(DRILL):--fault:ackloss:--seeds:20:--nccl-stub \
 	       90@$(DRILL):--fault:jitter:--expect:no-repair:--seeds:20:--nccl-stub
 BENCHES     += $(DRILL_DIR)/link-matrix.sh:$(BUILD):13
+# Never silently unprotected (intercept/netcheck.h): NCCL's test double loads a net
+# plugin of the project's own that opens no RDMA device (tests/ncclstub/testnet.c),
+# named as a plugin of its own and as HPC-X's answers over UCX, or NCCL_NET names
+# sockets: every worker's report must say "not protected" for that network; without
+# either, the same expectation must fail (NCCL's IB carries the drill's traffic).
+CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:1:--nccl-stub:--net-plugin:testnet:--expect-unprotected:TestNet \
+	       60@env:TESTNET_NAME=UCX:$(DRILL):--fault:none:--seeds:1:--nccl-stub:--net-plugin:testnet:--expect-unprotected:UCX \
+	       60@$(DRILL):--fault:none:--seeds:1:--nccl-stub:--nccl-net:Socket:--expect-unprotected:NCCL_NET=Socket \
+	       60@$(DRILL_DIR)/expect-fail.sh:reports:$(DRILL):--fault:none:--seeds:1:--nccl-stub:--expect-unprotected:Socket
 # mlx5 Direct Verbs (the device's libmlx5 stand-in): data QPs made by mlx5dv_create_qp,
 # reached through dlvsym at MLX5_1.3 (as NCCL 2.30) and by symbol (the direct drill),
 # are repaired exactly once; with an out-of-order receive queue (NCCL_IB_OOO_RQ=1's

@@ -23,6 +23,12 @@ $(NCCLSTUB_DIR)/old/libnccl.so.2: tests/ncclstub/ncclstub.c $(NCCLSTUB_HDR)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS_BASE) -DNCCLSTUB_OLD -shared -Wl,-soname,libnccl.so.2 -Wl,-z,defs -o $@ $<
 
+# A net plugin of the project's own (testnet.c), which the stub loads as NCCL loads one
+# (NCCL_NET_PLUGIN=testnet): for the tests of what R2CC says of the network NCCL chose.
+$(NCCLSTUB_DIR)/libnccl-net-testnet.so: tests/ncclstub/testnet.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS_BASE) -fvisibility=hidden -shared -o $@ $<
+
 $(NCCLSTUB_DIR)/libnccl.so $(NCCLSTUB_DIR)/old/libnccl.so: %/libnccl.so: %/libnccl.so.2
 	ln -sf libnccl.so.2 $@
 
@@ -34,7 +40,7 @@ $(NCCLSTUB_DIR)/old/passthrough: tests/ncclstub/passthrough.c $(NCCLSTUB_HDR) \
 		$(NCCLSTUB_DIR)/old/libnccl.so
 	$(CC) $(BIN_CFLAGS) -DNCCLSTUB_OLD -o $@ $< -L$(@D) -lnccl -Wl,-rpath,'$$ORIGIN' -ldl
 
-ALL_TARGETS += $(NCCLSTUB_LIBS) $(NCCLSTUB_BINS)
+ALL_TARGETS += $(NCCLSTUB_LIBS) $(NCCLSTUB_BINS) $(NCCLSTUB_DIR)/libnccl-net-testnet.so
 TEST_DEPS   += $(NCCLSTUB_LIBS) $(NCCLSTUB_BINS) $(LIBR2CC)
 CPU_TESTS   += 60@$(NCCLSTUB_RUN):direct \
 	       60@$(NCCLSTUB_RUN):preload:0 \
@@ -44,4 +50,4 @@ CPU_TESTS   += 60@$(NCCLSTUB_RUN):direct \
 ifeq ($(NCCLSTUB_EXPECT_WRAPPED),1)
 CPU_TESTS   += 60@$(NCCLSTUB_RUN):wrapped:2
 endif
-FORMAT_SRCS += tests/ncclstub/ncclstub.h tests/ncclstub/ncclstub.c tests/ncclstub/passthrough.c
+FORMAT_SRCS += tests/ncclstub/ncclstub.h tests/ncclstub/ncclstub.c tests/ncclstub/passthrough.c tests/ncclstub/testnet.c

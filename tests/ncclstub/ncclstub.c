@@ -7,6 +7,8 @@
  * ncclBroadcast, both through the PLT. Every call is logged (ncclstub.h) and returns a
  * result that depends on its arguments; nothing touches device memory, so no GPU is needed.
  */
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -198,9 +200,57 @@ static int fake_device(int rank)
 }
 
 /* Shared by the three exported inits: argument checks, then the new comm in *comm_p. */
+/*
+ * The net plugin, loaded at the first init as NCCL loads it (NCCL_NET_PLUGIN unset:
+ * libnccl-net.so; "none": none; NAME: libnccl-net-NAME.so, then NAME), and
+ * initialised: its init and devices called, so that its ncclNet struct's name
+ * becomes the one NCCL would use. Only the ncclNetPlugin_v6-v9 interface, whose init
+ * takes the logger alone (the project's test plugin, tests/ncclstub/testnet.c).
+ */
+struct stub_net {
+	const char *name;
+	int (*init)(void *logger);
+	int (*devices)(int *ndev);
+};
+
+static void net_load_once(void)
+{
+	const char *v = getenv("NCCL_NET_PLUGIN");
+	char names[2][256];
+	int n = 0;
+	if (!v || !*v)
+		snprintf(names[n++], sizeof(names[0]), "libnccl-net.so");
+	else if (strcmp(v, "none")) {
+		snprintf(names[n++], sizeof(names[0]), "libnccl-net-%s.so", v);
+		snprintf(names[n++], sizeof(names[0]), "%s", v);
+	}
+	for (int i = 0; i < n; i++) {
+		void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+		if (!h)
+			continue;
+		for (int api = 9; api >= 6; api--) {
+			char sym[32];
+			snprintf(sym, sizeof(sym), "ncclNetPlugin_v%d", api);
+			struct stub_net *net = dlsym(h, sym);
+			int ndev = 0;
+			if (net && net->init && net->init(NULL) == 0 && net->devices &&
+			    net->devices(&ndev) == 0)
+				return; /* kept loaded, as NCCL keeps the net it uses */
+		}
+		dlclose(h);
+	}
+}
+
+static void net_load(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	pthread_once(&once, net_load_once);
+}
+
 static ncclResult_t init_common(struct ncclstub_call *c, ncclComm_t *comm_p, int nranks, int rank,
 				int cuda_dev, const ncclUniqueId *id, const ncclConfig_t *config)
 {
+	net_load();
 	ncclResult_t res;
 	int blocking;
 
