@@ -121,5 +121,36 @@ for t in ib_write_lat ib_read_lat ib_send_lat; do
 done
 compare ib_atomic_bw may ib ib_atomic_bw -d mlx5_0 -n 200 -F
 
-echo "ok rdma-core programs: $compared compared, $skipped skipped"
+# pyverbs_errno.py: one process, one device, its transcript compared line for line.
+pyverbs() { # MODE
+	local -n pre=$1
+	SOFTVERBS_FABRIC=r2cc-pyverbs-$$-$1 SOFTVERBS_NODE=node0 "${pre[@]}" timeout 60 \
+		/usr/bin/python3 tests/preload/pyverbs_errno.py --dev mlx5_0 --min-failures 20 \
+		>"$tmp/$1.py" 2>"$tmp/$1.py.err"
+	local st=$?
+	"$B/bin/softverbs-ctl" --fabric r2cc-pyverbs-$$-$1 reset >/dev/null 2>&1
+	echo "exit $st" >>"$tmp/$1.py"
+	return $st
+}
+if ! pyverbs plain; then
+	echo "FAIL pyverbs_errno.py without the preload"; sed 's/^/    /' "$tmp/plain.py" "$tmp/plain.py.err"
+	rc=1
+else
+	pyverbs wrapped
+	if ! diff -u "$tmp/plain.py" "$tmp/wrapped.py" >"$tmp/diff"; then
+		echo "FAIL pyverbs_errno.py: differs under the preload (without / with):"
+		sed 's/^/    /' "$tmp/diff" "$tmp/wrapped.py.err"
+		rc=1
+	elif ! grep -q "R2CC INFO mlx5_0: opened" "$tmp/wrapped.py.err"; then
+		echo "FAIL pyverbs_errno.py: the preloaded run never opened mlx5_0 through R2CC"
+		sed 's/^/    /' "$tmp/wrapped.py.err"
+		rc=1
+	else
+		compared=$((compared + 1))
+		echo "same pyverbs_errno.py: $(($(wc -l <"$tmp/plain.py") - 2)) steps," \
+			"$(tail -n2 "$tmp/plain.py" | head -1)"
+	fi
+fi
+
+[ $rc -eq 0 ] && echo "ok rdma-core programs: $compared compared, $skipped skipped"
 exit $rc
