@@ -22,7 +22,7 @@ port=$((20000 + $$ % 20000))
 # R2CC_TEST_PRELOAD: a sanitizer's runtime, which must be the first library (README: Tests).
 P=${R2CC_TEST_PRELOAD:+$R2CC_TEST_PRELOAD:}
 plain=(env ${R2CC_TEST_PRELOAD:+LD_PRELOAD=$R2CC_TEST_PRELOAD})
-wrapped=(env LD_PRELOAD=$P$PWD/$B/lib/libr2cc.so R2CC_DEBUG=INFO)
+wrapped=(env "LD_PRELOAD=$P$PWD/$B/lib/libr2cc.so" R2CC_DEBUG=INFO)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 rc=0 seq=0 compared=0 skipped=0
