@@ -82,3 +82,4 @@ $(BUILD)/tests/bench/repair_scale: tests/bench/repair_scale.c tests/drill/verbs.
 BENCH_TARGETS += $(BUILD)/tests/bench/repair_scale $(BUILD)/bin/r2cc-verbs-drill $(BUILD)/bin/r2cc-ctl-load
 BENCHES += tests/bench/scale.sh
 FORMAT_SRCS += tests/bench/repair_scale.c
+CPU_TESTS += 240@tests/preload/rdma-core.sh:$(BUILD)
