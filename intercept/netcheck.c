@@ -15,8 +15,8 @@
 #include <strings.h>
 
 static int decided;
-static int nodes_max; /* the most nodes a communicator of this process spans */
-static int init_done; /* NCCL finished an init: its network is set up */
+static int nodes_max;	/* the most nodes a communicator of this process spans */
+static int init_done;	/* NCCL finished an init: its network is set up */
 static int opened[3];	/* devices opened, by enum r2cc_transport_kind */
 static int listed = -1; /* devices NCCL's IB transport listed; -1 before it asked */
 static int verbs_seen;
@@ -43,8 +43,7 @@ static void protected(const char *what)
 	R2CC_INFO("%s: R2CC's hot repair covers it", what);
 }
 
-#define NO_PLUGIN_FIX                                                                              \
-	"NCCL_NET_PLUGIN=none gives NCCL's own IB transport, which R2CC repairs"
+#define NO_PLUGIN_FIX "NCCL_NET_PLUGIN=none gives NCCL's own IB transport, which R2CC repairs"
 
 /* The loaded plugin's verdict: 1 decided, 0 not yet. final: NCCL's init is over. */
 static int plugin_verdict(const struct r2cc_netplugin *p, int by_nccl, int by_ibext, bool final)
@@ -91,16 +90,15 @@ static int verdict(bool final)
 	if (net && *net) {
 		snprintf(what, sizeof(what), "network %.60s (NCCL_NET=%.60s)", net, net);
 		if (!strcasecmp(net, "IB"))
-			protected(what);
+		protected(what);
 		else if (strncasecmp(net, "IBext", 5))
-			r2cc_unprotected(what,
-					 "R2CC repairs RDMA verbs transports only (NCCL's IB, HPC-X's "
-					 "IBext)",
-					 "NCCL_NET=IB where the nodes have RDMA NICs");
-		else if (!by_ibext)
-			return 0; /* the plugin's own verdict comes with its queue pairs */
-		else
-			protected(what);
+		    r2cc_unprotected(what,
+				     "R2CC repairs RDMA verbs transports only (NCCL's IB, HPC-X's "
+				     "IBext)",
+				     "NCCL_NET=IB where the nodes have RDMA NICs");
+		else if (!by_ibext) return 0; /* the plugin's own verdict comes with its queue pairs
+					       */
+		else protected(what);
 		return 1;
 	}
 	char names[R2CC_NETPLUGIN_CANDIDATES][256];
@@ -146,9 +144,8 @@ void r2cc_net_init_done(void)
 void r2cc_net_nodes(int nnodes)
 {
 	int cur = __atomic_load_n(&nodes_max, __ATOMIC_RELAXED);
-	while (nnodes > cur &&
-	       !__atomic_compare_exchange_n(&nodes_max, &cur, nnodes, false, __ATOMIC_RELAXED,
-					    __ATOMIC_RELAXED))
+	while (nnodes > cur && !__atomic_compare_exchange_n(&nodes_max, &cur, nnodes, false,
+							    __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		;
 	r2cc_net_attempt();
 }

@@ -70,8 +70,8 @@ static void classify(const char *path, const void *base, struct r2cc_transport *
 		t->cts_unknown = !t->cts;
 		snprintf(t->name, sizeof(t->name), "IBext (net API v%d, %s)", api, file);
 		t->why_not = t->cts ? NULL
-					 : "R2CC does not know the clear-to-send layout of this "
-					   "release of nccl-rdma-sharp-plugins";
+				    : "R2CC does not know the clear-to-send layout of this "
+				      "release of nccl-rdma-sharp-plugins";
 	} else {
 		t->kind = R2CC_TRANSPORT_PLUGIN;
 		t->cts_unknown = true;

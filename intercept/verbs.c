@@ -37,7 +37,7 @@
 /* --- real functions ------------------------------------------------------- */
 
 #define R2CC_VERBS_FN(ret, name, ver, params, args) typedef ret(*name##_fn) params;
-#define R2CC_VERBS_OWN			       R2CC_VERBS_FN
+#define R2CC_VERBS_OWN				    R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN
@@ -501,8 +501,8 @@ struct refusal {
 	const char *what, *why, *fix;
 };
 
-static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr,
-				struct ibv_qp *qp, const struct refusal *no);
+static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, struct ibv_qp *qp,
+				const struct refusal *no);
 
 /*
  * The extended context's ops that verbs.h's inlines call instead of a symbol: a
@@ -747,8 +747,8 @@ static struct ibv_mr *wrap_ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len,
 	return mirror_mr(pd, note_mr(pd, mr, (uintptr_t)addr, len, access, true), src);
 }
 
-static struct ibv_mr *wrap_ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t len,
-					   uint64_t iova, int access)
+static struct ibv_mr *wrap_ibv_reg_mr_iova(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+					   int access)
 {
 	struct r2cc_mr_mirror_src src = {R2CC_MR_IOVA, addr, iova, 0, -1, len, access};
 	struct ibv_mr *mr = real_ibv_reg_mr_iova(pd, addr, len, iova, access);
@@ -890,17 +890,18 @@ static int wrap_ibv_destroy_cq(struct ibv_cq *cq)
  * repair must leave it alone (an out-of-order receive queue), or NULL; the transport
  * that made it may have its own reason. Returns the QP the caller gets.
  */
-static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr,
-				struct ibv_qp *qp, const struct refusal *no)
+static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, struct ibv_qp *qp,
+				const struct refusal *no)
 {
 	struct ibv_cq *own_cq = NULL;
 	const struct r2cc_transport *t = r2cc_transport_of(verbs_caller);
 	char what[160];
-	struct refusal by_transport = {what, t->why_not,
-				       t->kind == R2CC_TRANSPORT_NCCL
-					   ? NULL
-					   : "NCCL_NET_PLUGIN=none, NCCL_IBEXT_DISABLE=1 or NCCL_NET=IB "
-					     "give NCCL's own IB transport, which R2CC repairs"};
+	struct refusal by_transport = {
+	    what, t->why_not,
+	    t->kind == R2CC_TRANSPORT_NCCL
+		? NULL
+		: "NCCL_NET_PLUGIN=none, NCCL_IBEXT_DISABLE=1 or NCCL_NET=IB "
+		  "give NCCL's own IB transport, which R2CC repairs"};
 	if (!no && t->why_not) {
 		snprintf(what, sizeof(what), "queue pairs of %s", t->name);
 		no = &by_transport;
@@ -924,7 +925,7 @@ static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr
 				q->cts_unknown = t->cts_unknown;
 				q->transport = t->name;
 				r2cc_nccl_version_probe(); /* the layout of its FIFO */
-				r2cc_net_attempt(); /* a transport's queue pairs tell */
+				r2cc_net_attempt();	   /* a transport's queue pairs tell */
 				if (!no)
 					r2cc_repair_qp_created(q, attr);
 				else if (attr->qp_type == IBV_QPT_RC && r2cc_repair_enabled())
@@ -1158,7 +1159,8 @@ static struct ibv_mr *wrap_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offs
 						uint64_t iova, int fd, int access, int mlx5_access)
 {
 	struct r2cc_mr_mirror_src src = {R2CC_MR_DMABUF, NULL, iova, offset, fd, len, access};
-	struct ibv_mr *mr = real_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
+	struct ibv_mr *mr =
+	    real_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
 	if (!mr)
 		return NULL;
 	return mirror_mr(pd, note_mr(pd, mr, iova, len, access, false), src);
@@ -1179,10 +1181,9 @@ static struct ibv_mr *hook_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offs
 	return wrap_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
 }
 
-R2CC_EXPORT struct ibv_qp *export_mlx5dv_create_qp(struct ibv_context *ctx,
-						   struct ibv_qp_init_attr_ex *attr,
-						   struct mlx5dv_qp_init_attr *mattr)
-    __asm__("mlx5dv_create_qp");
+R2CC_EXPORT struct ibv_qp *
+export_mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr,
+			struct mlx5dv_qp_init_attr *mattr) __asm__("mlx5dv_create_qp");
 struct ibv_qp *export_mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr,
 				       struct mlx5dv_qp_init_attr *mattr)
 {
@@ -1197,10 +1198,9 @@ struct ibv_qp *export_mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp_in
 	return wrap_mlx5dv_create_qp(ctx, attr, mattr);
 }
 
-R2CC_EXPORT struct ibv_mr *export_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset,
-						       size_t len, uint64_t iova, int fd,
-						       int access, int mlx5_access)
-    __asm__("mlx5dv_reg_dmabuf_mr");
+R2CC_EXPORT struct ibv_mr *
+export_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova, int fd,
+			    int access, int mlx5_access) __asm__("mlx5dv_reg_dmabuf_mr");
 struct ibv_mr *export_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 					   uint64_t iova, int fd, int access, int mlx5_access)
 {
@@ -1230,8 +1230,9 @@ static const struct verbs_entry mlx5_table[] = {
 };
 
 static const struct verbs_entry verbs_table[] = {
-#define R2CC_VERBS_FN(ret, name, ver, params, args) {#name, (void **)&real_##name, (void *)hook_##name},
-#define R2CC_VERBS_OWN			       R2CC_VERBS_FN
+#define R2CC_VERBS_FN(ret, name, ver, params, args)                                                \
+	{#name, (void **)&real_##name, (void *)hook_##name},
+#define R2CC_VERBS_OWN R2CC_VERBS_FN
 #include "intercept/verbs_funcs.def"
 #undef R2CC_VERBS_FN
 #undef R2CC_VERBS_OWN

@@ -44,7 +44,7 @@ $(BUILD)/tests/preload/verbs_preload_direct: tests/preload/verbs_preload.c $(BUI
 	$(CC) $(BIN_CFLAGS) -DPRELOAD_DIRECT -o $@ $< -L$(BUILD)/softverbs -libverbs -ldl
 
 TEST_DEPS += $(BUILD)/tests/preload/verbs_preload $(BUILD)/tests/preload/verbs_preload_direct
-CPU_TESTS += 120@tests/preload/run.sh
+CPU_TESTS += 120@tests/preload/run.sh 30@tests/preload/exports.sh:$(BUILD)
 FORMAT_SRCS += tests/preload/verbs_preload.c
 
 # GPU tests (make gpu-test, on a GPU machine): programs linked like an

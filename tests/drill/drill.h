@@ -98,7 +98,7 @@ struct drill_opts {
 	 * NCCL test double loads); --expect-unprotected: a word every worker's report
 	 * must say it is not protected for */
 	const char *net_plugin, *nccl_net, *expect_unprotected;
-	bool roce;	    /* --link roce: RoCE v2 soft NICs, a subnet per rail */
+	bool roce;		 /* --link roce: RoCE v2 soft NICs, a subnet per rail */
 	double detect_within_ms; /* --detect-within: 0 none */
 	double
 	    restore_ms;	 /* --restore: the faulted NIC back this long after the fault; < 0 never */

@@ -1954,8 +1954,8 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		if (s->pass && o->expect_unprotected && s->unprotected < o->procs) {
 			s->pass = false;
 			snprintf(s->why, sizeof(s->why),
-				 "%d of %d R2CC reports say 'not protected' for '%s'", s->unprotected,
-				 o->procs, o->expect_unprotected);
+				 "%d of %d R2CC reports say 'not protected' for '%s'",
+				 s->unprotected, o->procs, o->expect_unprotected);
 		}
 		/* Nothing failed, so nothing may have been repaired: a migration here is a
 		 * false repair, whatever the data say. */

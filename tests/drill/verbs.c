@@ -96,15 +96,14 @@ int drill_mlx5_load(char *err, size_t len)
 	if (h)
 		drill_mlx5dv_create_qp =
 		    (struct ibv_qp * (*)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
-					 struct mlx5dv_qp_init_attr *))dlvsym(h, "mlx5dv_create_qp",
-									      "MLX5_1.3");
+					 struct mlx5dv_qp_init_attr *))
+			dlvsym(h, "mlx5dv_create_qp", "MLX5_1.3");
 	if (!drill_mlx5dv_create_qp) {
 		snprintf(err, len, "libmlx5.so.1 lacks mlx5dv_create_qp@MLX5_1.3: %s", dlerror());
 		return -1;
 	}
 	return 0;
 }
-
 
 /* Optional symbols NCCL looks up (and copes without); resolved only so that an
  * interposer sees the same lookups. */

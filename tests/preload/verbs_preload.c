@@ -204,7 +204,7 @@ int main(int argc, char **argv)
 	(void)resolve;
 #define R(name)                                                                                    \
 	do {                                                                                       \
-		p_##name = (__typeof__(p_##name))(void *) & name;                                  \
+		p_##name = (__typeof__(p_##name))(void *)&name;                                    \
 		check_owner(#name, (const void *)p_##name);                                        \
 	} while (0)
 #else

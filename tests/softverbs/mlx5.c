@@ -102,8 +102,9 @@ struct ibv_qp *mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp_init_attr
 	/* What a plain RC QP is: a PD (create flags none), and among the mlx5 attributes
 	 * only the out-of-order flag. */
 	if ((attr->comp_mask & ~(uint32_t)IBV_QP_INIT_ATTR_PD) || attr->qp_type != IBV_QPT_RC ||
-	    (mlx5_attr && ((mlx5_attr->comp_mask & ~(uint64_t)MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS) ||
-			   (mlx5_attr->create_flags & ~SV_MLX5DV_QP_CREATE_OOO_DP)))) {
+	    (mlx5_attr &&
+	     ((mlx5_attr->comp_mask & ~(uint64_t)MLX5DV_QP_INIT_ATTR_MASK_QP_CREATE_FLAGS) ||
+	      (mlx5_attr->create_flags & ~SV_MLX5DV_QP_CREATE_OOO_DP)))) {
 		errno = EOPNOTSUPP;
 		return NULL;
 	}
