@@ -5,6 +5,7 @@
  * library's own parser (shim/params.c, shim/failspec.c compiled in), so a bad
  * value gets exactly the line the library would print.
  */
+#include "intercept/netplugin.h"
 #include "tools/doctor.h"
 #include "shim/failspec.h"
 #include "shim/log.h"
@@ -176,6 +177,102 @@ static void check_topo_file(struct dr_state *st, bool soft)
 	free(text);
 }
 
+/*
+ * The net plugin NCCL would load (intercept/netplugin.h: libnccl-net.so on the library
+ * path unless NCCL_NET_PLUGIN says otherwise), loaded as NCCL loads it, and what R2CC
+ * will do with it. NCCL uses a plugin that loads and finds devices before its own IB
+ * transport, unless NCCL_NET names another network.
+ */
+static void net_plugin(struct dr_state *st)
+{
+	struct dr_check *c;
+	char names[R2CC_NETPLUGIN_CANDIDATES][256];
+	int n = r2cc_netplugin_candidates(names);
+	const char *net = getenv("NCCL_NET");
+	if (!n) {
+		dr_add(st, DR_SEC_NCCL, DR_OK, "net plugin",
+		       "NCCL_NET_PLUGIN=none: NCCL loads none (its own IB transport)");
+		return;
+	}
+	for (int i = 0; i < n; i++) {
+		struct r2cc_netplugin p;
+		int rc = r2cc_netplugin_probe(names[i], true, &p);
+		if (rc == -ENOENT)
+			continue;
+		if (rc == -ENOTSUP) {
+			dr_add(st, DR_SEC_NCCL, DR_WARN, "net plugin",
+			       "%s loads but is no NCCL net plugin (no ncclNetPlugin_vN)",
+			       names[i]);
+			continue;
+		}
+		if (net && *net && strncasecmp(net, "IBext", 5) && strcasecmp(net, p.name)) {
+			dr_add(st, DR_SEC_NCCL, DR_OK, "net plugin",
+			       "%s (%s) would load, but NCCL_NET=%s chooses another network",
+			       p.path, p.name, net);
+			return;
+		}
+		if (!r2cc_netplugin_is_ibext(&p)) {
+			c = dr_add(
+			    st, DR_SEC_NCCL, DR_FAIL, "net plugin",
+			    "%s (%s, net API v%d): NCCL uses it first; R2CC does not repair it",
+			    p.path, p.name, p.api);
+			dr_explain(
+			    c,
+			    "R2CC repairs RDMA verbs transports only: NCCL's own IB and HPC-X's "
+			    "IBext",
+			    "export NCCL_NET_PLUGIN=none to use NCCL's own IB transport");
+			return;
+		}
+		const char *p2p = getenv("NCCL_PLUGIN_P2P");
+		if (env_long("NCCL_IBEXT_DISABLE", 0) == 1) {
+			dr_add(st, DR_SEC_NCCL, DR_OK, "net plugin",
+			       "HPC-X's plugin %s with NCCL_IBEXT_DISABLE=1: NCCL uses its own IB "
+			       "transport, which R2CC repairs",
+			       p.path);
+		} else if (p2p && *p2p && strcasecmp(p2p, "ib")) {
+			c = dr_add(
+			    st, DR_SEC_NCCL, DR_FAIL, "net plugin",
+			    "HPC-X's plugin %s over %s (NCCL_PLUGIN_P2P): R2CC does not repair "
+			    "it",
+			    p.path, p2p);
+			dr_explain(
+			    c, "UCX posts to the NIC itself, where no verbs call of R2CC's sees it",
+			    "unset NCCL_PLUGIN_P2P (or =ib), or export NCCL_NET_PLUGIN=none");
+		} else if (p.api >= R2CC_IBEXT_API_MIN && p.api <= R2CC_IBEXT_API_MAX) {
+			dr_add(st, DR_SEC_NCCL, DR_OK, "net plugin",
+			       "HPC-X's nccl-rdma-sharp-plugins %s (net API v%d): NCCL loads it by "
+			       "default and uses its IB transport (\"IBext\"), which R2CC repairs",
+			       p.path, p.api);
+			const char *tc = getenv("NCCL_IB_TC");
+			if (tc && *tc && !set("NCCL_IB_FIFO_TC")) {
+				c = dr_add(
+				    st, DR_SEC_NCCL, DR_WARN, "NCCL_IB_FIFO_TC",
+				    "unset: HPC-X's plugin sends its clear-to-send writes in "
+				    "traffic class 0, outside NCCL_IB_TC=%s",
+				    tc);
+				dr_explain(
+				    c,
+				    "on RoCE those writes then leave the lossless class "
+				    "(NCCL's own transport defaults the FIFO class to NCCL_IB_TC)",
+				    "export NCCL_IB_FIFO_TC=$NCCL_IB_TC");
+			}
+		} else {
+			c = dr_add(st, DR_SEC_NCCL, DR_FAIL, "net plugin",
+				   "HPC-X's plugin %s (net API v%d): R2CC does not know the "
+				   "clear-to-send layout of this release, and will not repair it",
+				   p.path, p.api);
+			dr_explain(
+			    c,
+			    "R2CC re-posts a transport's clear-to-send writes by the layout its "
+			    "source declares; it knows releases of net API v9-v11 (NCCL 2.24-2.28)",
+			    "export NCCL_NET_PLUGIN=none to use NCCL's own IB transport");
+		}
+		return;
+	}
+	dr_add(st, DR_SEC_NCCL, DR_OK, "net plugin",
+	       "none found (%s%s): NCCL uses its own transports", names[0], n > 1 ? ", ..." : "");
+}
+
 static void check_socket_ifname(struct dr_state *st)
 {
 	const char *v = getenv("NCCL_SOCKET_IFNAME");
@@ -278,18 +375,24 @@ void dr_check_nccl(struct dr_state *st)
 				   "Socket: NCCL will not use RDMA");
 			dr_explain(c, "R2CC repairs NCCL's IB transport only",
 				   "export NCCL_NET=IB (or unset it)");
+		} else if (!strncasecmp(net, "IBext", 5)) {
+			dr_add(st, DR_SEC_NCCL, DR_OK, "NCCL_NET",
+			       "%s: HPC-X's net plugin over verbs (see 'net plugin')", net);
 		} else {
-			c = dr_add(st, DR_SEC_NCCL, DR_WARN, "NCCL_NET",
-				   "%s: a network plugin, not NCCL's IB transport", net);
-			dr_explain(c,
-				   "R2CC interposes the verbs calls of NCCL's built-in IB "
-				   "transport; a plugin (IBext, UCX, ...) is not repaired",
-				   "export NCCL_NET=IB to use NCCL's own transport under R2CC");
+			c = dr_add(st, DR_SEC_NCCL, DR_FAIL, "NCCL_NET",
+				   "%s: a network R2CC does not repair", net);
+			dr_explain(
+			    c,
+			    "R2CC repairs RDMA verbs transports only: NCCL's own IB and HPC-X's "
+			    "IBext; UCX, EFA, TCPX and sockets are not protected",
+			    "export NCCL_NET=IB to use NCCL's own transport under R2CC");
 		}
 	} else {
 		dr_add(st, DR_SEC_NCCL, DR_OK, "NCCL_NET",
-		       "unset: NCCL uses IB when it finds a usable NIC");
+		       "unset: NCCL uses its net plugin if it loads one, else IB when it finds a "
+		       "usable NIC");
 	}
+	net_plugin(st);
 
 	/* Which NICs NCCL will use. */
 	if (set("NCCL_IB_HCA")) {

@@ -8,9 +8,9 @@
 R2CC_TOOL      := $(BUILD)/bin/r2cc
 R2CC_TOOL_SRCS := tools/r2cc.c tools/doctor.c tools/doctor_nic.c tools/doctor_env.c \
 	$(wildcard tools/top.c)
-R2CC_TOOL_LIBS := shim/params.c shim/failspec.c shim/log.c strategies/cost.c
+R2CC_TOOL_LIBS := shim/params.c shim/failspec.c shim/log.c strategies/cost.c intercept/netplugin.c
 R2CC_TOOL_HDRS := tools/doctor.h $(wildcard tools/top.h) shim/params.h shim/failspec.h shim/log.h \
-	strategies/cost.h $(wildcard shim/stats.h shim/registry.h)
+	strategies/cost.h intercept/netplugin.h $(wildcard shim/stats.h shim/registry.h)
 
 $(R2CC_TOOL): $(R2CC_TOOL_SRCS) $(R2CC_TOOL_LIBS) $(R2CC_TOOL_HDRS)
 	@mkdir -p $(@D)

@@ -308,8 +308,59 @@ assert rc == 2 and ("nccl", "soft+real") in fails(), (rc, fails())
 PY
 }
 
+# The net plugin NCCL would load (tools/doctor_env.c, net_plugin): the project's test
+# plugin (tests/ncclstub/testnet.c) on the library path, as libnccl-net.so (the default
+# name) and by NCCL_NET_PLUGIN; passing for HPC-X's before its init ("NCCL RDMA Plugin",
+# net API v8: a release whose layout R2CC does not know), over UCX, disabled.
+case_plugin() {
+	fabric plugin
+	mkdir -p "$TMP/plug"
+	cp "$B/tests/ncclstub/libnccl-net-testnet.so" "$TMP/plug/libnccl-net.so"
+	doctor noplugin
+	LD_LIBRARY_PATH=$TMP/plug:$LD_LIBRARY_PATH doctor default
+	LD_LIBRARY_PATH=$B/tests/ncclstub:$LD_LIBRARY_PATH NCCL_NET_PLUGIN=testnet doctor named
+	LD_LIBRARY_PATH=$TMP/plug:$LD_LIBRARY_PATH NCCL_NET_PLUGIN=none doctor none
+	LD_LIBRARY_PATH=$TMP/plug:$LD_LIBRARY_PATH NCCL_NET=IB doctor netib
+	export TESTNET_PREINIT_NAME="NCCL RDMA Plugin v8"
+	LD_LIBRARY_PATH=$TMP/plug:$LD_LIBRARY_PATH doctor ibext8
+	LD_LIBRARY_PATH=$TMP/plug:$LD_LIBRARY_PATH NCCL_PLUGIN_P2P=ucx doctor ucx
+	LD_LIBRARY_PATH=$TMP/plug:$LD_LIBRARY_PATH NCCL_IBEXT_DISABLE=1 doctor ibextoff
+	unset TESTNET_PREINIT_NAME
+	check noplugin <<'PY'
+c = check("nccl", "net plugin")
+assert rc == 0 and c["level"] == "OK" and "none found" in c["message"], (rc, c)
+PY
+	check default <<'PY'
+c = check("nccl", "net plugin")
+assert rc == 2 and c["level"] == "FAIL" and "libnccl-net.so" in c["message"], (rc, c)
+assert "TestNet" in c["message"] and "NCCL_NET_PLUGIN=none" in c["fix"], c
+PY
+	check named <<'PY'
+c = check("nccl", "net plugin")
+assert c["level"] == "FAIL" and "libnccl-net-testnet.so" in c["message"], c
+PY
+	check none <<'PY'
+assert rc == 0 and check("nccl", "net plugin")["level"] == "OK", (rc, fails())
+PY
+	check netib <<'PY'
+c = check("nccl", "net plugin")
+assert rc == 0 and c["level"] == "OK" and "NCCL_NET=IB" in c["message"], (rc, c)
+PY
+	check ibext8 <<'PY'
+c = check("nccl", "net plugin")
+assert c["level"] == "FAIL" and "HPC-X" in c["message"] and "v8" in c["message"], c
+PY
+	check ucx <<'PY'
+c = check("nccl", "net plugin")
+assert c["level"] == "FAIL" and "ucx" in c["message"], c
+PY
+	check ibextoff <<'PY'
+assert rc == 0 and check("nccl", "net plugin")["level"] == "OK", (rc, fails())
+PY
+}
+
 cases=("$@")
-[ ${#cases[@]} -gt 0 ] || cases=(three down one badmode hca noverbs nccl sysfs)
+[ ${#cases[@]} -gt 0 ] || cases=(three down one badmode hca noverbs nccl sysfs plugin)
 pass=0
 failed=()
 for c in "${cases[@]}"; do

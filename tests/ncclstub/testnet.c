@@ -4,7 +4,8 @@
  * traffic and opens no RDMA device: NCCL's test double (ncclstub.c) loads it as NCCL
  * loads a plugin, calls its init and devices, and that is all. Like HPC-X's plugin,
  * its struct's name changes at init: to TESTNET_NAME when set (e.g. "UCX", what HPC-X's
- * plugin answers over UCX), else "TestNet".
+ * plugin answers over UCX), else "TestNet". Before init it is TESTNET_PREINIT_NAME when
+ * set (e.g. "NCCL RDMA Plugin v8", HPC-X's own), for `r2cc doctor`'s tests.
  */
 #include <stddef.h>
 #include <stdlib.h>
@@ -21,6 +22,13 @@ EXPORT struct {
 	int (*devices)(int *ndev);
 	void *rest[16];
 } ncclNetPlugin_v8 = {"TestNet (not initialised)", tn_init, tn_devices, {NULL}};
+
+__attribute__((constructor)) static void tn_load(void)
+{
+	const char *n = getenv("TESTNET_PREINIT_NAME");
+	if (n && *n)
+		ncclNetPlugin_v8.name = n;
+}
 
 static int tn_init(void *logger)
 {
