@@ -9,7 +9,9 @@
 # same faults, which must end in an error. Every run's log must show NCCL's channels
 # "via NET/IBext".
 #   scripts/gpu-ibext.sh LOGDIR ib|roce [COLLS] [FAULTS]
-# COLLS default "all_reduce all_gather sendrecv", FAULTS "blackhole down ackloss fatal".
+# COLLS default "all_reduce all_gather sendrecv", FAULTS "blackhole down ackloss fatal";
+# PLAIN_COLLS, the collectives run without R2CC (default all_reduce); R2CC_RUNS=0 runs
+# only those.
 # LOGDIR/summary.txt: one line per run (gpu-stall.sh's), with "plain" before the runs
 # without R2CC and "ibext=N" (the number of "via NET/IBext" lines) after each.
 set -u
@@ -29,6 +31,7 @@ mkdir -p "$LOG"
 fail=0
 # the channels' transport, from NCCL's INIT lines
 via() { grep -c "via NET/IBext" "$1"/*/console.txt 2>/dev/null | awk -F: '{s += $2} END {print s + 0}'; }
+[ "${R2CC_RUNS:-1}" = 0 ] && COLLS=
 for c in $COLLS; do
 	runs=
 	for f in $FAULTS; do runs="$runs 2x1:25:2:$f"; done
@@ -39,9 +42,11 @@ for c in $COLLS; do
 done
 # Plain NCCL through the same faults: no repair, so the job must end in an error (or
 # hang until its timeout, which counts as dying too: nothing is repaired).
-for f in $FAULTS; do
-	R2CC_LIB=none COLL=all_reduce BYTES="-b 16M -e 512M" ITERS="-n 8 -w 2" FAULT_AT_ROW=2 \
-		TIMEOUT_S=60 STACKS=0 timeout 120 scripts/gpu-stall.sh "$LOG/plain" "2x1:25:2:$f"
+for c in ${PLAIN_COLLS:-all_reduce}; do
+	for f in $FAULTS; do
+		R2CC_LIB=none COLL=$c BYTES="-b 16M -e 512M" ITERS="-n 8 -w 2" FAULT_AT_ROW=2 \
+			TIMEOUT_S=60 STACKS=0 timeout 120 scripts/gpu-stall.sh "$LOG/plain" "2x1:25:2:$f"
+	done
 done
 echo "ibext=$(via "$LOG/plain") plain" >>"$LOG/plain/summary.txt"
 sed -i 's/^/plain /' "$LOG/plain/summary.txt"
