@@ -1,6 +1,6 @@
 # tests/: unit tests (Criterion) of the shim, and the preload test.
 UNIT_SHIM := shim/params.c shim/failspec.c strategies/cost.c shim/log.c shim/map.c shim/registry.c shim/comm.c \
-	     shim/core.c shim/report.c shim/stats.c
+	     shim/core.c shim/report.c shim/stats.c shim/protect.c
 UNIT_CFLAGS = $(BIN_CFLAGS) -DR2CC_VERSION_STRING='"test"'
 
 $(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/failspec.c shim/log.c strategies/cost.c
