@@ -257,6 +257,9 @@ struct drill_status {
 struct mlx5dv_qp_init_attr;
 extern struct ibv_qp *(*drill_mlx5dv_create_qp)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
 						struct mlx5dv_qp_init_attr *);
+/* and its mlx5dv_reg_dmabuf_mr (MLX5_1.25), for --mlx5dv with --flush */
+extern struct ibv_mr *(*drill_mlx5dv_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t,
+						    int, int, int);
 int drill_mlx5_load(char *err, size_t len);
 
 /* Optional: ibv_reg_dmabuf_mr (NULL where libibverbs lacks it). */

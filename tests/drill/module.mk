@@ -139,8 +139,12 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:1:--nccl-stub:--net-plugin:testn
 # are repaired exactly once; with an out-of-order receive queue (NCCL_IB_OOO_RQ=1's
 # QPs) R2CC refuses them with one warning naming the setting, and the application
 # gets its error, as under plain NCCL.
+# With --flush the receive rings are registered by mlx5dv_reg_dmabuf_mr (data direct's
+# call): a repair across NICs needs R2CC's mirror of them.
 CPU_TESTS   += 60@$(DRILL):--fault:down:--seeds:5:--mlx5dv:plain:--nccl-stub \
 	       60@$(DRILL_DIRECT):--fault:blackhole:--seeds:3:--mlx5dv:plain:--link:roce:--nccl-stub \
+	       60@$(DRILL):--fault:down:--seeds:3:--mlx5dv:plain:--flush:--nccl-stub \
+	       60@$(DRILL_DIRECT):--fault:blackhole:--seeds:2:--mlx5dv:plain:--flush:--no-fusion:--qps:2:--nccl-stub \
 	       60@$(DRILL_DIR)/expect-fail.sh:NCCL_IB_OOO_RQ:$(DRILL):--fault:down:--seeds:1:--mlx5dv:ooo:--nccl-stub:--timeout:5 \
 	       60@$(DRILL_DIR)/expect-fail.sh:NCCL_IB_OOO_RQ:$(DRILL_DIRECT):--fault:blackhole:--seeds:1:--mlx5dv:ooo:--nccl-stub:--timeout:5
 # RoCE's self-test: with transport timeouts of 1.7 s (time scale 0.05), a black hole or

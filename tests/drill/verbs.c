@@ -20,12 +20,20 @@ int (*drill_sv_unflushed)(const struct ibv_mr *, uint64_t, uint64_t, uint64_t *,
 
 struct ibv_qp *(*drill_mlx5dv_create_qp)(struct ibv_context *, struct ibv_qp_init_attr_ex *,
 					 struct mlx5dv_qp_init_attr *);
+struct ibv_mr *(*drill_mlx5dv_reg_dmabuf_mr)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int,
+					     int);
+#ifdef DRILL_DIRECT
+/* rdma-core 44's mlx5dv.h has no prototype of it (MLX5_1.25, rdma-core 50) */
+struct ibv_mr *mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+				    uint64_t iova, int fd, int access, int mlx5_access);
+#endif
 
 #ifdef DRILL_DIRECT
 /* linked against libmlx5 too: by symbol */
 int drill_mlx5_load(char *err, size_t len)
 {
 	drill_mlx5dv_create_qp = mlx5dv_create_qp;
+	drill_mlx5dv_reg_dmabuf_mr = mlx5dv_reg_dmabuf_mr;
 	(void)err;
 	(void)len;
 	return 0;
@@ -102,6 +110,10 @@ int drill_mlx5_load(char *err, size_t len)
 		snprintf(err, len, "libmlx5.so.1 lacks mlx5dv_create_qp@MLX5_1.3: %s", dlerror());
 		return -1;
 	}
+	/* NCCL 2.27.3+'s data direct: optional, as in NCCL */
+	drill_mlx5dv_reg_dmabuf_mr =
+	    (struct ibv_mr * (*)(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int, int))
+		dlvsym(h, "mlx5dv_reg_dmabuf_mr", "MLX5_1.25");
 	return 0;
 }
 

@@ -574,10 +574,16 @@ static struct ibv_mr *drill_reg_ring(struct drill_worker *w, struct drill_conn *
 
 	if (c->buf_fd < 0)
 		return drill_reg(w, dev, c->buf, c->buf_len, access);
-	mr = drill_reg_dmabuf_mr(w->devs[dev].pd, 0, c->buf_len, (uintptr_t)c->buf, c->buf_fd,
-				 access);
+	/* --mlx5dv: as NCCL's data direct registers device memory (no mlx5 access flag:
+	 * the device has no data direct) */
+	bool dv = w->o->mlx5dv && drill_mlx5dv_reg_dmabuf_mr;
+	mr = dv ? drill_mlx5dv_reg_dmabuf_mr(w->devs[dev].pd, 0, c->buf_len, (uintptr_t)c->buf,
+					     c->buf_fd, access, 0)
+		: drill_reg_dmabuf_mr(w->devs[dev].pd, 0, c->buf_len, (uintptr_t)c->buf, c->buf_fd,
+				      access);
 	if (!mr)
-		drill_fail_app(w, "ibv_reg_dmabuf_mr of %llu bytes on %s: %s",
+		drill_fail_app(w, "%s of %llu bytes on %s: %s",
+			       dv ? "mlx5dv_reg_dmabuf_mr" : "ibv_reg_dmabuf_mr",
 			       (unsigned long long)c->buf_len, w->devs[dev].name, strerror(errno));
 	return mr;
 }
