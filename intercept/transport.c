@@ -10,7 +10,10 @@
  *   the one its source declares for the net API it was built for
  *   (r2cc_cts_ibext_layout());
  * - anything else (another net plugin, UCX's transports, rdma-core's programs):
- *   R2CC does not know what it writes, and hot repair leaves its QPs alone.
+ *   R2CC does not know what it writes, and hot repair leaves its QPs alone; except
+ *   that code which came through the dlvsym door and is no net plugin is taken for
+ *   NCCL (only NCCL's own transport resolves verbs so; an NCCL linked statically into
+ *   another library may not export pncclGetVersion).
  * The answers are kept per object for the life of the process (objects are few).
  */
 #include "intercept/transport.h"
@@ -64,6 +67,7 @@ static void classify(const char *path, const void *base, struct r2cc_transport *
 	struct r2cc_netplugin np;
 	int api = path && r2cc_netplugin_probe(path, false, &np) == 0 ? np.api : 0;
 	const char *net = api ? np.name : NULL;
+	t->net_plugin = api != 0;
 	if (api && r2cc_netplugin_is_ibext(&np)) {
 		t->kind = R2CC_TRANSPORT_IBEXT;
 		t->cts = r2cc_cts_ibext_layout(api);
@@ -88,16 +92,28 @@ out:
 		dlclose(h);
 }
 
-const struct r2cc_transport *r2cc_transport_of(const void *caller)
+/* NCCL's transport found by the door it came through (r2cc_transport_of). */
+static const struct r2cc_transport nccl_by_dlvsym = {
+    .kind = R2CC_TRANSPORT_NCCL,
+    .name = "NCCL IB (through dlvsym)",
+};
+
+static const struct r2cc_transport *by_door(const struct r2cc_transport *t, bool by_dlvsym)
+{
+	return by_dlvsym && t->kind == R2CC_TRANSPORT_PLUGIN && !t->net_plugin ? &nccl_by_dlvsym
+									       : t;
+}
+
+const struct r2cc_transport *r2cc_transport_of(const void *caller, bool by_dlvsym)
 {
 	Dl_info di;
 	if (!caller || !dladdr(caller, &di) || !di.dli_fbase)
-		return &unknown_caller;
+		return by_door(&unknown_caller, by_dlvsym);
 	pthread_mutex_lock(&mu);
 	for (int i = 0; i < nknown; i++)
 		if (known[i].base == di.dli_fbase) {
 			pthread_mutex_unlock(&mu);
-			return &known[i].t;
+			return by_door(&known[i].t, by_dlvsym);
 		}
 	const struct r2cc_transport *t = &unknown_caller;
 	if (nknown < KNOWN_MAX) {
@@ -108,5 +124,5 @@ const struct r2cc_transport *r2cc_transport_of(const void *caller)
 		t = &k->t;
 	}
 	pthread_mutex_unlock(&mu);
-	return t;
+	return by_door(t, by_dlvsym);
 }

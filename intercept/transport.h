@@ -26,10 +26,14 @@ struct r2cc_transport {
 	bool cts_unknown;
 	/* Why hot repair leaves its queue pairs alone, or NULL. */
 	const char *why_not;
+	bool net_plugin; /* the object defines ncclNetPlugin_vN */
 };
 
 /* The transport of the code at caller (never NULL; control path: may take a lock,
- * call dladdr and dlopen with RTLD_NOLOAD once per loaded object). */
-const struct r2cc_transport *r2cc_transport_of(const void *caller);
+ * call dladdr and dlopen with RTLD_NOLOAD once per loaded object). by_dlvsym: the
+ * call came through the dlvsym door, which only NCCL's own transport uses: code that
+ * is no net plugin is NCCL's then, even where it does not export pncclGetVersion (an
+ * NCCL linked statically into another library). */
+const struct r2cc_transport *r2cc_transport_of(const void *caller, bool by_dlvsym);
 
 #endif

@@ -66,11 +66,14 @@ static __thread int in_hook;
  */
 static __thread int in_verbs;
 static __thread const void *verbs_caller;
+static __thread bool verbs_by_dlvsym; /* the outermost call came through dlvsym's door */
 
-static inline int verbs_enter(const void *caller)
+static inline int verbs_enter(const void *caller, bool by_dlvsym)
 {
-	if (!in_verbs++)
+	if (!in_verbs++) {
 		verbs_caller = caller;
+		verbs_by_dlvsym = by_dlvsym;
+	}
 	return 0;
 }
 
@@ -79,9 +82,9 @@ static inline void verbs_leave(int *unused)
 	in_verbs--;
 }
 
-#define VERBS_ENTER()                                                                              \
+#define VERBS_ENTER(by_dlvsym)                                                                     \
 	int verbs_guard_ __attribute__((cleanup(verbs_leave), unused)) =                           \
-	    verbs_enter(__builtin_return_address(0))
+	    verbs_enter(__builtin_return_address(0), by_dlvsym)
 
 /*
  * The sanitizers' runtimes resolve their own interceptors through dlvsym while
@@ -480,7 +483,7 @@ static struct ibv_device **wrap_ibv_get_device_list(int *num)
 	struct ibv_device **list = real_ibv_get_device_list(num ? num : &n);
 	if (list && r2cc_active()) {
 		int saved = errno;
-		r2cc_net_listed(r2cc_transport_of(verbs_caller), num ? *num : n);
+		r2cc_net_listed(r2cc_transport_of(verbs_caller, verbs_by_dlvsym), num ? *num : n);
 		errno = saved;
 	}
 	return list;
@@ -532,7 +535,7 @@ static struct ibv_qp *wrap_vctx_create_qp_ex(struct ibv_context *ctx,
 	}
 	if (in_verbs)
 		return c->create_qp_ex(ctx, attr);
-	VERBS_ENTER();
+	VERBS_ENTER(false);
 	struct ibv_qp *qp = c->create_qp_ex(ctx, attr);
 	if (!(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !r2cc_active())
 		return qp; /* no PD: not a QP R2CC can place */
@@ -618,7 +621,7 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 		r2cc_repair_set_verbs(&rv);
 	}
 	wrap_ops(ctx, c);
-	r2cc_net_opened(r2cc_transport_of(verbs_caller));
+	r2cc_net_opened(r2cc_transport_of(verbs_caller, verbs_by_dlvsym));
 	R2CC_INFO("%s: opened (NIC %d, lid %u, port %s)", nic->name, nic->index, nic->lid,
 		  nic->port_state == IBV_PORT_ACTIVE ? "active" : "not active");
 	if (r2cc_param.mr_mirror) /* MR mirror hook */
@@ -894,7 +897,7 @@ static struct ibv_qp *record_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr
 				const struct refusal *no)
 {
 	struct ibv_cq *own_cq = NULL;
-	const struct r2cc_transport *t = r2cc_transport_of(verbs_caller);
+	const struct r2cc_transport *t = r2cc_transport_of(verbs_caller, verbs_by_dlvsym);
 	char what[160];
 	struct refusal by_transport = {
 	    what, t->why_not,
@@ -1063,7 +1066,7 @@ static int wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_ev
 #define R2CC_VERBS_FN(ret, name, ver, params, args)                                                \
 	static ret hook_##name params                                                              \
 	{                                                                                          \
-		VERBS_ENTER();                                                                     \
+		VERBS_ENTER(true);                                                                 \
 		return wrap_##name args;                                                           \
 	}
 #define R2CC_VERBS_OWN R2CC_VERBS_FN
@@ -1094,7 +1097,7 @@ static int wrap_ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_ev
 		if (in_verbs || !r2cc_active())                                                    \
 			return real_##name args;                                                   \
 		r2cc_net_verbs_seen();                                                             \
-		VERBS_ENTER();                                                                     \
+		VERBS_ENTER(false);                                                                \
 		return wrap_##name args;                                                           \
 	}
 #define R2CC_VERBS_OWN R2CC_VERBS_FN
@@ -1170,14 +1173,14 @@ static struct ibv_qp *hook_mlx5dv_create_qp(struct ibv_context *ctx,
 					    struct ibv_qp_init_attr_ex *attr,
 					    struct mlx5dv_qp_init_attr *mattr)
 {
-	VERBS_ENTER();
+	VERBS_ENTER(true);
 	return wrap_mlx5dv_create_qp(ctx, attr, mattr);
 }
 
 static struct ibv_mr *hook_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 						uint64_t iova, int fd, int access, int mlx5_access)
 {
-	VERBS_ENTER();
+	VERBS_ENTER(true);
 	return wrap_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
 }
 
@@ -1194,7 +1197,7 @@ struct ibv_qp *export_mlx5dv_create_qp(struct ibv_context *ctx, struct ibv_qp_in
 	}
 	if (in_verbs || !r2cc_active())
 		return real_mlx5dv_create_qp(ctx, attr, mattr);
-	VERBS_ENTER();
+	VERBS_ENTER(false);
 	return wrap_mlx5dv_create_qp(ctx, attr, mattr);
 }
 
@@ -1211,7 +1214,7 @@ struct ibv_mr *export_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, s
 	}
 	if (in_verbs || !r2cc_active())
 		return real_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
-	VERBS_ENTER();
+	VERBS_ENTER(false);
 	return wrap_mlx5dv_reg_dmabuf_mr(pd, offset, len, iova, fd, access, mlx5_access);
 }
 

@@ -165,13 +165,24 @@ static void print_prometheus(void)
 			}
 		}
 	}
-	/* 1: every transport the process used is one R2CC repairs (shim/protect.h) */
+	/* 1: every transport the process used is one R2CC repairs; 0, with why
+	 * (shim/protect.h) */
 	printf("# TYPE r2cc_protected gauge\n");
 	for (int i = 0; i < nprocs; i++) {
 		const struct r2cc_stats_page *pg = procs[i].page;
-		if (alive(pg->pid))
-			printf("r2cc_protected{host=\"%s\",node=\"%s\",pid=\"%d\"} %d\n", pg->host,
-			       pg->node, pg->pid, !pg->unprotected[0]);
+		if (!alive(pg->pid))
+			continue;
+		char why[2 * sizeof(pg->unprotected)];
+		size_t w = 0;
+		for (size_t k = 0; k < sizeof(pg->unprotected) && pg->unprotected[k]; k++) {
+			char ch = pg->unprotected[k];
+			if (ch == '"' || ch == '\\')
+				why[w++] = '\\';
+			why[w++] = ch == '\n' ? ' ' : ch;
+		}
+		why[w] = '\0';
+		printf("r2cc_protected{host=\"%s\",node=\"%s\",pid=\"%d\",why=\"%s\"} %d\n",
+		       pg->host, pg->node, pg->pid, why, !pg->unprotected[0]);
 	}
 	printf("# TYPE r2cc_nic_up gauge\n");
 	for (int i = 0; i < nprocs; i++) {

@@ -24,6 +24,17 @@ LD_PRELOAD=$P$PWD/$B/lib/libr2cc.so "$B"/tests/preload/$prog --expect-wrapped >"
 if ! diff -u "$tmp/plain" "$tmp/wrapped"; then
 	echo "transcripts differ"; rc=1
 fi
+# Whose QPs they are (intercept/transport.h): what comes through the dlvsym door is
+# NCCL's transport, even from a program that does not export pncclGetVersion; what
+# comes by symbol from such a program is not, and says so once.
+unprot=$(grep -c "NOT PROTECTED: queue pairs of $prog" "$tmp/wrapped.err")
+want=0
+[ "$prog" = verbs_preload_direct ] && want=1
+if [ "$unprot" -ne $want ]; then
+	echo "$prog: $unprot 'NOT PROTECTED' lines for its queue pairs, expected $want"
+	grep "R2CC WARN" "$tmp/wrapped.err"
+	rc=1
+fi
 # By symbol the names bind to libr2cc.so's exports whatever the mode; with R2CC_MODE=0
 # they forward, and the data-path ops stay the provider's.
 mode0=--expect-real

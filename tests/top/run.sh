@@ -2,8 +2,9 @@
 # r2cc top against live R2CC processes: two emulated nodes exchange traffic
 # (r2cc-verbs-drill under the preload) while `r2cc top` samples them; every
 # process's three NICs must show up with traffic, in the table and in the
-# Prometheus output; a page left by a dead process must be recognised as
-# stale, left out, and removed by --clean.
+# Prometheus output, protected; a job over a network R2CC does not repair
+# must say "NOT PROTECTED" and why in both; a page left by a dead process must
+# be recognised as stale, left out, and removed by --clean.
 #   tests/top/run.sh BUILD
 set -u
 B=${1:-build}
@@ -41,6 +42,24 @@ for m in tx_bytes tx_wrs recv_cqes err_cqes; do
 	[ "$n" -eq 6 ] || fail "prometheus: $n samples of r2cc_nic_${m}_total, expected 6"
 done
 grep -qE '^r2cc_nic_tx_bytes_total\{.*\} [1-9][0-9]*$' "$tmp/prom" || fail "prometheus: no traffic counted"
+n=$(grep -cE '^r2cc_protected\{.*,why=""\} 1$' "$tmp/prom")
+[ "$n" -eq 2 ] || fail "prometheus: $n processes protected, expected 2"
+# A job on a network R2CC does not repair (the test net plugin): top says so, and why.
+"$B"/bin/r2cc-verbs-drill --fault none --seeds 1 --messages 20000 --timeout 60 --nccl-stub \
+	--net-plugin testnet >"$tmp/drill2" 2>&1 &
+drill=$!
+for _ in $(seq 100); do
+	pids=$(ours)
+	"$B"/bin/r2cc top --prometheus >"$tmp/prom2" 2>&1
+	[ -n "$pids" ] && [ "$(grep -cE "^r2cc_protected\{.*pid=\"($pids)\".*\} 0$" "$tmp/prom2")" -ge 2 ] && break
+	sleep 0.1
+done
+"$B"/bin/r2cc top --once --interval 0.2 >"$tmp/top2" 2>&1
+kill "$drill" 2>/dev/null; wait "$drill" 2>/dev/null; drill=
+grep -E "^r2cc_protected\{.*pid=\"($pids)\"" "$tmp/prom2" | grep -c 'why="network TestNet.*\} 0$' |
+	grep -qx 2 || fail "prometheus: the unprotected processes are not 0 with their reason"
+[ "$(grep -cE "^($pids) +NOT PROTECTED: network TestNet" "$tmp/top2")" -eq 2 ] ||
+	fail "top: no NOT PROTECTED line under each process"
 # A page whose process is gone (a crash leaves it behind): a copy of a live
 # page under a pid that does not exist must be reported stale and removed.
 dead=999999
@@ -56,4 +75,4 @@ PY
 "$B"/bin/r2cc top --prometheus | grep -q "pid=\"$dead\"" && fail "stale page counted as live"
 "$B"/bin/r2cc top --clean | grep -q "removed [1-9]" || fail "--clean removed nothing"
 [ ! -e "/dev/shm/r2cc-stats.$dead" ] || fail "--clean left the stale page"
-echo "PASS: r2cc top saw 2 processes x 3 NICs with traffic; prometheus output complete"
+echo "PASS: r2cc top saw 2 processes x 3 NICs with traffic; prometheus output complete; an unprotected job said so"
