@@ -4,7 +4,8 @@
 #                    program built with AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-asan-ci  the same without the drill's hot-repair cases (what CI runs)
 #   make test-tsan   ThreadSanitizer: the control-plane tests and the drill (the repair
-#                    engine's threads against the drill's proxy and async-event threads)
+#                    engine's threads against the drill's proxy and async-event threads),
+#                    also by symbol (r2cc-verbs-drill-direct) and with the network check
 # Programs that preload libr2cc.so themselves (the drill, tests/*/run.sh) put
 # R2CC_TEST_PRELOAD in front of it: here the sanitizer's runtime, which must be the
 # first library of a process.
@@ -53,7 +54,10 @@ TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/
 	      300@$(TSAN_DRILL):--fault:fatal:--fault-phase:connect:--procs:4:--flush:--seeds:2:--nccl-stub:--time-scale:0.1 \
 	      300@$(TSAN_DRILL):--fault:fatal:--second-fault:0:--flush:--seeds:4:--nccl-stub:--time-scale:0.1 \
 	      300@$(TSAN_DRILL):--fault:down:--flush:--no-fusion:--qps:2:--procs:4:--seeds:3:--nccl-stub:--time-scale:0.1 \
-	      300@$(TSAN_DRILL):--fault:fatal:--seeds:6:--second-fault:2:--flush:--no-fusion:--qps:2:--nccl-stub:--time-scale:0.1
+	      300@$(TSAN_DRILL):--fault:fatal:--seeds:6:--second-fault:2:--flush:--no-fusion:--qps:2:--nccl-stub:--time-scale:0.1 \
+	      300@$(TSAN_BUILD)/bin/r2cc-verbs-drill-direct:--fault:down:--seeds:3:--mlx5dv:plain:--flush:--nccl-stub:--time-scale:0.1 \
+	      300@$(TSAN_BUILD)/bin/r2cc-verbs-drill-direct:--fault:blackhole:--link:roce:--procs:4:--seeds:2:--nccl-stub:--time-scale:0.1 \
+	      120@env:TESTNET_NAME=UCX:$(TSAN_DRILL):--fault:none:--seeds:2:--nccl-stub:--net-plugin:testnet:--expect-unprotected:UCX:--time-scale:0.1
 
 # What CI runs under ASan (.ci/run): every CPU test except the drill's hot-repair cases
 # (the --nccl-stub ones, and stall-matrix.sh and link-matrix.sh, which run them), whose repair
@@ -61,7 +65,8 @@ TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/
 # software device's conformance test, which asserts shaped rates that ASan's slower
 # copies miss (README, "Hardening: what was run").
 ASAN_CI_TESTS = $(filter-out %--nccl-stub %--nccl-stub:--timeout:5 %/softverbs/conformance \
-		  %:$(STALL_KINDS) %/link-matrix.sh:$(BUILD):3,$(CPU_TESTS))
+		  %:$(STALL_KINDS) %/link-matrix.sh:$(BUILD):3 \
+		  %/link-matrix.sh:$(BUILD):1:-:r2cc-verbs-drill-direct,$(CPU_TESTS))
 
 .PHONY: test-build test-run test-run-ci test-asan test-asan-ci test-tsan
 
