@@ -30,7 +30,7 @@ export LINK SOFTFABRIC_PLUGIN_DIR=$IBEXT_DIR NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=I
 mkdir -p "$LOG"
 fail=0
 # the channels' transport, from NCCL's INIT lines
-via() { grep -c "via NET/IBext" "$1"/*/console.txt 2>/dev/null | awk -F: '{s += $2} END {print s + 0}'; }
+via() { cat "$1"/*/console.txt 2>/dev/null | grep -c "via NET/IBext"; }
 [ "${R2CC_RUNS:-1}" = 0 ] && COLLS=
 for c in $COLLS; do
 	runs=
