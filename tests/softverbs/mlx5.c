@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,10 +53,19 @@ SV_EXPORT struct ibv_mr *mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset
 					      uint64_t iova, int fd, int access, int mlx5_access);
 SV_EXPORT int mlx5dv_get_data_direct_sysfs_path(struct ibv_context *ctx, char *buf, size_t len);
 
-/* Whether the soft NICs pass for mlx5 devices (SOFTVERBS_MLX5DV=1). */
+/* Whether the soft NICs pass for mlx5 devices (SOFTVERBS_MLX5DV=1). A value other
+ * than 0 or 1 is reported once, on stderr as the device's other settings are, and
+ * taken as 0. */
 static bool as_mlx5(void)
 {
 	const char *v = getenv("SOFTVERBS_MLX5DV");
+	if (v && *v && strcmp(v, "0") && strcmp(v, "1")) {
+		static int told;
+		if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+			fprintf(stderr, "softverbs: SOFTVERBS_MLX5DV=%s: want 0 or 1; taken as 0\n",
+				v);
+		return false;
+	}
 	return v && !strcmp(v, "1");
 }
 
