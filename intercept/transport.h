@@ -12,14 +12,14 @@
 #include <stdbool.h>
 
 enum r2cc_transport_kind {
-	R2CC_TRANSPORT_NCCL,   /* NCCL's IB transport (or any code that is no net plugin) */
+	R2CC_TRANSPORT_NCCL,   /* NCCL's IB transport: the dlvsym door, or pncclGetVersion */
 	R2CC_TRANSPORT_IBEXT,  /* nccl-rdma-sharp-plugins' IB transport */
-	R2CC_TRANSPORT_PLUGIN, /* another net plugin */
+	R2CC_TRANSPORT_PLUGIN, /* any other code: a net plugin, UCX, a program of rdma-core's */
 };
 
 struct r2cc_transport {
 	enum r2cc_transport_kind kind;
-	char name[96]; /* "NCCL IB", "IBext 2.28 (libnccl-net.so)", a plugin's name */
+	char name[96]; /* "NCCL IB (libnccl.so.2)", "IBext (net API v11, libnccl-net.so)", ... */
 	/* The clear-to-send layout it writes (repair/cts.h); NULL: the loaded NCCL's
 	 * (cts_unknown false) or one R2CC does not know (true). */
 	const struct r2cc_cts_layout *cts;
