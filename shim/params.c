@@ -5,6 +5,7 @@
  * that names the variable and says what it accepts.
  */
 #include "shim/params.h"
+#include "shim/drillspec.h"
 #include "shim/failspec.h"
 #include "shim/log.h"
 
@@ -111,6 +112,11 @@ static int parse_mode(struct r2cc_params *p, const char *v)
 static int parse_failed_node(struct r2cc_params *p, const char *v)
 {
 	return copy_str(p->failed_node, sizeof(p->failed_node), v);
+}
+
+static int parse_drill(struct r2cc_params *p, const char *v)
+{
+	return copy_str(p->drill, sizeof(p->drill), v);
 }
 
 static int parse_failed_hca(struct r2cc_params *p, const char *v)
@@ -246,6 +252,11 @@ static const struct param_def params[] = {
      parse_failed_node},
     {"R2CC_FAILED_HCA", "", "HCA names or indices (see R2CC_FAILED_NODE)",
      "declared failure: the NICs treated as failed from the start", parse_failed_hca},
+    {"R2CC_DRILL", "", "NODE/NIC=KIND@TIME[;...] (see docs/drills.md)",
+     "fault drill: NIC faults the library itself makes inside this job (down, blackhole, "
+     "blackhole-tx, blackhole-rx, ackloss, flap:MS, up), each at a time from the first "
+     "collective (or from init with :init); unset: none",
+     parse_drill},
     {"R2CC_AR_AFTER_REPAIR", "", "2 (Balance) or 3 (R2CC-AllReduce)",
      "strategy after a detected repair; unset: follow R2CC_MODE", parse_after_repair},
     {"R2CC_AR_STAGE2_CHUNKS", "4", "an integer from 1 to 64",
@@ -351,6 +362,9 @@ int r2cc_params_load(void)
 		static struct r2cc_failspec spec;
 		if (r2cc_failspec_parse(p.failed_node, p.failed_hca, &spec, errs[0],
 					sizeof(errs[0])))
+			nerr = 1;
+		static struct r2cc_drill_plan plan;
+		if (!nerr && r2cc_drill_parse(p.drill, &plan, errs[0], sizeof(errs[0])))
 			nerr = 1;
 	}
 	if (nerr) {

@@ -26,6 +26,7 @@ struct r2cc_params {
 	int mode;	       /* enum r2cc_mode */
 	char failed_node[256]; /* R2CC_FAILED_NODE, raw; parsed by failspec.c */
 	char failed_hca[256];  /* R2CC_FAILED_HCA, raw */
+	char drill[2048];      /* R2CC_DRILL, raw; parsed by drillspec.c */
 	int ar_after_repair;   /* 0 = keep mode, 2 or 3 */
 	int ar_stage2_chunks;  /* K */
 	int ar_schedule;       /* 0..3 */

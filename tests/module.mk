@@ -1,9 +1,9 @@
 # tests/: unit tests (Criterion) of the shim, and the preload test.
-UNIT_SHIM := shim/params.c shim/failspec.c strategies/cost.c shim/log.c shim/map.c shim/registry.c shim/comm.c \
+UNIT_SHIM := shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c shim/log.c shim/map.c shim/registry.c shim/comm.c \
 	     shim/core.c shim/report.c shim/stats.c shim/protect.c
 UNIT_CFLAGS = $(BIN_CFLAGS) -DR2CC_VERSION_STRING='"test"'
 
-$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/failspec.c shim/log.c strategies/cost.c
+$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
@@ -11,15 +11,15 @@ $(BUILD)/tests/unit/test_registry: tests/unit/test_registry.c $(UNIT_SHIM)
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shim/failspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/stall.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/stall.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
@@ -27,11 +27,15 @@ $(BUILD)/tests/unit/test_map: tests/unit/test_map.c shim/map.c shim/map.h
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ tests/unit/test_map.c shim/map.c -lcriterion
 
-UNIT_TESTS := test_params test_registry test_log test_ledger test_stall test_map
+$(BUILD)/tests/unit/test_drillspec: tests/unit/test_drillspec.c shim/drillspec.c shim/drillspec.h
+	@mkdir -p $(@D)
+	$(CC) $(UNIT_CFLAGS) -o $@ tests/unit/test_drillspec.c shim/drillspec.c -lcriterion
+
+UNIT_TESTS := test_params test_registry test_log test_ledger test_stall test_map test_drillspec
 TEST_DEPS += $(UNIT_TESTS:%=$(BUILD)/tests/unit/%)
 CPU_TESTS += $(UNIT_TESTS:%=120@$(BUILD)/tests/unit/%:--jobs=2)
 FORMAT_SRCS += $(wildcard tests/unit/test_params.c tests/unit/test_registry.c tests/unit/test_log.c tests/unit/test_ledger.c \
-	tests/unit/test_stall.c tests/unit/test_map.c)
+	tests/unit/test_stall.c tests/unit/test_map.c tests/unit/test_drillspec.c)
 
 # Preload test: needs the software RDMA device and libr2cc.so.
 $(BUILD)/tests/preload/verbs_preload: tests/preload/verbs_preload.c

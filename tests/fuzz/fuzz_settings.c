@@ -1,11 +1,14 @@
 /*
  * libFuzzer target: every setting's parser (the R2CC_* table of shim/params.c)
  * and the declared-failure specs of shim/failspec.c, parsed and resolved
- * against a small directory. Input: one byte picks the variable (past the
- * table: R2CC_FAILED_NODE / R2CC_FAILED_HCA), the rest is its value; for the
+ * against a small directory, and R2CC_DRILL's plans (shim/drillspec.c). Input:
+ * one byte picks the variable (past the table: R2CC_FAILED_NODE /
+ * R2CC_FAILED_HCA, then R2CC_DRILL's parser), the rest is its value; for the
  * failure specs, a NUL splits node from HCA. A refusal must come with a
- * message naming the variable.
+ * message naming the variable; an accepted plan must print back as a plan
+ * that parses to the same steps.
  */
+#include "shim/drillspec.h"
 #include "shim/failspec.h"
 #include "shim/params.h"
 
@@ -31,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(v, data + 1, size - 1);
 	v[size - 1] = 0;
 	int n = nparams();
-	int which = data[0] % (n + 1);
+	int which = data[0] % (n + 2);
 	char err[512];
 	if (which < n) {
 		struct r2cc_params p;
@@ -40,6 +43,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		err[0] = 0;
 		if (r2cc_param_set(&p, name, v, err, sizeof(err)) != 0 && !strstr(err, name))
 			abort();
+		return 0;
+	}
+	if (which == n + 1) {
+		static struct r2cc_drill_plan plan, again;
+		err[0] = 0;
+		if (r2cc_drill_parse(v, &plan, err, sizeof(err)) != 0) {
+			if (!strstr(err, "R2CC_DRILL"))
+				abort();
+			return 0;
+		}
+		static char back[R2CC_DRILL_MAX_STEPS * (2 * R2CC_DRILL_NAME_MAX + 48)];
+		size_t used = 0;
+		for (int i = 0; i < plan.nsteps; i++) {
+			char one[2 * R2CC_DRILL_NAME_MAX + 48];
+			r2cc_drill_step_str(&plan.steps[i], one, sizeof(one));
+			used += (size_t)snprintf(back + used, sizeof(back) - used, "%s%s",
+						 i ? ";" : "", one);
+		}
+		if (r2cc_drill_parse(back, &again, err, sizeof(err)) != 0 ||
+		    again.nsteps != plan.nsteps)
+			abort();
+		for (int i = 0; i < plan.nsteps; i++) {
+			const struct r2cc_drill_step *a = &plan.steps[i], *b = &again.steps[i];
+			if (a->node != b->node || strcmp(a->host, b->host) ||
+			    strcmp(a->nic, b->nic) || a->kind != b->kind ||
+			    a->arg_ms != b->arg_ms || a->at_ms != b->at_ms ||
+			    a->from_init != b->from_init)
+				abort();
+		}
 		return 0;
 	}
 	const char *hca = v + strlen(v) + 1;
