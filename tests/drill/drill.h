@@ -111,6 +111,13 @@ struct drill_opts {
 	int expect;	      /* enum drill_expect */
 	double bound_s;	      /* --bound: the first application error within this of the fault */
 	int hold;	      /* worker: enum drill_hold */
+	/* --inject: the fault from R2CC_DRILL (the library's own drill) instead of
+	 * softverbs-ctl; --drill-plan: that plan, verbatim, instead of the drawn one;
+	 * --expect-drill-problem: a word some report's unapplied step must give as why;
+	 * --summary: one compare: line per scenario into this file (- stdout) */
+	bool inject;
+	const char *drill_plan, *expect_drill_problem, *summary;
+	uint64_t coll_at; /* worker: ncclAllReduce once this many own messages arrived */
 	const struct drill_pattern *pattern; /* --nccl-version */
 	/* worker only */
 	bool worker;
@@ -220,6 +227,15 @@ struct drill_status {
 	 */
 	_Atomic uint64_t back_at;
 	_Atomic int back_done;
+	/*
+	 * --inject, --drill-plan: this worker's one ncclAllReduce (R2CC's "first
+	 * collective", where its drill's steps count from): when it was called
+	 * (CLOCK_MONOTONIC; 0 not yet), the messages delivered in all then, and what
+	 * it returned.
+	 */
+	_Atomic int64_t coll_ns;
+	_Atomic uint64_t coll_all;
+	_Atomic int coll_rc;
 };
 
 #define DRILL_TRICKLE_NS 5000000LL

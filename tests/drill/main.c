@@ -35,6 +35,8 @@
 #define DRILL_CTL_WAIT_NS  5000000000
 #define DRILL_SLOW_GBPS	   1
 #define DRILL_MAX_INCIDENT 4096
+#define DRILL_MAX_STEPS	   32 /* R2CC_DRILL's (shim/drillspec.h) */
+#define DRILL_MAX_DET	   512
 
 extern char **environ;
 
@@ -120,6 +122,31 @@ struct drill_scenario {
 	char why[DRILL_ERR_LEN + 64];
 	char stall[256]; /* each node's phase and progress at the deadline */
 	double secs;
+	/* R2CC's incidents in the reports, for --summary: the classes of their evidence
+	 * (a bit each, enum drill_evidence), the queue pairs they moved, the first and
+	 * the last detection after the fault (ms; < 0 none) */
+	unsigned evidence;
+	int incidents, drill_marked; /* drill_marked: those the report says "drill": true */
+	uint64_t qps_moved;
+	double det_first, det_last;
+	uint64_t checks; /* check failures: corrupt, duplicate, out of order, late */
+	/* --inject, --drill-plan: R2CC_DRILL as the workers got it, its steps, each
+	 * worker's ncclAllReduce mark (own messages), and what the reports say: how many
+	 * carry the drill, per step how many applied it, the earliest time (unix s) and
+	 * the queue pairs; the first reason a step was not applied; the reports whose
+	 * unapplied step gives --expect-drill-problem's word */
+	char plan[1024];
+	int nsteps;
+	uint64_t coll_at;
+	int drill_reports;
+	int step_applied[DRILL_MAX_STEPS];
+	double step_unix[DRILL_MAX_STEPS];
+	uint64_t step_qps[DRILL_MAX_STEPS];
+	char step_why[256];
+	int problem;
+	/* --inject: each incident's detected_unix, until the steps' times are known */
+	double det_unix[DRILL_MAX_DET];
+	int ndet_unix;
 };
 
 static int drill_fmt(char *buf, size_t len, const char *fmt, ...)
@@ -159,6 +186,8 @@ static void usage(FILE *f)
 	    "                        [--restore MS] [--failback-ms MS] [--flap-ms MS] [--churn]\n"
 	    "                        [--mlx5dv plain|ooo] [--net-plugin NAME] [--nccl-net NAME]\n"
 	    "                        [--expect-unprotected WORD]\n"
+	    "                        [--inject] [--drill-plan PLAN] [--expect-drill-problem WORD]\n"
+	    "                        [--summary FILE]\n"
 	    "Runs NCCL-shaped verbs traffic between N emulated nodes of K soft NICs each, one\n"
 	    "scenario per (fault kind, seed), and checks that every message arrives exactly\n"
 	    "once with the right bytes. Defaults: 2 procs, 3 NICs, all fault kinds (down,\n"
@@ -217,6 +246,16 @@ static void usage(FILE *f)
 	    "destroyed QPs. Its line counts the connections, their messages and error\n"
 	    "completions, the QPs R2CC saw destroyed during their repair, and the longest\n"
 	    "destroy.\n"
+	    "--inject: the fault from R2CC_DRILL, libr2cc.so's own drill, instead of\n"
+	    "softverbs-ctl (needs --nccl-stub; down, blackhole, blackhole-tx/rx, ackloss,\n"
+	    "flap): the drawn fault as a plan, @0 from each worker's one ncclAllReduce, made\n"
+	    "when its own messages reach the drawn fraction; every step must be applied;\n"
+	    "detection is timed from the earliest applied step in the reports.\n"
+	    "--drill-plan PLAN: R2CC_DRILL=PLAN as given (with --fault none, or replacing\n"
+	    "--inject's); --expect-drill-problem WORD: a scenario fails unless some report\n"
+	    "says a step was not applied for a reason naming WORD.\n"
+	    "--summary FILE: one 'compare:' line per scenario appended to FILE (- stdout):\n"
+	    "verdict, evidence classes, queue pairs moved, messages wrong, detection.\n"
 	    "The last line is PASS or FAIL with the totals; exit 0 only on PASS.\n");
 }
 
@@ -237,6 +276,50 @@ static bool drill_num(const char *s, double lo, double hi, double *v)
 	errno = 0;
 	*v = strtod(s, &end);
 	return !errno && end != s && !*end && *v >= lo && *v <= hi;
+}
+
+/* The kinds R2CC_DRILL has (shim/drillspec.h), by the drill's fault kind. */
+static bool drill_inject_kind(int kind)
+{
+	return kind == DRILL_FAULT_DOWN || kind == DRILL_FAULT_BLACKHOLE ||
+	       kind == DRILL_FAULT_FLAP || kind == DRILL_FAULT_ACKLOSS ||
+	       kind == DRILL_FAULT_BLACKHOLE_TX || kind == DRILL_FAULT_BLACKHOLE_RX;
+}
+
+/* --inject and --drill-plan: what the library's drill can stand in for; NULL if fine. */
+static const char *drill_check_inject(const struct drill_opts *o)
+{
+	static char bad[320];
+
+	if (!o->inject && !o->drill_plan)
+		return o->expect_drill_problem ? "--expect-drill-problem needs --drill-plan or "
+						 "--inject"
+					       : NULL;
+	if (!o->nccl_stub || !o->preload)
+		return "--inject and --drill-plan need --nccl-stub (its ncclAllReduce is R2CC's "
+		       "first collective, from which the plan's times count) and libr2cc.so "
+		       "preloaded (which carries the plan out): not --no-preload";
+	if (!o->inject && o->fault != DRILL_FAULT_NONE)
+		return "--drill-plan with a fault kind needs --inject (the plan then replaces "
+		       "the drawn one); or --fault none";
+	if (!o->inject)
+		return NULL;
+	if (!drill_inject_kind(o->fault)) {
+		snprintf(bad, sizeof(bad),
+			 "--inject: R2CC_DRILL has no fault like --fault %s; it has down, "
+			 "blackhole, blackhole-tx, blackhole-rx, ackloss and flap",
+			 o->fault < 0 ? "all" : drill_fault_names[o->fault]);
+		return bad;
+	}
+	if (o->fault_phase != DRILL_AT_TRAFFIC)
+		return "--inject: the drill's steps count from the first collective, during the "
+		       "traffic: not with --fault-phase connect";
+	if (o->restore_ms >= 0)
+		return "--inject: not with --restore (its failback watch follows softverbs-ctl's "
+		       "fault)";
+	if (o->second_ms >= 0 && o->second_ms != floor(o->second_ms))
+		return "--inject: --second-fault in whole ms (the plan's times are)";
+	return NULL;
 }
 
 /* Combinations that would test nothing, or something else than they say. */
@@ -279,6 +362,8 @@ static int drill_check_opts(const struct drill_opts *o)
 	else if (!o->pattern->one_nic && o->nics > o->pattern->nrkeys)
 		bad = "--nccl-version 2.20-2.23 fuses at most 2 NICs per connection: --nics 2 or "
 		      "fewer";
+	else
+		bad = drill_check_inject(o);
 	if (bad) {
 		fprintf(stderr, "r2cc-verbs-drill: %s\n", bad);
 		return -1;
@@ -337,6 +422,11 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_RESTORE,
 		O_FAILBACK,
 		O_FLAP,
+		O_INJECT,
+		O_DRILL_PLAN,
+		O_EXPECT_PROBLEM,
+		O_SUMMARY,
+		O_COLL_AT,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -388,6 +478,11 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"restore", required_argument, NULL, O_RESTORE},
 	    {"failback-ms", required_argument, NULL, O_FAILBACK},
 	    {"flap-ms", required_argument, NULL, O_FLAP},
+	    {"inject", no_argument, NULL, O_INJECT},
+	    {"drill-plan", required_argument, NULL, O_DRILL_PLAN},
+	    {"expect-drill-problem", required_argument, NULL, O_EXPECT_PROBLEM},
+	    {"summary", required_argument, NULL, O_SUMMARY},
+	    {"collective-at", required_argument, NULL, O_COLL_AT},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
@@ -651,6 +746,23 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			o->flap_ms = (int)v;
 			name = "--flap-ms (1..600000)";
 			break;
+		case O_INJECT:
+			o->inject = true;
+			break;
+		case O_DRILL_PLAN:
+			o->drill_plan = optarg;
+			break;
+		case O_EXPECT_PROBLEM:
+			o->expect_drill_problem = optarg;
+			break;
+		case O_SUMMARY:
+			o->summary = optarg;
+			break;
+		case O_COLL_AT:
+			ok = drill_num(optarg, 1, 1e12, &v);
+			o->coll_at = (uint64_t)v;
+			name = "--collective-at";
+			break;
 		case O_HELP:
 			usage(stdout);
 			exit(0);
@@ -672,6 +784,9 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			"r2cc-verbs-drill: --worker needs --dir and a --rank below --procs\n");
 		return -1;
 	}
+	/* --drill-plan alone: healthy traffic that carries the plan */
+	if (o->drill_plan && !fault_set)
+		o->fault = DRILL_FAULT_NONE;
 	if (kill_peer) {
 		if (fault_set && o->fault != DRILL_FAULT_KILL) {
 			fprintf(stderr, "r2cc-verbs-drill: --kill-peer is a fault of its own: "
@@ -784,7 +899,7 @@ static bool drill_env_ours(const char *kv)
 	    "LD_LIBRARY_PATH=",	 "LD_PRELOAD=",		  "SOFTVERBS_FABRIC=", "SOFTVERBS_NODE=",
 	    "SOFTVERBS_NICS=",	 "SOFTVERBS_TIME_SCALE=", "SOFTVERBS_FAULT=",  "R2CC_REPORT=",
 	    "NCCL_HOSTID=",	 "SOFTVERBS_SHAPING=",	  "R2CC_FAILED_NODE=", "R2CC_FAILED_HCA=",
-	    "SOFTVERBS_DMABUF=", "SOFTVERBS_MLX5DV=",
+	    "SOFTVERBS_DMABUF=", "SOFTVERBS_MLX5DV=",	  "R2CC_DRILL=",
 	};
 
 	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -870,6 +985,8 @@ static char **drill_worker_env(const struct drill_opts *o, const struct drill_pa
 		DRILL_ENV("DRILL_FRESH_STOP=%d", s->node * o->per_node);
 	if (o->restore_ms >= 0)
 		DRILL_ENV("R2CC_FAILBACK_MS=%d", o->failback_ms);
+	if (s->plan[0])
+		DRILL_ENV("R2CC_DRILL=%s", s->plan);
 #undef DRILL_ENV
 	env[n] = NULL;
 	return env;
@@ -879,7 +996,7 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 				const struct drill_scenario *s, int rank)
 {
 	char a[13][40], log[PATH_MAX + 32], store[32768];
-	char *argv[40];
+	char *argv[44];
 	char **env;
 	int n = 0, fd;
 	pid_t pid;
@@ -949,6 +1066,11 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 	if (s->hold != DRILL_HOLD_NONE) {
 		argv[n++] = (char *)"--hold-connect";
 		argv[n++] = (char *)(s->hold == DRILL_HOLD_INIT ? "init" : "rts");
+	}
+	if (s->plan[0]) {
+		snprintf(a[11], sizeof(a[11]), "%llu", (unsigned long long)s->coll_at);
+		argv[n++] = (char *)"--collective-at";
+		argv[n++] = a[11];
 	}
 	argv[n] = NULL;
 	snprintf(log, sizeof(log), "%s/worker%d.log", s->dir, rank);
@@ -1279,6 +1401,39 @@ static int drill_nth_nic(uint64_t m, uint64_t k)
 			return i;
 }
 
+/*
+ * --inject: R2CC_DRILL for the drawn fault, @0 from each process's first collective:
+ * node<n>/mlx5_<k>=KIND@0, with --fault-nics all one step per NIC of the node (the
+ * drawn one first), with --second-fault MS a second step on the other NIC @<MS>ms.
+ * --drill-plan: that plan as given.
+ */
+static void drill_plan_text(const struct drill_opts *o, struct drill_scenario *s)
+{
+	char kind[32];
+	size_t n;
+
+	if (o->drill_plan) {
+		snprintf(s->plan, sizeof(s->plan), "%s", o->drill_plan);
+	} else {
+		if (s->kind == DRILL_FAULT_FLAP)
+			snprintf(kind, sizeof(kind), "flap:%d", s->arg);
+		else
+			snprintf(kind, sizeof(kind), "%s", drill_fault_names[s->kind]);
+		for (int i = 0; i < (o->fault_all_nics ? o->nics : 1); i++) {
+			n = strlen(s->plan);
+			snprintf(s->plan + n, sizeof(s->plan) - n, "%snode%d/mlx5_%d=%s@0",
+				 i ? ";" : "", s->node, (s->nic + i) % o->nics, kind);
+		}
+		n = strlen(s->plan);
+		if (o->second_ms >= 0)
+			snprintf(s->plan + n, sizeof(s->plan) - n, ";node%d/mlx5_%d=%s@%.0fms",
+				 s->node, s->nic2, kind, o->second_ms);
+	}
+	s->nsteps = 1;
+	for (const char *c = s->plan; *c; c++)
+		s->nsteps += *c == ';';
+}
+
 /* Where, what and when, all from the seed. */
 static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 {
@@ -1324,6 +1479,16 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 		 * R2CC_STALL_MS, not --time-scale: R2CC's floor is a time of its own,
 		 * which no transport timeout scales. */
 		s->arg = (int)ceil(drill_stall_floor_ms());
+	}
+	/* --inject, --drill-plan: every worker's collective at the same fraction of its
+	 * own messages (the device's fault comes at that fraction of everyone's) */
+	if (o->inject || o->drill_plan) {
+		uint64_t own = (uint64_t)(o->procs - 1) * (uint64_t)o->messages;
+
+		s->coll_at = (uint64_t)(frac * (double)own);
+		if (s->coll_at < 1)
+			s->coll_at = 1;
+		drill_plan_text(o, s);
 	}
 }
 
@@ -1379,6 +1544,21 @@ static void drill_inject(const struct drill_opts *o, const struct drill_paths *p
 		s->inject_failed = true;
 }
 
+/* --inject, --drill-plan: the fault's start is the first worker's collective. */
+static void drill_watch_collectives(const struct drill_opts *o, struct drill_scenario *s,
+				    struct drill_status *st)
+{
+	for (int r = 0; r < o->procs; r++) {
+		int64_t ns = atomic_load(&st[r].coll_ns);
+
+		if (ns && (!s->injected || ns < s->injected_ns)) {
+			s->injected = true;
+			s->injected_ns = ns;
+			s->injected_at = atomic_load(&st[r].coll_all);
+		}
+	}
+}
+
 static void drill_inject_second(const struct drill_paths *p, struct drill_scenario *s,
 				uint64_t delivered)
 {
@@ -1389,13 +1569,31 @@ static void drill_inject_second(const struct drill_paths *p, struct drill_scenar
 		s->second_failed = true;
 }
 
+/* --inject: every step of the plan applied by some process, as its report says. */
+static const char *drill_steps_missed(const struct drill_scenario *s)
+{
+	static char why[DRILL_ERR_LEN];
+
+	if (!s->drill_reports)
+		return "no R2CC report says what became of R2CC_DRILL (a libr2cc.so without "
+		       "the drill?)";
+	for (int k = 0; k < s->nsteps && k < DRILL_MAX_STEPS; k++)
+		if (!s->step_applied[k]) {
+			snprintf(why, sizeof(why), "drill step %d was applied in no process%s%s",
+				 k + 1, s->step_why[0] ? ": " : "", s->step_why);
+			return why;
+		}
+	return NULL;
+}
+
 /* Why the fault (or the second fault) tested nothing; NULL when it was in time. */
 static const char *drill_fault_missed(const struct drill_opts *o, const struct drill_scenario *s)
 {
 	if (s->kind == DRILL_FAULT_NONE)
 		return NULL;
 	if (!s->injected)
-		return "the fault was never injected";
+		return o->inject ? "no worker made its collective: the drill's steps never began"
+				 : "the fault was never injected";
 	if (s->inject_failed)
 		return s->kind == DRILL_FAULT_KILL
 			   ? "the worker could not be killed"
@@ -1404,6 +1602,8 @@ static const char *drill_fault_missed(const struct drill_opts *o, const struct d
 		return "the fault came after the traffic had started";
 	if (s->injected_at >= s->expected)
 		return "the fault came after the traffic had ended";
+	if (o->inject)
+		return drill_steps_missed(s);
 	if (o->second_ms < 0)
 		return NULL;
 	if (!s->second_injected)
@@ -1440,6 +1640,245 @@ static int drill_scan_key(const char *text, const char *key, double *out, int ro
 	return n;
 }
 
+/*
+ * R2CC's JSON report, read as far as the comparison needs: a member of an object, the
+ * elements of an array, strings, numbers and booleans. The report is R2CC's own
+ * output (shim/report.c), so this is no general parser: it only keeps strings and
+ * nesting apart.
+ */
+
+/* Where the JSON value at p ends: one past a string, object or array, at the comma or
+ * closing bracket after a scalar. */
+static const char *drill_json_end(const char *p)
+{
+	int depth = 0;
+	bool str = false;
+
+	for (; *p; p++) {
+		if (str) {
+			if (*p == '\\' && p[1])
+				p++;
+			else if (*p == '"' && !depth)
+				return p + 1;
+			else if (*p == '"')
+				str = false;
+		} else if (*p == '"') {
+			str = true;
+		} else if (*p == '{' || *p == '[') {
+			depth++;
+		} else if (*p == '}' || *p == ']' || *p == ',') {
+			if (!depth)
+				return p;
+			if (*p != ',' && --depth == 0)
+				return p + 1;
+		}
+	}
+	return p;
+}
+
+static const char *drill_json_ws(const char *p)
+{
+	while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+		p++;
+	return p;
+}
+
+/* The value of member `key` of the object at obj, or NULL. */
+static const char *drill_json_get(const char *obj, const char *key)
+{
+	const char *p = drill_json_ws(obj);
+	size_t len = strlen(key);
+
+	if (*p != '{')
+		return NULL;
+	p = drill_json_ws(p + 1);
+	while (*p == '"') {
+		const char *name = p + 1, *v;
+
+		p = drill_json_end(p);
+		p = drill_json_ws(p);
+		if (*p != ':')
+			return NULL;
+		v = drill_json_ws(p + 1);
+		if ((size_t)(p - name) >= len + 1 && !strncmp(name, key, len) && name[len] == '"')
+			return v;
+		p = drill_json_ws(drill_json_end(v));
+		if (*p != ',')
+			return NULL;
+		p = drill_json_ws(p + 1);
+	}
+	return NULL;
+}
+
+/* The n-th element of the array at arr, or NULL past its end. */
+static const char *drill_json_at(const char *arr, int n)
+{
+	const char *p = arr ? drill_json_ws(arr) : NULL;
+
+	if (!p || *p != '[')
+		return NULL;
+	p = drill_json_ws(p + 1);
+	for (int i = 0; *p && *p != ']'; i++) {
+		if (i == n)
+			return p;
+		p = drill_json_ws(drill_json_end(p));
+		if (*p != ',')
+			return NULL;
+		p = drill_json_ws(p + 1);
+	}
+	return NULL;
+}
+
+static double drill_json_num(const char *obj, const char *key, double dflt)
+{
+	const char *v = drill_json_get(obj, key);
+	char *end;
+	double x = v ? strtod(v, &end) : 0;
+
+	return v && end != v ? x : dflt;
+}
+
+static bool drill_json_true(const char *obj, const char *key)
+{
+	const char *v = drill_json_get(obj, key);
+
+	return v && !strncmp(v, "true", 4);
+}
+
+/* Member `key`'s string, unescaped (a \u escape as '?'), cut to fit; "" if none. */
+static void drill_json_str(const char *obj, const char *key, char *buf, size_t len)
+{
+	const char *v = drill_json_get(obj, key);
+	size_t n = 0;
+
+	if (v && *v == '"')
+		for (v++; *v && *v != '"' && n + 1 < len; v++) {
+			if (*v == '\\' && v[1]) {
+				v++;
+				if (*v == 'u' && v[1] && v[2] && v[3] && v[4]) {
+					v += 4;
+					buf[n++] = '?';
+					continue;
+				}
+				buf[n++] = *v == 'n' ? ' ' : *v == 't' ? ' ' : *v;
+				continue;
+			}
+			buf[n++] = *v;
+		}
+	if (len)
+		buf[n] = '\0';
+}
+
+/*
+ * The classes of an incident's evidence (what repair/ writes: the cause of the
+ * incident's first detection), for comparing runs whose fault came different ways.
+ * "same NIC/path as qp 0x.. (CAUSE)" is classed by its CAUSE.
+ */
+enum drill_evidence {
+	DRILL_EV_DECLARED,
+	DRILL_EV_FAILBACK,
+	DRILL_EV_PEER,
+	DRILL_EV_SELFTEST,
+	DRILL_EV_PORT,
+	DRILL_EV_DEAD,
+	DRILL_EV_NEW_PATH,
+	DRILL_EV_RETRY,
+	DRILL_EV_ERROR_WC,
+	DRILL_EV_QP_EVENT,
+	DRILL_EV_LATE,
+	DRILL_EV_STALL,
+	DRILL_EV_OTHER,
+	DRILL_EV_CLASSES,
+};
+
+static const char *const drill_evidence_names[] = {
+    "declared",	    "failback",	      "peer-notice",	"self-test",	    "port-event",
+    "dead-device",  "new-path-error", "retry-exceeded", "error-completion", "qp-error-event",
+    "created-late", "stall",	      "other"};
+
+static int drill_evidence_class(const char *ev)
+{
+	static const struct {
+		const char *text;
+		bool prefix;
+		int cls;
+	} rules[] = {
+	    {"declared", true, DRILL_EV_DECLARED},
+	    {"failback", true, DRILL_EV_FAILBACK},
+	    {"peer notice", true, DRILL_EV_PEER},
+	    {"self-test through", false, DRILL_EV_SELFTEST},
+	    {"port error event", false, DRILL_EV_PORT},
+	    {"port not active", false, DRILL_EV_PORT},
+	    {"device fatal event", false, DRILL_EV_DEAD},
+	    {"the device is dead", false, DRILL_EV_DEAD},
+	    {"on its new path", false, DRILL_EV_NEW_PATH},
+	    {"error completion (status 12)", true, DRILL_EV_RETRY},
+	    {"error completion", true, DRILL_EV_ERROR_WC},
+	    {"QP error event", false, DRILL_EV_QP_EVENT},
+	    {"created on a NIC that has failed", false, DRILL_EV_LATE},
+	    {"waited", false, DRILL_EV_STALL},
+	};
+
+	if (!strncmp(ev, "same NIC as ", 12) || !strncmp(ev, "same path as ", 13)) {
+		const char *in = strchr(ev, '(');
+		if (in)
+			ev = in + 1;
+	}
+	for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
+		if (rules[i].prefix ? !strncmp(ev, rules[i].text, strlen(rules[i].text))
+				    : strstr(ev, rules[i].text) != NULL)
+			return rules[i].cls;
+	return DRILL_EV_OTHER;
+}
+
+/* One JSON report's incidents (classes, queue pairs moved, --inject's detection
+ * times) and drill section (the steps' states). */
+static void drill_read_json(const struct drill_opts *o, struct drill_scenario *s, const char *text)
+{
+	const char *inc = drill_json_get(text, "incidents"), *e;
+	const char *drill = drill_json_get(text, "drill");
+	const char *steps = drill ? drill_json_get(drill, "steps") : NULL;
+	char ev[160], state[32], why[200];
+
+	for (int i = 0; (e = drill_json_at(inc, i)); i++) {
+		double d = drill_json_num(e, "detected_unix", -1);
+
+		drill_json_str(e, "evidence", ev, sizeof(ev));
+		s->evidence |= 1u << drill_evidence_class(ev);
+		s->incidents++;
+		s->drill_marked += drill_json_true(e, "drill");
+		s->qps_moved += (uint64_t)drill_json_num(e, "migrated", 0);
+		if (o->inject && d > 0 && s->ndet_unix < DRILL_MAX_DET)
+			s->det_unix[s->ndet_unix++] = d;
+	}
+	if (!drill || *drill != '{')
+		return;
+	s->drill_reports++;
+	bool problem = false;
+	for (int i = 0; (e = drill_json_at(steps, i)); i++) {
+		int k = (int)drill_json_num(e, "step", i + 1) - 1;
+		double at = drill_json_num(e, "applied_unix", 0);
+
+		if (k < 0 || k >= DRILL_MAX_STEPS)
+			continue;
+		drill_json_str(e, "state", state, sizeof(state));
+		drill_json_str(e, "why", why, sizeof(why));
+		if (!strcmp(state, "applied")) {
+			s->step_applied[k]++;
+			s->step_qps[k] += (uint64_t)drill_json_num(e, "qps", 0);
+			if (at > 0 && (!s->step_unix[k] || at < s->step_unix[k]))
+				s->step_unix[k] = at;
+			continue;
+		}
+		if (!s->step_why[0])
+			snprintf(s->step_why, sizeof(s->step_why), "step %d %s%s%s", k + 1,
+				 state[0] ? state : "not applied", why[0] ? ": " : "", why);
+		if (o->expect_drill_problem && strstr(why, o->expect_drill_problem))
+			problem = true;
+	}
+	s->problem += problem;
+}
+
 static void drill_read_reports(const struct drill_opts *o, struct drill_scenario *s,
 			       struct drill_times *t)
 {
@@ -1463,12 +1902,15 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 			found = 0;
 			if (text && fread(text, 1, (size_t)len, f) == (size_t)len) {
 				/* detected_ns is R2CC's CLOCK_MONOTONIC time of the
-				 * detection, the clock the injection time is read on. */
+				 * detection, the clock the injection time is read on.
+				 * --inject: from the steps' applied times instead, known
+				 * once every report is read (below). */
 				double ns[DRILL_MAX_INCIDENT];
 				n = drill_scan_key(text, "detected_ns", ns,
 						   DRILL_MAX_INCIDENT - t->ndetect);
 				for (int i = 0; i < n; i++)
-					if (s->injected && ns[i] >= (double)s->injected_ns) {
+					if (s->injected && !o->inject &&
+					    ns[i] >= (double)s->injected_ns) {
 						t->detect[t->ndetect++] =
 						    (ns[i] - (double)s->injected_ns) / 1e6;
 						s->ndetect++;
@@ -1538,6 +1980,8 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 				/* a whole JSON report, at exit, with or without incidents */
 				if (k == 0 && strstr(text, "\"nics\":["))
 					found++;
+				if (k == 0)
+					drill_read_json(o, s, text);
 				const char *np;
 				if (k == 0 && o->expect_unprotected &&
 				    strstr(text, "\"protected\":false") &&
@@ -1553,6 +1997,22 @@ static void drill_read_reports(const struct drill_opts *o, struct drill_scenario
 			}
 		}
 	}
+}
+
+/* --inject: detection times from the plan's first applied step (the earliest
+ * applied_unix of any report) to each incident's detected_unix. */
+static void drill_inject_times(struct drill_scenario *s, struct drill_times *t)
+{
+	double from = 0;
+
+	for (int k = 0; k < DRILL_MAX_STEPS; k++)
+		if (s->step_unix[k] > 0 && (!from || s->step_unix[k] < from))
+			from = s->step_unix[k];
+	for (int i = 0; from && i < s->ndet_unix && t->ndetect < DRILL_MAX_INCIDENT; i++)
+		if (s->det_unix[i] >= from) {
+			t->detect[t->ndetect++] = (s->det_unix[i] - from) * 1e3;
+			s->ndetect++;
+		}
 }
 
 static int drill_cmp(const void *a, const void *b)
@@ -1805,7 +2265,8 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		return;
 	}
 	/* A window's worth of messages past the trigger, and always before the end. */
-	if (s->kind != DRILL_FAULT_NONE && o->fault_phase == DRILL_AT_TRAFFIC && s->expected > 1) {
+	if (s->kind != DRILL_FAULT_NONE && o->fault_phase == DRILL_AT_TRAFFIC && s->expected > 1 &&
+	    !o->inject) {
 		uint64_t at = s->trigger + (uint64_t)o->window * (uint64_t)o->procs;
 		atomic_store(&st[0].hold_at, at < s->expected ? at : s->expected - 1);
 		/* --restore: the trickle from half the messages (and after the fault) */
@@ -1846,14 +2307,16 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		}
 		for (int r = 0; r < o->procs; r++)
 			delivered += atomic_load(&st[r].delivered);
-		if (s->kind != DRILL_FAULT_NONE && !s->injected && alive == o->procs &&
-		    drill_fault_due(o, s, delivered)) {
+		if (s->kind != DRILL_FAULT_NONE && !o->inject && !s->injected &&
+		    alive == o->procs && drill_fault_due(o, s, delivered)) {
 			drill_inject(o, p, s, pids, delivered);
 			atomic_store(&st[0].fault_done, 1);
 		}
+		if (s->plan[0])
+			drill_watch_collectives(o, s, st);
 		now = drill_now_ns();
-		if (o->second_ms >= 0 && s->injected && !s->second_injected && alive > 0 &&
-		    now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))
+		if (o->second_ms >= 0 && !o->inject && s->injected && !s->second_injected &&
+		    alive > 0 && now >= s->injected_ns + (int64_t)(o->second_ms * 1e6))
 			drill_inject_second(p, s, delivered);
 		if (o->restore_ms >= 0 && alive > 0 && (now >= next_look || !s->restored)) {
 			drill_restore_step(o, p, s, st, pids, now);
@@ -1895,6 +2358,7 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 
 		s->delivered += atomic_load(&st[r].delivered);
 		s->errors += atomic_load(&st[r].errors);
+		s->checks += atomic_load(&st[r].check_failures);
 		s->not_interposed += atomic_load(&st[r].interposed) == 2;
 		s->churned += atomic_load(&st[r].churned);
 		s->churn_conns += atomic_load(&st[r].churn_conns);
@@ -1919,6 +2383,15 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		snprintf(s->why, sizeof(s->why), "softverbs-ctl reset of %s failed", s->fabric);
 	int det0 = t->ndetect;
 	drill_read_reports(o, s, t);
+	if (o->inject)
+		drill_inject_times(s, t);
+	s->det_first = s->det_last = -1;
+	for (int i = det0; i < t->ndetect; i++) {
+		if (s->det_first < 0 || t->detect[i] < s->det_first)
+			s->det_first = t->detect[i];
+		if (t->detect[i] > s->det_last)
+			s->det_last = t->detect[i];
+	}
 	/* --fresh-mr: no post waited for the stopped peer (that the new keys were
 	 * fetched at all is judged over the run: main) */
 	for (int r = 0; o->fresh_mr && r < o->procs; r++) {
@@ -2014,6 +2487,15 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				 "a process brought mlx5_%d back %d times; its hold-down allows %d",
 				 s->nic, s->backs_max, drill_backs_allowed(o));
 		}
+		/* --expect-drill-problem: some report says why a step was not applied */
+		if (s->pass && o->expect_drill_problem && !s->problem) {
+			s->pass = false;
+			snprintf(s->why, sizeof(s->why),
+				 "no R2CC report (%d with the drill) says a step was not applied "
+				 "for '%s'%s%s",
+				 s->drill_reports, o->expect_drill_problem,
+				 s->step_why[0] ? "; the first unapplied: " : "", s->step_why);
+		}
 		if (s->pass && o->expect == DRILL_EXPECT_NO_REPAIR && s->repairs) {
 			s->pass = false;
 			snprintf(s->why, sizeof(s->why),
@@ -2022,6 +2504,33 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 		}
 	}
 	munmap(st, st_len);
+}
+
+/* --summary: one line per scenario with what a comparison of runs needs
+ * (tests/drill/inject-compare.sh): key=value, no spaces in a value. wrong: the
+ * messages not delivered exactly once (check failures and messages missing). */
+static void drill_summary(FILE *f, const struct drill_opts *o, const struct drill_scenario *s)
+{
+	char ev[256] = "";
+
+	for (int c = 0; c < DRILL_EV_CLASSES; c++)
+		if (s->evidence >> c & 1)
+			snprintf(ev + strlen(ev), sizeof(ev) - strlen(ev), "%s%s", ev[0] ? "," : "",
+				 drill_evidence_names[c]);
+	fprintf(f,
+		"compare: mode=%s kind=%s link=%s procs=%d seed=%d node=%d nic=%d verdict=%s "
+		"evidence=%s qps_moved=%llu wrong=%llu incidents=%d drill_marked=%d",
+		o->inject ? "drill" : "device", drill_fault_names[s->kind], o->roce ? "roce" : "ib",
+		o->procs, s->seed, s->node, s->nic, s->pass ? "PASS" : "FAIL", ev[0] ? ev : "none",
+		(unsigned long long)s->qps_moved,
+		(unsigned long long)(s->checks +
+				     (s->expected > s->delivered ? s->expected - s->delivered : 0)),
+		s->incidents, s->drill_marked);
+	if (s->det_first >= 0)
+		fprintf(f, " detect_ms=%.1f detect_last_ms=%.1f\n", s->det_first, s->det_last);
+	else
+		fprintf(f, " detect_ms=- detect_last_ms=-\n");
+	fflush(f);
 }
 
 static void drill_print_scenario(const struct drill_opts *o, const struct drill_scenario *s)
@@ -2042,12 +2551,15 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 	if (s->kind == DRILL_FAULT_KILL)
 		snprintf(fault, sizeof(fault), "node%d killed", s->node);
 	else if (s->kind != DRILL_FAULT_NONE)
-		snprintf(fault, sizeof(fault), "node%d/%s %s", s->node, nic, kind);
+		snprintf(fault, sizeof(fault), "node%d/%s %s%s", s->node, nic, kind,
+			 o->inject ? " (drill)" : "");
+	else if (s->plan[0])
+		snprintf(fault, sizeof(fault), "drill plan");
 	n = strlen(fault);
-	if (s->kind != DRILL_FAULT_NONE && s->injected && o->fault_phase == DRILL_AT_CONNECT)
+	if (s->injected && o->fault_phase == DRILL_AT_CONNECT)
 		snprintf(fault + n, sizeof(fault) - n, " at connect/%s +%.2fs", holds[s->hold],
 			 (double)(s->injected_ns - s->start_ns) / 1e9);
-	else if (s->kind != DRILL_FAULT_NONE && s->injected)
+	else if (s->injected)
 		snprintf(fault + n, sizeof(fault) - n, " at %llu/%llu +%.2fs",
 			 (unsigned long long)s->injected_at, (unsigned long long)s->expected,
 			 (double)(s->injected_ns - s->start_ns) / 1e9);
@@ -2055,6 +2567,9 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 	if (s->second_injected)
 		snprintf(fault + n, sizeof(fault) - n, ", then mlx5_%d +%.0fms", s->nic2,
 			 (double)(s->second_ns - s->injected_ns) / 1e6);
+	else if (o->inject && o->second_ms >= 0 && s->step_unix[0] > 0 && s->step_unix[1] > 0)
+		snprintf(fault + n, sizeof(fault) - n, ", then mlx5_%d +%.0fms", s->nic2,
+			 (s->step_unix[1] - s->step_unix[0]) * 1e3);
 	printf("%-9s seed %-4d fault %-44s messages %llu/%llu errors %llu %s %.1fs",
 	       drill_fault_names[s->kind], s->seed, fault, (unsigned long long)s->delivered,
 	       (unsigned long long)s->expected, (unsigned long long)s->errors,
@@ -2069,6 +2584,14 @@ static void drill_print_scenario(const struct drill_opts *o, const struct drill_
 		printf(" incidents %d", s->ndetect > s->nmigrate ? s->ndetect : s->nmigrate);
 	if (s->suspected)
 		printf(" suspected %llu", (unsigned long long)s->suspected);
+	if (s->plan[0]) {
+		int applied = 0;
+		for (int k = 0; k < s->nsteps && k < DRILL_MAX_STEPS; k++)
+			applied += s->step_applied[k] > 0;
+		printf(" drill-steps %d/%d applied", applied, s->nsteps);
+		if (o->drill_plan && s->step_why[0])
+			printf(" (%s)", s->step_why);
+	}
 	if (s->maps_carried || s->maps_fetched)
 		printf(" maps %llu/%llu", (unsigned long long)s->maps_carried,
 		       (unsigned long long)(s->maps_carried + s->maps_fetched));
@@ -2110,6 +2633,7 @@ int main(int argc, char **argv)
 	uint64_t delivered = 0, expected = 0, maps_later = 0, cts_checked = 0, cts_landed = 0;
 	int kinds[DRILL_FAULT_KINDS], nkinds = 0, passed = 0, total = 0, fault_failed = 0;
 	int not_interposed = 0;
+	FILE *summary = NULL;
 
 	if (drill_parse(argc, argv, &o))
 		return 2;
@@ -2127,6 +2651,14 @@ int main(int argc, char **argv)
 	}
 	if (drill_paths(&p, &o))
 		return 2;
+	if (o.summary && strcmp(o.summary, "-") && !(summary = fopen(o.summary, "a"))) {
+		fprintf(stderr, "r2cc-verbs-drill: cannot open %s: %s\n", o.summary,
+			strerror(errno));
+		drill_rmtree(p.tmp);
+		return 2;
+	}
+	if (o.summary && !summary)
+		summary = stdout;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = drill_on_signal;
 	sigaction(SIGINT, &sa, NULL);
@@ -2157,6 +2689,17 @@ int main(int argc, char **argv)
 		    o.pattern->one_nic ? ", each connection on one NIC, clear-to-send on qps[0]"
 				       : "",
 		    o.pattern->send_no_rq ? ", no receive queue where nothing is received" : "");
+	if (o.inject)
+		printf("  fault from R2CC_DRILL (libr2cc.so's own drill, not softverbs-ctl): the "
+		       "drawn fault @0 from each worker's ncclAllReduce at its own share of its "
+		       "messages; detection from the earliest applied step (reports' "
+		       "applied_unix)\n");
+	else if (o.drill_plan)
+		printf("  R2CC_DRILL=\"%s\": each worker's ncclAllReduce at its own share of its "
+		       "messages\n",
+		       o.drill_plan);
+	else if (o.fault != DRILL_FAULT_NONE && o.fault != DRILL_FAULT_KILL)
+		printf("  fault by softverbs-ctl; detection from its call\n");
 	if (o.fault_phase == DRILL_AT_CONNECT || o.fault_all_nics || o.second_ms >= 0 ||
 	    o.expect == DRILL_EXPECT_CLEAN) {
 		printf("  fault %s%s",
@@ -2178,6 +2721,8 @@ int main(int argc, char **argv)
 			s.index = total;
 			drill_run_scenario(&o, &p, &s, &times);
 			drill_print_scenario(&o, &s);
+			if (summary)
+				drill_summary(summary, &o, &s);
 			if (o.verbose)
 				drill_dump_logs(&o, &s, NULL, 0);
 			else if (!s.pass) { /* what R2CC said, for a failure seen only in CI */
@@ -2200,6 +2745,8 @@ int main(int argc, char **argv)
 				drill_rmtree(s.dir);
 		}
 	}
+	if (summary && summary != stdout)
+		fclose(summary);
 	if (o.keep)
 		printf("kept: %s\n", p.tmp);
 	else

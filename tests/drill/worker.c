@@ -174,8 +174,16 @@ struct drill_nccl {
 	int (*get_unique_id)(struct drill_nccl_uid *);
 	int (*comm_init_rank)(void **, int, struct drill_nccl_uid, int);
 	int (*comm_destroy)(void *);
+	/* --inject, --drill-plan: one ncclAllReduce, R2CC's first collective */
+	int (*all_reduce)(const void *, void *, size_t, int, int, void *, void *);
 	void *comm;
+	bool coll_done;
+	float coll_buf[2]; /* its send and receive buffers (the test double reads neither) */
 };
+
+/* nccl.h's ncclFloat32 and ncclSum */
+#define DRILL_NCCL_FLOAT32 7
+#define DRILL_NCCL_SUM	   0
 
 struct drill_worker {
 	const struct drill_opts *o;
@@ -887,8 +895,12 @@ static int drill_nccl_init(struct drill_worker *w)
 	*(void **)&n->get_unique_id = dlsym(RTLD_DEFAULT, "ncclGetUniqueId");
 	*(void **)&n->comm_init_rank = dlsym(RTLD_DEFAULT, "ncclCommInitRank");
 	*(void **)&n->comm_destroy = dlsym(RTLD_DEFAULT, "ncclCommDestroy");
-	if (!n->get_unique_id || !n->comm_init_rank || !n->comm_destroy) {
-		drill_fail(w, "%s lacks ncclGetUniqueId/ncclCommInitRank/ncclCommDestroy",
+	*(void **)&n->all_reduce = dlsym(RTLD_DEFAULT, "ncclAllReduce");
+	if (!n->get_unique_id || !n->comm_init_rank || !n->comm_destroy ||
+	    (o->coll_at && !n->all_reduce)) {
+		drill_fail(w,
+			   "%s lacks ncclGetUniqueId/ncclCommInitRank/ncclCommDestroy/"
+			   "ncclAllReduce",
 			   o->nccl_lib);
 		return -1;
 	}
@@ -1548,6 +1560,34 @@ static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
 	drill_retire(w, c);
 }
 
+/*
+ * --inject, --drill-plan: once this worker's own delivered messages reach its mark
+ * (the seed's fraction of its own total), one ncclAllReduce of one float through
+ * the NCCL test double. For R2CC that is the process's first collective, from which
+ * its drill's steps count: the fault then lands in each process at its own fraction,
+ * where softverbs-ctl's lands once all workers together reached that fraction.
+ */
+static void drill_collective_due(struct drill_worker *w)
+{
+	struct drill_status *all = w->st - w->o->rank;
+	struct drill_nccl *n = &w->nccl;
+	uint64_t sum = 0;
+	int rc;
+
+	if (!w->o->coll_at || n->coll_done || atomic_load(&w->st->delivered) < w->o->coll_at)
+		return;
+	n->coll_done = true;
+	for (int r = 0; r < w->o->procs; r++)
+		sum += atomic_load(&all[r].delivered);
+	atomic_store(&w->st->coll_all, sum);
+	atomic_store(&w->st->coll_ns, drill_now_ns());
+	rc = n->all_reduce(&n->coll_buf[0], &n->coll_buf[1], 1, DRILL_NCCL_FLOAT32, DRILL_NCCL_SUM,
+			   n->comm, NULL);
+	atomic_store(&w->st->coll_rc, rc);
+	if (rc)
+		drill_fail(w, "ncclAllReduce: NCCL error %d", rc);
+}
+
 static int drill_poll(struct drill_worker *w, bool *progress)
 {
 	struct ibv_wc wcs[DRILL_POLL_BATCH];
@@ -1564,6 +1604,7 @@ static int drill_poll(struct drill_worker *w, bool *progress)
 			drill_wc(w, &wcs[i]);
 		if (n)
 			*progress = true;
+		drill_collective_due(w);
 	}
 	return 0;
 }
