@@ -11,6 +11,7 @@
  */
 #include "intercept/nccl_hooks.h"
 #include "intercept/netcheck.h"
+#include "repair/drill.h"
 #include "repair/job.h"
 #include "shim/comm.h"
 #include "shim/common.h"
@@ -234,8 +235,10 @@ static void net_check(void)
 {
 	if (group_depth > 0)
 		__atomic_store_n(&net_pending, 1, __ATOMIC_RELAXED);
-	else
+	else {
 		r2cc_net_init_done();
+		r2cc_drill_at_init();
+	}
 }
 
 static bool on_create(void)
@@ -457,10 +460,19 @@ R2CC_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *er
 
 /* --- collectives ------------------------------------------------------------ */
 
+/* R2CC_DRILL's times count from the first collective (repair/drill.h): one load
+ * and a branch not taken once it came, or without a drill. */
+#define DRILL_MARK()                                                                               \
+	do {                                                                                       \
+		if (r2cc_unlikely(__atomic_load_n(&r2cc_drill_wait_collective, __ATOMIC_RELAXED))) \
+			r2cc_drill_at_collective();                                                \
+	} while (0)
+
 R2CC_EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count,
 				       ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm,
 				       cudaStream_t stream)
 {
+	DRILL_MARK();
 	r2cc_allreduce_hook_fn hook = __atomic_load_n(&r2cc_allreduce_hook, __ATOMIC_RELAXED);
 	if (r2cc_unlikely(hook != NULL)) {
 		struct r2cc_comm *c = r2cc_comm_find(comm);
@@ -491,8 +503,10 @@ R2CC_EXPORT ncclResult_t ncclGroupEnd(void)
 		group_depth--;
 	ncclResult_t rc = f();
 	if (r2cc_unlikely(__atomic_load_n(&net_pending, __ATOMIC_RELAXED)) && group_depth == 0 &&
-	    __atomic_exchange_n(&net_pending, 0, __ATOMIC_RELAXED) && rc == ncclSuccess)
+	    __atomic_exchange_n(&net_pending, 0, __ATOMIC_RELAXED) && rc == ncclSuccess) {
 		r2cc_net_init_done();
+		r2cc_drill_at_init();
+	}
 	return rc;
 }
 
@@ -512,6 +526,7 @@ R2CC_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *info)
 #define R2CC_NCCL_FN(name, params, args)                                                           \
 	R2CC_EXPORT ncclResult_t nccl##name params                                                 \
 	{                                                                                          \
+		DRILL_MARK();                                                                      \
 		FORWARD(name, args);                                                               \
 	}
 #include "intercept/nccl_funcs.def"

@@ -15,6 +15,7 @@
 #include "intercept/netcheck.h"
 #include "intercept/transport.h"
 #include "repair/cts.h"
+#include "repair/drill.h"
 #include "repair/engine.h"
 #include "repair/mr_mirror.h"
 #include "repair/qp_shadow.h"
@@ -363,6 +364,8 @@ static struct ibv_cq *fi_create_cq(struct ibv_context *ctx, int cqe, void *cq_co
 
 static int fi_destroy_cq(struct ibv_cq *cq)
 {
+	if (r2cc_drill_on)
+		r2cc_drill_cq_destroyed(cq);
 	FI_INT(real_ibv_destroy_cq(cq));
 }
 
@@ -371,19 +374,33 @@ static struct ibv_qp *fi_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a
 	FI_PTR(real_ibv_create_qp(pd, attr));
 }
 
+/* The real ibv_modify_qp, through the drill while R2CC_DRILL runs (repair/drill.h). */
+static int modify_qp_wire(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
+{
+	return r2cc_drill_on ? r2cc_drill_modify(qp, attr, mask, real_ibv_modify_qp)
+			     : real_ibv_modify_qp(qp, attr, mask);
+}
+
 static int fi_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 {
-	FI_INT(real_ibv_modify_qp(qp, attr, mask));
+	FI_INT(modify_qp_wire(qp, attr, mask));
 }
 
 static int fi_destroy_qp(struct ibv_qp *qp)
 {
+	if (r2cc_drill_on)
+		r2cc_drill_qp_destroyed(qp);
 	FI_INT(real_ibv_destroy_qp(qp));
 }
 
 static int fi_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
 {
-	FI_INT(real_ibv_query_port(ctx, port, attr));
+	if (r2cc_fault_fire(R2CC_FAULT_VERBS))
+		return EIO;
+	int rc = real_ibv_query_port(ctx, port, attr);
+	if (!rc && r2cc_drill_on) /* R2CC's port view: a drilled NIC's port is down */
+		r2cc_drill_port(ctx, attr);
+	return rc;
 }
 
 static int fi_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
@@ -581,9 +598,14 @@ static void wrap_ops(struct ibv_context *ctx, struct r2cc_ctx *c)
 static void unwrap_ops(struct ibv_context *ctx, const struct r2cc_ctx *c, bool again)
 {
 	struct verbs_context *vc = verbs_get_ctx(ctx);
-	ctx->ops.post_send = again ? wrap_post_send : c->post_send;
-	ctx->ops.post_recv = again ? wrap_post_recv : c->post_recv;
-	ctx->ops.poll_cq = again ? wrap_poll_cq : c->poll_cq;
+	/* the provider's own, also where the drill filters them (repair/drill.h) */
+	ctx->ops.post_send = again		 ? wrap_post_send
+			     : c->wire_post_send ? c->wire_post_send
+						 : c->post_send;
+	ctx->ops.post_recv = again		 ? wrap_post_recv
+			     : c->wire_post_recv ? c->wire_post_recv
+						 : c->post_recv;
+	ctx->ops.poll_cq = again ? wrap_poll_cq : c->wire_poll_cq ? c->wire_poll_cq : c->poll_cq;
 	if (c->query_port)
 		vc->query_port = again ? wrap_vctx_query_port : c->query_port;
 	if (c->create_qp_ex)
@@ -619,6 +641,8 @@ static struct ibv_context *wrap_ibv_open_device(struct ibv_device *dev)
 		    .ack_async_event = REAL(ibv_ack_async_event),
 		};
 		r2cc_repair_set_verbs(&rv);
+		if (r2cc_param.drill[0])
+			r2cc_drill_init();
 	}
 	wrap_ops(ctx, c);
 	r2cc_net_opened(r2cc_transport_of(verbs_caller, verbs_by_dlvsym));
@@ -882,6 +906,8 @@ static int wrap_ibv_destroy_cq(struct ibv_cq *cq)
 	struct r2cc_cq *c = r2cc_cq_find(cq);
 	if (c)
 		r2cc_repair_cq_destroyed(c);
+	if (r2cc_drill_on)
+		r2cc_drill_cq_destroyed(cq);
 	int rc = real_ibv_destroy_cq(cq);
 	if (rc == 0)
 		r2cc_cq_remove(cq);
@@ -958,7 +984,7 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 {
 	struct r2cc_qp *q = r2cc_qp_find(qp);
 	/* A stand-in is refused as the dead device would refuse it. */
-	int rc = q && q->stand_in_cq ? EIO : real_ibv_modify_qp(qp, attr, mask);
+	int rc = q && q->stand_in_cq ? EIO : modify_qp_wire(qp, attr, mask);
 	/* A dead device refuses the connection of a QP hot repair can move: it connects
 	 * on a healthy NIC instead, once NCCL has given it all its attributes. */
 	if (rc && (mask & IBV_QP_STATE) && q && r2cc_repair_modify_refused(q, rc, attr->qp_state))
@@ -1027,6 +1053,8 @@ static int wrap_ibv_destroy_qp(struct ibv_qp *qp)
 	struct ibv_cq *own_cq = q ? q->stand_in_cq : NULL;
 	if (q)
 		r2cc_repair_qp_destroying(q);
+	if (r2cc_drill_on)
+		r2cc_drill_qp_destroyed(qp);
 	int rc = real_ibv_destroy_qp(qp);
 	if (rc == 0) {
 		if (own_cq)

@@ -5,6 +5,7 @@
  * post). Each marks the record detected and queues it for the repair thread; the
  * stall scan (scan.c) and the peer's REQ (exchange.c) come here too.
  */
+#include "repair/drill.h"
 #include "repair/engine_priv.h"
 
 #include <errno.h>
@@ -23,6 +24,8 @@ void r2cc_detect_note(struct r2cc_rqp *r, const char *cause, int status)
 	r->incident = r2cc_incident_get(r->failback_to ? r->failback_to->name : r->cur_nic->name,
 					r->cause, t, r->born_late);
 	r2cc_eng.inc[r->incident].qps++;
+	if (r2cc_drill_on && r2cc_drill_cut(r->cur_qp))
+		r2cc_eng.inc[r->incident].drill = true;
 	r2cc_eng.inc[r->incident].created_after += r->born_late;
 }
 

@@ -311,6 +311,7 @@ struct incident {
 	int maps_later;
 	bool declared;	   /* a declared failure moved these QPs, not a detected one */
 	bool failback;	   /* a NIC came back and these QPs returned to it */
+	bool drill;	   /* R2CC_DRILL cut the path that failed (repair/drill.h) */
 	int created_after; /* of qps: created on the NIC after it failed (born_late) */
 	int nevents;
 	struct {

@@ -129,12 +129,13 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			const struct incident *in = &r2cc_eng.inc[i];
 			double mig = in->t_done ? (in->t_done - in->t_detect) / 1e6 : -1;
 			fprintf(text,
-				"incident %d: %s, %s%s%s: %s=%lld qps=%d migrated=%d failed=%d "
+				"incident %d: %s, %s%s%s%s: %s=%lld qps=%d migrated=%d failed=%d "
 				"created_after=%d %s=%.3f bytes_reposted=%llu bytes_saved=%llu "
 				"completions_synthesised=%llu posts_held=%llu peer_maps_carried=%d "
 				"peer_maps_fetched=%d peer_maps_later=%d cts_checked=%llu "
 				"cts_landed=%llu\n",
-				i + 1, in->nic, in->declared ? "[declared] " : "",
+				i + 1, in->nic, in->drill ? "[drill] " : "",
+				in->declared ? "[declared] " : "",
 				in->failback ? "[failback] " : "", in->evidence,
 				in->failback ? "started_ns" : "detected_ns",
 				(long long)in->t_detect, in->qps, in->migrated, in->failed,
@@ -154,8 +155,9 @@ void r2cc_repair_report(FILE *text, FILE *json)
 			const struct incident *in = &r2cc_eng.inc[i];
 			fprintf(json, "%s{\"nic\":", i ? "," : "");
 			r2cc_json_str(json, in->nic);
-			fprintf(json, ",\"declared\":%s,\"failback\":%s,\"evidence\":",
-				in->declared ? "true" : "false", in->failback ? "true" : "false");
+			fprintf(json, ",\"drill\":%s,\"declared\":%s,\"failback\":%s,\"evidence\":",
+				in->drill ? "true" : "false", in->declared ? "true" : "false",
+				in->failback ? "true" : "false");
 			r2cc_json_str(json, in->evidence);
 			/* a failback is no detection: its start and time have keys of
 			 * their own */

@@ -68,6 +68,11 @@ struct r2cc_ctx {
 	r2cc_post_send_fn post_send;
 	r2cc_post_recv_fn post_recv;
 	r2cc_poll_cq_fn poll_cq;
+	/* The provider's three while R2CC_DRILL's filters stand in the three above
+	 * (repair/drill.c); NULL until then. */
+	r2cc_post_send_fn wire_post_send;
+	r2cc_post_recv_fn wire_post_recv;
+	r2cc_poll_cq_fn wire_poll_cq;
 	/* The extended context's ops that verbs.h's inlines call in place of a symbol
 	 * (ibv_query_port, ibv_create_qp_ex), as the provider set them; NULL where it
 	 * has none. */

@@ -24,6 +24,7 @@ static const char *state_name(int s)
 
 void (*r2cc_report_incidents_hook)(FILE *text, FILE *json);
 void (*r2cc_report_stalls_hook)(FILE *text, FILE *json);
+void (*r2cc_report_drill_hook)(FILE *text, FILE *json);
 
 /* How often hot repair brought NIC i back (failback). */
 static int failbacks(int i)
@@ -84,6 +85,10 @@ void r2cc_report_write(FILE *text, FILE *json)
 		    __atomic_load_n(&r2cc_report_stalls_hook, __ATOMIC_ACQUIRE);
 		if (stalls)
 			stalls(text, NULL);
+		void (*drill)(FILE *, FILE *) =
+		    __atomic_load_n(&r2cc_report_drill_hook, __ATOMIC_ACQUIRE);
+		if (drill)
+			drill(text, NULL);
 	}
 	if (json) {
 		fprintf(
@@ -118,6 +123,12 @@ void r2cc_report_write(FILE *text, FILE *json)
 		if (stalls) {
 			fprintf(json, ",\"stall_scan\":");
 			stalls(NULL, json);
+		}
+		void (*drill)(FILE *, FILE *) =
+		    __atomic_load_n(&r2cc_report_drill_hook, __ATOMIC_ACQUIRE);
+		if (drill) {
+			fprintf(json, ",\"drill\":");
+			drill(NULL, json);
 		}
 		fprintf(json, "}\n");
 	}

@@ -12,6 +12,8 @@
  * text, the members of the JSON "incidents" array to json (either may be NULL).
  * Unset: "incidents: none" and an empty array. */
 extern void (*r2cc_report_incidents_hook)(FILE *text, FILE *json);
+/* R2CC_DRILL's steps (repair/drill.c): text lines, and the JSON value of "drill". */
+extern void (*r2cc_report_drill_hook)(FILE *text, FILE *json);
 /* Hot repair's stall-scan summary: one text line, or one JSON object. */
 extern void (*r2cc_report_stalls_hook)(FILE *text, FILE *json);
 
