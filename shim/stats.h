@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #define R2CC_STATS_MAGIC   0x5441545343433252ull /* "R2CCSTAT" */
-#define R2CC_STATS_VERSION 3
+#define R2CC_STATS_VERSION 4
 #define R2CC_STATS_PREFIX  "r2cc-stats."
 
 struct r2cc_stats_page {
@@ -32,6 +32,12 @@ struct r2cc_stats_page {
 	/* Where R2CC does not protect this process (shim/protect.h), NUL-terminated;
 	 * empty when it does. Written once. */
 	char unprotected[R2CC_UNPROTECTED_MAX];
+	/* R2CC_DRILL (repair/drill.h): the plan (cut at 255 characters; empty: none),
+	 * its steps and those applied so far, and the NICs whose queue pairs a step cut
+	 * (bit i: nics[i]). Written by the drill's thread. */
+	char drill_plan[256];
+	int32_t drill_steps, drill_applied;
+	uint64_t drill_nics;
 };
 
 /* Map the page (once); NULL when publishing is off or failed (logged). */

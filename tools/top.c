@@ -112,9 +112,15 @@ static const char *nic_state(const struct r2cc_nic *n)
 	return n->port_state == 4 /* IBV_PORT_ACTIVE */ ? "up" : "port-down";
 }
 
+/* A NIC whose queue pairs R2CC_DRILL cut in that process (repair/drill.h). */
+static bool drilled(const struct r2cc_stats_page *pg, int j)
+{
+	return j < 64 && (__atomic_load_n(&pg->drill_nics, __ATOMIC_ACQUIRE) >> j & 1);
+}
+
 static void print_table(double secs)
 {
-	printf("%-8s %-12s %-10s %-9s %12s %12s %12s %10s\n", "pid", "node", "nic", "state",
+	printf("%-8s %-12s %-10s %-12s %12s %12s %12s %10s\n", "pid", "node", "nic", "state",
 	       "send MB/s", "send WR/s", "recv CQE/s", "err CQEs");
 	int rows = 0;
 	for (int i = 0; i < nprocs; i++) {
@@ -125,8 +131,11 @@ static void print_table(double secs)
 		for (int j = 0; j < n && j < R2CC_MAX_NICS; j++) {
 			const struct r2cc_nic *nic = &p->page->nics[j];
 			struct r2cc_nic_counters now = nic->cnt;
-			printf("%-8d %-12.12s %-10.10s %-9s %12.1f %12.0f %12.0f %10llu\n",
-			       p->page->pid, p->page->node, nic->name, nic_state(nic),
+			char st[24];
+			snprintf(st, sizeof(st), "%s%s", nic_state(nic),
+				 drilled(p->page, j) ? "/drill" : "");
+			printf("%-8d %-12.12s %-10.10s %-12s %12.1f %12.0f %12.0f %10llu\n",
+			       p->page->pid, p->page->node, nic->name, st,
 			       (double)(now.tx_bytes - p->last[j].tx_bytes) / secs / 1e6,
 			       (double)(now.tx_wrs - p->last[j].tx_wrs) / secs,
 			       (double)(now.rx_wrs - p->last[j].rx_wrs) / secs,
@@ -137,6 +146,12 @@ static void print_table(double secs)
 		if (p->page->unprotected[0])
 			printf("%-8d NOT PROTECTED: %.*s\n", p->page->pid,
 			       (int)sizeof(p->page->unprotected), p->page->unprotected);
+		if (p->page->drill_plan[0])
+			printf(
+			    "%-8d DRILL: R2CC_DRILL=\"%.*s\", %d of %d step(s) applied; '/drill' "
+			    "marks the NICs it cut (not a real failure)\n",
+			    p->page->pid, (int)sizeof(p->page->drill_plan), p->page->drill_plan,
+			    p->page->drill_applied, p->page->drill_steps);
 	}
 	if (!rows)
 		printf("(no R2CC process with NICs on this node)\n");
@@ -183,6 +198,24 @@ static void print_prometheus(void)
 		why[w] = '\0';
 		printf("r2cc_protected{host=\"%s\",node=\"%s\",pid=\"%d\",why=\"%s\"} %d\n",
 		       pg->host, pg->node, pg->pid, why, !pg->unprotected[0]);
+	}
+	/* R2CC_DRILL: steps applied, and the NICs a drill cut (1), apart from real failures */
+	printf("# TYPE r2cc_drill_steps_applied gauge\n");
+	for (int i = 0; i < nprocs; i++) {
+		const struct r2cc_stats_page *pg = procs[i].page;
+		if (alive(pg->pid) && pg->drill_plan[0])
+			printf("r2cc_drill_steps_applied{host=\"%s\",node=\"%s\",pid=\"%d\"} %d\n",
+			       pg->host, pg->node, pg->pid, pg->drill_applied);
+	}
+	printf("# TYPE r2cc_nic_drilled gauge\n");
+	for (int i = 0; i < nprocs; i++) {
+		const struct r2cc_stats_page *pg = procs[i].page;
+		if (!alive(pg->pid) || !pg->drill_plan[0])
+			continue;
+		for (int j = 0; j < pg->nnics && j < R2CC_MAX_NICS; j++)
+			printf(
+			    "r2cc_nic_drilled{host=\"%s\",node=\"%s\",pid=\"%d\",nic=\"%s\"} %d\n",
+			    pg->host, pg->node, pg->pid, pg->nics[j].name, drilled(pg, j));
 	}
 	printf("# TYPE r2cc_nic_up gauge\n");
 	for (int i = 0; i < nprocs; i++) {
