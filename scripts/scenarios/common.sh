@@ -10,7 +10,8 @@
 #   R2CC_TARGET=cluster         mpirun over HOSTFILE, NP ranks, real NICs R2CC_NICS
 #   NCCL_TESTS_DIR=DIR          use NVIDIA nccl-tests' binaries from DIR instead of
 #                               build/bin's r2cc-perf links
-#   R2CC_FAULT_METHOD=soft|ovs|iplink|nft|ibportstate   how a NIC is cut (drills, 01/02)
+#   R2CC_FAULT_METHOD=soft|inject|ovs|iplink|nft|ibportstate   how a NIC is cut (drills,
+#                               01/02); inject: the library cuts it inside the job (R2CC_DRILL)
 #   DRY_RUN=1                   print every command, run none of them
 #   SAVE_LOG=1                  also save the whole output to LOG_DIR/<NN>.<name>.log
 #
@@ -67,14 +68,13 @@ scn_check_settings() {
 	[[ $GPUS_PER_NODE =~ ^[1-9][0-9]*$ ]] || scn_die "GPUS_PER_NODE=$GPUS_PER_NODE: accepts a positive integer"
 	[[ $NP =~ ^[1-9][0-9]*$ ]] || scn_die "NP=$NP: accepts a positive integer"
 	[[ $FAILED_NODE =~ ^[0-9]+$ ]] || scn_die "FAILED_NODE=$FAILED_NODE: accepts a node index (0 = node of rank 0)"
-	if [ -z "$R2CC_FAULT_METHOD" ]; then
-		if [ "$R2CC_TARGET" = soft ]; then R2CC_FAULT_METHOD=soft; else R2CC_FAULT_METHOD=ovs; fi
-	fi
+	[ -n "$R2CC_FAULT_METHOD" ] || scn_default_method
 	case $R2CC_FAULT_METHOD in
 	soft) [ "$R2CC_TARGET" = soft ] || scn_die "R2CC_FAULT_METHOD=soft needs R2CC_TARGET=soft (the software fabric)" ;;
+	inject) ;;
 	ovs | iplink | nft | ibportstate)
 		[ "$R2CC_TARGET" = cluster ] || scn_die "R2CC_FAULT_METHOD=$R2CC_FAULT_METHOD cuts a real NIC: needs R2CC_TARGET=cluster" ;;
-	*) scn_die "R2CC_FAULT_METHOD=$R2CC_FAULT_METHOD: accepts soft, ovs, iplink, nft or ibportstate" ;;
+	*) scn_die "R2CC_FAULT_METHOD=$R2CC_FAULT_METHOD: accepts soft, inject, ovs, iplink, nft or ibportstate" ;;
 	esac
 	if [ "$R2CC_TARGET" = cluster ]; then
 		[ -n "${HOSTFILE:-}" ] || scn_die "R2CC_TARGET=cluster needs HOSTFILE (one 'host slots=N' line per node)"
@@ -85,6 +85,28 @@ scn_check_settings() {
 		scn_missing "NCCL_TESTS_DIR=$NCCL_TESTS_DIR is not a directory"
 	fi
 	true
+}
+
+# The method when R2CC_FAULT_METHOD is unset (SCN_METHOD_WHY says why, for the header).
+# Soft target: the fabric's own faults. Cluster: a switch method whose settings are
+# present (OVS_BRIDGE/OVS_PORT: ovs; IBPORTSTATE_LID/IBPORTSTATE_PORT: ibportstate), else
+# inject, which needs no rights at all. iplink and nft are never guessed: they need root
+# on the nodes, and FAULT_DEV alone does not say which of the two is meant.
+scn_default_method() {
+	local ovs=${OVS_BRIDGE:-}${OVS_PORT:-} ibp=${IBPORTSTATE_LID:-}${IBPORTSTATE_PORT:-}
+	if [ "$R2CC_TARGET" = soft ]; then
+		R2CC_FAULT_METHOD=soft SCN_METHOD_WHY="default on the soft target"
+	elif [ -n "$ovs" ] && [ -n "$ibp" ]; then
+		scn_die "both OVS_* and IBPORTSTATE_* are set: say which method cuts the NIC (R2CC_FAULT_METHOD=ovs or ibportstate)"
+	elif [ -n "$ovs" ]; then
+		R2CC_FAULT_METHOD=ovs SCN_METHOD_WHY="default on the cluster: OVS_BRIDGE/OVS_PORT are set"
+	elif [ -n "$ibp" ]; then
+		R2CC_FAULT_METHOD=ibportstate SCN_METHOD_WHY="default on the cluster: IBPORTSTATE_LID/IBPORTSTATE_PORT are set"
+	elif [ -n "${FAULT_DEV:-}" ]; then
+		scn_die "FAULT_DEV is set but R2CC_FAULT_METHOD is not: say iplink or nft (or unset FAULT_DEV: the default is then inject)"
+	else
+		R2CC_FAULT_METHOD=inject SCN_METHOD_WHY="default on the cluster: no switch or host method is configured"
+	fi
 }
 
 # A missing build product or file: fatal for a real run, a note in a dry run.
@@ -259,8 +281,10 @@ scn_exec() {
 # ----------------------------------------------------------------- faults ---
 
 # scn_fault_cmd NODE NIC ACTION [ARG]: prints the shell command that applies ACTION
-# (down, blackhole, up, flap MS, slow GBPS) to NIC of node NODE (index) with
-# R2CC_FAULT_METHOD. Status 1 with a message on stderr when the method cannot do it.
+# (down, blackhole, blackhole-tx, blackhole-rx, ackloss, up, flap MS, slow GBPS) to NIC
+# of node NODE (index) with R2CC_FAULT_METHOD. Status 1 with a message on stderr when the
+# method cannot do it. inject has no command: it prints the step as R2CC_DRILL carries it
+# (for the plan's display; nothing must run it).
 scn_fault_cmd() {
 	local node=$1 nic=$2 act=$3 arg=${4:-} host
 	case $R2CC_FAULT_METHOD in
@@ -270,10 +294,24 @@ scn_fault_cmd() {
 		echo "$SOFTVERBS_CTL --fabric ${SCN_FABRIC:-${SOFTVERBS_FABRIC:-FABRIC}} fault node$node $nic $a"
 		return 0
 		;;
+	inject)
+		if [ "$act" = slow ]; then
+			echo "R2CC_FAULT_METHOD=inject: 'slow' is not a kind of R2CC_DRILL (down, blackhole, blackhole-tx, blackhole-rx, ackloss, flap:MS, up); it exists with the soft method only" >&2
+			return 1
+		fi
+		echo "R2CC_DRILL step node$node/$nic=$act${arg:+:$arg}: applied by libr2cc.so in every rank, no command"
+		return 0
+		;;
 	esac
 	case $act in
-	flap | slow)
-		echo "R2CC_FAULT_METHOD=$R2CC_FAULT_METHOD: '$act' exists on the software fabric only; on real NICs write it as down/up steps" >&2
+	slow)
+		echo "R2CC_FAULT_METHOD=$R2CC_FAULT_METHOD: 'slow' exists with the soft method only (the software fabric)" >&2
+		return 1
+		;;
+	flap | blackhole-tx | blackhole-rx | ackloss)
+		local alt=
+		[ "$act" = flap ] && alt="; or write the flap as down/up steps"
+		echo "R2CC_FAULT_METHOD=$R2CC_FAULT_METHOD: '$act' exists with the soft and inject methods only (R2CC_FAULT_METHOD=inject: the library cuts the NIC inside the job)$alt" >&2
 		return 1
 		;;
 	esac
@@ -299,18 +337,19 @@ scn_fault_cmd() {
 		[ -n "$dev" ] || dev="\$(ls /sys/class/infiniband/$nic/device/net | head -n1)"
 		case $act in
 		blackhole)
-			echo "R2CC_FAULT_METHOD=iplink can only take the link down: use FAULT=down, or nft/ovs for a black hole" >&2
+			echo "R2CC_FAULT_METHOD=iplink can only take the link down: use FAULT=down, or inject/ovs for a black hole" >&2
 			return 1
 			;;
 		down | up) echo "$SSH $host \"ip link set dev $dev $act\"" ;;
 		esac
 		;;
 	nft)
+		# soft RoCE only (scn_fault_preflight): the netdev is the one rxe names as its parent
 		local dev=${FAULT_DEV:-} port=${ROCE_UDP_PORT:-4791}
-		[ -n "$dev" ] || dev="\$(ls /sys/class/infiniband/$nic/device/net | head -n1)"
+		[ -n "$dev" ] || dev="\$(cat ${FAULT_SYSFS:-/sys}/class/infiniband/$nic/parent)"
 		case $act in
 		down)
-			echo "R2CC_FAULT_METHOD=nft can only drop packets (a black hole): use FAULT=blackhole, or iplink/ovs to take a link down" >&2
+			echo "R2CC_FAULT_METHOD=nft can only drop packets (a black hole): use FAULT=blackhole, or inject/iplink/ovs to take a link down" >&2
 			return 1
 			;;
 		blackhole) echo "$SSH $host \"nft add table netdev r2cc_drill && nft add chain netdev r2cc_drill in '{ type filter hook ingress device $dev priority 0; }' && nft add rule netdev r2cc_drill in udp dport $port drop\"" ;;
@@ -327,7 +366,7 @@ scn_fault_cmd() {
 		[ -n "$ca" ] && c="-C $ca "
 		case $act in
 		blackhole)
-			echo "R2CC_FAULT_METHOD=ibportstate can only disable a port (down): use FAULT=down" >&2
+			echo "R2CC_FAULT_METHOD=ibportstate can only disable a port (down): use FAULT=down, or inject for a black hole" >&2
 			return 1
 			;;
 		down) echo "$SSH $ih ibportstate ${c}$lid $pn disable" ;;
@@ -335,6 +374,68 @@ scn_fault_cmd() {
 		esac
 		;;
 	esac
+}
+
+# scn_fault_preflight NODE NIC: what must hold on the node before the method may touch
+# NIC; status 1 with the reason on stderr. Only nft has a condition: a ConnectX NIC
+# steers RoCE v2 to its RDMA engine in hardware, those packets never reach netfilter,
+# and an nft rule would cut nothing while the drill reported the step injected. So nft
+# is for soft RoCE (the kernel's rdma_rxe) only. An rxe device is recognised on the node
+# by the attribute only rxe gives it, FAULT_SYSFS/class/infiniband/NIC/parent (its
+# netdev), with node_type 1 (a CA: siw, the soft iWARP device, is an RNIC) and an
+# Ethernet link layer. FAULT_SYSFS (default /sys) lets the tests point at a fake tree.
+scn_fault_preflight() {
+	local node=$1 nic=$2 host out
+	[ "$R2CC_FAULT_METHOD" = nft ] || return 0
+	host=$(scn_node_host "$node") || {
+		echo "node $node has no host: set FAULT_HOSTS or add it to HOSTFILE" >&2
+		return 1
+	}
+	local d="${FAULT_SYSFS:-/sys}/class/infiniband/$nic"
+	local probe="d=$d; if [ ! -d \$d ]; then echo missing; elif [ -r \$d/parent ]; then echo rxe \$(cut -c1 \$d/node_type 2>/dev/null) \$(cat \$d/ports/1/link_layer 2>/dev/null) \$(cat \$d/parent); else echo other \$(basename \$(readlink -f \$d/device/driver 2>/dev/null) 2>/dev/null); fi"
+	local st=0
+	# shellcheck disable=SC2086 # SSH is a command with its options
+	out=$($SSH "$host" "$probe" 2>&1) || st=$?
+	out=$(printf '%s' "$out" | tr '\n' ' ')
+	if [ $st != 0 ]; then
+		if scn_dry; then
+			echo "# note (dry run): could not check that $nic of $host is a soft RoCE device ('$SSH' status $st${out:+: $out})"
+			return 0
+		fi
+		echo "R2CC_FAULT_METHOD=nft: cannot check that $nic of $host is a soft RoCE (rdma_rxe) device ('$SSH' status $st${out:+: $out}); nft cuts nothing on any other NIC, so it does not start" >&2
+		return 1
+	fi
+	local inject="Use R2CC_FAULT_METHOD=inject (libr2cc.so cuts the NIC inside the job, no root needed)"
+	# shellcheck disable=SC2086 # the probe's words
+	set -- $out
+	case ${1:-} in
+	rxe)
+		[ "${2:-}" = 1 ] && [ "${3:-}" = Ethernet ] && return 0
+		echo "R2CC_FAULT_METHOD=nft cannot cut node$node/$nic: it has rdma_rxe's 'parent' attribute but node type ${2:-?} and link layer ${3:-?}, not a RoCE CA. $inject" >&2
+		;;
+	missing)
+		echo "R2CC_FAULT_METHOD=nft cannot cut node$node/$nic: $host has no RDMA device $nic under ${FAULT_SYSFS:-/sys}/class/infiniband. $inject" >&2
+		;;
+	*)
+		echo "R2CC_FAULT_METHOD=nft cannot cut node$node/$nic: it is not a soft RoCE (rdma_rxe) device on $host (driver ${2:-unknown}), and hardware RoCE bypasses netfilter: a ConnectX NIC steers RoCE v2 packets to its RDMA engine, they never reach the host's nft rules, and the rule would cut nothing. $inject" >&2
+		;;
+	esac
+	return 1
+}
+
+# scn_drill_value ORIGIN < PLAN: the value of R2CC_DRILL for a normalised plan (results.py
+# plan's "MS NODE NIC KIND ARG" lines, in time order, so the library's step K is the
+# plan's step K). ORIGIN work: times from each process's first NCCL collective (the
+# library's default); launch: ":init", from the end of its first communicator's init.
+scn_drill_value() {
+	local origin=$1 ms node nic kind arg v='' sfx=''
+	[ "$origin" = launch ] && sfx=:init
+	while read -r ms node nic kind arg; do
+		[ -n "$ms" ] || continue
+		[ "$arg" = - ] && arg=
+		v+="${v:+;}node$node/$nic=$kind${arg:+:$arg}@${ms}ms$sfx"
+	done
+	printf '%s\n' "$v"
 }
 
 # scn_fault NODE NIC ACTION [ARG]: applies it now (prints the command; nothing in a dry run)
@@ -351,6 +452,9 @@ scn_fault() {
 restore_nic() {
 	local cmd f
 	case $R2CC_FAULT_METHOD in
+	inject)
+		echo "restore: nothing to restore: with R2CC_FAULT_METHOD=inject the fault lives in the job's processes (R2CC_DRILL), and each job starts with every NIC up"
+		;;
 	soft)
 		# Every run starts its own fabric (r2cc-scn-*); one left behind by a killed run
 		# gets the NIC back and is removed (check_idle ran first: nothing uses it).
@@ -369,6 +473,11 @@ restore_nic() {
 		[ $found = 1 ] || echo "restore: no soft fabric left from an earlier run (each run starts a fresh one, all NICs up)"
 		;;
 	*)
+		if ! cmd=$(scn_fault_preflight "$FAILED_NODE" "$FAILED_NIC" 2>&1); then
+			echo "restore: skipped: $cmd"
+			return 0
+		fi
+		[ -n "$cmd" ] && echo "$cmd"
 		if ! cmd=$(scn_fault_cmd "$FAILED_NODE" "$FAILED_NIC" up 2>&1); then
 			echo "restore: cannot build the command: $cmd"
 			return 0
@@ -505,7 +614,7 @@ scn_header() {
 	else
 		echo " target: cluster - $MPIRUN -np $NP over HOSTFILE=$HOSTFILE ($(scn_hosts | paste -sd' ')), NICs $R2CC_NICS"
 	fi
-	echo " fault:  R2CC_FAULT_METHOD=$R2CC_FAULT_METHOD, failed NIC node$FAILED_NODE/$FAILED_NIC"
+	echo " fault:  R2CC_FAULT_METHOD=$R2CC_FAULT_METHOD${SCN_METHOD_WHY:+ ($SCN_METHOD_WHY)}, failed NIC node$FAILED_NODE/$FAILED_NIC"
 	if [ -n "${NCCL_TESTS_DIR:-}" ]; then
 		echo " bins:   NVIDIA nccl-tests in $NCCL_TESTS_DIR"
 	else

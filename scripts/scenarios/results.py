@@ -277,7 +277,9 @@ def fmt_wrong(v):
 
 # ------------------------------------------------------------------------- plan ---
 
-KINDS = "down, blackhole, up, flap:PERIOD_MS, slow:GBPS"
+KINDS = "down, blackhole, blackhole-tx, blackhole-rx, ackloss, up, flap:PERIOD_MS, slow:GBPS"
+# the kinds that cut a NIC: after them (and R2CC's repair) it must move no more bytes
+CUT_KINDS = ("down", "blackhole", "blackhole-tx", "blackhole-rx", "ackloss", "flap")
 SPEC = re.compile(r"^([^/=@]+)/([^/=@]+)=([^@]*)@(.*)$")
 
 
@@ -311,7 +313,7 @@ def parse_plan(specs, nodes=None, nics=None):
             raise UserError("%s: NIC %s is not one of this job's NICs (%s)" % (
                 where, nic, ",".join(nics)))
         kind, _, arg = kind_s.partition(":")
-        if kind in ("down", "blackhole", "up"):
+        if kind in ("down", "blackhole", "blackhole-tx", "blackhole-rx", "ackloss", "up"):
             if arg:
                 raise UserError("%s: '%s' takes no argument" % (where, kind))
             arg = "-"
@@ -377,8 +379,9 @@ def cmd_stamp(a):
 
 # ----------------------------------------------------------------- drill report ---
 
-def load_incidents(pattern):
-    """detect_ms / migrate_ms of every incident in R2CC's JSON reports (R2CC_REPORT)."""
+def load_incidents(pattern, drills=None):
+    """detect_ms / migrate_ms of every incident in R2CC's JSON reports (R2CC_REPORT); the
+    "drill" object of each report that has one is appended to drills."""
     incidents, files = [], sorted(glob.glob(pattern)) if pattern else []
     for f in files:
         try:
@@ -390,6 +393,8 @@ def load_incidents(pattern):
             for inc in doc.get("incidents", []) if isinstance(doc, dict) else []:
                 if isinstance(inc, dict):
                     incidents.append(inc)
+            if drills is not None and isinstance(doc, dict) and isinstance(doc.get("drill"), dict):
+                drills.append(doc["drill"])
         except ValueError:
             # not one JSON document: take every detect_ms / migrate_ms number in order
             det = re.findall(r"\bdetect_ms\"?\s*[:=]\s*(" + DEC + ")", text)
@@ -398,6 +403,139 @@ def load_incidents(pattern):
                 incidents.append({"detect_ms": float(det[k]) if k < len(det) else None,
                                   "migrate_ms": float(mig[k]) if k < len(mig) else None})
     return files, incidents
+
+
+def inject_steps(drills, nsteps):
+    """What the library says of each step of R2CC_DRILL (method inject), from the "drill"
+    objects of its reports: {k: dict(t=first applied_unix or None, last=..., procs=N
+    processes that applied it, qps=queue pairs in all, seen=processes that list the step,
+    states={state: count}, why=[reasons])}. The plan went out in time order, so the
+    library's step K is the plan's step K."""
+    out = {}
+    for k in range(1, nsteps + 1):
+        recs = [st for d in drills for st in (d.get("steps") or [])
+                if isinstance(st, dict) and st.get("step") == k]
+        applied = [r for r in recs if r.get("state") == "applied" and
+                   isinstance(r.get("applied_unix"), (int, float))]
+        states = {}
+        for r in recs:
+            states[r.get("state") or "?"] = states.get(r.get("state") or "?", 0) + 1
+        out[k] = dict(t=min(r["applied_unix"] for r in applied) if applied else None,
+                      last=max(r["applied_unix"] for r in applied) if applied else None,
+                      procs=len(applied), qps=sum(int(r.get("qps") or 0) for r in applied),
+                      seen=len(recs), states=states,
+                      why=sorted({str(r.get("why")) for r in recs if r.get("why")}))
+    return out
+
+
+PROM = re.compile(r"^r2cc_nic_(tx_bytes|recv_cqe_bytes)_total\{([^}]*)\}\s+(\d+)\s*$")
+PROM_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def read_top(path, label):
+    """Samples of R2CC's per-NIC counters written by the drill's sampler ("# t EPOCH",
+    then 'r2cc top --prometheus'): [(t, {(host, pid, nic): tx_bytes + recv_cqe_bytes})],
+    the processes of node label only when label is given."""
+    samples = []
+    try:
+        f = open(path, errors="replace")
+    except OSError:
+        return samples
+    with f:
+        for line in f:
+            if line.startswith("# t "):
+                try:
+                    samples.append((float(line.split()[2]), {}))
+                except (IndexError, ValueError):
+                    pass
+                continue
+            m = PROM.match(line)
+            if not m or not samples:
+                continue
+            lab = dict(PROM_LABEL.findall(m.group(2)))
+            if label and lab.get("node") != label:
+                continue
+            key = (lab.get("host"), lab.get("pid"), lab.get("nic"))
+            cur = samples[-1][1]
+            cur[key] = cur.get(key, 0) + int(m.group(3))
+    return samples
+
+
+def top_delta(samples, t_from, t_to):
+    """Bytes per NIC moved between t_from and t_to: the sum over consecutive samples
+    wholly inside, per process present in both (a process that starts or ends between
+    two samples is left out of that pair). (None, 0) with no such pair."""
+    per_nic, span = None, 0.0
+    for (t1, a), (t2, b) in zip(samples, samples[1:]):
+        if t1 < t_from or t2 > t_to:
+            continue
+        per_nic = per_nic or {}
+        span += t2 - t1
+        for key, v in b.items():
+            if key in a:
+                per_nic[key[2]] = per_nic.get(key[2], 0) + max(0, v - a[key])
+    return per_nic, span
+
+
+def check_cut(s, t_settle, t_stop, its, table, table_node, tops):
+    """Did the cutting step s take its NIC out? ("cut" | "not-cut" | "not-checked", text).
+    What counts: the bytes the NIC moved in the window from t_settle (R2CC's repair done)
+    to t_stop (the NIC back, or the run's end). First r2cc-perf's NIC table, for the
+    iterations that ran wholly in the window, else R2CC's counters sampled on the node.
+    "Zero" is what the NIC table prints as 0: under 0.5 MB."""
+    node, nic = s[1], s[2]
+    why = []
+    if table is not None and table["rows"] and not its:
+        why.append("NIC table: not one of the drill's iterations (no --iters-table)")
+    elif table is not None and table_node == node and table["rows"]:
+        cols = table["cols"]
+        mine = [cols.index(c) for c in (nic + "_RX", nic + "_TX") if c in cols]
+        if mine:
+            rows = []
+            for i in sorted(its):
+                st, en = its[i].get("start"), its[i].get("end")
+                if st is None or en is None or st < t_settle or en > t_stop or i not in table["rows"]:
+                    continue
+                vals = table["rows"][i][1]
+                rows.append((i, sum(vals[c] for c in mine), sum(vals)))
+            moved = [r for r in rows if r[1] >= 0.5]
+            if moved:
+                i, mb, _ = moved[0]
+                return "not-cut", ("%s still moved %.0f MB in iteration %d (%d of the %d iterations "
+                                   "in the window moved bytes; NIC table, %s)" % (
+                                       nic, mb, i, len(moved), len(rows), table["source"]))
+            if rows and sum(r[2] for r in rows) >= 0.5:
+                return "cut", ("%s moved 0 MB in iteration%s %s while node%d's NICs moved %.0f MB "
+                               "per iteration (NIC table, %s)" % (
+                                   nic, "s" if len(rows) > 1 else "",
+                                   "%d-%d" % (rows[0][0], rows[-1][0]) if len(rows) > 1 else rows[0][0],
+                                   node, sum(r[2] for r in rows) / len(rows), table["source"]))
+            why.append("NIC table: %s" % ("no bytes on any NIC of node%d" % node if rows else
+                                          "no iteration ran wholly inside"))
+        else:
+            why.append("NIC table: no column for %s" % nic)
+    elif table is not None and table["rows"] and table_node is not None:
+        why.append("NIC table: of node%d" % table_node)
+    top = tops.get(node)
+    if top is None:
+        why.append("R2CC's counters: not sampled on node%d (no preload, or no r2cc binary)" % node)
+    else:
+        per_nic, span = top_delta(top[1], t_settle, t_stop)
+        if per_nic is None:
+            why.append("R2CC's counters: no two samples inside (%d sample%s in all)" % (
+                len(top[1]), "" if len(top[1]) == 1 else "s"))
+        else:
+            b = per_nic.get(nic, 0)
+            others = sum(v for n, v in per_nic.items() if n != nic)
+            if b >= 0.5e6:
+                return "not-cut", ("%s still moved %.1f MB in %.1f s (R2CC's counters on node%d, "
+                                   "sampled with r2cc top)" % (nic, b / 1e6, span, node))
+            if others >= 0.5e6:
+                return "cut", ("%s moved %d B in %.1f s while node%d's other NICs moved %.0f MB "
+                               "(R2CC's counters, sampled with r2cc top)" % (
+                                   nic, b, span, node, others / 1e6))
+            why.append("R2CC's counters: no traffic on node%d in %.1f s" % (node, span))
+    return "not-checked", "; ".join(why)
 
 
 def fmt_ms(v):
@@ -480,14 +618,61 @@ def cmd_drill_report(a):
             if a.origin == "work" else "the launch", t0 - t_launch))
     else:
         p("times: the measured work never started (no 'Iter 1 START' or result header)")
-    files, incidents = load_incidents(a.reports)
+    drills = []
+    files, incidents = load_incidents(a.reports, drills)
+    inject = a.method == "inject"
+    lib = inject_steps(drills, len(plan)) if inject else {}
+    if inject:
+        # the library applied the steps: when, the first process that did (min over ranks)
+        for k in lib:
+            if lib[k]["t"] is not None:
+                inj[k - 1] = (lib[k]["t"], "injected", "")
+        if t0 is not None and a.origin == "launch":
+            p("  (R2CC_DRILL's ':init' counts in each process from the end of its first "
+              "communicator init, a little after the launch)")
+        elif t0 is not None:
+            p("  (R2CC_DRILL counts in each process from its first NCCL collective)")
+    tables = read_nic_tables(lines)
+    nic = tables[-1] if tables else None
+    table_node = a.nic_table_node
+    if table_node is None and nic:
+        m = re.match(r"^node(\d+)$", nic["node"])
+        table_node = int(m.group(1)) if m else None
+    tops = {}
+    for spec in a.top:
+        k_s, _, rest = spec.partition(":")
+        label, _, path = rest.partition(":")
+        tops[int(k_s)] = (label, read_top(path, label))
+    t_run_end = max([t_end] + [v["end"] for v in its.values() if v.get("end")])
     used = set()
-    fails = []
+    fails, unchecked, checked = [], [], 0
     p("")
-    p("fault plan (%s):" % a.method)
+    p("fault plan (%s%s):" % (a.method, ", carried out by libr2cc.so in every rank (R2CC_DRILL)"
+                              if inject else ""))
     for k, s in enumerate(plan, 1):
         ev = inj[k - 1]
         head = "  step %d  %-28s at %6.3f s: " % (k, step_name(s), s[0] / 1000.0)
+        if ev is None and inject:
+            st = lib[k]
+            if not drills:
+                p(head + "NOT known to be applied: no R2CC report holds the drill")
+                fails.append("step %d (%s): no R2CC report says it was applied (%s)" % (
+                    k, step_name(s), "no report was written" if not files else
+                    "the reports have no \"drill\": is libr2cc.so older than R2CC_DRILL?"))
+            elif st["states"].get("unresolved"):
+                p(head + "NOT applied: %s" % ("; ".join(st["why"]) or "unresolved"))
+                fails.append("step %d (%s) was not applied: the library could not resolve it "
+                             "(%s)" % (k, step_name(s), "; ".join(st["why"]) or "no reason given"))
+            elif st["seen"] == 0:
+                p(head + "NOT applied: the library's reports do not list it")
+                fails.append("step %d (%s): the library's reports do not list it" % (k, step_name(s)))
+            else:
+                p(head + "NOT applied (the workload ended first%s)" % (
+                    ": " + "; ".join(st["why"]) if st["why"] else ""))
+                if a.status == 0:
+                    fails.append("step %d (%s) was never applied: the workload ended before %.1f s; "
+                                 "make it longer (--iters)" % (k, step_name(s), s[0] / 1000.0))
+            continue
         if ev is None:
             p(head + "NOT injected (the workload ended first)")
             if a.status == 0:
@@ -503,7 +688,18 @@ def cmd_drill_report(a):
         where = "during iteration %d" % i if i else (
             "before the first iteration" if its and t_ev < min(
                 v.get("start", t_end) for v in its.values()) else "between iterations" if its else "")
-        p(head + "injected at %.3f s%s" % (rel(t_ev), ", " + where if where else ""))
+        p(head + "%s at %.3f s%s" % ("applied" if inject else "injected", rel(t_ev),
+                                      ", " + where if where else ""))
+        t_last = t_ev
+        if inject:
+            st = lib[k]
+            t_last = st["last"]
+            p("           by %d of the %d processes that report the drill%s, to %d queue pair%s "
+              "in all; the last %.3f s after the first" % (
+                  st["procs"], len(drills), "" if st["procs"] == st["seen"] else
+                  " (%s)" % ", ".join("%d %s" % (n, x) for x, n in sorted(st["states"].items())
+                                      if x != "applied"),
+                  st["qps"], "" if st["qps"] == 1 else "s", t_last - t_ev))
         if s[3] == "up":
             # the NIC is back: R2CC's failback incidents of it after this step
             back = [x for x in incidents if x.get("failback") and
@@ -526,14 +722,16 @@ def cmd_drill_report(a):
                 not x.get("failback") and
                 (x.get("nic") or x.get("hca") or s[2]) == s[2] and
                 (x.get("detected_unix") is None or x.get("detected_unix") >= t_ev - 0.05)]
+        t_repaired = None
         if mine:
-            stamped = [x for _, x in mine if x.get("detected_unix") is not None]
-            if stamped:
-                first = min(x["detected_unix"] for x in stamped)
-                last = max([x.get("done_unix") or 0 for x in stamped])
+            dated = [x for _, x in mine if x.get("detected_unix") is not None]
+            if dated:
+                first = min(x["detected_unix"] for x in dated)
+                last = max([x.get("done_unix") or 0 for x in dated])
                 inc = {"detect_ms": max(0.0, (first - t_ev) * 1000.0),
                        "migrate_ms": (last - first) * 1000.0 if last else None,
-                       "processes": len(stamped)}
+                       "processes": len(dated)}
+                t_repaired = last or None
             else:
                 inc = mine[0][1]
             used.update(n for n, _ in mine)
@@ -543,12 +741,40 @@ def cmd_drill_report(a):
             (" (from the fault's injection to the first detection; %d process(es) "
              "reported it)" % inc["processes"]) if inc and "processes" in inc else
             "" if inc else " -- R2CC recorded no incident for it"))
+        if s[3] not in CUT_KINDS:
+            continue
+        # did it cut? the NIC's bytes once R2CC had repaired, until the NIC came back
+        if t_repaired is not None:
+            t_settle, after = max(t_repaired, t_last), "the repair"
+        else:
+            t_settle = t_last + a.settle_ms / 1000.0
+            after = "DRILL_SETTLE_MS=%d after the step (no repair recorded)" % a.settle_ms
+        t_stop, stop_what = t_run_end, "the end of the run"
+        for j in range(k, len(plan)):
+            q = plan[j]
+            if q[1:3] == s[1:3] and q[3] == "up" and inj[j] and inj[j][1] == "injected":
+                t_stop, stop_what = inj[j][0], "step %d (up)" % (j + 1)
+                break
+        window = "from %s (%s) to %s (%s)" % (
+            after, "%.2f s" % rel(t_settle) if t0 is not None else "-", stop_what,
+            "%.2f s" % rel(t_stop) if t0 is not None else "-")
+        verdict, text = check_cut(s, t_settle, t_stop, its, nic, table_node, tops)
+        if verdict == "cut":
+            checked += 1
+            p("           cut %s: %s" % (window, text))
+        elif verdict == "not-cut":
+            p("           NOT CUT %s: %s" % (window, text))
+            fails.append("step %d (%s) cut nothing: after %s, %s" % (k, step_name(s), after, text))
+        else:
+            unchecked.append(k)
+            p("           cut: not checked %s: %s" % (window, text))
+        if inject and lib[k]["qps"] == 0 and verdict == "not-checked":
+            fails.append("step %d (%s) cut nothing: the library applied it to no queue pair" % (
+                k, step_name(s)))
     p("R2CC reports: %s" % (("%d file(s), %d incident(s)" % (len(files), len(incidents)))
                             if files else "none written (R2CC not loaded, or the processes were killed)"))
 
     # per-iteration table with NIC bytes
-    tables = read_nic_tables(lines)
-    nic = tables[-1] if tables else None
     if its:
         done = [(inj[k][0], plan[k][3]) for k in range(len(plan)) if inj[k] and inj[k][1] == "injected"]
         steps_t = [t for t, kind in done if kind != "up"]  # 'up' ends a fault, it is not one
@@ -652,8 +878,15 @@ def cmd_drill_report(a):
                 p("  - " + f)
                 sf.write(f + "\n")
         else:
-            p("VERDICT: PASS -- every step injected, every result verified, nothing lost")
-            sf.write("every step injected, every result verified, nothing lost\n")
+            cuts = sum(1 for s in plan if s[3] in CUT_KINDS)
+            took = ("every cutting step cut its NIC's bytes" if not unchecked else
+                    "%s %s not checked for its NIC's bytes" % (
+                        "step" if len(unchecked) == 1 else "steps", ",".join(map(str, unchecked)))
+                    ) if cuts else ""
+            what = "every step %s, %severy result verified, nothing lost" % (
+                "applied" if inject else "injected", took + ", " if took else "")
+            p("VERDICT: PASS -- " + what)
+            sf.write(what + "\n")
     print("\n".join(out))
     return 1 if fails else 0
 
@@ -697,6 +930,11 @@ def main(argv):
     d.add_argument("--preload", type=int, default=1)
     d.add_argument("--iters-table", type=int, default=1)
     d.add_argument("--summary", default="")
+    d.add_argument("--top", action="append", default=[], metavar="K:LABEL:FILE",
+                   help="R2CC's counters of node K sampled into FILE (LABEL: its processes' "
+                   "node label, empty: all)")
+    d.add_argument("--nic-table-node", type=lambda v: int(v) if v != "" else None, default=None)
+    d.add_argument("--settle-ms", type=int, default=3000)
     a = ap.parse_args(argv)
     fn = {"check": cmd_check, "table": cmd_table, "plan": cmd_plan, "stamp": cmd_stamp,
           "drill-report": cmd_drill_report}[a.cmd]

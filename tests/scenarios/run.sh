@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # CPU test of the scenario scripts (scripts/scenarios/01-06), their common.sh and
 # scripts/drill, without a GPU: syntax; --help; the exact commands of dry runs on the soft
-# target and on the cluster target with every fault method (and the refusals of methods
-# that cannot do a fault); check_idle refusing under a held lock and with a benchmark
-# process running; SAVE_LOG writing to LOG_DIR and refusing logs/; the drill's fault-plan
-# parser (good and bad plans); and real runs of the drill and of 01/03/04/05 against the
-# test doubles in tests/scenarios/fake (an r2cc-perf that dies like plain NCCL when a NIC
-# is cut, or survives and writes an R2CC incident; a softverbs-ctl that records faults),
-# asserting on the verdicts, the report and the exit statuses.
+# target and on the cluster target with every fault method, inject (R2CC_DRILL) included,
+# and the refusals of methods that cannot do a fault (nft on a hardware RoCE NIC, against
+# fake sysfs trees); which method the cluster takes by default; check_idle refusing under
+# a held lock and with a benchmark process running; SAVE_LOG writing to LOG_DIR and
+# refusing logs/; the drill's fault-plan parser (good and bad plans); and real runs of the
+# drill and of 01/02/03/04/05 against the test doubles in tests/scenarios/fake (an
+# r2cc-perf that dies like plain NCCL when a NIC is cut, or survives and writes R2CC
+# reports, carries R2CC_DRILL out as the library would, or keeps moving bytes on a NIC a
+# method did not really cut; a softverbs-ctl that records faults; an r2cc whose 'top
+# --prometheus' shows the fake's counters; an ssh that runs here), asserting on the
+# verdicts, the report (each step's cut checked from the NIC table or the sampled
+# counters, or "not checked") and the exit statuses.
 #   tests/scenarios/run.sh        (KEEP=1 keeps the temporary directory)
 set -u
 cd "$(dirname "$0")/../.." || exit 2
@@ -72,7 +77,7 @@ scripts=("$S"/0[1-6].*.sh)
 [ ${#scripts[@]} = 6 ] || fail "expected the six scenario scripts, found ${#scripts[@]}"
 
 # --- syntax, help ---------------------------------------------------------------------
-for f in "${scripts[@]}" "$S/common.sh" scripts/drill tests/scenarios/fake/all_reduce_perf tests/scenarios/fake/softverbs-ctl; do
+for f in "${scripts[@]}" "$S/common.sh" scripts/drill tests/scenarios/fake/*; do
 	bash -n "$f" && ok || fail "bash -n $f"
 done
 python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read())" "$S/results.py" && ok || fail "results.py does not compile"
@@ -160,7 +165,8 @@ MPI="^  mpirun (--allow-run-as-root )?-np 4 --hostfile $T/hostfile --bind-to non
 run cl-05 0 "${CL[@]}" R2CC_NICS=mlx5_0,mlx5_2 NCCL_TESTS_DIR="$T/nccl-tests" "$S/05.nccl_tests_balance_unhealthy.sh" && has cl-05 \
 	"$MPI -x LD_PRELOAD=\S+ -x R2CC_MODE=2 -x R2CC_FAILED_NODE=0 -x R2CC_FAILED_HCA=mlx5_2 -x NCCL_IB_HCA==mlx5_0,mlx5_2 -x NCCL_DEBUG -x PATH -x LD_LIBRARY_PATH $T/nccl-tests/all_reduce_perf $SWEEP$" \
 	"^check_idle: ssh node-1 ps -eo pid=,comm=" "^check_idle: ssh node-2 ps -eo pid=,comm=" \
-	"^restore: ovs: cannot build|^restore: cannot build the command: R2CC_FAULT_METHOD=ovs needs OVS_BRIDGE"
+	"^restore: nothing to restore: with R2CC_FAULT_METHOD=inject" \
+	"R2CC_FAULT_METHOD=inject \(default on the cluster: no switch or host method is configured\)"
 run cl-04-perf 0 "${CL[@]}" R2CC_PERF_ROOT=10.0.0.1:29600 "$S/04.nccl_tests_baseline_healthy.sh"
 has cl-04-perf "-x R2CC_PERF_ROOT=10\.0\.0\.1:29600 -x PATH -x LD_LIBRARY_PATH $F/all_reduce_perf $SWEEP --nic-table=0$"
 OVS=(OVS_BRIDGE=br-p0 OVS_PORT=p0 OVS_HOST=bf-1)
@@ -175,9 +181,47 @@ run cl-01-iplink 0 "${CL[@]}" R2CC_FAULT_METHOD=iplink FAULT=down "$S/01.hot_rep
 	"^restore: ssh node-1 \"ip link set dev .* up\"$"
 run cl-02-iplink-dev 0 "${CL[@]}" R2CC_FAULT_METHOD=iplink FAULT=down FAULT_DEV=ens1f1 FAILED_NODE=1 "$S/02.hot_repair_to_r2cc_allreduce.sh"
 has cl-02-iplink-dev "^   step 1 at  4\.000 s: ssh node-2 \"ip link set dev ens1f1 down\"$"
-run cl-01-nft 0 "${CL[@]}" R2CC_FAULT_METHOD=nft FAULT_DEV=ens1f1 "$S/01.hot_repair_to_balance.sh" && has cl-01-nft \
-	"^   step 1 at  4\.000 s: ssh node-1 \"nft add table netdev r2cc_drill && nft add chain netdev r2cc_drill in '\{ type filter hook ingress device ens1f1 priority 0; \}' && nft add rule netdev r2cc_drill in udp dport 4791 drop\"$" \
-	"^restore: ssh node-1 \"nft delete table netdev r2cc_drill 2>/dev/null \|\| true\"$"
+# nft: only on soft RoCE. Two fake sysfs trees, as the nodes would show them: a ConnectX
+# (mlx5_core, the ib device under its PCI function) and an rdma_rxe device (virtual, with
+# rxe's 'parent' attribute naming its netdev); the checks run there through a fake ssh.
+H=$T/sys-mlx5
+D=$H/devices/pci0000:00/0000:3b:00.0
+mkdir -p "$H/bus/pci/drivers/mlx5_core" "$D/infiniband/mlx5_2/ports/1" "$H/class/infiniband"
+ln -s ../../../bus/pci/drivers/mlx5_core "$D/driver"
+ln -s ../../../0000:3b:00.0 "$D/infiniband/mlx5_2/device"
+echo "1: CA" >"$D/infiniband/mlx5_2/node_type"
+echo Ethernet >"$D/infiniband/mlx5_2/ports/1/link_layer"
+ln -s ../../devices/pci0000:00/0000:3b:00.0/infiniband/mlx5_2 "$H/class/infiniband/mlx5_2"
+X=$T/sys-rxe/devices/virtual/infiniband/mlx5_2
+mkdir -p "$X/ports/1" "$T/sys-rxe/class/infiniband"
+echo "1: CA" >"$X/node_type"
+echo Ethernet >"$X/ports/1/link_layer"
+echo ens1f1 >"$X/parent"
+ln -s ../../devices/virtual/infiniband/mlx5_2 "$T/sys-rxe/class/infiniband/mlx5_2"
+NFT=("${CL[@]}" SSH="$F/ssh" R2CC_FAULT_METHOD=nft)
+run cl-01-nft 0 "${NFT[@]}" FAULT_SYSFS="$T/sys-rxe" FAULT_DEV=ens1f1 "$S/01.hot_repair_to_balance.sh" && has cl-01-nft \
+	"^   step 1 at  4\.000 s: $F/ssh node-1 \"nft add table netdev r2cc_drill && nft add chain netdev r2cc_drill in '\{ type filter hook ingress device ens1f1 priority 0; \}' && nft add rule netdev r2cc_drill in udp dport 4791 drop\"$" \
+	"^restore: $F/ssh node-1 \"nft delete table netdev r2cc_drill 2>/dev/null \|\| true\"$"
+run cl-nft-rxe 0 "${NFT[@]}" FAULT_SYSFS="$T/sys-rxe" scripts/drill --fault node0/mlx5_2=blackhole@1s --fault node0/mlx5_2=up@2s
+has cl-nft-rxe "device \\\$\(cat $T/sys-rxe/class/infiniband/mlx5_2/parent\) priority 0" "^DRY_RUN=1: nothing ran$"
+lacks cl-nft-rxe "cannot cut"
+grep -q "^node-1 .*sys-rxe/class/infiniband/mlx5_2" "$FAKE_STATE/ssh.log" && ok || fail "cl-nft-rxe: the NIC was not checked on node-1"
+NFT_HW="R2CC_FAULT_METHOD=nft cannot cut node0/mlx5_2: it is not a soft RoCE \(rdma_rxe\) device on node-1 \(driver mlx5_core\), and hardware RoCE bypasses netfilter: a ConnectX NIC steers RoCE v2 packets to its RDMA engine, they never reach the host's nft rules, and the rule would cut nothing\. Use R2CC_FAULT_METHOD=inject"
+run cl-nft-mlx5 2 "${NFT[@]}" FAULT_SYSFS="$H" scripts/drill --fault node0/mlx5_2=blackhole@1s
+has cl-nft-mlx5 "^drill: $NFT_HW"
+lacks cl-nft-mlx5 "^command:" "nft add"
+count cl-nft-mlx5 "cannot cut" 1
+run cl-nft-none 2 "${NFT[@]}" FAULT_SYSFS="$T/sys-none" scripts/drill --fault node0/mlx5_2=blackhole@1s
+has cl-nft-none "node-1 has no RDMA device mlx5_2 under $T/sys-none/class/infiniband\. Use R2CC_FAULT_METHOD=inject"
+# a scenario: the restore is skipped (nothing runs) and the drill refuses
+run cl-01-nft-mlx5 1 "${NFT[@]}" FAULT_SYSFS="$H" "$S/01.hot_repair_to_balance.sh"
+has cl-01-nft-mlx5 "^restore: skipped: $NFT_HW" "^drill: $NFT_HW" "the drill could not run" "^ FAIL$"
+lacks cl-01-nft-mlx5 "^restore: .*nft delete"
+# without the check's answer a real run refuses; a dry run says so and goes on
+run cl-nft-nossh 2 env DRY_RUN=0 "${NFT[@]}" SSH=false FAULT_SYSFS="$T/sys-rxe" scripts/drill --fault node0/mlx5_2=blackhole@1s
+has cl-nft-nossh "cannot check that mlx5_2 of node-1 is a soft RoCE \(rdma_rxe\) device \('false' status 1\)"
+run cl-nft-nossh-dry 0 "${NFT[@]}" SSH=false scripts/drill --fault node0/mlx5_2=blackhole@1s
+has cl-nft-nossh-dry "^# note \(dry run\): could not check that mlx5_2 of node-1 is a soft RoCE device"
 IBP=(R2CC_FAULT_METHOD=ibportstate IBPORTSTATE_LID=12 IBPORTSTATE_PORT=7 IBPORTSTATE_CA=mlx5_0)
 run cl-01-ibp 0 "${CL[@]}" "${IBP[@]}" FAULT=down "$S/01.hot_repair_to_balance.sh" && has cl-01-ibp \
 	"^   step 1 at  4\.000 s: ssh node-1 ibportstate -C mlx5_0 12 7 disable$" "^restore: ssh node-1 ibportstate -C mlx5_0 12 7 enable$"
@@ -194,7 +238,49 @@ has cl-ibp-bh "ibportstate can only disable a port"
 run cl-ovs-noparam 2 "${CL[@]}" R2CC_FAULT_METHOD=ovs scripts/drill --fault node0/mlx5_2=blackhole@1s
 has cl-ovs-noparam "needs OVS_BRIDGE and OVS_PORT"
 run cl-flap 2 "${CL[@]}" R2CC_FAULT_METHOD=iplink scripts/drill --fault node0/mlx5_2=flap:100@1s
-has cl-flap "'flap' exists on the software fabric only"
+has cl-flap "'flap' exists with the soft and inject methods only .*or write the flap as down/up steps"
+for k in blackhole-tx blackhole-rx ackloss; do
+	run "cl-$k" 2 "${CL[@]}" "${OVS[@]}" scripts/drill --fault "node0/mlx5_2=$k@1s"
+	has "cl-$k" "R2CC_FAULT_METHOD=ovs: '$k' exists with the soft and inject methods only"
+done
+run cl-slow-inject 2 "${CL[@]}" scripts/drill --fault node0/mlx5_2=slow:10@1s
+has cl-slow-inject "'slow' is not a kind of R2CC_DRILL"
+
+# --- inject: the plan goes to every rank as R2CC_DRILL; nothing runs at step time --------
+run dry-inject 0 env R2CC_FAULT_METHOD=inject scripts/drill --fault node0/mlx5_2=blackhole@4s --fault node1/mlx5_0=flap:200@5s \
+	--fault node0/mlx5_3=blackhole-tx@5500ms --fault node1/mlx5_3=blackhole-rx@6s --fault node1/mlx5_2=ackloss@7s \
+	--fault node0/mlx5_3=down@8s --fault node0/mlx5_2=up@12s && has dry-inject \
+	"^  env LD_PRELOAD=\S+ R2CC_MODE=2 R2CC_REPORT=\S+ R2CC_DRILL=node0/mlx5_2=blackhole@4000ms\\\\;node1/mlx5_0=flap:200@5000ms\\\\;node0/mlx5_3=blackhole-tx@5500ms\\\\;node1/mlx5_3=blackhole-rx@6000ms\\\\;node1/mlx5_2=ackloss@7000ms\\\\;node0/mlx5_3=down@8000ms\\\\;node0/mlx5_2=up@12000ms $F/all_reduce_perf --nodes 2 " \
+	"^   step 2 at  5\.000 s: R2CC_DRILL step node1/mlx5_0=flap:200: applied by libr2cc.so in every rank, no command$" \
+	"times from each process's first NCCL collective" "^ bytes per NIC: $F/r2cc top --prometheus every 0\.25 s on node 0,1$"
+lacks dry-inject "softverbs-ctl .* fault " "^restore:"
+run dry-inject-launch 0 env R2CC_FAULT_METHOD=inject scripts/drill --from launch --fault 1/mlx5_2=down@1.5s
+has dry-inject-launch "R2CC_DRILL=node1/mlx5_2=down@1500ms:init " "the end of each process's first communicator init \(':init'\)"
+run dry-inject-nopreload 2 env R2CC_FAULT_METHOD=inject scripts/drill --no-preload --fault 1/mlx5_2=down@1s
+has dry-inject-nopreload "inject: libr2cc.so carries the plan out, and --no-preload leaves it out"
+run dry-inject-mode0 2 env R2CC_FAULT_METHOD=inject scripts/drill --mode 0 --fault 1/mlx5_2=down@1s
+has dry-inject-mode0 "with R2CC_MODE=0 the library runs no drill"
+run cl-drill-inject 0 "${CL[@]}" scripts/drill --fault node1/mlx5_3=blackhole@2s
+has cl-drill-inject "$MPI -x LD_PRELOAD=\S+ -x R2CC_MODE=2 -x R2CC_REPORT=\S+ -x R2CC_DRILL=node1/mlx5_3=blackhole@2000ms -x NCCL_IB_HCA==" \
+	"^ bytes per NIC: $F/r2cc top --prometheus every 0\.25 s on node 1 \(over ssh\)$"
+# scenarios 01 and 02 with inject, on the cluster target (the default there) and by name
+run cl-01-inject 0 "${CL[@]}" "$S/01.hot_repair_to_balance.sh" && has cl-01-inject \
+	"$MPI -x LD_PRELOAD=\S+ -x R2CC_MODE=2 -x R2CC_REPORT=\S+ -x R2CC_AR_AFTER_REPAIR=2 -x R2CC_DRILL=node0/mlx5_2=blackhole@4000ms -x NCCL_IB_HCA==mlx5_0,mlx5_2,mlx5_3 -x NCCL_DEBUG -x R2CC_PERF_ROOT=node-1:29517 -x PATH -x LD_LIBRARY_PATH $F/all_reduce_perf $HR$" \
+	"^restore: nothing to restore" "DRY RUN"
+run cl-02-inject 0 "${CL[@]}" R2CC_FAULT_METHOD=inject FAULT=down FAILED_NODE=1 FAILED_NIC=mlx5_3 RESTORE_AT=9s "$S/02.hot_repair_to_r2cc_allreduce.sh"
+has cl-02-inject "-x R2CC_AR_AFTER_REPAIR=3 -x R2CC_DRILL=node1/mlx5_3=down@4000ms\\\\;node1/mlx5_3=up@9000ms -x NCCL_IB_HCA=" \
+	"--nic-table=1 "
+run dry-01-inject 0 env R2CC_FAULT_METHOD=inject FAULT=ackloss "$S/01.hot_repair_to_balance.sh"
+has dry-01-inject "^  env LD_PRELOAD=\S+ R2CC_MODE=2 R2CC_REPORT=\S+ R2CC_AR_AFTER_REPAIR=2 R2CC_DRILL=node0/mlx5_2=ackloss@4000ms $F/all_reduce_perf "
+# the cluster's default: a switch method whose settings are there, else inject
+run cl-default-ovs 0 "${CL[@]}" "${OVS[@]}" scripts/drill --fault node0/mlx5_2=blackhole@1s
+has cl-default-ovs "^ fault method: ovs \(default on the cluster: OVS_BRIDGE/OVS_PORT are set\)$"
+run cl-default-ibp 0 "${CL[@]}" IBPORTSTATE_LID=12 IBPORTSTATE_PORT=7 scripts/drill --fault node0/mlx5_2=down@1s
+has cl-default-ibp "^ fault method: ibportstate \(default on the cluster: IBPORTSTATE_LID/IBPORTSTATE_PORT are set\)$"
+run cl-default-both 2 "${CL[@]}" "${OVS[@]}" IBPORTSTATE_LID=12 scripts/drill --fault node0/mlx5_2=down@1s
+has cl-default-both "both OVS_\* and IBPORTSTATE_\* are set"
+run cl-default-dev 2 "${CL[@]}" FAULT_DEV=ens1f1 scripts/drill --fault node0/mlx5_2=down@1s
+has cl-default-dev "FAULT_DEV is set but R2CC_FAULT_METHOD is not: say iplink or nft"
 run cl-nohost 2 "${CL[@]}" R2CC_FAULT_METHOD=iplink NODES=3 scripts/drill --fault node2/mlx5_2=down@1s
 has cl-nohost "node 2 has no host"
 run cl-nohostfile 2 env R2CC_TARGET=cluster "$S/04.nccl_tests_baseline_healthy.sh"
@@ -229,7 +315,8 @@ bad_plan() { # NAME MESSAGE-REGEX SPEC...
 }
 bad_plan no-time "expected NODE/NIC=KIND@TIME" node0/mlx5_2=blackhole
 bad_plan no-nic "expected NODE/NIC=KIND@TIME" node0=down@1s
-bad_plan kind "unknown kind 'melt': accepts down, blackhole, up, flap:PERIOD_MS, slow:GBPS" node0/mlx5_2=melt@1s
+bad_plan kind "unknown kind 'melt': accepts down, blackhole, blackhole-tx, blackhole-rx, ackloss, up, flap:PERIOD_MS, slow:GBPS" node0/mlx5_2=melt@1s
+bad_plan ackloss-arg "'ackloss' takes no argument" node0/mlx5_2=ackloss:5@1s
 bad_plan flap "flap needs its period in ms" node0/mlx5_2=flap@1s
 bad_plan slow "slow needs the rate in Gb/s" node0/mlx5_2=slow:fast@1s
 bad_plan arg "'down' takes no argument" node0/mlx5_2=down:3@1s
@@ -300,7 +387,7 @@ grep -q "fault node0 mlx5_2 up" "$FAKE_STATE/ctl.log" && ok || fail "drill-dies:
 rm -f "$FAKE_STATE"/*
 run drill-survives 0 env FAKE_INCIDENT=1 scripts/drill --size 1G --iters 8 --fault node0/mlx5_2=blackhole@0.25s \
 	--fault node0/mlx5_3=slow:10@0.45s --fault node0/mlx5_2=up@0.65s && has drill-survives \
-	"detection 3\.5 ms, repair \(migration\) 41\.2 ms" "R2CC reports: [0-9]+ file\(s\), 1 incident\(s\)" \
+	"detection [0-9.]+ ms, repair \(migration\) 41\.2 ms" "R2CC reports: [0-9]+ file\(s\), 1 incident\(s\)" \
 	"^VERDICT: PASS" "verification: 8 of 8 iterations ended OK and verified" \
 	"^ +1 +0\.[0-9]+ +100 +[0-9.]+ +before +537 +537 +537 +537 +537 +537$" \
 	"busbw after +[0-9.]+ GB/s" "^  step 3  node0/mlx5_2 up +at  0\.650 s: injected at"
@@ -314,6 +401,65 @@ has drill-ctlfail "FAILED status 1: softverbs-ctl: no fabric" "the fault command
 rm -f "$FAKE_STATE"/*
 run drill-launch 0 scripts/drill --from launch --size 1G --iters 4 --fault node0/mlx5_2=slow:5@0.1s
 has drill-launch "times count from the launch"
+
+# Did each cutting step cut? From the NIC table of the iterations after the repair ...
+rm -f "$FAKE_STATE"/*
+run drill-cut 0 env FAKE_INCIDENT=1 scripts/drill --size 1G --iters 8 --fault node0/mlx5_2=blackhole@0.25s
+has drill-cut "^           cut from the repair \([0-9.]+ s\) to the end of the run \([0-9.]+ s\): mlx5_2 moved 0 MB in iterations [4-7]-8 while node0's NICs moved 3220 MB per iteration \(NIC table, softverbs_nic_stats\)$" \
+	"^VERDICT: PASS -- every step injected, every cutting step cut its NIC's bytes, every result verified"
+rm -f "$FAKE_STATE"/*
+run drill-nocut 1 env FAKE_INCIDENT=1 FAKE_NOCUT=1 scripts/drill --size 1G --iters 8 --fault node0/mlx5_2=blackhole@0.25s
+has drill-nocut "^           NOT CUT from the repair .*: mlx5_2 still moved 1074 MB in iteration [4-7] \([0-9] of the [0-9] iterations in the window moved bytes; NIC table" \
+	"^VERDICT: FAIL$" "^  - step 1 \(node0/mlx5_2 blackhole\) cut nothing: after the repair, mlx5_2 still moved 1074 MB"
+# ... else from R2CC's counters sampled with r2cc top (a sweep: no per-iteration table) ...
+SWEEP1=(-- all_reduce_perf -b 1G -e 1G)
+rm -f "$FAKE_STATE"/*
+run drill-top-cut 0 env FAKE_INCIDENT=1 FAKE_SWEEP_STEPS=10 scripts/drill --fault node0/mlx5_2=blackhole@0.2s "${SWEEP1[@]}"
+has drill-top-cut "cut from the repair .*: mlx5_2 moved 0 B in [0-9.]+ s while node0's other NICs moved [0-9]+ MB \(R2CC's counters, sampled with r2cc top\)$" \
+	"NIC table: not one|^VERDICT: PASS -- every step injected, every cutting step cut its NIC's bytes"
+lacks drill-top-cut "not checked"
+rm -f "$FAKE_STATE"/*
+run drill-top-nocut 1 env FAKE_INCIDENT=1 FAKE_NOCUT=1 FAKE_SWEEP_STEPS=10 scripts/drill --fault node0/mlx5_2=blackhole@0.2s "${SWEEP1[@]}"
+has drill-top-nocut "NOT CUT from the repair .*: mlx5_2 still moved [0-9.]+ MB in [0-9.]+ s \(R2CC's counters on node0" \
+	"^  - step 1 \(node0/mlx5_2 blackhole\) cut nothing: after the repair, mlx5_2 still moved"
+# ... and where neither exists, "not checked", never a silent pass
+rm -f "$FAKE_STATE"/*
+run drill-unchecked 0 env FAKE_INCIDENT=1 FAKE_SWEEP_STEPS=6 R2CC_TOP_BIN="$T/no-r2cc" scripts/drill --fault node0/mlx5_2=blackhole@0.2s "${SWEEP1[@]}"
+has drill-unchecked "^ bytes per NIC: no $T/no-r2cc; only a NIC table of the workload can show them$" \
+	"^           cut: not checked from the repair .*: NIC table: not one of the drill's iterations \(no --iters-table\); R2CC's counters: not sampled on node0" \
+	"^VERDICT: PASS -- every step injected, step 1 not checked for its NIC's bytes, every result verified"
+lacks drill-unchecked "every cutting step cut"
+# no repair recorded: the check starts DRILL_SETTLE_MS after the step
+rm -f "$FAKE_STATE"/*
+run drill-settle 0 env DRILL_SETTLE_MS=300 scripts/drill --size 1G --iters 8 --fault node0/mlx5_2=down@0.2s
+has drill-settle "R2CC recorded no incident" "cut from DRILL_SETTLE_MS=300 after the step \(no repair recorded\) .*: mlx5_2 moved 0 MB in iterations"
+
+# inject with the fake carrying R2CC_DRILL out as the library would. The ranks get libc as
+# their "library" (the real libr2cc.so would also write reports of every helper process).
+NOLIB=$(ldd "$(command -v bash)" | awk '$1 ~ /^libc\.so/ {print $3; exit}')
+[ -e "$NOLIB" ] || NOLIB=$ROOT/${BUILD:-build}/lib/libr2cc.so
+INJ=(env R2CC_FAULT_METHOD=inject R2CC_LIB="$NOLIB")
+rm -f "$FAKE_STATE"/*
+run drill-inject 0 "${INJ[@]}" FAKE_INCIDENT=1 scripts/drill --size 1G --iters 8 --fault node0/mlx5_2=blackhole@0.25s
+has drill-inject "^fault plan \(inject, carried out by libr2cc.so in every rank \(R2CC_DRILL\)\):$" \
+	"^  step 1  node0/mlx5_2 blackhole +at  0\.250 s: applied at 0\.[0-9]+ s, during iteration [0-9]$" \
+	"^           by 4 of the 4 processes that report the drill, to 8 queue pairs in all; the last 0\.006 s after the first$" \
+	"detection 3\.5 ms, repair \(migration\) 41\.2 ms" "mlx5_2 moved 0 MB in iterations" "^VERDICT: PASS -- every step applied, every cutting step cut"
+[ -e "$FAKE_STATE/ctl.log" ] && grep -q " fault " "$FAKE_STATE/ctl.log" && fail "drill-inject: softverbs-ctl cut or restored a NIC" || ok
+rm -f "$FAKE_STATE"/*
+run drill-inject-nocut 1 "${INJ[@]}" FAKE_INCIDENT=1 FAKE_NOCUT=1 scripts/drill --size 1G --iters 8 --fault node0/mlx5_2=blackhole@0.25s
+has drill-inject-nocut "^  - step 1 \(node0/mlx5_2 blackhole\) cut nothing: after the repair, mlx5_2 still moved"
+rm -f "$FAKE_STATE"/*
+run drill-inject-old 1 "${INJ[@]}" FAKE_NO_DRILL=1 scripts/drill --size 1G --iters 4 --fault node0/mlx5_2=blackhole@0.1s
+has drill-inject-old "NOT known to be applied: no R2CC report holds the drill" \
+	"step 1 \(node0/mlx5_2 blackhole\): no R2CC report says it was applied \(the reports have no \"drill\""
+rm -f "$FAKE_STATE"/*
+run drill-inject-late 1 "${INJ[@]}" scripts/drill --size 1G --iters 3 --fault node0/mlx5_2=blackhole@0.1s --fault node0/mlx5_3=down@20s
+has drill-inject-late "^  step 2  node0/mlx5_3 down +at 20\.000 s: NOT applied \(the workload ended first: not due yet\)$" \
+	"step 2 \(node0/mlx5_3 down\) was never applied: the workload ended before 20\.0 s"
+rm -f "$FAKE_STATE"/*
+run s01-inject 0 "${INJ[@]}" FAKE_INCIDENT=1 FAULT_AT=0.3s SIZE=1G ITERS=8 "$S/01.hot_repair_to_balance.sh"
+has s01-inject "^ PASS$" "R2CC_DRILL=node0/mlx5_2=blackhole@300ms " "every step applied, every cutting step cut its NIC's bytes"
 
 rm -f "$FAKE_STATE"/*
 run s01 1 env FAKE_DIE=1 FAULT_AT=0.3s SIZE=1G ITERS=8 "$S/01.hot_repair_to_balance.sh" && has s01 \
