@@ -40,6 +40,9 @@ struct target {
 	int64_t since; /* when that step applied */
 	bool down_now; /* down, or flap in a down half */
 	int mine;      /* -1 unknown, 0 another node, 1 this node */
+	bool resolved; /* mine and addr known (ahead of its steps: incidents on its paths
+			* are a drill's even where this process's own step comes later) */
+	bool cuts;     /* a step of the plan cuts it (not only up) */
 	struct r2cc_ctl_nicaddr addr[MAX_ADDRS];
 	int naddr;
 };
@@ -89,6 +92,7 @@ static struct {
 	pthread_cond_t cond;
 	struct r2cc_drill_plan plan;
 	struct step_state st[R2CC_DRILL_MAX_STEPS];
+	bool pre[R2CC_DRILL_MAX_STEPS]; /* its target was resolved ahead of its time */
 	struct target tg[R2CC_DRILL_MAX_STEPS];
 	int ntg;
 	int64_t t0_init, t0_coll;
@@ -669,6 +673,9 @@ bool r2cc_drill_cut(const struct ibv_qp *qp)
 	pthread_mutex_lock(&drill.mu);
 	struct dqp *d = r2cc_hmap_get(&drill.by_qp, (uint64_t)(uintptr_t)qp);
 	bool cut = d && d->cut;
+	for (int i = 0; d && !cut && i < drill.ntg; i++)
+		cut = drill.tg[i].cuts && drill.tg[i].resolved &&
+		      (is_local(&drill.tg[i], d) || is_remote(&drill.tg[i], d));
 	pthread_mutex_unlock(&drill.mu);
 	return cut;
 }
@@ -818,11 +825,11 @@ static int apply_target(struct target *t)
 
 static void publish(void);
 
-static void fire(int k, int64_t now)
+/* The target of step k, made and resolved now; drill.mu held (let go meanwhile).
+ * Returns its index and resolve()'s result. */
+static int target_of(int k, int *rc, char *why, size_t len)
 {
-	struct r2cc_drill_step *s = &drill.plan.steps[k];
-	struct step_state *st = &drill.st[k];
-	char name[200], why[160] = "";
+	const struct r2cc_drill_step *s = &drill.plan.steps[k];
 	int ti;
 	for (ti = 0; ti < drill.ntg && !same_target(&drill.tg[ti], s); ti++)
 		;
@@ -833,11 +840,30 @@ static void fire(int k, int64_t now)
 		memcpy(t->host, s->host, sizeof(t->host));
 		memcpy(t->nic, s->nic, sizeof(t->nic));
 		t->mine = -1;
+		t->kind = R2CC_DRILL_UP;
 	}
 	struct target tmp = drill.tg[ti];
 	pthread_mutex_unlock(&drill.mu);
-	int rc = resolve(&tmp, why, sizeof(why));
+	*rc = resolve(&tmp, why, len);
 	pthread_mutex_lock(&drill.mu);
+	struct target *t = &drill.tg[ti];
+	if (!*rc) {
+		memcpy(t->addr, tmp.addr, sizeof(t->addr));
+		t->naddr = tmp.naddr;
+		t->mine = tmp.mine;
+		t->resolved = tmp.mine == 1 || tmp.naddr > 0;
+	}
+	t->cuts |= s->kind != R2CC_DRILL_UP;
+	return ti;
+}
+
+static void fire(int k, int64_t now)
+{
+	struct r2cc_drill_step *s = &drill.plan.steps[k];
+	struct step_state *st = &drill.st[k];
+	char name[200], why[160] = "";
+	int rc;
+	int ti = target_of(k, &rc, why, sizeof(why));
 	if (rc > 0)
 		return; /* again at the next tick */
 	step_name(s, name, sizeof(name));
@@ -848,9 +874,6 @@ static void fire(int k, int64_t now)
 		return;
 	}
 	struct target *t = &drill.tg[ti];
-	memcpy(t->addr, tmp.addr, sizeof(t->addr));
-	t->naddr = tmp.naddr;
-	t->mine = tmp.mine;
 	bool was_down = t->down_now;
 	t->kind = s->kind;
 	t->flap_ms = s->arg_ms;
@@ -959,6 +982,12 @@ static void *drill_main(void *arg)
 			pending = true;
 			if (!origin_known(s))
 				continue;
+			if (!drill.pre[k]) { /* ahead of its time, once (again while unresolved) */
+				char why[160];
+				int rc;
+				int ti = target_of(k, &rc, why, sizeof(why));
+				drill.pre[k] = drill.tg[ti].resolved || rc < 0;
+			}
 			int64_t t0 = s->from_init ? drill.t0_init : drill.t0_coll;
 			if (now >= t0 + s->at_ms * 1000000)
 				fire(k, now);
