@@ -14,6 +14,10 @@
 # mlx5_0; must be repaired, every result right), and the faults nothing can repair,
 # after which the job must end by itself (not by the timeout) with no wrong result:
 # blackhole-all and down-all (every NIC of node 1), kill (node 1's process is killed).
+# drill-KIND (KIND: down, blackhole, blackhole-tx, blackhole-rx, ackloss, flap:MS): the
+# soft device's faults stay off and R2CC_DRILL cuts node 1's mlx5_0, DRILL_AT (default
+# 2s) after the first collective; the fault's time is when the reports say the step
+# was applied (the earliest rank), and every incident must be marked a drill's.
 # COLL: the nccl-tests program (all_reduce, the default, all_gather, reduce_scatter,
 # sendrecv). LINK=roce: RoCE v2 soft NICs, a routed subnet per rail, lossless class 106
 # with NCCL_IB_GID_INDEX=3 NCCL_IB_TC=106; a run fails if any byte left that class.
@@ -42,7 +46,7 @@ mkdir -p "$LOG"
 fail=0
 
 one() { # RUN
-	local spec=$1 shape gbps mode rest nodes declared=0 bh=0 fault=
+	local spec=$1 shape gbps mode rest nodes declared=0 bh=0 fault= drill_kind=
 	IFS=: read -r shape gbps mode rest <<<"$spec"
 	case ":$rest:" in *:declared:*) declared=1 ;; esac
 	case ":$rest:" in
@@ -53,6 +57,7 @@ one() { # RUN
 	*:blackhole-all:*) fault=blackhole-all ;;
 	*:down-all:*) fault=down-all ;;
 	*:kill:*) fault=kill ;;
+	*:drill-*) fault=drill bh=1 drill_kind=${rest##*drill-} ;;
 	esac
 	nodes=${shape%x1}
 	local label=${spec//:/-} dir="$LOG/${spec//:/-}"
@@ -71,6 +76,7 @@ one() { # RUN
 	if [ "$LIB" != none ]; then
 		env+=(LD_PRELOAD="$LIB" R2CC_MODE="$mode" R2CC_REPORT="$dir/report.%p" R2CC_DEBUG=INFO)
 		[ $declared = 1 ] && env+=(R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2)
+		[ -n "$drill_kind" ] && env+=(R2CC_DRILL="node1/mlx5_0=$drill_kind@${DRILL_AT:-2s}")
 	fi
 	# shellcheck disable=SC2086 # BYTES and ITERS are word lists
 	if [ -n "${NCCL_TESTS_DIR:-}" ]; then
@@ -85,14 +91,16 @@ one() { # RUN
 	t0=$(date +%s.%N)
 	timeout --kill-after=5 "$TIMEOUT_S" "${launch[@]}" >>"$dir/console.txt" 2>&1 &
 	local pid=$!
-	if [ -n "$fault" ] && [ -n "${FAULT_AT_ROW:-}" ]; then
+	if [ "$fault" = drill ]; then
+		: # the library cuts it (R2CC_DRILL); its reports say when
+	elif [ -n "$fault" ] && [ -n "${FAULT_AT_ROW:-}" ]; then
 		# in traffic for sure: once the program printed that many result rows
 		while kill -0 $pid 2>/dev/null &&
 			[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +float ' "$dir/console.txt")" -lt "$FAULT_AT_ROW" ]; do
 			sleep 0.1
 		done
 	fi
-	if [ -n "$fault" ]; then
+	if [ -n "$fault" ] && [ "$fault" != drill ]; then
 		[ -n "${FAULT_AT_ROW:-}" ] || sleep "$FAULT_AFTER_S"
 		local ok=1 nic p
 		if ! kill -0 $pid 2>/dev/null; then
@@ -177,8 +185,17 @@ cnt = lambda v: int(v) if v.isdigit() else 0
 wrong = sum(cnt(r[4]) + cnt(r[8]) for r in rows)
 nonnum = [r for r in rows if not r[4].isdigit() or not (r[8].isdigit() or r[8] == "N/A")]
 busbw = rows[-1][3] if rows else "-"
-inc = decl = sus = synth = 0
+inc = decl = sus = synth = undrilled = 0
 det = []
+if fault == "drill":
+    # the step's time: the earliest rank that applied it (R2CC_DRILL's reports)
+    ts = []
+    for f in glob.glob(d + "/report.*.json"):
+        try:
+            ts += [s["applied_unix"] for s in json.load(open(f)).get("drill", {}).get("steps", []) if s.get("state") == "applied"]
+        except Exception:
+            pass
+    t_fault = min(ts) if ts else -1
 for f in glob.glob(d + "/report.*.json"):
     try:
         j = json.load(open(f))
@@ -189,6 +206,7 @@ for f in glob.glob(d + "/report.*.json"):
             decl += 1
         else:
             inc += 1
+            undrilled += fault == "drill" and not i.get("drill")
             synth += i.get("completions_synthesised", 0)
             if bh and t_fault and i.get("detected_unix", 0) >= t_fault:
                 det.append((i["detected_unix"] - t_fault) * 1e3)
@@ -201,11 +219,12 @@ if fault and not bh:
 else:
     ok = rc == 0 and bool(rows) and wrong == 0 and not nonnum and (inc > 0 if bh else inc == 0)
     ok = ok and t_fault >= 0
-ok = ok and lossy == 0
+ok = ok and lossy == 0 and undrilled == 0
 detect = f"{min(det):.0f}" if det else "-"
 print(f"{'PASS' if ok else 'FAIL'} {spec} coll={coll} link={link} rc={rc} rows={len(rows)} "
       f"wrong={wrong} repairs={inc} synthesised={synth} declared_incidents={decl} "
-      f"suspected={sus} detect_ms={detect} lossy_bytes={lossy} busbw={busbw} secs={secs}")
+      f"suspected={sus} detect_ms={detect} lossy_bytes={lossy} busbw={busbw} secs={secs}"
+      + (f" drill_applied={'yes' if t_fault > 0 else 'NO'} not_marked_drill={undrilled}" if fault == "drill" else ""))
 PY
 )
 	echo "$v" | tee -a "$LOG/summary.txt"
