@@ -46,6 +46,9 @@ static void init_once_fn(void)
 		state = -1;
 	} else if (r2cc_param.mode == R2CC_MODE_PASSTHROUGH) {
 		R2CC_INFO("R2CC_MODE=0: plain NCCL, every call passed through");
+		if (r2cc_param.drill[0]) /* the drill is hot repair's: told, not silently dropped */
+			r2cc_log_write(R2CC_LOG_WARN, -1,
+				       "R2CC_DRILL is set but R2CC_MODE=0: no drill runs");
 		state = -1;
 	} else if (r2cc_registry_init()) {
 		r2cc_log_write(R2CC_LOG_WARN, -1,
