@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static struct r2cc_params p;
 static char err[512];
@@ -253,4 +254,40 @@ Test(params, load_good_failure_declaration)
 	setenv("R2CC_DEBUG", "NONE", 1);
 	cr_expect_eq(r2cc_params_load(), 0);
 	cr_expect(r2cc_param.valid);
+}
+
+/* A drill plan that does not parse is one error line naming R2CC_DRILL, and no drill
+ * (nor anything else of R2CC) runs. */
+Test(params, load_bad_drill_plan)
+{
+	char path[] = "/tmp/r2cc-params-drill-XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert(fd >= 0);
+	close(fd);
+	setenv("R2CC_DRILL", "node1/mlx5_2=blackhole@5 minutes", 1);
+	setenv("R2CC_DEBUG_FILE", path, 1);
+	cr_expect_eq(r2cc_params_load(), -EINVAL);
+	cr_expect_not(r2cc_param.valid);
+	FILE *f = fopen(path, "r");
+	cr_assert(f);
+	char line[1024];
+	int lines = 0, named = 0;
+	while (fgets(line, sizeof(line), f)) {
+		lines++;
+		named += strstr(line, "R2CC_DRILL") && strstr(line, "step 1") &&
+			 strstr(line, "plain NCCL");
+	}
+	fclose(f);
+	unlink(path);
+	cr_expect_eq(lines, 1, "one error line, not %d", lines);
+	cr_expect_eq(named, 1);
+}
+
+Test(params, load_good_drill_plan)
+{
+	setenv("R2CC_DRILL", "node1/mlx5_2=blackhole@5s; node1/mlx5_2=up@15s", 1);
+	setenv("R2CC_DEBUG", "NONE", 1);
+	cr_expect_eq(r2cc_params_load(), 0);
+	cr_expect(r2cc_param.valid);
+	cr_expect_str_eq(r2cc_param.drill, "node1/mlx5_2=blackhole@5s; node1/mlx5_2=up@15s");
 }
