@@ -24,7 +24,8 @@ void r2cc_detect_note(struct r2cc_rqp *r, const char *cause, int status)
 	r->incident = r2cc_incident_get(r->failback_to ? r->failback_to->name : r->cur_nic->name,
 					r->cause, t, r->born_late);
 	r2cc_eng.inc[r->incident].qps++;
-	if (r2cc_drill_on && r2cc_drill_cut(r->cur_qp))
+	/* the drill's (repair/drill.h): on a path it cuts, or its failback after up */
+	if (r2cc_drill_on && (r2cc_drill_cut(r->cur_qp) || (r->q && r2cc_drill_cut(r->q->qp))))
 		r2cc_eng.inc[r->incident].drill = true;
 	r2cc_eng.inc[r->incident].created_after += r->born_late;
 }
