@@ -309,9 +309,13 @@ struct incident {
 	int maps_carried, maps_fetched;
 	/* maps fetched after the move, for keys the peer registered since (r2cc_keys_tick) */
 	int maps_later;
-	bool declared;	   /* a declared failure moved these QPs, not a detected one */
-	bool failback;	   /* a NIC came back and these QPs returned to it */
-	bool drill;	   /* R2CC_DRILL cut the path that failed (repair/drill.h) */
+	bool declared; /* a declared failure moved these QPs, not a detected one */
+	bool failback; /* a NIC came back and these QPs returned to it */
+	bool drill;    /* R2CC_DRILL cut the path that failed (repair/drill.h) */
+	/* every queue pair of it moved or failed (counted in the statistics page once),
+	 * and R2CC_ON_INCIDENT told of it (repair/hook.c) */
+	bool settled, told;
+	int64_t t_settled;
 	int created_after; /* of qps: created on the NIC after it failed (born_late) */
 	int nevents;
 	struct {
@@ -554,6 +558,15 @@ typedef bool (*rqp_pred)(const struct r2cc_rqp *r, const void *arg);
  * Functions shared by the files of repair/ (those the wrappers call are in
  * engine.h), by the file that has them.
  */
+
+/* repair/incident.c */
+void r2cc_incident_json(FILE *json, const struct incident *in, double mono_to_unix);
+/* After a queue pair of incident idx moved or failed; under r2cc_eng.mu. */
+void r2cc_incident_progress(int idx);
+double r2cc_mono_to_unix(void);
+
+/* repair/hook.c: R2CC_ON_INCIDENT; a settled incident is told within ~0.2 s */
+void r2cc_hook_wake(void);
 
 /* repair/engine.c */
 void r2cc_own_add(void *obj);

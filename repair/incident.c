@@ -4,6 +4,7 @@
  */
 #include "repair/engine_priv.h"
 #include "shim/report.h"
+#include "shim/stats.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -33,6 +34,41 @@ int r2cc_incident_get(const char *nic, const char *evidence, int64_t t, bool bor
 	in->failback = back;
 	in->t_detect = t;
 	return r2cc_eng.ninc++;
+}
+
+double r2cc_mono_to_unix(void)
+{
+	struct timespec rt;
+	clock_gettime(CLOCK_REALTIME, &rt);
+	return (double)rt.tv_sec + rt.tv_nsec / 1e9 - now_ns() / 1e9;
+}
+
+/* Settled: every queue pair it took is moved or failed. Counted once in the
+ * statistics page (r2cc top, the exporter), and R2CC_ON_INCIDENT woken. */
+void r2cc_incident_progress(int idx)
+{
+	struct incident *in = &r2cc_eng.inc[idx];
+	if (in->settled || in->migrated + in->failed < in->qps)
+		return;
+	in->settled = true;
+	in->t_settled = now_ns();
+	struct r2cc_stats_page *pg = in->declared ? NULL : r2cc_stats_page();
+	if (pg) {
+		struct r2cc_stats_repairs *c = &pg->rep[in->drill ? 1 : 0];
+		if (in->failback) {
+			c->failbacks++;
+		} else {
+			int64_t ns = (in->t_done ? in->t_done : in->t_settled) - in->t_detect;
+			for (int b = 0; b < R2CC_STATS_REPAIR_BUCKETS; b++)
+				if (ns <= (int64_t)(r2cc_stats_repair_bounds_s[b] * 1e9))
+					c->le[b]++;
+			c->duration_ns_sum += (uint64_t)(ns > 0 ? ns : 0);
+			c->qps_moved += (uint64_t)in->migrated;
+			c->qps_failed += (uint64_t)in->failed;
+			__atomic_store_n(&c->repairs, c->repairs + 1, __ATOMIC_RELEASE);
+		}
+	}
+	r2cc_hook_wake();
 }
 
 static void event_locked(int idx, const char *fmt, va_list ap)
@@ -113,13 +149,51 @@ void r2cc_report_stalls(FILE *text, FILE *json)
 			(unsigned long long)freed, (unsigned long long)mid);
 }
 
+/* One incident as JSON (the report's and R2CC_ON_INCIDENT's). Under r2cc_eng.mu. */
+void r2cc_incident_json(FILE *json, const struct incident *in, double mono_to_unix)
+{
+	fprintf(json, "{\"nic\":");
+	r2cc_json_str(json, in->nic);
+	fprintf(json, ",\"drill\":%s,\"declared\":%s,\"failback\":%s,\"evidence\":",
+		in->drill ? "true" : "false", in->declared ? "true" : "false",
+		in->failback ? "true" : "false");
+	r2cc_json_str(json, in->evidence);
+	/* a failback is no detection: its start and time have keys of
+	 * their own */
+	const char *k0 = in->failback ? "started" : "detected";
+	fprintf(json,
+		",\"%s_ns\":%lld,\"%s_unix\":%.6f,\"qps\":%d,"
+		"\"migrated\":%d,\"failed\":%d,\"created_after\":%d",
+		k0, (long long)in->t_detect, k0, in->t_detect / 1e9 + mono_to_unix, in->qps,
+		in->migrated, in->failed, in->created_after);
+	if (in->t_done)
+		fprintf(json, ",\"%s\":%.3f,\"done_unix\":%.6f",
+			in->failback ? "failback_ms" : "migrate_ms",
+			(in->t_done - in->t_detect) / 1e6, in->t_done / 1e9 + mono_to_unix);
+	fprintf(json,
+		",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
+		"\"completions_synthesised\":%llu,\"posts_held\":%llu,"
+		"\"peer_maps_carried\":%d,\"peer_maps_fetched\":%d,"
+		"\"peer_maps_later\":%d,\"cts_checked\":%llu,\"cts_landed\":%llu,"
+		"\"timeline\":[",
+		(unsigned long long)in->bytes_reposted, (unsigned long long)in->bytes_saved,
+		(unsigned long long)in->synth, (unsigned long long)in->held, in->maps_carried,
+		in->maps_fetched, in->maps_later, (unsigned long long)in->cts_checked,
+		(unsigned long long)in->cts_landed);
+	for (int e = 0; e < in->nevents; e++) {
+		fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
+			(in->ev[e].t - in->t_detect) / 1e6);
+		r2cc_json_str(json, in->ev[e].text);
+		fputc('}', json);
+	}
+	fprintf(json, "]}");
+}
+
 void r2cc_repair_report(FILE *text, FILE *json)
 {
 	/* Wall-clock times too, for tools that injected the fault and only know
 	 * the wall clock (scripts/drill). */
-	struct timespec rt;
-	clock_gettime(CLOCK_REALTIME, &rt);
-	double mono_to_unix = (double)rt.tv_sec + rt.tv_nsec / 1e9 - now_ns() / 1e9;
+	double mono_to_unix = r2cc_mono_to_unix();
 	pthread_mutex_lock(&r2cc_eng.mu);
 	int n = r2cc_eng.ninc;
 	if (text) {
@@ -150,47 +224,11 @@ void r2cc_repair_report(FILE *text, FILE *json)
 					in->ev[e].text);
 		}
 	}
-	if (json) {
+	if (json)
 		for (int i = 0; i < n; i++) {
-			const struct incident *in = &r2cc_eng.inc[i];
-			fprintf(json, "%s{\"nic\":", i ? "," : "");
-			r2cc_json_str(json, in->nic);
-			fprintf(json, ",\"drill\":%s,\"declared\":%s,\"failback\":%s,\"evidence\":",
-				in->drill ? "true" : "false", in->declared ? "true" : "false",
-				in->failback ? "true" : "false");
-			r2cc_json_str(json, in->evidence);
-			/* a failback is no detection: its start and time have keys of
-			 * their own */
-			const char *k0 = in->failback ? "started" : "detected";
-			fprintf(json,
-				",\"%s_ns\":%lld,\"%s_unix\":%.6f,\"qps\":%d,"
-				"\"migrated\":%d,\"failed\":%d,\"created_after\":%d",
-				k0, (long long)in->t_detect, k0, in->t_detect / 1e9 + mono_to_unix,
-				in->qps, in->migrated, in->failed, in->created_after);
-			if (in->t_done)
-				fprintf(json, ",\"%s\":%.3f,\"done_unix\":%.6f",
-					in->failback ? "failback_ms" : "migrate_ms",
-					(in->t_done - in->t_detect) / 1e6,
-					in->t_done / 1e9 + mono_to_unix);
-			fprintf(json,
-				",\"bytes_reposted\":%llu,\"bytes_saved\":%llu,"
-				"\"completions_synthesised\":%llu,\"posts_held\":%llu,"
-				"\"peer_maps_carried\":%d,\"peer_maps_fetched\":%d,"
-				"\"peer_maps_later\":%d,\"cts_checked\":%llu,\"cts_landed\":%llu,"
-				"\"timeline\":[",
-				(unsigned long long)in->bytes_reposted,
-				(unsigned long long)in->bytes_saved, (unsigned long long)in->synth,
-				(unsigned long long)in->held, in->maps_carried, in->maps_fetched,
-				in->maps_later, (unsigned long long)in->cts_checked,
-				(unsigned long long)in->cts_landed);
-			for (int e = 0; e < in->nevents; e++) {
-				fprintf(json, "%s{\"ms\":%.3f,\"event\":", e ? "," : "",
-					(in->ev[e].t - in->t_detect) / 1e6);
-				r2cc_json_str(json, in->ev[e].text);
-				fputc('}', json);
-			}
-			fprintf(json, "]}");
+			if (i)
+				fputc(',', json);
+			r2cc_incident_json(json, &r2cc_eng.inc[i], mono_to_unix);
 		}
-	}
 	pthread_mutex_unlock(&r2cc_eng.mu);
 }

@@ -405,6 +405,8 @@ void r2cc_rqp_fail(struct r2cc_rqp *r, const char *why)
 	pthread_mutex_lock(&r2cc_eng.mu);
 	if (r->incident >= 0)
 		r2cc_eng.inc[r->incident].failed++;
+	if (r->incident >= 0)
+		r2cc_incident_progress(r->incident);
 	r->born_late = false;
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	r2cc_rqp_event(r, "qp 0x%x: repair impossible: %s", r->qpn, why);
@@ -444,6 +446,7 @@ void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
 		in->cts_landed += r->cts_dropped;
 		if (t > in->t_done && !r->born_late)
 			in->t_done = t;
+		r2cc_incident_progress(r->incident);
 	}
 	r->born_late = false;
 	pthread_mutex_unlock(&r2cc_eng.mu);

@@ -6,7 +6,7 @@ REPAIR_CTL_SRCS := repair/ctl.c repair/ctl_msg.c repair/ctl_uid.c repair/ctl_ifa
 		   repair/ctl_dir.c
 REPAIR_CTL_HDRS := repair/ctl.h repair/ctl_msg.h repair/ctl_priv.h repair/hmap.h
 REPAIR_ENGINE_SRCS := $(addprefix repair/,engine.c rqp.c detect.c scan.c localise.c fence.c placement.c path.c wire.c \
-			 exchange.c migrate.c vcq.c post.c failback.c incident.c gpuflush.c cts.c drill.c)
+			 exchange.c migrate.c vcq.c post.c failback.c incident.c gpuflush.c cts.c drill.c hook.c)
 LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c $(REPAIR_ENGINE_SRCS) repair/qp_shadow.c repair/ledger.c repair/stall.c \
 		repair/peer.c
 LIBR2CC_LIBS += -lcrypto

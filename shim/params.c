@@ -219,6 +219,35 @@ static int parse_failback(struct r2cc_params *p, const char *v)
 	return 0;
 }
 
+/* A shell command line: printable, not blank (unset the variable for none). */
+static int parse_on_incident(struct r2cc_params *p, const char *v)
+{
+	const char *c = v;
+	while (*c == ' ' || *c == '\t')
+		c++;
+	if (!*c)
+		return -EINVAL;
+	return copy_str(p->on_incident, sizeof(p->on_incident), v);
+}
+
+static int parse_on_incident_max(struct r2cc_params *p, const char *v)
+{
+	long x;
+	if (parse_int(v, 1, 600, &x))
+		return -EINVAL;
+	p->on_incident_max = (int)x;
+	return 0;
+}
+
+static int parse_on_incident_timeout(struct r2cc_params *p, const char *v)
+{
+	long x;
+	if (parse_int(v, 100, 600000, &x))
+		return -EINVAL;
+	p->on_incident_timeout_ms = (int)x;
+	return 0;
+}
+
 static int parse_mr_mirror(struct r2cc_params *p, const char *v)
 {
 	long x;
@@ -275,6 +304,19 @@ static const struct param_def params[] = {
      "long gets its queue pairs back (a NIC that fails again soon after is held down for "
      "twice as long each time; 0: no failback)",
      parse_failback},
+    {"R2CC_ON_INCIDENT", "",
+     "a shell command line (one line of printable characters, at most 1023)",
+     "run at the end of each incident (a NIC's repair or failback, a drill's too) with the "
+     "incident's JSON on standard input and R2CC_INCIDENT_* variables; off the repair path, "
+     "bounded by R2CC_ON_INCIDENT_MAX and R2CC_ON_INCIDENT_TIMEOUT_MS (docs/operations.md)",
+     parse_on_incident},
+    {"R2CC_ON_INCIDENT_MAX", "10", "an integer from 1 to 600",
+     "R2CC_ON_INCIDENT: at most this many runs per minute per process (the others are "
+     "counted in one log line)",
+     parse_on_incident_max},
+    {"R2CC_ON_INCIDENT_TIMEOUT_MS", "10000", "an integer from 100 to 600000 (milliseconds)",
+     "R2CC_ON_INCIDENT: a run still going after this long is killed (one log line)",
+     parse_on_incident_timeout},
     {"R2CC_DEBUG", "WARN", "NONE, WARN, INFO or TRACE", "log level", parse_debug},
     {"R2CC_DEBUG_FILE", "", "a file path (%h host, %p pid)", "log destination (default stderr)",
      parse_debug_file},

@@ -23,13 +23,16 @@ enum r2cc_mode {
 };
 
 struct r2cc_params {
-	int mode;	       /* enum r2cc_mode */
-	char failed_node[256]; /* R2CC_FAILED_NODE, raw; parsed by failspec.c */
-	char failed_hca[256];  /* R2CC_FAILED_HCA, raw */
-	char drill[2048];      /* R2CC_DRILL, raw; parsed by drillspec.c */
-	int ar_after_repair;   /* 0 = keep mode, 2 or 3 */
-	int ar_stage2_chunks;  /* K */
-	int ar_schedule;       /* 0..3 */
+	int mode;		/* enum r2cc_mode */
+	char failed_node[256];	/* R2CC_FAILED_NODE, raw; parsed by failspec.c */
+	char failed_hca[256];	/* R2CC_FAILED_HCA, raw */
+	char drill[2048];	/* R2CC_DRILL, raw; parsed by drillspec.c */
+	char on_incident[1024]; /* R2CC_ON_INCIDENT: a shell command line, empty = none */
+	int on_incident_max;	/* runs per minute */
+	int on_incident_timeout_ms;
+	int ar_after_repair;  /* 0 = keep mode, 2 or 3 */
+	int ar_stage2_chunks; /* K */
+	int ar_schedule;      /* 0..3 */
 	uint64_t ar_min_bytes;
 	int stall_ms;	 /* 0 = adaptive */
 	int failback_ms; /* R2CC_FAILBACK_MS: 0 = no failback */

@@ -17,6 +17,23 @@
 #define R2CC_STATS_VERSION 4
 #define R2CC_STATS_PREFIX  "r2cc-stats."
 
+/* Hot repair's incidents once each settles (all its queue pairs moved or failed;
+ * repair/incident.c). Declared failures are not counted. Durations are from the
+ * detection to the last queue pair moved, as a Prometheus histogram: le[i] counts the
+ * repairs that took at most r2cc_stats_repair_bounds_s[i] (cumulative), `repairs`
+ * all of them (+Inf). */
+#define R2CC_STATS_REPAIR_BUCKETS 12
+static const double r2cc_stats_repair_bounds_s[R2CC_STATS_REPAIR_BUCKETS] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+
+struct r2cc_stats_repairs {
+	uint64_t repairs;   /* NIC or path failures whose queue pairs moved */
+	uint64_t failbacks; /* NICs that came back and got their queue pairs again */
+	uint64_t qps_moved, qps_failed;
+	uint64_t le[R2CC_STATS_REPAIR_BUCKETS];
+	uint64_t duration_ns_sum;
+};
+
 struct r2cc_stats_page {
 	uint64_t magic;
 	uint32_t version;
@@ -38,6 +55,9 @@ struct r2cc_stats_page {
 	char drill_plan[256];
 	int32_t drill_steps, drill_applied;
 	uint64_t drill_nics;
+	/* [0]: real incidents, [1]: a drill's (repair/drill.h). Written by the repair
+	 * thread under its lock; readers take the values as they are. */
+	struct r2cc_stats_repairs rep[2];
 };
 
 /* Map the page (once); NULL when publishing is off or failed (logged). */
