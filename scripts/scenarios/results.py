@@ -741,6 +741,13 @@ def cmd_drill_report(a):
             (" (from the fault's injection to the first detection; %d process(es) "
              "reported it)" % inc["processes"]) if inc and "processes" in inc else
             "" if inc else " -- R2CC recorded no incident for it"))
+        marked = [x.get("drill") for _, x in mine if "drill" in x]
+        if marked:
+            # R2CC marks the incidents a drill caused, apart from real failures
+            p("           R2CC marked %d of %d of these incidents 'drill'%s" % (
+                sum(1 for m in marked if m), len(marked),
+                "" if (all(marked) if inject else not any(marked)) else
+                " (expected %s)" % ("all" if inject else "none")))
         if s[3] not in CUT_KINDS:
             continue
         # did it cut? the NIC's bytes once R2CC had repaired, until the NIC came back
