@@ -117,7 +117,12 @@ struct drill_opts {
 	 * --summary: one compare: line per scenario into this file (- stdout) */
 	bool inject;
 	const char *drill_plan, *expect_drill_problem, *summary;
-	uint64_t coll_at; /* worker: ncclAllReduce once this many own messages arrived */
+	/* --inject-at own: each worker's collective at its own share of its messages */
+	bool inject_own;
+	/* worker: ncclAllReduce once this many messages arrived, its own or (coll_sum)
+	 * all workers' together */
+	uint64_t coll_at;
+	bool coll_sum;
 	const struct drill_pattern *pattern; /* --nccl-version */
 	/* worker only */
 	bool worker;

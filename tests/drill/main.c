@@ -37,6 +37,8 @@
 #define DRILL_MAX_INCIDENT 4096
 #define DRILL_MAX_STEPS	   32 /* R2CC_DRILL's (shim/drillspec.h) */
 #define DRILL_MAX_DET	   512
+#define DRILL_MAX_MOVED	   1024
+#define DRILL_TIMELINE_MAX 48 /* events an incident keeps (repair/engine_priv.h MAX_EVENTS) */
 
 extern char **environ;
 
@@ -127,7 +129,11 @@ struct drill_scenario {
 	 * the last detection after the fault (ms; < 0 none) */
 	unsigned evidence;
 	int incidents, drill_marked; /* drill_marked: those the report says "drill": true */
-	uint64_t qps_moved;
+	/* qps_moved: queue pairs moved, each once per process however often it moved
+	 * (from the incidents' timelines; timelines_full: those cut at R2CC's limit, so
+	 * that some may be missing); migrations: the reports' "migrated", summed */
+	uint64_t qps_moved, migrations;
+	int timelines_full;
 	double det_first, det_last;
 	uint64_t checks; /* check failures: corrupt, duplicate, out of order, late */
 	/* --inject, --drill-plan: R2CC_DRILL as the workers got it, its steps, each
@@ -427,6 +433,8 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 		O_EXPECT_PROBLEM,
 		O_SUMMARY,
 		O_COLL_AT,
+		O_COLL_SUM,
+		O_INJECT_AT,
 		O_HELP,
 	};
 	static const struct option opts[] = {
@@ -483,12 +491,14 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	    {"expect-drill-problem", required_argument, NULL, O_EXPECT_PROBLEM},
 	    {"summary", required_argument, NULL, O_SUMMARY},
 	    {"collective-at", required_argument, NULL, O_COLL_AT},
+	    {"collective-sum", no_argument, NULL, O_COLL_SUM},
+	    {"inject-at", required_argument, NULL, O_INJECT_AT},
 	    {"help", no_argument, NULL, O_HELP},
 	    {NULL, 0, NULL, 0},
 	};
 	int c;
 	double v;
-	bool fault_set = false, kill_peer = false;
+	bool fault_set = false, kill_peer = false, inject_at_set = false;
 	bool msgs_set = false, max_set = false, timeout_set = false, scale_set = false;
 
 	*o = (struct drill_opts){
@@ -763,6 +773,15 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 			o->coll_at = (uint64_t)v;
 			name = "--collective-at";
 			break;
+		case O_COLL_SUM:
+			o->coll_sum = true;
+			break;
+		case O_INJECT_AT:
+			ok = !strcmp(optarg, "all") || !strcmp(optarg, "own");
+			o->inject_own = !strcmp(optarg, "own");
+			inject_at_set = true;
+			name = "--inject-at (all or own)";
+			break;
 		case O_HELP:
 			usage(stdout);
 			exit(0);
@@ -782,6 +801,10 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	if (o->worker && (!o->dir || o->rank >= o->procs)) {
 		fprintf(stderr,
 			"r2cc-verbs-drill: --worker needs --dir and a --rank below --procs\n");
+		return -1;
+	}
+	if (inject_at_set && !o->inject && !o->drill_plan) {
+		fprintf(stderr, "r2cc-verbs-drill: --inject-at needs --inject or --drill-plan\n");
 		return -1;
 	}
 	/* --drill-plan alone: healthy traffic that carries the plan */
@@ -1071,6 +1094,8 @@ static pid_t drill_spawn_worker(const struct drill_opts *o, const struct drill_p
 		snprintf(a[11], sizeof(a[11]), "%llu", (unsigned long long)s->coll_at);
 		argv[n++] = (char *)"--collective-at";
 		argv[n++] = a[11];
+		if (!o->inject_own)
+			argv[n++] = (char *)"--collective-sum";
 	}
 	argv[n] = NULL;
 	snprintf(log, sizeof(log), "%s/worker%d.log", s->dir, rank);
@@ -1480,12 +1505,13 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 		 * which no transport timeout scales. */
 		s->arg = (int)ceil(drill_stall_floor_ms());
 	}
-	/* --inject, --drill-plan: every worker's collective at the same fraction of its
-	 * own messages (the device's fault comes at that fraction of everyone's) */
+	/* --inject, --drill-plan: every worker's collective once all workers together
+	 * delivered the trigger's messages, where softverbs-ctl's fault would come; or
+	 * (--inject-at own) once it delivered the same fraction of its own */
 	if (o->inject || o->drill_plan) {
 		uint64_t own = (uint64_t)(o->procs - 1) * (uint64_t)o->messages;
 
-		s->coll_at = (uint64_t)(frac * (double)own);
+		s->coll_at = o->inject_own ? (uint64_t)(frac * (double)own) : s->trigger;
 		if (s->coll_at < 1)
 			s->coll_at = 1;
 		drill_plan_text(o, s);
@@ -1569,7 +1595,8 @@ static void drill_inject_second(const struct drill_paths *p, struct drill_scenar
 		s->second_failed = true;
 }
 
-/* --inject: every step of the plan applied by some process, as its report says. */
+/* --inject: every step of the plan applied by some process to some queue pairs, as
+ * its report says. */
 static const char *drill_steps_missed(const struct drill_scenario *s)
 {
 	static char why[DRILL_ERR_LEN];
@@ -1581,6 +1608,10 @@ static const char *drill_steps_missed(const struct drill_scenario *s)
 		if (!s->step_applied[k]) {
 			snprintf(why, sizeof(why), "drill step %d was applied in no process%s%s",
 				 k + 1, s->step_why[0] ? ": " : "", s->step_why);
+			return why;
+		} else if (!s->step_qps[k]) {
+			snprintf(why, sizeof(why), "drill step %d cut no queue pair in any process",
+				 k + 1);
 			return why;
 		}
 	return NULL;
@@ -1839,18 +1870,39 @@ static void drill_read_json(const struct drill_opts *o, struct drill_scenario *s
 	const char *drill = drill_json_get(text, "drill");
 	const char *steps = drill ? drill_json_get(drill, "steps") : NULL;
 	char ev[160], state[32], why[200];
+	unsigned moved[DRILL_MAX_MOVED];
+	int nmoved = 0;
 
 	for (int i = 0; (e = drill_json_at(inc, i)); i++) {
+		const char *tl = drill_json_get(e, "timeline"), *te;
 		double d = drill_json_num(e, "detected_unix", -1);
+		int j;
 
 		drill_json_str(e, "evidence", ev, sizeof(ev));
 		s->evidence |= 1u << drill_evidence_class(ev);
 		s->incidents++;
 		s->drill_marked += drill_json_true(e, "drill");
-		s->qps_moved += (uint64_t)drill_json_num(e, "migrated", 0);
+		s->migrations += (uint64_t)drill_json_num(e, "migrated", 0);
 		if (o->inject && d > 0 && s->ndet_unix < DRILL_MAX_DET)
 			s->det_unix[s->ndet_unix++] = d;
+		/* the queue pairs this process moved (repair/migrate.c's event "qp 0x..: A ->
+		 * B (peer C -> D), re-posted ..."), each once however often it moved */
+		for (j = 0; (te = drill_json_at(tl, j)); j++) {
+			unsigned qpn;
+			int k;
+
+			drill_json_str(te, "event", ev, sizeof(ev));
+			if (sscanf(ev, "qp 0x%x:", &qpn) != 1 || !strstr(ev, " (peer ") ||
+			    !strstr(ev, "), re-posted "))
+				continue;
+			for (k = 0; k < nmoved && moved[k] != qpn; k++)
+				;
+			if (k == nmoved && nmoved < DRILL_MAX_MOVED)
+				moved[nmoved++] = qpn;
+		}
+		s->timelines_full += j >= DRILL_TIMELINE_MAX;
 	}
+	s->qps_moved += (uint64_t)nmoved;
 	if (!drill || *drill != '{')
 		return;
 	s->drill_reports++;
@@ -2487,13 +2539,14 @@ static void drill_run_scenario(const struct drill_opts *o, const struct drill_pa
 				 "a process brought mlx5_%d back %d times; its hold-down allows %d",
 				 s->nic, s->backs_max, drill_backs_allowed(o));
 		}
-		/* --expect-drill-problem: some report says why a step was not applied */
-		if (s->pass && o->expect_drill_problem && !s->problem) {
+		/* --expect-drill-problem: every worker's report says why a step was not
+		 * applied (every process reads the plan and reports each step) */
+		if (s->pass && o->expect_drill_problem && s->problem < o->procs) {
 			s->pass = false;
 			snprintf(s->why, sizeof(s->why),
-				 "no R2CC report (%d with the drill) says a step was not applied "
-				 "for '%s'%s%s",
-				 s->drill_reports, o->expect_drill_problem,
+				 "%d of %d R2CC reports (%d with the drill) say a step was not "
+				 "applied for '%s'%s%s",
+				 s->problem, o->procs, s->drill_reports, o->expect_drill_problem,
 				 s->step_why[0] ? "; the first unapplied: " : "", s->step_why);
 		}
 		if (s->pass && o->expect == DRILL_EXPECT_NO_REPAIR && s->repairs) {
@@ -2519,10 +2572,12 @@ static void drill_summary(FILE *f, const struct drill_opts *o, const struct dril
 				 drill_evidence_names[c]);
 	fprintf(f,
 		"compare: mode=%s kind=%s link=%s procs=%d seed=%d node=%d nic=%d verdict=%s "
-		"evidence=%s qps_moved=%llu wrong=%llu incidents=%d drill_marked=%d",
+		"evidence=%s qps_moved=%llu%s migrations=%llu wrong=%llu incidents=%d "
+		"drill_marked=%d",
 		o->inject ? "drill" : "device", drill_fault_names[s->kind], o->roce ? "roce" : "ib",
 		o->procs, s->seed, s->node, s->nic, s->pass ? "PASS" : "FAIL", ev[0] ? ev : "none",
-		(unsigned long long)s->qps_moved,
+		(unsigned long long)s->qps_moved, s->timelines_full ? "+" : "",
+		(unsigned long long)s->migrations,
 		(unsigned long long)(s->checks +
 				     (s->expected > s->delivered ? s->expected - s->delivered : 0)),
 		s->incidents, s->drill_marked);

@@ -1561,11 +1561,11 @@ static void drill_wc(struct drill_worker *w, const struct ibv_wc *wc)
 }
 
 /*
- * --inject, --drill-plan: once this worker's own delivered messages reach its mark
- * (the seed's fraction of its own total), one ncclAllReduce of one float through
- * the NCCL test double. For R2CC that is the process's first collective, from which
- * its drill's steps count: the fault then lands in each process at its own fraction,
- * where softverbs-ctl's lands once all workers together reached that fraction.
+ * --inject, --drill-plan: once the messages delivered reach the mark (by all workers
+ * together: where softverbs-ctl's fault would come; --inject-at own: by this worker,
+ * the seed's fraction of its own), one ncclAllReduce of one float through the NCCL
+ * test double. For R2CC that is the process's first collective, from which its
+ * drill's steps count.
  */
 static void drill_collective_due(struct drill_worker *w)
 {
@@ -1574,11 +1574,13 @@ static void drill_collective_due(struct drill_worker *w)
 	uint64_t sum = 0;
 	int rc;
 
-	if (!w->o->coll_at || n->coll_done || atomic_load(&w->st->delivered) < w->o->coll_at)
+	if (!w->o->coll_at || n->coll_done)
 		return;
-	n->coll_done = true;
 	for (int r = 0; r < w->o->procs; r++)
 		sum += atomic_load(&all[r].delivered);
+	if ((w->o->coll_sum ? sum : atomic_load(&w->st->delivered)) < w->o->coll_at)
+		return;
+	n->coll_done = true;
 	atomic_store(&w->st->coll_all, sum);
 	atomic_store(&w->st->coll_ns, drill_now_ns());
 	rc = n->all_reduce(&n->coll_buf[0], &n->coll_buf[1], 1, DRILL_NCCL_FLOAT32, DRILL_NCCL_SUM,
