@@ -291,3 +291,20 @@ Test(params, load_good_drill_plan)
 	cr_expect(r2cc_param.valid);
 	cr_expect_str_eq(r2cc_param.drill, "node1/mlx5_2=blackhole@5s; node1/mlx5_2=up@15s");
 }
+
+/* R2CC_ON_INCIDENT: a one-line shell command; blank or with control characters is
+ * refused naming the variable; its bounds are checked. */
+Test(params, on_incident)
+{
+	cr_expect_eq(p.on_incident_max, 10);
+	cr_expect_eq(p.on_incident_timeout_ms, 10000);
+	cr_expect_eq(set("R2CC_ON_INCIDENT", "logger -t r2cc \"$R2CC_INCIDENT_NIC\""), 0);
+	cr_expect_str_eq(p.on_incident, "logger -t r2cc \"$R2CC_INCIDENT_NIC\"");
+	expect_bad("R2CC_ON_INCIDENT", "", "shell command");
+	expect_bad("R2CC_ON_INCIDENT", "   ", "shell command");
+	expect_bad("R2CC_ON_INCIDENT", "echo a\necho b", "shell command");
+	expect_bad("R2CC_ON_INCIDENT_MAX", "0", "1 to 600");
+	expect_bad("R2CC_ON_INCIDENT_TIMEOUT_MS", "50", "100 to 600000");
+	cr_expect_eq(set("R2CC_ON_INCIDENT_TIMEOUT_MS", "300"), 0);
+	cr_expect_eq(p.on_incident_timeout_ms, 300);
+}
