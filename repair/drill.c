@@ -817,7 +817,17 @@ static int apply_target(struct target *t)
 		struct dqp *d = h->vals[i];
 		if (!d || !(is_local(t, d) || is_remote(t, d)))
 			continue;
+		if (d->state != IBV_QPS_RTR && d->state != IBV_QPS_RTS)
+			continue; /* not connected: nothing on the wire to cut */
 		recompute(d);
+		R2CC_INFO("drill: qp 0x%x on %s (%s end): %s%s%s, %d held, %d kept back", d->qpn,
+			  d->nic ? d->nic->name : "?", is_local(t, d) ? "local" : "remote",
+			  d->down   ? "down"
+			  : d->hold ? "requests lost"
+			  : d->hide ? "acks lost"
+				    : "clear",
+			  d->flushing ? ", flushing" : "", d->state == IBV_QPS_ERR ? ", ERR" : "",
+			  d->nheld, d->nkept);
 		n++;
 	}
 	return n;
@@ -880,6 +890,24 @@ static void fire(int k, int64_t now)
 	t->since = now;
 	t->down_now = s->kind == R2CC_DRILL_DOWN || s->kind == R2CC_DRILL_FLAP;
 	int n = apply_target(t);
+	if (r2cc_log_level >= R2CC_LOG_INFO) {
+		char list[400] = "";
+		size_t used = 0;
+		for (int i = 0; i < t->naddr && used < sizeof(list) - 48; i++) {
+			const struct r2cc_ctl_nicaddr *a = &t->addr[i];
+			if (a->kind == R2CC_CTL_NICADDR_LID)
+				used +=
+				    (size_t)snprintf(list + used, sizeof(list) - used, " lid %u",
+						     (unsigned)(a->bytes[0] << 8 | a->bytes[1]));
+			else
+				used += (size_t)snprintf(list + used, sizeof(list) - used,
+							 " gid ..%02x%02x:%02x%02x", a->bytes[12],
+							 a->bytes[13], a->bytes[14], a->bytes[15]);
+		}
+		R2CC_INFO("drill: step %d: %s is %s, reached at%s", s->index, t->nic,
+			  t->mine == 1 ? "this node's" : "another node's",
+			  used ? list : " (no address known)");
+	}
 	st->state = 1;
 	st->applied_ns = now;
 	struct timespec rt;
