@@ -231,7 +231,7 @@ static void inject_push(struct ibv_cq *cq, const struct ibv_wc *wc)
 		}
 	}
 	if (!in->n)
-		drill.active++;
+		__atomic_add_fetch(&drill.active, 1, __ATOMIC_RELAXED);
 	in->v[in->head + in->n++] = *wc;
 }
 
@@ -278,7 +278,7 @@ static void set_active(struct dqp *d, bool was)
 {
 	bool now = d->hold || d->hide || d->flushing;
 	if (now != was)
-		drill.active += now ? 1 : -1;
+		__atomic_add_fetch(&drill.active, now ? 1 : -1, __ATOMIC_RELAXED);
 }
 
 static int (*real_modify)(struct ibv_qp *, struct ibv_qp_attr *, int);
@@ -483,7 +483,7 @@ static int f_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 		wc[k++] = in->v[in->head++];
 		if (!--in->n) {
 			in->head = 0;
-			drill.active--;
+			__atomic_sub_fetch(&drill.active, 1, __ATOMIC_RELAXED);
 		}
 	}
 	pthread_mutex_unlock(&drill.mu);
@@ -614,7 +614,7 @@ static void purge_injected(struct ibv_cq *cq, uint32_t qpn)
 	in->head = 0;
 	in->n = out;
 	if (!out)
-		drill.active--;
+		__atomic_sub_fetch(&drill.active, 1, __ATOMIC_RELAXED);
 }
 
 void r2cc_drill_qp_destroyed(struct ibv_qp *qp)
@@ -646,7 +646,7 @@ void r2cc_drill_cq_destroyed(struct ibv_cq *cq)
 	struct inject *in = r2cc_hmap_del(&drill.inj, (uint64_t)(uintptr_t)cq);
 	if (in) {
 		if (in->n)
-			drill.active--;
+			__atomic_sub_fetch(&drill.active, 1, __ATOMIC_RELAXED);
 		free(in->v);
 		free(in);
 	}
