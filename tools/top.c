@@ -1,23 +1,18 @@
 /*
  * `r2cc top`: the live per-NIC view of every R2CC process on this node, from
- * the statistics pages the library publishes in /dev/shm (shim/stats.h). Each
- * refresh shows, per process and NIC, the NIC's state and the send rate (bytes
- * and work requests posted per second), receive completions per second and
- * error completions; with --prometheus it prints the counters once in the
+ * the statistics pages the library publishes in /dev/shm (shim/stats.h), read
+ * through tools/pages.h as `r2cc exporter` reads them. Each refresh shows,
+ * per process and NIC, the NIC's state and the send rate (bytes and work
+ * requests posted per second), receive completions per second and error
+ * completions; with --prometheus it prints the counters once in the
  * Prometheus text exposition format instead.
  */
 #include "tools/top.h"
-#include "shim/stats.h"
+#include "tools/pages.h"
 
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,82 +20,63 @@
 
 struct proc {
 	char name[256];
-	const struct r2cc_stats_page *page;
+	struct r2cc_stats_page *page; /* the last copy read (tools/pages.h) */
+	bool gone;		      /* its process ended, or its page went */
 	struct r2cc_nic_counters last[R2CC_MAX_NICS];
 };
 
 static int nprocs;
 static struct proc procs[MAX_PROCS];
 
-static bool alive(int pid)
-{
-	return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
-}
+struct scan_arg {
+	bool clean;
+	int *stale_count;
+	struct r2cc_stats_page *buf;
+};
 
-static const struct r2cc_stats_page *map_page(const char *name, bool *stale)
+static bool scan_one(const char *name, void *arg)
 {
-	char path[300];
-	snprintf(path, sizeof(path), "/dev/shm/%s", name);
-	int fd = open(path, O_RDONLY);
-	if (fd < 0)
-		return NULL;
-	struct stat st;
-	void *p = MAP_FAILED;
-	if (fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(struct r2cc_stats_page))
-		p = mmap(NULL, sizeof(struct r2cc_stats_page), PROT_READ, MAP_SHARED, fd, 0);
-	close(fd);
-	if (p == MAP_FAILED)
-		return NULL;
-	const struct r2cc_stats_page *pg = p;
-	if (__atomic_load_n(&pg->magic, __ATOMIC_ACQUIRE) != R2CC_STATS_MAGIC ||
-	    pg->version != R2CC_STATS_VERSION || pg->nic_size != sizeof(struct r2cc_nic)) {
-		munmap(p, sizeof(struct r2cc_stats_page));
-		return NULL;
+	struct scan_arg *a = arg;
+	for (int i = 0; i < nprocs; i++)
+		if (!strcmp(procs[i].name, name))
+			return true;
+	if (!a->buf && !(a->buf = malloc(sizeof(*a->buf))))
+		return false;
+	enum r2cc_page_state st = r2cc_page_read(name, a->buf, NULL, 0);
+	if (st == R2CC_PAGE_STALE) {
+		(*a->stale_count)++;
+		if (a->clean)
+			r2cc_page_remove(name);
+		return true;
 	}
-	*stale = !alive(pg->pid);
-	return pg;
+	if (st != R2CC_PAGE_LIVE)
+		return true;
+	if (nprocs == MAX_PROCS)
+		return false;
+	struct proc *p = &procs[nprocs++];
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->page = a->buf;
+	a->buf = NULL;
+	for (int i = 0; i < r2cc_page_nnics(p->page); i++)
+		p->last[i] = p->page->nics[i].cnt;
+	return true;
 }
 
-/* Map every live page not mapped yet; with clean, remove stale ones. */
+/* Read every live page not known yet; with clean, remove stale ones. */
 static void scan(bool clean, int *stale_count)
 {
-	DIR *d = opendir("/dev/shm");
-	if (!d)
-		return;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		if (strncmp(e->d_name, R2CC_STATS_PREFIX, strlen(R2CC_STATS_PREFIX)))
-			continue;
-		bool known = false;
-		for (int i = 0; i < nprocs && !known; i++)
-			known = !strcmp(procs[i].name, e->d_name);
-		if (known)
-			continue;
-		bool stale = false;
-		const struct r2cc_stats_page *pg = map_page(e->d_name, &stale);
-		if (!pg)
-			continue;
-		if (stale) {
-			(*stale_count)++;
-			if (clean) {
-				char path[300];
-				snprintf(path, sizeof(path), "/dev/shm/%s", e->d_name);
-				unlink(path);
-			}
-			munmap((void *)pg, sizeof(*pg));
-			continue;
-		}
-		if (nprocs == MAX_PROCS) {
-			munmap((void *)pg, sizeof(*pg));
-			break;
-		}
-		struct proc *p = &procs[nprocs++];
-		snprintf(p->name, sizeof(p->name), "%s", e->d_name);
-		p->page = pg;
-		for (int i = 0; i < pg->nnics && i < R2CC_MAX_NICS; i++)
-			p->last[i] = pg->nics[i].cnt;
-	}
-	closedir(d);
+	struct scan_arg a = {clean, stale_count, NULL};
+	r2cc_pages_each(scan_one, &a);
+	free(a.buf);
+}
+
+/* Read the known pages again; a process whose page is no longer live is gone. */
+static void refresh(void)
+{
+	for (int i = 0; i < nprocs; i++)
+		if (!procs[i].gone &&
+		    r2cc_page_read(procs[i].name, procs[i].page, NULL, 0) != R2CC_PAGE_LIVE)
+			procs[i].gone = true;
 }
 
 static const char *nic_state(const struct r2cc_nic *n)
@@ -125,9 +101,9 @@ static void print_table(double secs)
 	int rows = 0;
 	for (int i = 0; i < nprocs; i++) {
 		struct proc *p = &procs[i];
-		if (!alive(p->page->pid))
+		if (p->gone)
 			continue;
-		int n = __atomic_load_n(&p->page->nnics, __ATOMIC_ACQUIRE);
+		int n = r2cc_page_nnics(p->page);
 		for (int j = 0; j < n && j < R2CC_MAX_NICS; j++) {
 			const struct r2cc_nic *nic = &p->page->nics[j];
 			struct r2cc_nic_counters now = nic->cnt;
@@ -165,9 +141,9 @@ static void print_prometheus(void)
 		printf("# TYPE r2cc_nic_%s_total counter\n", names[k]);
 		for (int i = 0; i < nprocs; i++) {
 			const struct r2cc_stats_page *pg = procs[i].page;
-			if (!alive(pg->pid))
+			if (procs[i].gone)
 				continue;
-			int n = __atomic_load_n(&pg->nnics, __ATOMIC_ACQUIRE);
+			int n = r2cc_page_nnics(pg);
 			for (int j = 0; j < n && j < R2CC_MAX_NICS; j++) {
 				const struct r2cc_nic_counters *c = &pg->nics[j].cnt;
 				uint64_t v[] = {c->tx_bytes, c->tx_wrs, c->rx_bytes, c->rx_wrs,
@@ -185,7 +161,7 @@ static void print_prometheus(void)
 	printf("# TYPE r2cc_protected gauge\n");
 	for (int i = 0; i < nprocs; i++) {
 		const struct r2cc_stats_page *pg = procs[i].page;
-		if (!alive(pg->pid))
+		if (procs[i].gone)
 			continue;
 		char why[2 * sizeof(pg->unprotected)];
 		size_t w = 0;
@@ -203,14 +179,14 @@ static void print_prometheus(void)
 	printf("# TYPE r2cc_drill_steps_applied gauge\n");
 	for (int i = 0; i < nprocs; i++) {
 		const struct r2cc_stats_page *pg = procs[i].page;
-		if (alive(pg->pid) && pg->drill_plan[0])
+		if (!procs[i].gone && pg->drill_plan[0])
 			printf("r2cc_drill_steps_applied{host=\"%s\",node=\"%s\",pid=\"%d\"} %d\n",
 			       pg->host, pg->node, pg->pid, pg->drill_applied);
 	}
 	printf("# TYPE r2cc_nic_drilled gauge\n");
 	for (int i = 0; i < nprocs; i++) {
 		const struct r2cc_stats_page *pg = procs[i].page;
-		if (!alive(pg->pid) || !pg->drill_plan[0])
+		if (procs[i].gone || !pg->drill_plan[0])
 			continue;
 		for (int j = 0; j < pg->nnics && j < R2CC_MAX_NICS; j++)
 			printf(
@@ -220,7 +196,7 @@ static void print_prometheus(void)
 	printf("# TYPE r2cc_nic_up gauge\n");
 	for (int i = 0; i < nprocs; i++) {
 		const struct r2cc_stats_page *pg = procs[i].page;
-		if (!alive(pg->pid))
+		if (procs[i].gone)
 			continue;
 		for (int j = 0; j < pg->nnics && j < R2CC_MAX_NICS; j++)
 			printf("r2cc_nic_up{host=\"%s\",node=\"%s\",pid=\"%d\",nic=\"%s\"} %d\n",
@@ -291,6 +267,7 @@ int r2cc_top_main(int argc, char **argv)
 		struct timespec ts = {(time_t)interval,
 				      (long)((interval - (time_t)interval) * 1e9)};
 		nanosleep(&ts, NULL);
+		refresh();
 		scan(false, &stale);
 		if (tty && count != 1)
 			printf("\033[H\033[2J");
