@@ -1,15 +1,16 @@
 # tools/: the r2cc command (build/bin/r2cc, tools/README.md): `doctor`, the
 # pre-flight check, and `top`, the live per-NIC view (built in when tools/top.c
-# is there). doctor compiles the library's own parser (shim/params.c,
+# is there); `exporter` serves top's statistics to Prometheus. doctor compiles
+# the library's own parser (shim/params.c,
 # shim/failspec.c, shim/drillspec.c, shim/log.c) and cost model (strategies/cost.c) in, and
 # dlopen()s libibverbs and libnccl at run time: no link-time dependency on
 # either, nor on CUDA.
 
 R2CC_TOOL      := $(BUILD)/bin/r2cc
 R2CC_TOOL_SRCS := tools/r2cc.c tools/doctor.c tools/doctor_nic.c tools/doctor_env.c \
-	$(wildcard tools/top.c) tools/pages.c
+	$(wildcard tools/top.c) tools/pages.c tools/exporter.c
 R2CC_TOOL_LIBS := shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c intercept/netplugin.c
-R2CC_TOOL_HDRS := tools/doctor.h $(wildcard tools/top.h) tools/pages.h shim/params.h shim/failspec.h shim/log.h \
+R2CC_TOOL_HDRS := tools/doctor.h $(wildcard tools/top.h) tools/pages.h tools/exporter.h shim/params.h shim/failspec.h shim/log.h \
 	strategies/cost.h intercept/netplugin.h $(wildcard shim/stats.h shim/registry.h)
 
 $(R2CC_TOOL): $(R2CC_TOOL_SRCS) $(R2CC_TOOL_LIBS) $(R2CC_TOOL_HDRS)
@@ -30,7 +31,7 @@ $(DOCTOR_TDIR)/hold: tests/doctor/hold.c
 ALL_TARGETS += $(R2CC_TOOL)
 TEST_DEPS   += $(R2CC_TOOL) $(DOCTOR_TDIR)/nccl/libnccl.so.2 $(DOCTOR_TDIR)/hold
 CPU_TESTS   += 60@tests/doctor/run.sh:$(BUILD)
-FORMAT_SRCS += $(R2CC_TOOL_SRCS) tools/doctor.h $(wildcard tools/top.h) tools/pages.h tests/doctor/nccl_stub.c tests/doctor/hold.c
+FORMAT_SRCS += $(R2CC_TOOL_SRCS) tools/doctor.h $(wildcard tools/top.h) tools/pages.h tools/exporter.h tests/doctor/nccl_stub.c tests/doctor/hold.c
 
 # r2cc top against live processes (the drill under the preload).
 TEST_DEPS   += $(BUILD)/bin/r2cc-verbs-drill $(BUILD)/tests/preload/verbs_preload

@@ -11,6 +11,7 @@
 
 /* tools/top.h, declared here so that the front builds without it. */
 int r2cc_top_main(int argc, char **argv) __attribute__((weak));
+int r2cc_exporter_main(int argc, char **argv); /* tools/exporter.c */
 
 static const struct {
 	const char *name;
@@ -19,6 +20,7 @@ static const struct {
 } commands[] = {
     {"doctor", r2cc_doctor_main, "check whether R2CC can repair NIC failures on this machine"},
     {"top", r2cc_top_main, "live per-NIC statistics of the R2CC processes on this node"},
+    {"exporter", r2cc_exporter_main, "serve the node's R2CC statistics to Prometheus"},
 };
 
 static void usage(FILE *o)
