@@ -23,6 +23,7 @@ command -v python3 >/dev/null || need+=(python3)
 for p in perftest ibverbs-utils rdmacm-utils python3-pyverbs ibverbs-providers; do
 	dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
+dpkg -s python3-prometheus-client >/dev/null 2>&1 || need+=(python3-prometheus-client) # tests/exporter's parser
 # clang with libFuzzer, for the fuzz targets only (tests/fuzz).
 { command -v clang >/dev/null && [ -e "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a)" ]; } ||
 	need+=(clang libclang-rt-dev)

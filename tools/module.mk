@@ -36,3 +36,12 @@ FORMAT_SRCS += $(R2CC_TOOL_SRCS) tools/doctor.h $(wildcard tools/top.h) tools/pa
 # r2cc top against live processes (the drill under the preload).
 TEST_DEPS   += $(BUILD)/bin/r2cc-verbs-drill $(BUILD)/tests/preload/verbs_preload
 CPU_TESTS   += 60@tests/top/run.sh:$(BUILD)
+
+# r2cc exporter against a live drill job and fake pages (tests/exporter/run.sh).
+$(BUILD)/tests/exporter/fakepage: tests/exporter/fakepage.c shim/stats.h shim/registry.h
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $<
+
+TEST_DEPS   += $(BUILD)/tests/exporter/fakepage
+CPU_TESTS   += 60@tests/exporter/run.sh:$(BUILD)
+FORMAT_SRCS += tests/exporter/fakepage.c
