@@ -9,6 +9,7 @@
 #   * r2cc_repairs_total of the job's processes rose, per drill label, by the
 #     number of repairs in their R2CC reports (incidents that are neither
 #     declared nor failbacks);
+#   * promtool check metrics has nothing to say about a scrape with the job;
 #   * rate(r2cc_nic_tx_bytes_total[4s]) of the drilled NIC in the drilled
 #     process was above 0 before the cut and 0 from the repair (plus the
 #     window) to the end, while the process's other NICs carried on.
@@ -88,7 +89,19 @@ echo "exporter on $exp (as $who), prometheus $(prometheus --version 2>&1 | head 
 t0=$(date +%s.%N)
 sleep 2 # a few scrapes before the job
 TMPDIR=$tmp "$B"/bin/r2cc-verbs-drill --fault none --drill-plan 'node1/mlx5_1=blackhole@5s' \
-	--nccl-stub --time-scale 1 --messages 20000 --seeds 1 --timeout 180 --keep >"$tmp/drill.out" 2>&1
+	--nccl-stub --time-scale 1 --messages 20000 --seeds 1 --timeout 180 --keep >"$tmp/drill.out" 2>&1 &
+drill=$!
+bg+=("$drill")
+# Prometheus' own linter on a scrape with the job in it.
+for _ in $(seq 100); do
+	get "http://$exp/metrics" >"$tmp/scrape"
+	pids=$(pgrep -P "$drill" | paste -sd'|')
+	[ -n "$pids" ] && [ "$(grep -cE "^r2cc_nic_up\{.*pid=\"($pids)\"" "$tmp/scrape")" -ge 6 ] && break
+	sleep 0.2
+done
+lint=$(promtool check metrics <"$tmp/scrape" 2>&1) || fail "promtool check metrics: $lint"
+echo "promtool check metrics: $(grep -c '^r2cc_' "$tmp/scrape") samples, ${lint:-no complaint}"
+wait "$drill"
 rc=$?
 cat "$tmp/drill.out"
 [ $rc -eq 0 ] || fail "the drill failed (exit $rc)"
