@@ -35,10 +35,25 @@ $(SPANK_SETTINGS_TEST): tests/ops/slurm_settings.c ops/slurm/settings.c $(SPANK_
 
 TEST_DEPS   += $(SPANK_SETTINGS_TEST)
 CPU_TESTS   += 60@$(SPANK_SETTINGS_TEST):--jobs=2
-FORMAT_SRCS += $(SPANK_R2CC_SRCS) ops/slurm/settings.h tests/ops/slurm_settings.c
+FORMAT_SRCS += $(SPANK_R2CC_SRCS) ops/slurm/settings.h tests/ops/slurm_settings.c \
+	       tests/ops/slurm_task.c
 
+# `make test-ops` (tests/ops/module.mk): Slurm's own daemons on this machine, two nodes,
+# `srun --r2cc -N 2` through a fault (tests/ops/slurm.sh). slurm-task is one task of
+# that job: a worker of the verbs drill (tests/drill), on the emulated node its Slurm
+# node names.
+SLURM_TASK := $(BUILD)/tests/ops/slurm-task
+
+$(SLURM_TASK): tests/ops/slurm_task.c tests/drill/drill.h
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ tests/ops/slurm_task.c
+
+OPS_DEPS    += $(SLURM_TASK) $(DRILL) $(DRILL_RUNTIME)
+OPS_TESTS   += 300@tests/ops/slurm.sh:$(BUILD)
 ifneq ($(wildcard $(SLURM_INCLUDE)/slurm/spank.h),)
 ALL_TARGETS += $(SPANK_R2CC)
+OPS_DEPS    += $(SPANK_R2CC)
 else ifeq ($(MAKELEVEL),0)
+# test-ops still runs the Slurm test, which then says what is missing and fails.
 $(info ops/slurm: no $(SLURM_INCLUDE)/slurm/spank.h: spank_r2cc.so (srun --r2cc) is not built; apt-get install libslurm-dev)
 endif
