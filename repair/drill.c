@@ -699,11 +699,60 @@ static bool member_is(const struct r2cc_ctl_member *m, const struct target *t)
  * process holds: those of its peers). Takes r2cc_eng.mu; drill.mu not held. 0, 1
  * (not yet: no directory), or -1 with why.
  */
-static int resolve(struct target *t, char *why, size_t len)
+/*
+ * The members of the peers this process's queue pairs reach, as the rendezvous has
+ * them now: a member fetched before its process reported the NICs it uses (at the
+ * first message to it) names none of them. One request, by the remote addresses of
+ * the connected queue pairs; the directory is borrowed meanwhile (not freed).
+ * Neither lock held.
+ */
+static void refresh_members(void)
+{
+	enum { MAX = 256 };
+	struct r2cc_ctl_nicaddr addrs[MAX];
+	int n = 0;
+	pthread_mutex_lock(&drill.mu);
+	struct r2cc_hmap *h = &drill.by_qp;
+	for (size_t i = 0; i < h->cap && n < MAX; i++) {
+		const struct dqp *d = h->vals[i];
+		if (!d || !d->remote.kind || (d->state != IBV_QPS_RTR && d->state != IBV_QPS_RTS))
+			continue;
+		int j = 0;
+		while (j < n && !addr_eq(&addrs[j], &d->remote))
+			j++;
+		if (j == n)
+			addrs[n++] = d->remote;
+	}
+	pthread_mutex_unlock(&drill.mu);
+	if (!n)
+		return;
+	pthread_mutex_lock(&r2cc_eng.mu);
+	const struct r2cc_ctl_dir *dir = r2cc_eng.ndirs ? r2cc_eng.dirs[0] : NULL;
+	r2cc_eng.dir_borrowed = dir;
+	pthread_mutex_unlock(&r2cc_eng.mu);
+	static int owners[MAX * 4], nowners[MAX];
+	int rc = dir ? r2cc_ctl_dir_owners(dir, addrs, n, owners, 4, nowners, 2000) : 0;
+	if (rc)
+		R2CC_INFO("drill: cannot ask the rendezvous for the peers' NICs (%s); the "
+			  "members held are used",
+			  strerror(-rc));
+	pthread_mutex_lock(&r2cc_eng.mu);
+	r2cc_eng.dir_borrowed = NULL;
+	pthread_mutex_unlock(&r2cc_eng.mu);
+}
+
+static int resolve(struct target *t, bool refresh, char *why, size_t len)
 {
 	char host[256], key[256];
 	r2cc_host_name(host, sizeof(host));
 	r2cc_node_key(key, sizeof(key));
+	bool mine_now =
+	    t->node >= 0 ? false : host_matches(t->host, host) || host_matches(t->host, key);
+	pthread_mutex_lock(&r2cc_eng.mu);
+	bool mine_idx = t->node >= 0 && t->node == r2cc_eng.node_index;
+	pthread_mutex_unlock(&r2cc_eng.mu);
+	if (refresh && !mine_now && !mine_idx)
+		refresh_members();
 	pthread_mutex_lock(&r2cc_eng.mu);
 	int me = r2cc_eng.node_index;
 	const struct r2cc_ctl_dir *dir = r2cc_eng.ndirs ? r2cc_eng.dirs[0] : NULL;
@@ -749,9 +798,11 @@ static int resolve(struct target *t, char *why, size_t len)
 		goto out;
 	}
 	bool node_seen = false;
+	int held = 0;
 	for (int d = 0; d < r2cc_eng.ndirs; d++)
 		for (int r = 0; r < r2cc_eng.dirs[d]->nranks; r++) {
 			const struct r2cc_ctl_member *m = r2cc_ctl_dir_member(r2cc_eng.dirs[d], r);
+			held += m != NULL;
 			/* node indices are the first directory's */
 			if (!m || (t->node >= 0 && d) || !member_is(m, t))
 				continue;
@@ -837,7 +888,7 @@ static void publish(void);
 
 /* The target of step k, made and resolved now; drill.mu held (let go meanwhile).
  * Returns its index and resolve()'s result. */
-static int target_of(int k, int *rc, char *why, size_t len)
+static int target_of(int k, bool refresh, int *rc, char *why, size_t len)
 {
 	const struct r2cc_drill_step *s = &drill.plan.steps[k];
 	int ti;
@@ -854,7 +905,12 @@ static int target_of(int k, int *rc, char *why, size_t len)
 	}
 	struct target tmp = drill.tg[ti];
 	pthread_mutex_unlock(&drill.mu);
-	*rc = resolve(&tmp, why, len);
+	*rc = resolve(&tmp, refresh, why, len);
+	/* another node's NIC no member held names: ask the rendezvous again */
+	if (!*rc && !refresh && tmp.mine != 1 && !tmp.naddr) {
+		why[0] = '\0';
+		*rc = resolve(&tmp, true, why, len);
+	}
 	pthread_mutex_lock(&drill.mu);
 	struct target *t = &drill.tg[ti];
 	if (!*rc) {
@@ -873,7 +929,7 @@ static void fire(int k, int64_t now)
 	struct step_state *st = &drill.st[k];
 	char name[200], why[160] = "";
 	int rc;
-	int ti = target_of(k, &rc, why, sizeof(why));
+	int ti = target_of(k, false, &rc, why, sizeof(why));
 	if (rc > 0)
 		return; /* again at the next tick */
 	step_name(s, name, sizeof(name));
@@ -1010,15 +1066,18 @@ static void *drill_main(void *arg)
 			pending = true;
 			if (!origin_known(s))
 				continue;
-			if (!drill.pre[k]) { /* ahead of its time, once (again while unresolved) */
+			int64_t t0 = s->from_init ? drill.t0_init : drill.t0_coll;
+			if (now >= t0 + s->at_ms * 1000000) {
+				fire(k, now); /* due: its NIC's addresses from what is held */
+			} else if (!drill.pre[k]) {
+				/* ahead of its time (once; again while unresolved): the
+				 * peers' members asked for, and incidents on its paths are
+				 * a drill's even before this process's own step */
 				char why[160];
 				int rc;
-				int ti = target_of(k, &rc, why, sizeof(why));
+				int ti = target_of(k, true, &rc, why, sizeof(why));
 				drill.pre[k] = drill.tg[ti].resolved || rc < 0;
 			}
-			int64_t t0 = s->from_init ? drill.t0_init : drill.t0_coll;
-			if (now >= t0 + s->at_ms * 1000000)
-				fire(k, now);
 		}
 		tick(now);
 		bool flap = false;
@@ -1131,10 +1190,17 @@ void r2cc_drill_report(FILE *text, FILE *json)
 		struct step_state *st = &drill.st[k];
 		if (!st->state) {
 			int64_t t0 = s->from_init ? drill.t0_init : drill.t0_coll;
-			if (t0)
+			int64_t left = t0 + s->at_ms * 1000000 - now;
+			if (t0 && left > 0)
 				snprintf(st->why, sizeof(st->why),
 					 "the process ended %lld ms before its time",
-					 (long long)(t0 + s->at_ms * 1000000 - now) / 1000000);
+					 (long long)(left / 1000000));
+			else if (t0)
+				snprintf(
+				    st->why, sizeof(st->why),
+				    "the process ended %lld ms after its time, before the drill's "
+				    "thread applied it",
+				    (long long)(-left / 1000000));
 			else
 				snprintf(st->why, sizeof(st->why), "the process never reached %s",
 					 s->from_init

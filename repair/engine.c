@@ -245,6 +245,7 @@ static void dirs_sweep_locked(void)
 	for (struct retired_dir **pp = &r2cc_eng.retired; *pp;) {
 		struct retired_dir *rd = *pp;
 		bool used = false;
+		used = r2cc_eng.dir_borrowed == rd->dir;
 		for (struct r2cc_rqp *r = r2cc_eng.all; r && !used; r = r->next_all)
 			used = !r->dead && r->dir == rd->dir;
 		if (used) {

@@ -546,6 +546,8 @@ struct r2cc_engine {
 	uint64_t selftests_passed, selftests_failed, selftests_inconclusive;
 	struct r2cc_failspec declared; /* R2CC_FAILED_NODE / R2CC_FAILED_HCA */
 	int node_index;		       /* this process's node in the job, -1 unknown */
+	/* a directory R2CC_DRILL reads outside r2cc_eng.mu (repair/drill.c): not freed */
+	const struct r2cc_ctl_dir *dir_borrowed;
 	uint64_t next_pair;
 };
 
