@@ -1098,19 +1098,10 @@ static void start_thread(void)
 	if (drill.thread_started)
 		return;
 	drill.thread_started = true;
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	pthread_t t;
-	if (pthread_create(&t, &attr, drill_main, NULL)) {
+	if (r2cc_thread_start(drill_main, NULL, "r2cc-drill")) {
 		drill.thread_started = false;
 		R2CC_WARN("drill: cannot start its thread; no drill runs");
 	}
-	pthread_attr_destroy(&attr);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 static void at_origin(int64_t *t0, const char *what)

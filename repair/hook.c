@@ -252,21 +252,9 @@ void r2cc_hook_wake(void)
 	pthread_mutex_lock(&hook_mu);
 	if (!hook_started) {
 		hook_started = true;
-		sigset_t all, old;
-		sigfillset(&all);
-		pthread_sigmask(SIG_SETMASK, &all, &old);
-		pthread_attr_t attr;
-		pthread_attr_init(&attr);
-		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		pthread_t th;
-		if (pthread_create(&th, &attr, hook_main, NULL)) {
+		if (r2cc_thread_start(hook_main, NULL, "r2cc-hook"))
 			R2CC_WARN(
 			    "R2CC_ON_INCIDENT: cannot start its thread; incidents are not told");
-		} else {
-			pthread_setname_np(th, "r2cc-hook");
-		}
-		pthread_attr_destroy(&attr);
-		pthread_sigmask(SIG_SETMASK, &old, NULL);
 	}
 	hook_woken = true;
 	pthread_cond_signal(&hook_cond);

@@ -16,6 +16,7 @@
 #include "shim/stats.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -90,6 +91,23 @@ void r2cc_note_nccl_version(int code)
 		    major, minor, patch);
 		__atomic_store_n(&r2cc_state, -1, __ATOMIC_RELEASE);
 	}
+}
+
+int r2cc_thread_start(void *(*fn)(void *), void *arg, const char *name)
+{
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pthread_t t;
+	int rc = pthread_create(&t, &attr, fn, arg);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_attr_destroy(&attr);
+	if (!rc)
+		pthread_setname_np(t, name);
+	return rc;
 }
 
 const char *r2cc_host_name(char *buf, size_t len)
