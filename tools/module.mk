@@ -8,7 +8,7 @@
 
 R2CC_TOOL      := $(BUILD)/bin/r2cc
 R2CC_TOOL_SRCS := tools/r2cc.c tools/doctor.c tools/doctor_nic.c tools/doctor_env.c \
-	$(wildcard tools/top.c) tools/pages.c tools/exporter.c
+	$(wildcard tools/top.c) tools/run.c tools/pages.c tools/exporter.c
 R2CC_TOOL_LIBS := shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c intercept/netplugin.c
 R2CC_TOOL_HDRS := tools/doctor.h $(wildcard tools/top.h) tools/pages.h tools/exporter.h shim/params.h shim/failspec.h shim/log.h \
 	strategies/cost.h intercept/netplugin.h $(wildcard shim/stats.h shim/registry.h)
@@ -36,6 +36,13 @@ FORMAT_SRCS += $(R2CC_TOOL_SRCS) tools/doctor.h $(wildcard tools/top.h) tools/pa
 # r2cc top against live processes (the drill under the preload).
 TEST_DEPS   += $(BUILD)/bin/r2cc-verbs-drill $(BUILD)/tests/preload/verbs_preload
 CPU_TESTS   += 60@tests/top/run.sh:$(BUILD)
+
+# r2cc run (tools/run.c): exit status, the child's environment, bad settings refused,
+# under the test double of mpirun, and --summary over the soft device and a drill.
+TEST_DEPS   += $(R2CC_TOOL) $(BUILD)/tests/preload/verbs_preload \
+	       $(BUILD)/tests/preload/verbs_preload_direct $(BUILD)/bin/r2cc-verbs-drill \
+	       $(BUILD)/bin/softverbs-ctl $(BUILD)/tests/ncclstub/libnccl.so.2
+CPU_TESTS   += 60@tests/run/run.sh:$(BUILD)
 
 # r2cc exporter against a live drill job and fake pages (tests/exporter/run.sh).
 $(BUILD)/tests/exporter/fakepage: tests/exporter/fakepage.c shim/stats.h shim/registry.h

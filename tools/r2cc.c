@@ -12,6 +12,8 @@
 /* tools/top.h, declared here so that the front builds without it. */
 int r2cc_top_main(int argc, char **argv) __attribute__((weak));
 int r2cc_exporter_main(int argc, char **argv); /* tools/exporter.c */
+/* tools/run.c */
+int r2cc_run_main(int argc, char **argv);
 
 static const struct {
 	const char *name;
@@ -21,6 +23,7 @@ static const struct {
     {"doctor", r2cc_doctor_main, "check whether R2CC can repair NIC failures on this machine"},
     {"top", r2cc_top_main, "live per-NIC statistics of the R2CC processes on this node"},
     {"exporter", r2cc_exporter_main, "serve the node's R2CC statistics to Prometheus"},
+    {"run", r2cc_run_main, "run a command (or each rank of a launcher) under R2CC"},
 };
 
 static void usage(FILE *o)
