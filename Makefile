@@ -20,6 +20,18 @@ CC        ?= cc
 NCCL_INC := $(firstword $(foreach d,$(if $(NCCL_HOME),$(NCCL_HOME)/include) $(CUDA_HOME)/include /usr/include $(BUILD)/deps/nccl/include,$(if $(wildcard $(d)/nccl.h),$(d))))
 CUDA_INC := $(firstword $(foreach d,$(CUDA_HOME)/include $(BUILD)/deps/cuda/include,$(if $(wildcard $(d)/cuda_runtime_api.h),$(d))))
 
+# Build dependencies: a missing header or tool stops `make` here, with the list and the
+# command that installs them (scripts/deps.sh --check: one $(CC) -E probe when all is
+# there), instead of a compiler error halfway through. Goals that install them first
+# (deps, test, demo: their own build comes after) or build nothing skip it, and so does
+# DEPS_CHECK=0.
+DEPS_CHECK_SKIP := deps test demo clean format test-ops test-asan test-asan-ci test-tsan
+ifeq ($(DEPS_CHECK)$(filter $(DEPS_CHECK_SKIP),$(MAKECMDGOALS)),)
+ifneq ($(shell CC='$(CC)' NCCL_INC='$(NCCL_INC)' scripts/deps.sh --check >&2; echo $$?),0)
+$(error missing build dependencies (listed above))
+endif
+endif
+
 WARN     := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wmissing-prototypes
 CSTD     := -std=c11 -D_GNU_SOURCE
 OPT      ?= -O2 -g
@@ -46,7 +58,7 @@ FORMAT_SRCS  :=
 
 # tests/sanitize comes last: its test-build lists every module's TEST_DEPS when it is read.
 MODULES := shim intercept repair strategies tests tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tests/compat tools bench \
-	   tests/fuzz tests/fault tests/ops ops/slurm tests/sanitize
+	   tests/fuzz tests/fault tests/ops ops/slurm packaging tests/sanitize
 include $(wildcard $(MODULES:%=%/module.mk))
 
 LIBR2CC_OBJS := $(LIBR2CC_SRCS:%.c=$(BUILD)/obj/%.o)

@@ -6,8 +6,46 @@
 # targets). Also makes sure
 # nccl.h is reachable (from CUDA_HOME, the system, or the nvidia-nccl-cu12 wheel
 # unpacked under build/deps). Quiet when everything is already there.
+#
+#   scripts/deps.sh --check   installs nothing: checks what a plain `make` needs (the
+#                             compiler, the verbs and OpenSSL headers, nccl.h) and, when
+#                             something is missing, lists it with the command that
+#                             installs it and exits 1. The top Makefile runs it first.
+#                             CC: the compiler to probe (default cc); NCCL_INC: the
+#                             folder with nccl.h that the Makefile found (empty: none).
 set -eu
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = --check ]; then
+	cc=${CC:-cc}
+	# package:header pairs, probed through the compiler as the build will include them.
+	hdrs=(libc6-dev:stdio.h linux-libc-dev:rdma/ib_user_verbs.h libibverbs-dev:infiniband/verbs.h
+		libibverbs-dev:infiniband/mlx5dv.h libssl-dev:openssl/evp.h)
+	probe() { printf '#include <%s>\n' "$@" | $cc -E -x c - >/dev/null 2>&1; }
+	missing=() pkgs=()
+	if ! command -v "${cc%% *}" >/dev/null; then
+		missing+=("${cc%% *} (the C compiler)"); pkgs+=(gcc)
+	elif ! probe "${hdrs[@]#*:}"; then
+		for h in "${hdrs[@]}"; do
+			probe "${h#*:}" && continue
+			missing+=("${h#*:} (${h%%:*})")
+			case " ${pkgs[*]} " in *" ${h%%:*} "*) ;; *) pkgs+=("${h%%:*}") ;; esac
+		done
+	fi
+	nccl=0
+	if [ -z "${NCCL_INC:-}" ]; then
+		missing+=("nccl.h (NCCL's headers: none under NCCL_HOME, CUDA_HOME, /usr/include or build/deps)")
+		nccl=1
+	fi
+	[ ${#missing[@]} -eq 0 ] && exit 0
+	SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo "
+	echo "R2CC cannot be built here yet; missing:"
+	printf '  %s\n' "${missing[@]}"
+	echo "Install them with:"
+	[ ${#pkgs[@]} -eq 0 ] || echo "  ${SUDO}apt-get install ${pkgs[*]}"
+	[ $nccl -eq 0 ] || echo "  scripts/deps.sh   (unpacks nccl.h from PyPI's nvidia-nccl-cu12 wheel; or set NCCL_HOME)"
+	echo "or run 'make deps', which installs everything the build and the tests need."
+	exit 1
+fi
 need=()
 have_hdr() { [ -e "$1" ]; }
 have_hdr /usr/include/infiniband/verbs.h || need+=(libibverbs-dev)
