@@ -45,3 +45,6 @@ CPU_TESTS += 120@tests/ops/install.sh:$(BUILD)
 # make test-ops (tests/ops/module.mk): lintian on the package; dpkg -i, an upgrade to
 # a second version, dpkg -r and dpkg -P on this machine (root).
 OPS_TESTS += 300@tests/ops/deb.sh:$(BUILD)
+# make test-ops: r2cc run under the real mpirun (Open MPI), tests/run/run.sh's checks.
+# (Here rather than in tools/module.mk, which is read before tests/ops sets OPS_TESTS.)
+OPS_TESTS += 120@tests/ops/mpirun.sh:$(BUILD)

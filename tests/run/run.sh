@@ -3,7 +3,7 @@
 # that cannot run), LD_PRELOAD and the settings reach COMMAND and nothing else (the
 # caller's other preloads kept), a bad setting is one error naming it and nothing runs,
 # it works as the program of mpirun (the repository's test double,
-# tests/compat/fake/mpirun), and --summary prints one line per process's exit report:
+# tests/compat/fake/mpirun, or the real one in TEST_MPIRUN: tests/ops/mpirun.sh), and --summary prints one line per process's exit report:
 # from real processes over the software RDMA device, and from the reports of a drill
 # whose fault R2CC_DRILL made and R2CC repaired.
 #   tests/run/run.sh BUILD
@@ -11,7 +11,7 @@ set -u
 B=$(cd "${1:-build}" && pwd)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 LIB=$B/lib/libr2cc.so
-MPIRUN=$ROOT/tests/compat/fake/mpirun
+read -r -a MPIRUN <<<"${TEST_MPIRUN:-$ROOT/tests/compat/fake/mpirun}"
 T=$(mktemp -d)
 export SOFTVERBS_FABRIC=r2cc-run-$$
 trap '"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" reset >/dev/null 2>&1; rm -rf "$T"' EXIT
@@ -106,14 +106,22 @@ bad "an inherited bad value" "from the environment" env R2CC_DEBUG=LOUD "${R2CC[
 bad "--set without =" "NAME=VALUE" "${R2CC[@]}" run --set R2CC_MODE
 
 # --- under mpirun: exit status and one summary per rank over the soft device -------------
-expect_rc 3 "mpirun -np 2 r2cc run (ranks exit 3 and 4)" \
-	"$MPIRUN" -np 2 "${R2CC[@]}" run -- sh -c 'exit $((OMPI_COMM_WORLD_RANK + 3))'
+echo "mpirun: ${MPIRUN[*]}"
+expect_rc 3 "mpirun -np 2 r2cc run (both ranks exit 3)" "${MPIRUN[@]}" -np 2 "${R2CC[@]}" run -- sh -c 'exit 3'
+# r2cc run becomes the rank: the rank's parent is the launcher, without the library.
+"${MPIRUN[@]}" -np 2 "${R2CC[@]}" run -- sh -c \
+	'echo "$(grep -c libr2cc.so /proc/$PPID/maps) $(grep -c libr2cc.so /proc/self/maps)"' >"$T/out" 2>"$T/err"
+if [ "$(awk '$1 == 0 && $2 > 0' "$T/out" | wc -l)" = 2 ]; then
+	ok "under mpirun each rank preloads libr2cc.so, the launcher does not"
+else
+	fail "preload under mpirun"; cat "$T/out" "$T/err"
+fi
 export LD_LIBRARY_PATH=$B/softverbs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export SOFTVERBS_NODE=node0 SOFTVERBS_NICS=mlx5_0:100
 # The drill plan's step waits for a collective that this verbs program never makes:
 # each report must say 0 of its 1 step applied.
 mkdir "$T/tmp"
-TMPDIR=$T/tmp "$MPIRUN" -np 2 "${R2CC[@]}" run --summary --drill "node0/mlx5_0=down@1s" -- \
+TMPDIR=$T/tmp "${MPIRUN[@]}" -np 2 "${R2CC[@]}" run --summary --drill "node0/mlx5_0=down@1s" -- \
 	"$B"/tests/preload/verbs_preload --expect-wrapped >"$T/out" 2>"$T/err"
 rc=$?
 lines=$(grep -cE '^r2cc run: host=[^ ]+ node=[^ ]+ pid=[0-9]+ nics=1 down=0 incidents=0 drill_incidents=0 repaired=0 failed=0 failbacks=0 drill_steps=0/1 protected=yes$' "$T/err")
