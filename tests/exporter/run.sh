@@ -144,8 +144,8 @@ s6=$!
 sleep 300 &
 s7=$!
 bg+=("$s1" "$s2" "$s3" "$s4" "$s5" "$s6" "$s7")
-dead=999999
-while kill -0 "$dead" 2>/dev/null; do dead=$((dead + 1)); done
+# Above pid_max no process can be; $$ keeps it apart from other tests' (top's uses 999999).
+dead=$(($(cat /proc/sys/kernel/pid_max) + $$))
 fake() { fakes+=("r2cc-stats.$1"); "$FAKE" "/dev/shm/r2cc-stats.$@" || fail "fakepage $*"; }
 fake "$dead" "$dead" --nic mlx5_0 # stale: its process is gone
 fakes+=("r2cc-stats.garbage$$")
@@ -154,7 +154,6 @@ fake "$s1" "$s1" --nic mlx5_0 --truncate 4000
 fake "$s2" "$s2" --nic mlx5_0 --version 3
 fake "$s3" "$s3" --nic mlx5_0 --magic 0x1234
 fakes+=("r2cc-stats.$s4" "r2cc-stats.$s5")
-mkfifo "/dev/shm/r2cc-stats.$s4"
 ln -s /etc/hostname "/dev/shm/r2cc-stats.$s5"
 host=$'h"o\\st\nx\xff'
 why=$'network "X" \\ not\nrepaired'
@@ -165,7 +164,13 @@ fake "$s7" "$s7" --nic mlx5_0 --host unreadable
 chmod 600 "/dev/shm/r2cc-stats.$s7"
 [ ${#AS_USER[@]} -gt 0 ] || chmod 000 "/dev/shm/r2cc-stats.$s7"
 
-"$R2CC" exporter --once >"$tmp/f1" 2>"$tmp/f1.err" || fail "exporter --once failed: $(cat "$tmp/f1.err")"
+# A FIFO: opening it to read blocks until a writer comes (an r2cc older than
+# tools/pages.c hangs there), so it stays only for this one run.
+mkfifo "/dev/shm/r2cc-stats.$s4"
+"$R2CC" exporter --once >"$tmp/f1" 2>"$tmp/f1.err"
+rc=$?
+rm -f "/dev/shm/r2cc-stats.$s4"
+[ $rc -eq 0 ] || fail "exporter --once failed: $(cat "$tmp/f1.err")"
 check parse "$tmp/f1" >/dev/null || fail "output with fake pages does not parse"
 for p in "$dead" "$s1" "$s2" "$s3" "$s4" "$s5"; do
 	[ "$(num "$tmp/f1" pid="$p")" = 0 ] || fail "the fake page of $p is exported"
@@ -197,7 +202,7 @@ start_server "$tmp/srv2.log" "${AS_USER[@]+"${AS_USER[@]}"}"
 scrape "$tmp/f2"
 scrape "$tmp/f3"
 [ "$(num "$tmp/f3" pid="$s7")" = 0 ] || fail "the unreadable page is exported"
-[ "$(val "$tmp/f3" __name__=r2cc_exporter_pages state=unreadable)" -ge 3 ] || fail "unreadable pages not counted"
+[ "$(val "$tmp/f3" __name__=r2cc_exporter_pages state=unreadable)" -ge 2 ] || fail "unreadable pages not counted"
 [ "$(grep -c "r2cc-stats.$s7 (unreadable): Permission denied" "$tmp/srv2.log")" = 1 ] ||
 	fail "unreadable page not said once: $(cat "$tmp/srv2.log")"
 [ "$(grep -c "r2cc-stats.garbage$$ " "$tmp/srv2.log")" = 1 ] || fail "garbage said more than once"
