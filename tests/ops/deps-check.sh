@@ -7,6 +7,9 @@
 # before the system's; nccl.h by pointing CUDA_HOME and BUILD where there is none.
 #   tests/ops/deps-check.sh
 set -u
+# The make that runs the tests passes its own variables (a sanitizer's CC, BUILD) down
+# in MAKEFLAGS: the makes here must see only what each case gives them.
+unset MAKEFLAGS MFLAGS MAKELEVEL
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
