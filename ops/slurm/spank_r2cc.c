@@ -14,8 +14,9 @@
  *  - slurm_spank_user_init (slurmstepd, once per step): the same judgement over the
  *    job's environment as it reached the node, and the library must be readable
  *    there. A batch script's (or salloc's interactive) step is left alone: its sruns
- *    inherit --r2cc through the environment and their steps get R2CC. On an error nothing is set; the step then fails if plugstack.conf says
- *    `required`, or runs without R2CC if `optional`, with the error in its output.
+ *    inherit --r2cc through the environment and their steps get R2CC. On an error nothing is set;
+ * the step then fails if plugstack.conf says `required`, or runs without R2CC if `optional`, with
+ * the error in its output.
  *  - slurm_spank_task_init (each task): sets the settings and LD_PRELOAD.
  *
  * Precedence: --r2cc over the job's own R2CC_* variables over defaults=.
