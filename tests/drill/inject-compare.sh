@@ -34,6 +34,7 @@ echo "inject-compare: $SEEDS seed(s) a cell from $FIRST, time scale 1;" \
 
 # One cell's or one kind's row from compare: lines, each prefixed "device " or
 # "drill "; with -v detail=1 each mismatching seed too. Exit status 1 on a mismatch.
+# shellcheck disable=SC2016 # an awk program
 ROW='
 function kv(line, key,   i, n, f) {
 	n = split(line, f, " ")
@@ -105,7 +106,9 @@ END {
 }'
 HEAD='%-13s %-5s %5s %9s %19s %19s %9s %11s %7s %10s\n'
 for kind in $KINDS; do
-	printf "\n$HEAD" fault link procs scenarios device_detect_ms drill_detect_ms qps_moved \
+	echo
+	# shellcheck disable=SC2059 # the table's format
+	printf "$HEAD" fault link procs scenarios device_detect_ms drill_detect_ms qps_moved \
 		migrations wrong mismatches
 	: >"$tmp/kind"
 	for link in ib roce; do
