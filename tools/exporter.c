@@ -3,7 +3,7 @@
  * (shim/stats.h, read through tools/pages.h) as Prometheus metrics, served
  * over HTTP (`--listen ADDR:PORT`, GET /metrics) and/or written for
  * node_exporter's textfile collector (`--textfile DIR`, DIR/r2cc.prom replaced
- * by rename every --interval). One thread, one poll() loop: the listening
+ * by rename every --interval). One thread, one ppoll() loop: the listening
  * socket, the connections (each read until its request's end, answered,
  * closed; 10 s at most each) and the textfile's timer. Every scrape reads the
  * pages anew, so jobs may come and go; a page whose process is gone, or
@@ -438,6 +438,7 @@ static bool render(struct snapshot *s, struct buf *b)
 {
 	collect(s);
 	b->len = 0;
+	b->oom = false;
 	format_all(b, s);
 	return !b->oom;
 }
@@ -508,6 +509,7 @@ static void respond(struct conn *c, const char *status, const char *type, const 
 		    const char *body, size_t len, bool head)
 {
 	c->out.len = 0;
+	c->out.oom = false;
 	buf_printf(&c->out,
 		   "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%sConnection: "
 		   "close\r\n\r\n",
@@ -783,9 +785,18 @@ int r2cc_exporter_main(int argc, char **argv)
 			interval);
 		next_write = now_s() + interval;
 	}
+	/* SIGINT and SIGTERM only come through ppoll(), so none is missed between
+	 * the check of stop and the wait. */
 	struct sigaction sa = {.sa_handler = on_signal};
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	sigset_t block, waitmask;
+	sigemptyset(&block);
+	sigaddset(&block, SIGINT);
+	sigaddset(&block, SIGTERM);
+	sigprocmask(SIG_BLOCK, &block, &waitmask);
+	sigdelset(&waitmask, SIGINT);
+	sigdelset(&waitmask, SIGTERM);
 	fflush(stderr);
 	static struct conn conns[MAX_CONNS];
 	int nconns = 0;
@@ -801,10 +812,12 @@ int r2cc_exporter_main(int argc, char **argv)
 						    .events = conns[i].writing ? POLLOUT : POLLIN};
 		if (lfd >= 0 && nconns < MAX_CONNS)
 			pfd[np++] = (struct pollfd){.fd = lfd, .events = POLLIN};
-		double ms = (wake - t) * 1e3;
-		int rc = poll(pfd, (nfds_t)np, ms <= 0 ? 0 : ms > 3.6e6 ? 3600000 : (int)ms + 1);
+		double secs = wake - t;
+		secs = secs < 0 ? 0 : secs > 3600 ? 3600 : secs + 1e-3;
+		struct timespec ts = {(time_t)secs, (long)((secs - (time_t)secs) * 1e9)};
+		int rc = ppoll(pfd, (nfds_t)np, &ts, &waitmask);
 		if (rc < 0 && errno != EINTR) {
-			fprintf(stderr, "r2cc exporter: poll: %s\n", strerror(errno));
+			fprintf(stderr, "r2cc exporter: ppoll: %s\n", strerror(errno));
 			ret = 1;
 			break;
 		}
