@@ -54,7 +54,5 @@ CPU_TESTS   += 60@tests/exporter/run.sh:$(BUILD)
 FORMAT_SRCS += tests/exporter/fakepage.c
 
 # Debian's real Prometheus scraping the exporter through a drill, in `make test-ops`.
-# tests/ops/module.mk is read after this file and starts OPS_TESTS empty: hence
-# appends for that target only.
-test-ops: OPS_TESTS += 300@tests/ops/prometheus.sh:$(BUILD)
-test-ops: OPS_DEPS  += $(R2CC_TOOL) $(BUILD)/bin/r2cc-verbs-drill $(DRILL_RUNTIME)
+OPS_TESTS += 300@tests/ops/prometheus.sh:$(BUILD)
+OPS_DEPS  += $(R2CC_TOOL) $(BUILD)/bin/r2cc-verbs-drill $(DRILL_RUNTIME)
