@@ -3,7 +3,7 @@
 # exporter (unprivileged where the test runs as root) on one loopback port,
 # prometheus on another with a private TSDB, scraping every second; a drill
 # job (r2cc-verbs-drill under the preload, R2CC_DRILL blackholing node1's
-# mlx5_1 5 s into its traffic) runs for ~20 s and ends. Then, through
+# mlx5_1 1 s after its collective) runs for 20-50 s and ends. Then, through
 # Prometheus' HTTP API, over the job's lifetime (its processes are gone by
 # then; the samples stay in the TSDB):
 #   * r2cc_repairs_total of the job's processes rose, per drill label, by the
@@ -88,8 +88,8 @@ echo "exporter on $exp (as $who), prometheus $(prometheus --version 2>&1 | head 
 
 t0=$(date +%s.%N)
 sleep 2 # a few scrapes before the job
-TMPDIR=$tmp "$B"/bin/r2cc-verbs-drill --fault none --drill-plan 'node1/mlx5_1=blackhole@5s' \
-	--nccl-stub --time-scale 1 --messages 20000 --seeds 1 --timeout 180 --keep >"$tmp/drill.out" 2>&1 &
+TMPDIR=$tmp "$B"/bin/r2cc-verbs-drill --fault none --drill-plan 'node1/mlx5_1=blackhole@1s' \
+	--nccl-stub --time-scale 1 --messages 30000 --seeds 1 --timeout 180 --keep >"$tmp/drill.out" 2>&1 &
 drill=$!
 bg+=("$drill")
 # Prometheus' own linter on a scrape with the job in it.
