@@ -573,7 +573,8 @@ static void run_rm_reports(const char *dir)
 	char pat[PATH_MAX];
 	glob_t g;
 
-	snprintf(pat, sizeof(pat), "%s/r2cc-report.*", dir);
+	if (snprintf(pat, sizeof(pat), "%s/r2cc-report.*", dir) >= (int)sizeof(pat))
+		return; /* a directory of ours: never that long */
 	if (glob(pat, 0, NULL, &g) == 0) {
 		for (size_t i = 0; i < g.gl_pathc; i++)
 			unlink(g.gl_pathv[i]);
