@@ -326,8 +326,11 @@ static void to_error(struct dqp *d, bool retry)
 	set_active(d, was);
 }
 
-/* Applies the targets' state now to d: what it holds and keeps back, a down. */
-static void recompute(struct dqp *d)
+/* Applies the targets' state now to d: what it holds and keeps back, a down. At a
+ * down step (at_step) the queue pairs connected on the NIC go to ERR; one connected
+ * while it is down only loses its traffic (a port that is down takes a connect as
+ * a real one does, and its requests go nowhere). */
+static void recompute(struct dqp *d, bool at_step)
 {
 	unsigned local = 0, remote = 0;
 	bool down_local = false;
@@ -346,7 +349,7 @@ static void recompute(struct dqp *d)
 	bool connected = d->state == IBV_QPS_RTR || d->state == IBV_QPS_RTS;
 	if (!connected)
 		return; /* a dead or unconnected QP: the hardware does what there is to do */
-	if (down_local) {
+	if (down_local && at_step) {
 		d->cut = d->down = true;
 		install(d->ctx);
 		to_error(d, false);
@@ -595,7 +598,7 @@ int r2cc_drill_modify(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
 			set_active(d, was);
 			/* connected while a fault is in effect: it has the fault too */
 			if ((d->state == IBV_QPS_RTR || d->state == IBV_QPS_RTS) && any_cutting())
-				recompute(d);
+				recompute(d, false);
 		}
 	}
 	pthread_mutex_unlock(&drill.mu);
@@ -870,7 +873,7 @@ static int apply_target(struct target *t)
 			continue;
 		if (d->state != IBV_QPS_RTR && d->state != IBV_QPS_RTS)
 			continue; /* not connected: nothing on the wire to cut */
-		recompute(d);
+		recompute(d, true);
 		R2CC_INFO("drill: qp 0x%x on %s (%s end): %s%s%s, %d held, %d kept back", d->qpn,
 			  d->nic ? d->nic->name : "?", is_local(t, d) ? "local" : "remote",
 			  d->down   ? "down"
@@ -945,6 +948,15 @@ static void fire(int k, int64_t now)
 	t->flap_ms = s->arg_ms;
 	t->since = now;
 	t->down_now = s->kind == R2CC_DRILL_DOWN || s->kind == R2CC_DRILL_FLAP;
+	/* A port that goes down is heard of (its event, R2CC's port view) before its
+	 * queue pairs' flushes, as from a real one. */
+	if (t->mine == 1 && t->down_now && !was_down) {
+		char nic0[R2CC_DRILL_NAME_MAX];
+		snprintf(nic0, sizeof(nic0), "%s", t->nic);
+		pthread_mutex_unlock(&drill.mu);
+		port_event(nic0, false);
+		pthread_mutex_lock(&drill.mu);
+	}
 	int n = apply_target(t);
 	if (r2cc_log_level >= R2CC_LOG_INFO) {
 		char list[400] = "";
@@ -979,9 +991,9 @@ static void fire(int k, int64_t now)
 	snprintf(nic, sizeof(nic), "%s", t->nic);
 	R2CC_WARN("drill: step %d: %s applied to %d queue pair(s) of this process (%s)%s%s",
 		  s->index, name, n, mine ? "its NIC" : "peers of that NIC", *why ? ": " : "", why);
-	if (mine && down != was_down) {
+	if (mine && !down && was_down) {
 		pthread_mutex_unlock(&drill.mu);
-		port_event(nic, !down);
+		port_event(nic, true);
 		pthread_mutex_lock(&drill.mu);
 	}
 }
@@ -1019,12 +1031,18 @@ static void tick(int64_t now)
 		if (down == t->down_now)
 			continue;
 		t->down_now = down;
-		apply_target(t);
-		if (t->mine == 1) {
-			char nic[R2CC_DRILL_NAME_MAX];
-			snprintf(nic, sizeof(nic), "%s", t->nic);
+		char nic[R2CC_DRILL_NAME_MAX];
+		snprintf(nic, sizeof(nic), "%s", t->nic);
+		bool mine = t->mine == 1;
+		if (mine && down) { /* the port's event before the flushes, as in fire() */
 			pthread_mutex_unlock(&drill.mu);
-			port_event(nic, !down);
+			port_event(nic, false);
+			pthread_mutex_lock(&drill.mu);
+		}
+		apply_target(t);
+		if (mine && !down) {
+			pthread_mutex_unlock(&drill.mu);
+			port_event(nic, true);
 			pthread_mutex_lock(&drill.mu);
 		}
 	}
