@@ -491,6 +491,15 @@ void r2cc_rqp_done(struct r2cc_rqp *r, uint64_t held)
 			 "during the exchange",
 			 e, r->cur_nic->name);
 		r2cc_detect(r, why, e);
+	} else if (__atomic_load_n(&r->cur_nic->state, __ATOMIC_ACQUIRE) == R2CC_NIC_DOWN) {
+		/* Its new path is on a NIC found failed while the exchange went on (a peer's
+		 * request served before this process's own detection kept this end on its
+		 * NIC, which then failed): that detection skipped it, mid-exchange. */
+		char why[128];
+		snprintf(why, sizeof(why),
+			 "its new path is on %.40s, which failed during the exchange",
+			 r->cur_nic->name);
+		r2cc_detect(r, why, IBV_WC_RETRY_EXC_ERR);
 	}
 }
 
