@@ -58,7 +58,7 @@ FORMAT_SRCS  :=
 
 # tests/sanitize comes last: its test-build lists every module's TEST_DEPS when it is read.
 MODULES := shim intercept repair strategies tests tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tests/compat tools bench \
-	   tests/fuzz tests/fault tests/ops ops/slurm packaging tests/sanitize
+	   tests/fuzz tests/fault tests/ops ops/slurm packaging tests/hook tests/sanitize
 include $(wildcard $(MODULES:%=%/module.mk))
 
 LIBR2CC_OBJS := $(LIBR2CC_SRCS:%.c=$(BUILD)/obj/%.o)

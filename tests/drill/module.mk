@@ -226,8 +226,8 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 # NIC 100 ms later, and every NIC of the node with the clean error (the drill times a
 # queue pair out at its own RTS attributes, unscaled: time scale 1 and NCCL_IB_TIMEOUT
 # 14, 537 ms both ways, or the survivor waits 34 s); and plans that cannot be carried
-# out, which every worker's report must say: a NIC no node has, a node not in the job,
-# a time after the job's end.
+# out, which the reports must say: a NIC no node has (its node's reports), a node not
+# in the job, a time after the job's end (every report).
 CPU_TESTS   += 600@$(DRILL_DIR)/inject-compare.sh:$(BUILD):4:1 \
 	       60@$(DRILL):--fault:blackhole:--inject:--second-fault:100:--seeds:3:--nccl-stub \
 	       90@$(DRILL):--fault:down:--inject:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--time-scale:1:--ib-timeout:14:--nccl-stub \

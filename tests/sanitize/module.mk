@@ -60,13 +60,15 @@ TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/
 	      120@env:TESTNET_NAME=UCX:$(TSAN_DRILL):--fault:none:--seeds:2:--nccl-stub:--net-plugin:testnet:--expect-unprotected:UCX:--time-scale:0.1
 
 # What CI runs under ASan (.ci/run): every CPU test except the drill's hot-repair cases
-# (the --nccl-stub ones, and stall-matrix.sh and link-matrix.sh, which run them), whose repair
+# (the --nccl-stub ones, and stall-matrix.sh, link-matrix.sh, inject-compare.sh and the
+# incident hook's test, which run them), whose repair
 # timing fails intermittently under ASan's slowdown on a loaded 2-core machine, and the
 # software device's conformance test, which asserts shaped rates that ASan's slower
 # copies miss (README, "Hardening: what was run").
 ASAN_CI_TESTS = $(filter-out %--nccl-stub %--nccl-stub:--timeout:5 %/softverbs/conformance \
 		  %:$(STALL_KINDS) %/link-matrix.sh:$(BUILD):3 \
-		  %/link-matrix.sh:$(BUILD):1:-:r2cc-verbs-drill-direct,$(CPU_TESTS))
+		  %/link-matrix.sh:$(BUILD):1:-:r2cc-verbs-drill-direct \
+		  %/inject-compare.sh:$(BUILD):4:1 %/hook/run.sh:$(BUILD),$(CPU_TESTS))
 
 .PHONY: test-build test-run test-run-ci test-asan test-asan-ci test-tsan
 
