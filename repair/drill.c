@@ -948,6 +948,10 @@ static void fire(int k, int64_t now)
 	t->flap_ms = s->arg_ms;
 	t->since = now;
 	t->down_now = s->kind == R2CC_DRILL_DOWN || s->kind == R2CC_DRILL_FLAP;
+	/* applied from here on: its port event below may be detected at once */
+	struct timespec rt;
+	clock_gettime(CLOCK_REALTIME, &rt);
+	double applied_unix = (double)rt.tv_sec + rt.tv_nsec / 1e9;
 	/* A port that goes down is heard of (its event, R2CC's port view) before its
 	 * queue pairs' flushes, as from a real one. */
 	if (t->mine == 1 && t->down_now && !was_down) {
@@ -978,9 +982,7 @@ static void fire(int k, int64_t now)
 	}
 	st->state = 1;
 	st->applied_ns = now;
-	struct timespec rt;
-	clock_gettime(CLOCK_REALTIME, &rt);
-	st->applied_unix = (double)rt.tv_sec + rt.tv_nsec / 1e9;
+	st->applied_unix = applied_unix;
 	st->qps = n;
 	snprintf(st->why, sizeof(st->why), "%s", why);
 	drill.applied++;
