@@ -669,6 +669,24 @@ void r2cc_drill_port(struct ibv_context *ctx, struct ibv_port_attr *attr)
 	pthread_mutex_unlock(&drill.mu);
 }
 
+bool r2cc_drill_names(const struct r2cc_ctl_dir *dir, int rank, const char *nic)
+{
+	if (!r2cc_drill_on || !dir || !nic || !nic[0])
+		return false;
+	const struct r2cc_ctl_member *m = r2cc_ctl_dir_member(dir, rank);
+	int node = r2cc_ctl_dir_node(dir, rank);
+	for (int k = 0; k < drill.plan.nsteps; k++) {
+		const struct r2cc_drill_step *s = &drill.plan.steps[k];
+		if (s->kind == R2CC_DRILL_UP || strcmp(s->nic, nic))
+			continue;
+		if (s->node >= 0 ? s->node == node
+				 : m && (host_matches(s->host, m->host) ||
+					 host_matches(s->host, m->node_key)))
+			return true;
+	}
+	return false;
+}
+
 bool r2cc_drill_cut(const struct ibv_qp *qp)
 {
 	if (!r2cc_drill_on || !qp)
@@ -926,6 +944,19 @@ static int target_of(int k, bool refresh, int *rc, char *why, size_t len)
 	return ti;
 }
 
+/* The connected queue pairs on the target's paths now. drill.mu held. */
+static int count_target(const struct target *t)
+{
+	int n = 0;
+	const struct r2cc_hmap *h = &drill.by_qp;
+	for (size_t i = 0; i < h->cap; i++) {
+		const struct dqp *d = h->vals[i];
+		n += d && (d->state == IBV_QPS_RTR || d->state == IBV_QPS_RTS) &&
+		     (is_local(t, d) || is_remote(t, d));
+	}
+	return n;
+}
+
 static void fire(int k, int64_t now)
 {
 	struct r2cc_drill_step *s = &drill.plan.steps[k];
@@ -952,6 +983,9 @@ static void fire(int k, int64_t now)
 	struct timespec rt;
 	clock_gettime(CLOCK_REALTIME, &rt);
 	double applied_unix = (double)rt.tv_sec + rt.tv_nsec / 1e9;
+	/* the queue pairs it cuts: those on its paths now (hot repair may fence them
+	 * in answer to the port event before apply_target() gets to them) */
+	int n_before = count_target(t);
 	/* A port that goes down is heard of (its event, R2CC's port view) before its
 	 * queue pairs' flushes, as from a real one. */
 	if (t->mine == 1 && t->down_now && !was_down) {
@@ -983,7 +1017,7 @@ static void fire(int k, int64_t now)
 	st->state = 1;
 	st->applied_ns = now;
 	st->applied_unix = applied_unix;
-	st->qps = n;
+	st->qps = n > n_before ? n : n_before;
 	snprintf(st->why, sizeof(st->why), "%s", why);
 	drill.applied++;
 	publish();
@@ -992,7 +1026,8 @@ static void fire(int k, int64_t now)
 	char nic[R2CC_DRILL_NAME_MAX];
 	snprintf(nic, sizeof(nic), "%s", t->nic);
 	R2CC_WARN("drill: step %d: %s applied to %d queue pair(s) of this process (%s)%s%s",
-		  s->index, name, n, mine ? "its NIC" : "peers of that NIC", *why ? ": " : "", why);
+		  s->index, name, st->qps, mine ? "its NIC" : "peers of that NIC", *why ? ": " : "",
+		  why);
 	if (mine && !down && was_down) {
 		pthread_mutex_unlock(&drill.mu);
 		port_event(nic, true);

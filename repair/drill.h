@@ -70,6 +70,11 @@ void r2cc_drill_port(struct ibv_context *ctx, struct ibv_port_attr *attr);
 /* The queue pair was cut by a step of the drill (an incident it causes is a drill's). */
 bool r2cc_drill_cut(const struct ibv_qp *qp);
 
+/* A cutting step of the plan names this NIC of that rank's node (a peer's notice of
+ * its NIC's failure is a drill's). Any thread; no lock taken but the directory's. */
+struct r2cc_ctl_dir;
+bool r2cc_drill_names(const struct r2cc_ctl_dir *dir, int rank, const char *nic);
+
 /* Steps applied so far in this process, and the plan as given ("" when none). */
 int r2cc_drill_applied(void);
 const char *r2cc_drill_plan_str(void);

@@ -5,6 +5,7 @@
  * settled by the pair's identities, resends while unanswered, deadlines that scale
  * with the work, and a clean error for NCCL when one passes.
  */
+#include "repair/drill.h"
 #include "repair/engine_priv.h"
 
 #include <endian.h>
@@ -505,6 +506,11 @@ static bool serve_check(struct r2cc_rqp *r, const struct inbox *in, const struct
 		if (ours) {
 			r->born_late = le16toh(m->flags) & WIRE_F_CREATED_AFTER;
 			r2cc_detect_note(r, why, r->status_seen);
+			/* the peer's NIC is one R2CC_DRILL cuts (it may tell before this
+			 * process's own step) */
+			if (r2cc_drill_on && r->incident >= 0 &&
+			    r2cc_drill_names(dir, in->from_rank, m->orig_nic))
+				r2cc_eng.inc[r->incident].drill = true;
 		}
 		pthread_mutex_unlock(&r2cc_eng.mu);
 		if (!ours && s != RQ_DETECTED)
