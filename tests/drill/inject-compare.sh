@@ -11,7 +11,12 @@
 # median / max (ms: each scenario's first detection, from softverbs-ctl's call or from
 # the drill's earliest applied step), queue pairs moved and migrations (the reports'
 # "migrated": a queue pair moved twice counts twice), messages wrong, mismatches; each
-# mismatch under its row, with the failed runs' FAIL and R2CC WARN lines.
+# mismatch under its row, with the failed runs' FAIL and R2CC WARN lines. A seed whose two
+# runs disagree is run again both ways, once: the timing of a stall differs from run to
+# run (one in about 80 scenarios of the device's blackhole-tx was found only at the
+# transport timeout under a load of 5-7 on 2 cores, and passed on its own); it counts as a
+# mismatch only if the second pair disagrees too. Each retry is printed, with the first
+# pair's difference, and counted in the kind's line ("retried").
 #   tests/drill/inject-compare.sh BUILD SEEDS [FIRST] [KINDS]
 # SEEDS per cell (4 cells a kind), from FIRST (default 1); KINDS, a comma-separated
 # list, defaults to every kind the drill has (- too). Exit status 1 on any mismatch or
@@ -131,6 +136,33 @@ for kind in $KINDS; do
 				echo "rc=$?" >>"$tmp/$mode.out"
 				grep '^compare: ' "$tmp/$mode.out" | sed "s/^/$mode /" >>"$tmp/cell"
 			done
+			# a seed that disagrees: both ways once more (see the top)
+			if ! awk -v kind="$kind" -v link="$link" -v procs="$procs" -v want="$SEEDS" \
+				"$ROW" "$tmp/cell" >"$tmp/first"; then
+				for seed in $(awk -v kind="$kind" -v link="$link" -v procs="$procs" \
+					-v want="$SEEDS" -v detail=1 "$ROW" "$tmp/cell" |
+					sed -n 's/^    mismatch .* seed \([0-9]*\) .*/\1/p'); do
+					grep "^    mismatch .* seed $seed " <(awk -v kind="$kind" -v link="$link" \
+						-v procs="$procs" -v want="$SEEDS" -v detail=1 "$ROW" "$tmp/cell") |
+						sed 's/^    mismatch/    retried (first runs:)/'
+					grep -v "seed=$seed " "$tmp/cell" >"$tmp/cell2"
+					for mode in device drill; do
+						extra=()
+						[ "$mode" = drill ] && extra=(--inject)
+						one=("${args[@]}")
+						for i in "${!one[@]}"; do
+							[ "${one[$i]}" = --seeds ] && one[i+1]=1
+							[ "${one[$i]}" = --first-seed ] && one[i+1]=$seed
+						done
+						TMPDIR=$tmp "$D" "${one[@]}" "${extra[@]}" --summary - \
+							>"$tmp/$mode.out" 2>&1
+						echo "rc=$?" >>"$tmp/$mode.out"
+						grep '^compare: ' "$tmp/$mode.out" | sed "s/^/$mode /" >>"$tmp/cell2"
+					done
+					mv "$tmp/cell2" "$tmp/cell"
+					echo "retry" >>"$tmp/retries"
+				done
+			fi
 			cat "$tmp/cell" >>"$tmp/kind"
 			if ! awk -v kind="$kind" -v link="$link" -v procs="$procs" -v want="$SEEDS" \
 				-v detail=1 "$ROW" "$tmp/cell"; then
@@ -144,5 +176,7 @@ for kind in $KINDS; do
 		done
 	done
 	awk -v kind="$kind" -v link=all -v procs=- -v want=$((SEEDS * 4)) "$ROW" "$tmp/kind"
+	[ -s "$tmp/retries" ] && echo "    retried: $(wc -l <"$tmp/retries") seed(s) of $kind (above)"
+	rm -f "$tmp/retries"
 done
 exit $fail
