@@ -819,11 +819,9 @@ static int resolve(struct target *t, bool refresh, char *why, size_t len)
 		goto out;
 	}
 	bool node_seen = false;
-	int held = 0;
 	for (int d = 0; d < r2cc_eng.ndirs; d++)
 		for (int r = 0; r < r2cc_eng.dirs[d]->nranks; r++) {
 			const struct r2cc_ctl_member *m = r2cc_ctl_dir_member(r2cc_eng.dirs[d], r);
-			held += m != NULL;
 			/* node indices are the first directory's */
 			if (!m || (t->node >= 0 && d) || !member_is(m, t))
 				continue;
