@@ -13,6 +13,7 @@
 #include "shim/params.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
