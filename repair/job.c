@@ -19,7 +19,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,30 +163,20 @@ struct r2cc_job_reg *r2cc_job_register_begin(const unsigned char id[128], int ra
 	reg->rank = rank;
 	reg->nranks = nranks;
 	fill_self(&reg->self);
-	pthread_attr_t attr;
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	/* The thread must not take the application's signals. */
-	sigset_t all, old;
-	sigfillset(&all);
-	pthread_sigmask(SIG_SETMASK, &all, &old);
-	pthread_t t;
+	/* Listed before the thread can finish (it takes reg_lock to say so). */
 	pthread_mutex_lock(&reg_lock);
-	int rc = pthread_create(&t, &attr, reg_thread, reg);
+	int rc = r2cc_thread_start(reg_thread, reg, "r2cc-reg");
 	if (rc == 0) {
 		in_flight++;
 		reg->next = regs;
 		regs = reg;
 	}
 	pthread_mutex_unlock(&reg_lock);
-	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	pthread_attr_destroy(&attr);
 	if (rc) {
 		R2CC_WARN("cannot start a registration thread (%s)", strerror(rc));
 		free(reg);
 		return NULL;
 	}
-	pthread_setname_np(t, "r2cc-reg");
 	return reg;
 }
 
