@@ -68,26 +68,32 @@ void r2cc_localise(struct r2cc_rqp *r)
  * other side), or a dead NIC here whose port still says active (a black hole);
  * a stall may also be no failure at all, only a loaded fabric. The test tells
  * them apart: a signalled zero-byte write from the suspect NIC to a sibling NIC
- * of this process, through the fabric, on a QP pair of R2CC's own. It queues
- * behind what the node has queued on both NICs, so it is given a base time (1.5
- * x R2CC_STALL_MS: 150 ms by default) plus what those queues explain
- * (repair/stall.h). R2CC_STALL_MS is the longest pause of a healthy port beyond its
- * queue that R2CC tolerates: the test's write, delayed that long, still answers in
- * time, and so does some request of a port that has work. A user who raises it
- * for a fabric whose healthy ports pause longer raises the test's patience too. Without an answer
- * by then, the NIC is dead only if it also completed nothing at all while it had work: a NIC that
- * drains is alive however slowly (the test is extended, up to SELFTEST_MAX_NS,
- * then called inconclusive), and congestion cannot make a NIC that has work
- * complete nothing while its test goes unanswered. A dead NIC has every QP on it
- * moved. Runs on a short-lived thread, at most one per NIC at a time; a NIC that
- * passed is not tested again for a back-off that doubles while the suspicions
- * go on (a healthy, loaded NIC is not tested on every scan).
+ * of this process, through the fabric, on a QP pair of R2CC's own. The write is
+ * on a QP of its own, so it does not queue behind the data: a NIC serves its QPs
+ * in turn (hardware arbitration; the soft device's engine round-robin, one 64 KB
+ * slice each), and a live NIC answers in microseconds however much is queued. It
+ * is given R2CC_STALL_MS x 6/5 (24 ms by default) of this thread's time on a CPU:
+ * R2CC_STALL_MS is the longest pause of a healthy port that R2CC tolerates (a PFC
+ * pause, an incast burst: the write, held that long, still answers in time), and
+ * the fifth more is margin for the answer's own way back and for scheduling. A
+ * user who raises it for a fabric whose healthy ports pause longer raises the
+ * test's patience too. Without an answer by then, the NIC is dead only if it also
+ * completed nothing at all meanwhile: a NIC that drains is alive however slowly
+ * (the test is extended, up to SELFTEST_MAX_NS, then called inconclusive), and
+ * congestion cannot make a NIC that has work complete nothing while its test goes
+ * unanswered. A dead NIC has every QP on it moved. Runs on a short-lived thread, at
+ * most one per NIC at a time; a NIC that passed is not tested again for a short
+ * back-off (SELFTEST_BACKOFF_NS, doubled while the NIC completes nothing between
+ * tests, up to R2CC_STALL_MS): a healthy NIC busy with one long request is tested
+ * a few times per request, never on every scan. The QP pairs of a test that all
+ * answered are kept for the NIC's next test (st_cache): a test is then one post
+ * and a poll, no QP created.
  */
-#define SELFTEST_MAX_NS	     5000000000ll
-#define SELFTEST_BACKOFF_NS  100000000ll
-#define SELFTEST_BACKOFF_MAX 2000000000ll
-#define SELFTEST_SIBLINGS    3		  /* tested through at once */
-#define SUSPECT_NIC_NS	     2000000000ll /* a NIC with a failure this recent is no witness */
+#define SELFTEST_MAX_NS	    5000000000ll
+#define SELFTEST_BACKOFF_NS 10000000ll	 /* first back-off after a test that passed */
+#define SELFTEST_AWAKE_NS   2000000ll	 /* the longest sleep that counts as waiting */
+#define SELFTEST_SIBLINGS   3		 /* tested through at once */
+#define SUSPECT_NIC_NS	    2000000000ll /* a NIC with a failure this recent is no witness */
 
 struct selftest {
 	struct r2cc_nic *a;
@@ -99,6 +105,11 @@ struct selftest {
 	struct ibv_cq *cqa, *cqb[SELFTEST_SIBLINGS];
 	bool calibrate; /* RoCE: only which siblings answer; no back-off after it */
 	bool failback;	/* a failed NIC's probe: the verdict goes to r2cc_failback_tick() */
+	uint64_t seq;	/* wr_id = seq << 8 | sibling + 1 */
+	int posted;	/* siblings a write went to */
+	int answered;	/* ... whose write completed */
+	int okmask;	/* ... successfully */
+	int64_t ok_ns;	/* when the first success was seen */
 	char why[128];
 };
 
@@ -114,7 +125,20 @@ static struct {
 	 * calib_at: the last test run to learn them (atomic, both) */
 	uint64_t reach;
 	int64_t calib_at;
+	int64_t passed_at; /* the last test that passed (its thread only) */
 } st_nic[R2CC_STALL_MAX_NICS];
+
+/* Per NIC (registry index): the QP pairs of its last test, kept while every one of
+ * them answered and no NIC involved failed since they were made. Only the NIC's own
+ * test thread touches them (one runs at a time). */
+static struct st_cache {
+	struct ibv_cq *cqa;
+	int64_t built;
+	struct r2cc_nic *b[SELFTEST_SIBLINGS];
+	struct ibv_qp *qa[SELFTEST_SIBLINGS], *qb[SELFTEST_SIBLINGS];
+	struct ibv_cq *cqb[SELFTEST_SIBLINGS];
+	uint64_t seq; /* of the test's writes: an answer to an earlier test is no answer */
+} st_cache[R2CC_STALL_MAX_NICS];
 _Static_assert(R2CC_STALL_MAX_NICS <= 64, "reach is a 64-bit set of NICs");
 
 void r2cc_nic_failure_seen(const struct r2cc_nic *nic)
@@ -192,35 +216,38 @@ static bool selftest_reaches(const struct r2cc_nic *a, const struct r2cc_nic *b)
 	       0;
 }
 
-/* The test's base wait: 1.5 x the stall floor. */
+/* The test's wait for an answer: R2CC_STALL_MS x 6/5. */
 static int64_t selftest_base_ns(void)
 {
-	return r2cc_scan_floor() * 3 / 2;
+	return r2cc_scan_floor() * 6 / 5;
 }
 
-/* How long the test waits for its answer before the NIC's progress is looked at:
- * the base time, and what the largest request in service on the NICs may take
- * (a NIC busy with one long request completes nothing meanwhile). What is queued
- * ahead does not count: a NIC that completes anything at all is alive. */
+/* How long the test waits for its answer before the NIC's progress is looked at.
+ * Neither what is queued ahead nor a long request in service counts: the write has
+ * a QP of its own, served in turn with the data's. */
 static int64_t selftest_window(const struct selftest *t)
 {
-	int64_t w = 0;
-	for (int i = 0; i < t->nb; i++) {
-		int64_t x = r2cc_stall_explained_ns(t->b[i], 0, 0);
-		w = x > w ? x : w;
-	}
-	return selftest_base_ns() + r2cc_stall_explained_ns(t->a, 0, 0) + w;
+	(void)t;
+	return selftest_base_ns();
 }
 
 /* The pair answered each other: each witnesses the other's tests from now on. */
-static void selftest_reached(const struct selftest *t, uint64_t wr_id)
+static void selftest_reached(const struct selftest *t, int i)
 {
-	int i = (int)wr_id - 1, a = t->a->index;
+	int a = t->a->index;
 	int b = i >= 0 && i < t->nb ? t->b[i]->index : -1;
 	if (a >= 0 && a < R2CC_STALL_MAX_NICS && b >= 0 && b < R2CC_STALL_MAX_NICS) {
 		__atomic_fetch_or(&st_nic[a].reach, 1ull << b, __ATOMIC_RELAXED);
 		__atomic_fetch_or(&st_nic[b].reach, 1ull << a, __ATOMIC_RELAXED);
 	}
+}
+
+/* Alive, and the others' answers waited for long enough. */
+static bool ok_at(struct selftest *t, int64_t now)
+{
+	if (!t->ok_ns)
+		t->ok_ns = now;
+	return now - t->ok_ns >= SELFTEST_AWAKE_NS;
 }
 
 /*
@@ -234,7 +261,7 @@ static int selftest_run(struct selftest *t)
 {
 	int posted = 0;
 	for (int i = 0; i < t->nb; i++) {
-		struct ibv_send_wr w = {.wr_id = (uint64_t)i + 1,
+		struct ibv_send_wr w = {.wr_id = t->seq << 8 | (uint64_t)(i + 1),
 					.opcode = IBV_WR_RDMA_WRITE,
 					.send_flags = IBV_SEND_SIGNALED},
 				   *bad;
@@ -243,8 +270,8 @@ static int selftest_run(struct selftest *t)
 	}
 	if (!posted)
 		return -1;
-	int64_t start = now_ns(), until = start + selftest_window(t);
-	uint64_t da = r2cc_stall_drained(t->a), db[SELFTEST_SIBLINGS];
+	int64_t start = now_ns(), until = start + selftest_window(t), last = start;
+	uint64_t db[SELFTEST_SIBLINGS];
 	bool b_busy[SELFTEST_SIBLINGS];
 	for (int i = 0; i < t->nb; i++) {
 		db[i] = r2cc_stall_drained(t->b[i]);
@@ -253,21 +280,35 @@ static int selftest_run(struct selftest *t)
 	int answered = 0; /* with an error: a congested fabric can give one too */
 	bool ok = false;  /* some sibling answered */
 	for (;;) {
-		bool late = now_ns() >= until;
+		/* Only time on a CPU counts: a thread kept off it (a loaded node) has
+		 * not waited for the answer meanwhile, and neither, maybe, has the
+		 * device's or the application's thread that would show it. */
+		int64_t now = now_ns();
+		if (now - last > SELFTEST_AWAKE_NS)
+			until += now - last - SELFTEST_AWAKE_NS;
+		last = now;
+		bool late = now >= until;
 		/* polled once more after the deadline: this thread may have been
 		 * off the CPU while an answer came */
 		struct ibv_wc wc[SELFTEST_SIBLINGS];
 		int n = answered == posted ? 0 : t->ca->poll_cq(t->cqa, SELFTEST_SIBLINGS, wc);
 		for (int k = 0; k < n; k++) {
-			if (wc[k].wr_id >= 1 && wc[k].wr_id <= SELFTEST_SIBLINGS)
-				answered |= 1 << (wc[k].wr_id - 1);
+			int i = (int)(wc[k].wr_id & 0xff) - 1;
+			if (wc[k].wr_id >> 8 != t->seq || i < 0 || i >= t->nb)
+				continue; /* an earlier test's late answer */
+			answered |= 1 << i;
 			if (wc[k].status != IBV_WC_SUCCESS)
 				continue;
 			/* the pair's QPs talk both ways: a witness for either */
-			selftest_reached(t, wc[k].wr_id);
+			selftest_reached(t, i);
+			t->okmask |= 1 << i;
 			ok = true;
 		}
-		if (ok && (!t->calibrate || answered == posted))
+		t->posted = posted;
+		t->answered = answered;
+		/* alive; the other siblings' answers are waited for a moment, so that
+		 * the pairs can be kept (nothing of theirs outstanding) */
+		if (ok && (answered == posted || (!t->calibrate && ok_at(t, now))))
 			return 0;
 		if (__atomic_load_n(&r2cc_eng.stop, __ATOMIC_RELAXED))
 			return -1; /* the process is exiting */
@@ -277,27 +318,33 @@ static int selftest_run(struct selftest *t)
 		}
 		if (t->calibrate)
 			return ok ? 0 : -1;
-		/* No answer by the deadline: the NIC's own progress decides, once
-		 * the load model has been brought up to date meanwhile. A sibling that
-		 * had work and completed none, or failed lately, is no witness. */
-		uint64_t da2 = r2cc_stall_drained(t->a);
+		/* No answer by the deadline (or only errors): the NIC's own progress
+		 * decides, once the load model has been brought up to date meanwhile.
+		 * It must have completed nothing for a whole window: one that drained
+		 * within it (work that left before a failure) is given a window from
+		 * that last drain. A sibling that had work and completed none since the
+		 * test began, or failed lately, is no witness. */
+		int64_t drain = r2cc_stall_last_drain(t->a);
+		if (drain > until - selftest_window(t)) {
+			until = drain + selftest_window(t);
+			continue;
+		}
 		bool fresh = r2cc_stall_updated() > until - selftest_base_ns() / 2, witness = false;
 		for (int i = 0; i < t->nb; i++) {
-			uint64_t d2 = r2cc_stall_drained(t->b[i]);
 			b_busy[i] = b_busy[i] || r2cc_stall_queued(t->b[i]) > 0;
 			witness = witness ||
-				  ((posted >> i & 1) && !(b_busy[i] && d2 == db[i]) &&
+				  ((posted >> i & 1) &&
+				   !(b_busy[i] && r2cc_stall_drained(t->b[i]) == db[i]) &&
 				   !nic_failed_lately(t->b[i]) && selftest_reaches(t->a, t->b[i]));
-			db[i] = d2;
 		}
-		if (fresh && da2 == da && witness)
+		if (fresh && witness)
 			return 1; /* it completed nothing (busy or idle) and its tests went
 				   * unanswered by siblings that are not stuck themselves */
 		if (now_ns() - start >= SELFTEST_MAX_NS || (fresh && answered == posted))
 			return -1;
-		/* it drains, alive and busy (or the model lags): wait a while longer */
-		da = da2;
+		/* the model lags, or no sibling is a witness yet: a while longer */
 		until = now_ns() + selftest_window(t);
+		last = now_ns();
 	}
 }
 
@@ -312,17 +359,104 @@ static void selftest_free(struct selftest *t)
 	free(t);
 }
 
-static void *selftest_main(void *arg)
+/* The NIC's kept QP pairs, or those of them not through the NICs in keep (NULL:
+ * all of them, and its CQ), destroyed. Its test thread. */
+static void cache_drop(struct st_cache *c, const struct selftest *keep)
 {
-	struct selftest *t = arg;
-	int verdict = -1;
+	for (int j = 0; j < SELFTEST_SIBLINGS; j++) {
+		bool kept = false;
+		for (int i = 0; keep && i < keep->nb; i++)
+			kept = kept || keep->b[i] == c->b[j];
+		if (!c->b[j] || kept)
+			continue;
+		r2cc_destroy_private(c->qa[j], NULL);
+		r2cc_destroy_private(c->qb[j], c->cqb[j]);
+		c->b[j] = NULL;
+		c->qa[j] = c->qb[j] = NULL;
+		c->cqb[j] = NULL;
+	}
+	if (!keep) {
+		r2cc_destroy_private(NULL, c->cqa);
+		c->cqa = NULL;
+	}
+}
+
+/* The cache of the NIC a test's QPs may come from and go back to: a stall test's
+ * (not a calibration's or a failback's, which run rarely and on NICs in doubt). */
+static struct st_cache *cache_of(const struct selftest *t)
+{
+	int i = t->a->index;
+	return !t->calibrate && !t->failback && i >= 0 && i < R2CC_STALL_MAX_NICS ? &st_cache[i]
+										  : NULL;
+}
+
+/* Takes what the cache has for this test: its CQ and the pairs through its siblings
+ * (the rest is destroyed); all of it when a NIC involved failed since it was made. */
+static void cache_take(struct selftest *t, struct st_cache *c)
+{
+	bool stale = c->cqa && r2cc_nic_failure_at(t->a->index) >= c->built;
+	for (int j = 0; j < SELFTEST_SIBLINGS; j++)
+		stale = stale || (c->b[j] && r2cc_nic_failure_at(c->b[j]->index) >= c->built);
+	if (stale)
+		cache_drop(c, NULL);
+	cache_drop(c, t);
+	t->seq = ++c->seq;
+	t->cqa = c->cqa;
+	c->cqa = NULL;
+	for (int j = 0; j < SELFTEST_SIBLINGS; j++)
+		for (int i = 0; c->b[j] && i < t->nb; i++)
+			if (t->b[i] == c->b[j]) {
+				t->qa[i] = c->qa[j];
+				t->qb[i] = c->qb[j];
+				t->cqb[i] = c->cqb[j];
+				c->b[j] = NULL;
+				c->qa[j] = c->qb[j] = NULL;
+				c->cqb[j] = NULL;
+			}
+}
+
+/* After the test: its CQ and every pair whose write completed successfully go back
+ * to the cache (nothing of theirs is outstanding); the rest is left to
+ * selftest_free. A NIC that failed keeps nothing. */
+static void cache_put(struct selftest *t, struct st_cache *c, int verdict)
+{
+	if (verdict == 1 || !t->cqa || t->answered != t->posted)
+		return;
+	int64_t now = now_ns();
+	if (!c->cqa)
+		c->built = now;
+	c->cqa = t->cqa;
+	t->cqa = NULL;
+	for (int i = 0, j = 0; i < t->nb; i++) {
+		if (!(t->okmask >> i & 1) || !t->qa[i])
+			continue;
+		while (j < SELFTEST_SIBLINGS && c->b[j])
+			j++;
+		if (j == SELFTEST_SIBLINGS)
+			break;
+		c->b[j] = t->b[i];
+		c->qa[j] = t->qa[i];
+		c->qb[j] = t->qb[i];
+		c->cqb[j] = t->cqb[i];
+		t->qa[i] = t->qb[i] = NULL;
+		t->cqb[i] = NULL;
+	}
+}
+
+/* The QP pairs of the test that it did not take from the cache. */
+static void selftest_build(struct selftest *t)
+{
 	struct ibv_qp_init_attr ia = {
 	    .qp_type = IBV_QPT_RC,
 	    .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
-	t->cqa = r2cc_eng.v.create_cq(t->ca->ctx, 4 * SELFTEST_SIBLINGS, NULL, NULL, 0);
-	if (t->cqa)
-		r2cc_own_add(t->cqa);
+	if (!t->cqa) {
+		t->cqa = r2cc_eng.v.create_cq(t->ca->ctx, 4 * SELFTEST_SIBLINGS, NULL, NULL, 0);
+		if (t->cqa)
+			r2cc_own_add(t->cqa);
+	}
 	for (int i = 0; i < t->nb && t->cqa; i++) {
+		if (t->qa[i])
+			continue; /* kept from an earlier test */
 		t->cqb[i] = r2cc_eng.v.create_cq(t->cb[i]->ctx, 8, NULL, NULL, 0);
 		if (!t->cqb[i])
 			continue;
@@ -343,8 +477,35 @@ static void *selftest_main(void *arg)
 			t->qa[i] = t->qb[i] = NULL;
 		}
 	}
+}
+
+/* The next stall test of NIC i after one that did not fail: a short back-off, doubled
+ * while the NIC completes nothing between tests (one long request in service), up to
+ * R2CC_STALL_MS. Its test thread; next is read by the repair thread. */
+static void selftest_backoff(int i)
+{
+	int64_t now = now_ns(), b = st_nic[i].backoff;
+	bool drained = r2cc_stall_last_drain(r2cc_nic_by_index(i)) > st_nic[i].passed_at;
+	b = !b || drained ? SELFTEST_BACKOFF_NS : 2 * b;
+	if (b > r2cc_scan_floor())
+		b = r2cc_scan_floor();
+	st_nic[i].backoff = b;
+	st_nic[i].passed_at = now;
+	__atomic_store_n(&st_nic[i].next, now + b, __ATOMIC_RELAXED);
+}
+
+static void *selftest_main(void *arg)
+{
+	struct selftest *t = arg;
+	int verdict = -1;
+	struct st_cache *c = cache_of(t);
+	if (c)
+		cache_take(t, c);
+	selftest_build(t);
 	if (t->cqa)
 		verdict = selftest_run(t);
+	if (c)
+		cache_put(t, c, verdict);
 	char through[3 * R2CC_NIC_NAME_MAX] = "";
 	for (int i = 0; i < t->nb; i++)
 		snprintf(through + strlen(through), sizeof(through) - strlen(through), "%s%s",
@@ -363,19 +524,16 @@ static void *selftest_main(void *arg)
 			 through, t->why);
 		r2cc_nic_failed(t->a, why);
 	} else {
+		static unsigned long logged;
 		__atomic_add_fetch(verdict ? &r2cc_eng.selftests_inconclusive
 					   : &r2cc_eng.selftests_passed,
 				   1, __ATOMIC_RELAXED);
-		R2CC_INFO("repair: %s: self-test through %s %s (%s)", t->a->name, through,
-			  verdict == 0 ? "passed: the NIC is alive" : "inconclusive", t->why);
-		if (indexed && !t->calibrate) {
-			int64_t b = st_nic[i].backoff;
-			b = b ? 2 * b : SELFTEST_BACKOFF_NS;
-			st_nic[i].backoff = b < SELFTEST_BACKOFF_MAX ? b : SELFTEST_BACKOFF_MAX;
-			/* Read by the repair thread before it claims the NIC's test. */
-			__atomic_store_n(&st_nic[i].next, now_ns() + st_nic[i].backoff,
-					 __ATOMIC_RELAXED);
-		}
+		if (verdict || __atomic_fetch_add(&logged, 1, __ATOMIC_RELAXED) < 32)
+			R2CC_INFO("repair: %s: self-test through %s %s (%s)", t->a->name, through,
+				  verdict == 0 ? "passed: the NIC is alive" : "inconclusive",
+				  t->why);
+		if (indexed && !t->calibrate)
+			selftest_backoff(i);
 	}
 	selftest_free(t);
 	__atomic_sub_fetch(&r2cc_eng.selftests, 1, __ATOMIC_ACQ_REL);

@@ -3,8 +3,10 @@
  * retires nothing is suspected only beyond what the node's load explains (the load
  * model of stall.h), and a suspicion is confirmed by a self-test of the NIC
  * (localise.c) before anything moves, so that a slow, loaded fabric is never taken
- * for a dead one. Trailing unsignalled requests are probed with a signalled
- * zero-byte write.
+ * for a dead one. A NIC with a request that made no progress for a scan period is
+ * tested at once: the fast way to a black hole (the test, not the wait, is the
+ * evidence). Trailing unsignalled requests are probed with a signalled zero-byte
+ * write.
  */
 #include "repair/engine_priv.h"
 
@@ -89,8 +91,23 @@ static void suspect(struct r2cc_rqp *r, int64_t waited, int64_t explained)
 }
 
 /*
- * Stall scan, every SCAN_NS. A QP whose oldest signalled request (NCCL's, or
- * R2CC's probe) has waited longer than what the node had queued ahead of it on
+ * A NIC with a request that waited a scan period: its self-test starts now (repair/localise.c; at
+ * most one per NIC at a time, and not again within a short back-off after it passed). Not a
+ * suspicion: nothing is logged or sent to the peer, and only a failed test moves anything. Repair
+ * thread, without r2cc_eng.mu.
+ */
+static void probe_quiet(struct r2cc_rqp *r, int64_t waited)
+{
+	char why[128];
+	snprintf(why, sizeof(why), "qp 0x%x made no progress for %lld ms", r->qpn,
+		 (long long)(waited / 1000000));
+	r2cc_selftest_start(r->cur_nic, why, true);
+}
+
+/*
+ * Stall scan, every SCAN_NS. A QP whose oldest signalled request waited a scan
+ * period has its NIC tested (probe_quiet). A QP whose oldest signalled request
+ * (NCCL's, or R2CC's probe) has waited longer than what the node had queued ahead of it on
  * its NIC explains at the NIC's drain rate (repair/stall.h) is suspected; when no
  * other path of this process completed work after it last did, only once it waited
  * one stall floor longer (the process may not be polling at all, or the only work
@@ -107,6 +124,11 @@ void r2cc_scan(int64_t t)
 	struct r2cc_rqp *sus[16];
 	int64_t sus_wait[16], sus_expl[16];
 	int nsus = 0;
+	/* NICs to test now: a request of theirs waited a scan period (the first QP
+	 * found, and how long it waited) */
+	struct r2cc_rqp *quiet[R2CC_STALL_MAX_NICS] = {NULL};
+	int64_t quiet_wait[R2CC_STALL_MAX_NICS];
+	int nquiet = 0;
 	for (struct r2cc_rqp *r = r2cc_eng.all; r; r = r->next_all) {
 		int s = load_state(r);
 		if (r->dead || (s != RQ_HEALTHY && s != RQ_MIGRATED) || !r->cur_sh)
@@ -149,12 +171,28 @@ void r2cc_scan(int64_t t)
 			}
 			continue;
 		}
+		/* This request made no progress over a scan period, or its NIC
+		 * completed nothing (for this process or another of the node) for
+		 * one while it waited: the NIC is tested at once (its self-test
+		 * answers in microseconds on a live NIC, queued data or not; only a
+		 * NIC that stays silent for R2CC_STALL_MS fails it). One test per NIC
+		 * at a time, and a short back-off after one passed, bound the tests
+		 * by the NICs, whatever the number of queue pairs. */
+		int64_t waited = t - r->scan_progress,
+			quiet_since = r2cc_stall_last_drain(r->cur_nic);
+		if (quiet_since < r->scan_progress)
+			quiet_since = r->scan_progress;
+		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS && !quiet[ni] &&
+		    (t - quiet_since >= SCAN_NS || waited >= SCAN_NS)) {
+			quiet[ni] = r;
+			quiet_wait[ni] = waited;
+			nquiet++;
+		}
 		/* What was queued ahead of this request: at least what the node
 		 * had queued on the NIC when the wait began, or since. */
 		uint64_t q = r2cc_stall_queued(r->cur_nic);
 		if (q > r->wait_ahead)
 			r->wait_ahead = q;
-		int64_t waited = t - r->scan_progress;
 		int64_t explained = r2cc_stall_explained_ns(r->cur_nic, r->wait_ahead, floor);
 		/* Nothing else progressed since the wait began: the process may not be
 		 * polling, or only dead paths have work left (a ring waits on one
@@ -173,6 +211,13 @@ void r2cc_scan(int64_t t)
 			sus_expl[nsus] = explained;
 			sus[nsus++] = r;
 		}
+	}
+	if (nquiet) {
+		pthread_mutex_unlock(&r2cc_eng.mu);
+		for (int i = 0; i < R2CC_STALL_MAX_NICS; i++)
+			if (quiet[i])
+				probe_quiet(quiet[i], quiet_wait[i]);
+		pthread_mutex_lock(&r2cc_eng.mu);
 	}
 	if (!nsus)
 		return;

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #define R2CC_STALL_MAX_NICS 64
-#define R2CC_STALL_FLOOR_NS 100000000ll /* default floor of an explained wait */
+#define R2CC_STALL_FLOOR_NS 20000000ll /* R2CC_STALL_MS by default: 20 ms */
 
 /* One scan: begin, then each QP's queued bytes and the bytes it retired since
  * the last scan, on the NIC it currently uses, then end. Repair thread. */

@@ -298,7 +298,10 @@ static const struct param_def params[] = {
     {"R2CC_AR_MIN_BYTES", "16M", "a byte count with an optional K, M, G or T suffix",
      "R2CC-AllReduce: smaller messages use Balance", parse_min_bytes},
     {"R2CC_STALL_MS", "auto", "auto or an integer from 1 to 600000 (milliseconds)",
-     "stall threshold for queue pairs with outstanding work", parse_stall},
+     "hot repair: the longest pause of a healthy port that causes no repair (auto: 20 ms); "
+     "a NIC whose self-test goes unanswered this long x 6/5 while it completes nothing is "
+     "failed",
+     parse_stall},
     {"R2CC_FAILBACK_MS", "10000", "an integer from 0 to 3600000 (milliseconds)",
      "hot repair: a failed NIC whose port is active again and whose self-tests pass for this "
      "long gets its queue pairs back (a NIC that fails again soon after is held down for "

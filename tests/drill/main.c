@@ -1219,7 +1219,7 @@ static double drill_stall_floor_ms(void)
 	char *end;
 	long ms = v ? strtol(v, &end, 10) : 0;
 
-	return v && *v && !*end && ms > 0 ? (double)ms : 100.0;
+	return v && *v && !*end && ms > 0 ? (double)ms : 20.0;
 }
 
 /* ---- --restore ---- */
@@ -1500,7 +1500,7 @@ static void drill_plan(const struct drill_opts *o, struct drill_scenario *s)
 	} else if (s->kind == DRILL_FAULT_SLOW) {
 		s->arg = DRILL_SLOW_GBPS;
 	} else if (s->kind == DRILL_FAULT_JITTER) {
-		/* Delays of every request by up to R2CC's stall floor (100 ms by
+		/* Delays of every request by up to R2CC's stall floor (20 ms by
 		 * default): the longest pause of a healthy port that R2CC promises to
 		 * tolerate beyond its queue, so it must raise no alarm. It follows
 		 * R2CC_STALL_MS, not --time-scale: R2CC's floor is a time of its own,
