@@ -239,11 +239,12 @@ FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
 # A healthy job is never taken down (tests/drill/stall-matrix.sh): slow NICs, many QPs,
 # several processes per node, large messages with a declared failure; no repair at all
 # without a fault or under jitter, every message exactly once through a black hole, a
-# link down or lost acknowledgements: 300 scenarios, 120 of them with no repair allowed.
-# The bench runs the no-fault and jitter rows 32 times over (960 more no-repair
-# scenarios) and the faults 8 times over.
+# link down or lost acknowledgements: 300 scenarios, 120 of them with no repair allowed,
+# and the detection of black holes and lost acknowledgements within the script's guard
+# bound. The bench runs the no-fault and jitter rows 67 times over (2,010 no-repair
+# scenarios) and every fault, the one-way black holes too, 8 times over.
 STALL_KINDS := none,jitter,blackhole,down,ackloss
 CPU_TESTS   += 600@$(DRILL_DIR)/stall-matrix.sh:$(BUILD):4:$(STALL_KINDS)
-BENCHES     += $(DRILL_DIR)/stall-matrix.sh:$(BUILD):32:none,jitter \
-	       $(DRILL_DIR)/stall-matrix.sh:$(BUILD):8:blackhole,down,ackloss
+BENCHES     += $(DRILL_DIR)/stall-matrix.sh:$(BUILD):67:none,jitter \
+	       $(DRILL_DIR)/stall-matrix.sh:$(BUILD):8:blackhole,down,ackloss,blackhole-tx,blackhole-rx
 BENCH_TARGETS += $(DRILL) $(DRILL_RUNTIME)
