@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LEDGER_MAGIC 0x5232504du /* "R2PM": the table with load rows */
+#define LEDGER_MAGIC 0x5232504eu /* "R2PN": the table with load rows and failures */
 #define LEDGER_SLOTS 64
 #define LEDGER_ROWS  64		  /* processes of one node that publish their load */
 #define LIVE_NS	     1000000000ll /* how long a row's liveness check is trusted */
@@ -31,6 +31,7 @@ struct slot {
 	uint32_t state;
 	char name[R2CC_NIC_NAME_MAX];
 	int32_t moved[2];
+	int64_t failed_at; /* the last failure any process saw on the NIC (monotonic ns) */
 };
 
 /* One process's load, per NIC slot; pid 0 is a free row. */
@@ -186,6 +187,23 @@ static struct slot *find(const char *nic, bool claim)
 		/* pass 0 looked for the name everywhere; pass 1 also claims */
 	}
 	return NULL;
+}
+
+void r2cc_ledger_failed_put(const char *nic, int64_t when)
+{
+	struct slot *s = find(nic, true);
+	if (!s)
+		return;
+	int64_t was = __atomic_load_n(&s->failed_at, __ATOMIC_RELAXED);
+	while (was < when && !__atomic_compare_exchange_n(&s->failed_at, &was, when, false,
+							  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		;
+}
+
+int64_t r2cc_ledger_failed_at(const char *nic)
+{
+	struct slot *s = find(nic, false);
+	return s ? __atomic_load_n(&s->failed_at, __ATOMIC_RELAXED) : 0;
 }
 
 int r2cc_ledger_get(const char *nic, int dir)

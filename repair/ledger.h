@@ -5,6 +5,9 @@
  * its own queue pairs can leave the node unbalanced (two processes each
  * putting their odd one on the same NIC). Placement reads these counts first.
  *
+ * It also keeps, per NIC, when any process of the node last saw it fail: a NIC
+ * another process just found dead is no witness for this process's self-tests.
+ *
  * The same table carries the node's load for the stall scan: every process
  * publishes, per NIC, the bytes it has posted and not seen complete and the
  * bytes it has seen complete, in a row of its own, and reads the node's sums. A
@@ -38,6 +41,14 @@ int r2cc_ledger_get(const char *nic, int dir);
 
 /* Adds delta (+1 when a queue pair is placed on nic, -1 when it leaves). */
 void r2cc_ledger_add(const char *nic, int dir, int delta);
+
+/* A failure of nic seen by this process at when (monotonic ns); the table keeps the
+ * latest any process of the node saw. Any thread. */
+void r2cc_ledger_failed_put(const char *nic, int64_t when);
+
+/* The latest failure of nic any process of the node saw (0: none, or no table). Any
+ * thread. */
+int64_t r2cc_ledger_failed_at(const char *nic);
 
 /* This process's bytes queued on nic and drained through it so far (cumulative).
  * The repair thread, every stall scan. */

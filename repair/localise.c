@@ -71,8 +71,10 @@ void r2cc_localise(struct r2cc_rqp *r)
  * of this process, through the fabric, on a QP pair of R2CC's own. The write is
  * on a QP of its own, so it does not queue behind the data: a NIC serves its QPs
  * in turn (hardware arbitration; the soft device's engine round-robin, one 64 KB
- * slice each), and a live NIC answers in microseconds however much is queued. It
- * is given R2CC_STALL_MS x 6/5 (24 ms by default) of this thread's time on a CPU:
+ * slice each), and a live NIC answers within about one request in service
+ * however much is queued. It
+ * is given R2CC_STALL_MS x 6/5 (24 ms by default) of this thread's time on a CPU,
+ * plus what the largest request in service at either end takes (selftest_window):
  * R2CC_STALL_MS is the longest pause of a healthy port that R2CC tolerates (a PFC
  * pause, an incast burst: the write, held that long, still answers in time), and
  * the fifth more is margin for the answer's own way back and for scheduling. A
@@ -143,8 +145,11 @@ _Static_assert(R2CC_STALL_MAX_NICS <= 64, "reach is a 64-bit set of NICs");
 
 void r2cc_nic_failure_seen(const struct r2cc_nic *nic)
 {
-	if (nic && nic->index >= 0 && nic->index < R2CC_STALL_MAX_NICS)
-		__atomic_store_n(&st_nic[nic->index].failure_at, now_ns(), __ATOMIC_RELAXED);
+	if (nic && nic->index >= 0 && nic->index < R2CC_STALL_MAX_NICS) {
+		int64_t t = now_ns();
+		__atomic_store_n(&st_nic[nic->index].failure_at, t, __ATOMIC_RELAXED);
+		r2cc_ledger_failed_put(nic->name, t);
+	}
 }
 
 /* When a failure was last seen on the NIC of registry index i (0: never). */
@@ -155,9 +160,13 @@ int64_t r2cc_nic_failure_at(int i)
 		   : 0;
 }
 
+/* A failure seen on nic in the last SUSPECT_NIC_NS, by this process or by another
+ * of the node (the node's ledger). */
 static bool nic_failed_lately(const struct r2cc_nic *nic)
 {
-	int64_t t = nic ? r2cc_nic_failure_at(nic->index) : 0;
+	int64_t t = nic ? r2cc_nic_failure_at(nic->index) : 0,
+		n = nic ? r2cc_ledger_failed_at(nic->name) : 0;
+	t = n > t ? n : t;
 	return t && now_ns() - t < SUSPECT_NIC_NS;
 }
 
@@ -222,13 +231,21 @@ static int64_t selftest_base_ns(void)
 	return r2cc_scan_floor() * 6 / 5;
 }
 
-/* How long the test waits for its answer before the NIC's progress is looked at.
- * Neither what is queued ahead nor a long request in service counts: the write has
- * a QP of its own, served in turn with the data's. */
+/* How long the test waits for its answer before the NIC's progress is looked at:
+ * the base time, and what the largest request in service at either end takes at
+ * its NIC's rate (one request, not the queue: the write has a QP of its own, served
+ * in turn with the data's; but a turn on a shaped or congested port can wait
+ * behind the request in service there: the soft device's links take their turns
+ * slice by slice on both ends, and a real port under incast queues the write
+ * behind what is in flight to it). On a 400 Gb/s port a 4 MB request adds 80 us. */
 static int64_t selftest_window(const struct selftest *t)
 {
-	(void)t;
-	return selftest_base_ns();
+	int64_t w = 0;
+	for (int i = 0; i < t->nb; i++) {
+		int64_t x = r2cc_stall_explained_ns(t->b[i], 0, 0) / 2;
+		w = x > w ? x : w;
+	}
+	return selftest_base_ns() + r2cc_stall_explained_ns(t->a, 0, 0) / 2 + w;
 }
 
 /* The pair answered each other: each witnesses the other's tests from now on. */
@@ -323,7 +340,8 @@ static int selftest_run(struct selftest *t)
 		 * It must have completed nothing for a whole window: one that drained
 		 * within it (work that left before a failure) is given a window from
 		 * that last drain. A sibling that had work and completed none since the
-		 * test began, or failed lately, is no witness. */
+		 * test began, or failed lately (in any process of the node), is no
+		 * witness. */
 		int64_t drain = r2cc_stall_last_drain(t->a);
 		if (drain > until - selftest_window(t)) {
 			until = drain + selftest_window(t);
