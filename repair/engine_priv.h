@@ -46,6 +46,7 @@
 #define SUSPECT_AGAIN_NS     200000000ll /* a stall that outlives its confirmation: first back-off */
 #define SUSPECT_MAX_NS	     5000000000ll
 #define PROBE_IDLE_NS	     20000000ll /* trailing unsignalled requests probed after this */
+#define ONE_SIBLING_FLOOR_X  5		/* the floor of a NIC with one sibling to test through */
 #define DRAIN_NS	     1000000000ll
 #define RESEND_NS	     100000000ll /* REQ re-sent while unanswered */
 #define INCIDENT_JOIN_NS     2000000000ll
@@ -609,6 +610,7 @@ void r2cc_nic_failure_seen(const struct r2cc_nic *nic);
 int64_t r2cc_nic_failure_at(int i);
 bool r2cc_selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bool failback);
 void r2cc_selftest_start(struct r2cc_nic *a, const char *why, bool stall);
+int r2cc_selftest_witnesses(const struct r2cc_nic *a);
 void r2cc_selftest_calibrate(struct r2cc_nic *a);
 
 /* repair/fence.c */

@@ -119,7 +119,11 @@ static void probe_quiet(struct r2cc_rqp *r, int64_t waited)
 void r2cc_scan(int64_t t)
 {
 	account(t);
-	int64_t floor = r2cc_scan_floor();
+	/* per NIC: its floor (0 until looked up: R2CC_STALL_MS, or ONE_SIBLING_FLOOR_X
+	 * times it with one sibling to test through), and whether it has the siblings
+	 * for the fast test (r2cc_selftest_witnesses) */
+	int64_t nic_floor[R2CC_STALL_MAX_NICS] = {0};
+	bool nic_fast[R2CC_STALL_MAX_NICS] = {false};
 	bool busy[R2CC_STALL_MAX_NICS] = {false}, hit[R2CC_STALL_MAX_NICS] = {false};
 	struct r2cc_rqp *sus[16];
 	int64_t sus_wait[16], sus_expl[16];
@@ -177,12 +181,21 @@ void r2cc_scan(int64_t t)
 		 * answers in microseconds on a live NIC, queued data or not; only a
 		 * NIC that stays silent for R2CC_STALL_MS fails it). One test per NIC
 		 * at a time, and a short back-off after one passed, bound the tests
-		 * by the NICs, whatever the number of queue pairs. */
+		 * by the NICs, whatever the number of queue pairs. Only a NIC with two
+		 * siblings or more to test through (r2cc_selftest_witnesses). */
+		int64_t floor = r2cc_scan_floor();
+		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS) {
+			if (!nic_floor[ni]) {
+				nic_fast[ni] = r2cc_selftest_witnesses(r->cur_nic) >= 2;
+				nic_floor[ni] = nic_fast[ni] ? floor : ONE_SIBLING_FLOOR_X * floor;
+			}
+			floor = nic_floor[ni];
+		}
 		int64_t waited = t - r->scan_progress,
 			quiet_since = r2cc_stall_last_drain(r->cur_nic);
 		if (quiet_since < r->scan_progress)
 			quiet_since = r->scan_progress;
-		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS && !quiet[ni] &&
+		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS && nic_fast[ni] && !quiet[ni] &&
 		    (t - quiet_since >= SCAN_NS || waited >= SCAN_NS)) {
 			quiet[ni] = r;
 			quiet_wait[ni] = waited;

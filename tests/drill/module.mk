@@ -101,7 +101,7 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:4:--fault-phase:connect:--procs:4:--flush:--link:roce:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:3:--fault-phase:connect:--churn:--messages:512:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--second-fault:2:--nccl-stub \
-	       60@$(DRILL):--fault:blackhole:--seeds:5:--second-fault:100:--nccl-stub \
+	       60@$(DRILL):--fault:blackhole:--seeds:5:--second-fault:100:--messages:512:--nccl-stub \
 	       90@$(DRILL):--fault:fatal:--seeds:24:--second-fault:2:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:8:--second-fault:0:--link:roce:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:24:--second-fault:0:--flush:--nccl-stub \
@@ -229,7 +229,7 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 # out, which the reports must say: a NIC no node has (its node's reports), a node not
 # in the job, a time after the job's end (every report).
 CPU_TESTS   += 600@$(DRILL_DIR)/inject-compare.sh:$(BUILD):4:1 \
-	       60@$(DRILL):--fault:blackhole:--inject:--second-fault:100:--seeds:3:--nccl-stub \
+	       60@$(DRILL):--fault:blackhole:--inject:--second-fault:100:--seeds:3:--messages:512:--nccl-stub \
 	       90@$(DRILL):--fault:down:--inject:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--time-scale:1:--ib-timeout:14:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node0/mlx5_9=down@0:--expect-drill-problem:mlx5_9:--seeds:2:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node7/mlx5_0=down@0:--expect-drill-problem:job:--seeds:2:--nccl-stub \
