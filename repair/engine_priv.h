@@ -192,8 +192,8 @@ struct r2cc_rqp {
 	struct pcq *new_pcq;
 	struct r2cc_ctx *new_ctx;
 	struct r2cc_qp_shadow *new_sh;
-	/* drain */
-	bool mark_s, mark_r;
+	/* drain; fence_broken: the path could not be moved to ERR, so nothing drains it */
+	bool mark_s, mark_r, fence_broken;
 	/* peer: the ends of NCCL's connection (repair/peer.h), tracked from RTS, and
 	 * the job and rank of the peer's process once known */
 	struct r2cc_peer_ep ep_local, ep_remote;

@@ -23,12 +23,19 @@ static void fence_begin(struct r2cc_rqp *r)
 	gate_close(&r->vcq->gate);
 	pthread_mutex_lock(&r->mu);
 	set_state(r, RQ_FENCING);
-	r->mark_s = r->mark_r = false;
+	r->mark_s = r->mark_r = r->fence_broken = false;
 	r->probe_at = 0; /* a probe out on this path flushes with it */
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
 	int rc = r2cc_eng.v.modify_qp(r->cur_qp, &a, IBV_QP_STATE);
-	if (rc)
+	if (rc) {
+		/* No markers then: on a path that still runs, a send marker would be a
+		 * real write and a receive marker would take a message. What the path
+		 * retired cannot be known: the QP's repair fails (NCCL's clean error). */
 		R2CC_WARN("repair: qp 0x%x: cannot move to ERR (%s)", r->qpn, strerror(rc));
+		r->mark_s = r->mark_r = r->fence_broken = true;
+		pthread_mutex_unlock(&r->mu);
+		return;
+	}
 	struct ibv_send_wr sw = {.wr_id = MARK_S,
 				 .opcode = IBV_WR_RDMA_WRITE,
 				 .send_flags = IBV_SEND_SIGNALED},
@@ -48,6 +55,8 @@ static void fence_begin(struct r2cc_rqp *r)
 
 static int fence_end(struct r2cc_rqp *r, int64_t until)
 {
+	if (r->fence_broken)
+		return -EIO;
 	for (;;) {
 		pthread_mutex_lock(&r->vcq->v->mu);
 		r2cc_vcq_pump(r->vcq);
@@ -120,5 +129,7 @@ void r2cc_fence_all(struct r2cc_rqp **list, int n, int *rc)
 
 const char *r2cc_fence_failure(int rc)
 {
-	return rc == -ETIMEDOUT ? "the old path did not drain" : "shadow inconsistent";
+	return rc == -ETIMEDOUT ? "the old path did not drain"
+	       : rc == -EIO	? "the old path could not be stopped (moving it to ERR failed)"
+				: "shadow inconsistent";
 }

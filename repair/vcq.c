@@ -88,13 +88,17 @@ static void route(struct r2cc_vcq *v, struct r2cc_rqp *r, struct ibv_wc *wc)
 	    r2cc_gflush_wc(r, wc))
 		return;
 	if (wc->wr_id == MARK_S || wc->wr_id == MARK_R) {
-		if (wc->status != IBV_WC_SUCCESS) { /* only a flush can complete a marker */
-			if (wc->wr_id == MARK_S)
-				r->mark_s = true;
-			else
-				r->mark_r = true;
-			return;
-		}
+		/* A flush ends the drain. A marker is posted only on a path in ERR, so
+		 * it completes in no other way; were one ever to succeed, it is still
+		 * R2CC's and never reaches NCCL. */
+		if (wc->wr_id == MARK_S)
+			r->mark_s = true;
+		else
+			r->mark_r = true;
+		if (wc->status == IBV_WC_SUCCESS)
+			R2CC_WARN("repair: qp 0x%x: a drain marker completed without a flush",
+				  r->qpn);
+		return;
 	}
 	if (wc->wr_id == R2CC_PROBE_WRID) {
 		if (wc->status == IBV_WC_SUCCESS) {
