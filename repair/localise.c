@@ -237,15 +237,18 @@ static bool selftest_reaches(const struct r2cc_nic *a, const struct r2cc_nic *b)
  * that plus two largest requests in service at each end, by which time a dead
  * sibling shows as one with work that completes nothing. Any thread.
  */
+/* Could a test of a go through b: another NIC of this process, UP, with its mirror. */
+static bool sibling_usable(const struct r2cc_nic *a, struct r2cc_nic *b)
+{
+	return b && b != a && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == R2CC_NIC_UP &&
+	       r2cc_mr_mirror_pd(b) && r2cc_ctx_of_nic(b);
+}
+
 int r2cc_selftest_witnesses(const struct r2cc_nic *a)
 {
 	int n = r2cc_nic_count(), k = 0;
-	for (int i = 0; i < n && k < 2; i++) {
-		struct r2cc_nic *b = r2cc_nic_by_index(i);
-		if (b && b != a && __atomic_load_n(&b->state, __ATOMIC_RELAXED) == R2CC_NIC_UP &&
-		    r2cc_mr_mirror_pd(b) && r2cc_ctx_of_nic(b))
-			k++;
-	}
+	for (int i = 0; i < n && k < 2; i++)
+		k += sibling_usable(a, r2cc_nic_by_index(i));
 	return k;
 }
 
@@ -604,10 +607,8 @@ static void selftest_siblings(struct selftest *t)
 				bool taken = false;
 				for (int j = 0; j < t->nb; j++)
 					taken = taken || t->b[j] == b;
-				if (taken || b == t->a ||
-				    __atomic_load_n(&b->state, __ATOMIC_RELAXED) != R2CC_NIC_UP ||
-				    (pass == 0 && nic_failed_lately(b)) || !r2cc_mr_mirror_pd(b) ||
-				    !r2cc_ctx_of_nic(b))
+				if (taken || !sibling_usable(t->a, b) ||
+				    (pass == 0 && nic_failed_lately(b)))
 					continue;
 				if (!best || r2cc_stall_last_drain(b) > r2cc_stall_last_drain(best))
 					best = b;
