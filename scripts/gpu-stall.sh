@@ -25,7 +25,9 @@
 # preloaded, default build/lib/libr2cc.so; 'none' runs plain NCCL), BYTES ("-b 256M -e
 # 512M"), ITERS ("-n 3 -w 1"), FAULT_AFTER_S (seconds into the run, default 12),
 # TIMEOUT_S (per run, default 150); FAULT_AT_ROW=N: the fault once N result rows are out
-# (instead of FAULT_AFTER_S).
+# (instead of FAULT_AFTER_S; with ITERS_TABLE, N iterations); ITERS_TABLE=1 (r2cc-perf
+# only): every iteration verified and timed (--iters-table), and the failover stall
+# reported: the slowest iteration but the first, minus the mean of the three on each side.
 # One line per run in LOGDIR/summary.txt: PASS/FAIL, exit status, #wrong, incidents that
 # were not declared (false repairs when nothing was injected), what R2CC's stall scan
 # suspected, the detection time of an injected fault, the busbw of the largest size.
@@ -85,6 +87,7 @@ one() { # RUN
 	else
 		launch=(env "${env[@]}" "$B/bin/r2cc-perf" --nodes "$nodes" --gpus-per-node 1 --coll allreduce
 			$BYTES -f 2 -c 1 $ITERS -T $((TIMEOUT_S - 10)))
+		[ "${ITERS_TABLE:-0}" = 1 ] && launch+=(--iters-table)
 	fi
 	echo "=== $spec: ${launch[*]}" >"$dir/console.txt"
 	local t0 t_fault=''
@@ -96,7 +99,7 @@ one() { # RUN
 	elif [ -n "$fault" ] && [ -n "${FAULT_AT_ROW:-}" ]; then
 		# in traffic for sure: once the program printed that many result rows
 		while kill -0 $pid 2>/dev/null &&
-			[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +float ' "$dir/console.txt")" -lt "$FAULT_AT_ROW" ]; do
+			[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +float |Iter [0-9]+/[0-9]+ END' "$dir/console.txt")" -lt "$FAULT_AT_ROW" ]; do
 			sleep 0.1
 		done
 	fi
@@ -185,6 +188,19 @@ cnt = lambda v: int(v) if v.isdigit() else 0
 wrong = sum(cnt(r[4]) + cnt(r[8]) for r in rows)
 nonnum = [r for r in rows if not r[4].isdigit() or not (r[8].isdigit() or r[8] == "N/A")]
 busbw = rows[-1][3] if rows else "-"
+# r2cc-perf --iters-table (ITERS_TABLE=1): every iteration verified and timed; the
+# failover stall is the slowest iteration (the first one aside) minus the mean of the (up to)
+# three iterations on either side of it
+its = [(int(a), float(b)) for a, b in re.findall(r"Iter (\d+)/\d+ END: OK \(elapsed (\d+) ms\)", txt)]
+its_wrong = len(re.findall(r"Iter \d+/\d+ END: WRONG", txt))
+wrong += its_wrong
+stall = "-"
+if its and bh:
+    k = max(range(1, len(its)), key=lambda j: its[j][1]) if len(its) > 2 else None
+    if k is not None:
+        around = [m for j, (_, m) in enumerate(its) if j and j != k and abs(j - k) <= 3]
+        if around:
+            stall = f"{its[k][1] - sum(around) / len(around):.0f}"
 inc = decl = sus = synth = undrilled = 0
 det = []
 if fault == "drill":
@@ -217,13 +233,14 @@ if fault and not bh:
     # (the time tells: a rank killed by a signal makes mpirun exit 137 too)
     ok = t_fault > 0 and float(secs) < limit - 1 and rc != 0 and wrong == 0
 else:
-    ok = rc == 0 and bool(rows) and wrong == 0 and not nonnum and (inc > 0 if bh else inc == 0)
+    ok = rc == 0 and (bool(rows) or bool(its)) and wrong == 0 and not nonnum and (inc > 0 if bh else inc == 0)
     ok = ok and t_fault >= 0
 ok = ok and lossy == 0 and undrilled == 0
 detect = f"{min(det):.0f}" if det else "-"
 print(f"{'PASS' if ok else 'FAIL'} {spec} coll={coll} link={link} rc={rc} rows={len(rows)} "
       f"wrong={wrong} repairs={inc} synthesised={synth} declared_incidents={decl} "
       f"suspected={sus} detect_ms={detect} lossy_bytes={lossy} busbw={busbw} secs={secs}"
+      + (f" iters={len(its)} failover_stall_ms={stall}" if its else "")
       + (f" drill_applied={'yes' if t_fault > 0 else 'NO'} not_marked_drill={undrilled}" if fault == "drill" else ""))
 PY
 )
