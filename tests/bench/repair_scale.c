@@ -58,6 +58,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/common/util.h"
+
 #define MAX_PEERS  64
 #define PER_NODE   4
 #define SLOT	   64 /* bytes of one queue pair's target in a peer's buffer */
@@ -103,19 +105,6 @@ static double real_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static long hwm_kb(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	long kb = -1;
-	while (f && fgets(line, sizeof(line), f))
-		if (!strncmp(line, "VmHWM:", 6))
-			kb = strtol(line + 6, NULL, 10);
-	if (f)
-		fclose(f);
-	return kb;
 }
 
 static int put(const char *name, int r, const void *data, size_t len)

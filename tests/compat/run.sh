@@ -17,27 +17,11 @@ cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 T=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && echo "kept $T" || rm -rf "$T"' EXIT
-rc=0 n=0
-fail() {
-	echo "FAIL: $*"
-	rc=1
-}
-ok() { n=$((n + 1)); }
+RUN_TAIL=12
+. tests/lib.sh
 for v in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_|R2CC_|FAKE_)'); do unset "$v"; done
 unset PARTS ITERS FAULT_AFTER NCCL_DIR
 
-# run NAME WANT_STATUS CMD...: output in $T/NAME.out
-run() {
-	local name=$1 want=$2 st=0
-	shift 2
-	"$@" >"$T/$name.out" 2>&1 || st=$?
-	if [ "$st" != "$want" ]; then
-		fail "$name: exit status $st, expected $want: $*"
-		tail -n 12 "$T/$name.out" | sed 's/^/    | /'
-		return 1
-	fi
-	ok
-}
 # has FILE REGEX...: every extended regex matches a line of FILE
 has() {
 	local f=$1 re

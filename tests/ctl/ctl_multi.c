@@ -32,6 +32,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/common/util.h"
+
 #define T_ECHO	200
 #define T_COUNT 201
 #define MAXP	16
@@ -55,13 +57,6 @@ static int to_worker[MAXP];
 static pid_t pids[MAXP];
 static int nworkers;
 static int counted;
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void fail(const char *what, int rank, int rc)
 {

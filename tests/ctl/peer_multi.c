@@ -33,6 +33,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/common/util.h"
+
 #define MAXP	  32
 #define NICS	  2
 #define QPC	  3 /* QPs per connection on each NIC (NCCL_IB_QPS_PER_CONNECTION) */
@@ -104,13 +106,6 @@ static void nic_of(int p, int k, struct r2cc_ctl_nic *nic)
 	memcpy(nic->gid, ep.gid, 16);
 	nic->port = 1;
 	nic->state = 4;
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static int self;

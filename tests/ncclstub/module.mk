@@ -8,7 +8,7 @@
 NCCLSTUB_EXPECT_WRAPPED ?= 1
 
 NCCLSTUB_DIR  := $(BUILD)/tests/ncclstub
-NCCLSTUB_HDR  := tests/ncclstub/ncclstub.h
+NCCLSTUB_HDR  := tests/ncclstub/ncclstub.h tests/ncclstub/ncclstub_calls.def
 NCCLSTUB_LIBS := $(NCCLSTUB_DIR)/libnccl.so.2 $(NCCLSTUB_DIR)/old/libnccl.so.2
 NCCLSTUB_BINS := $(NCCLSTUB_DIR)/passthrough $(NCCLSTUB_DIR)/old/passthrough
 NCCLSTUB_RUN  := tests/ncclstub/run.sh:$(NCCLSTUB_DIR):$(LIBR2CC)

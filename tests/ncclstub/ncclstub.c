@@ -332,14 +332,6 @@ STUB_API(ncclResult_t, ncclMemAlloc, void **ptr, size_t size)
 	}
 	return call_end(c, res);
 }
-
-STUB_API(ncclResult_t, ncclMemFree, void *ptr)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclMemFree);
-
-	argp(c, ptr);
-	return call_end(c, ncclSuccess);
-}
 #endif
 
 STUB_API(ncclResult_t, ncclGetVersion, int *version)
@@ -423,31 +415,6 @@ STUB_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comms, int ndev, const int *
 	for (int i = 0; i < ndev; i++)
 		outp(c, comms[i]);
 	return call_end(c, res);
-}
-
-STUB_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclCommFinalize);
-
-	argp(c, comm);
-	return call_end(c, comm_check(comm));
-}
-
-/* NCCL accepts a NULL comm here and does nothing. */
-STUB_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclCommDestroy);
-
-	argp(c, comm);
-	return call_end(c, comm ? comm_check(comm) : ncclSuccess);
-}
-
-STUB_API(ncclResult_t, ncclCommAbort, ncclComm_t comm)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclCommAbort);
-
-	argp(c, comm);
-	return call_end(c, comm ? comm_check(comm) : ncclSuccess);
 }
 
 #ifndef NCCLSTUB_OLD
@@ -654,15 +621,6 @@ STUB_API(ncclResult_t, ncclCommRegister, const ncclComm_t comm, void *buff, size
 	return call_end(c, res);
 }
 
-STUB_API(ncclResult_t, ncclCommDeregister, const ncclComm_t comm, void *handle)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclCommDeregister);
-
-	argp(c, comm);
-	argp(c, handle);
-	return call_end(c, comm_check(comm));
-}
-
 STUB_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void *buff, size_t size,
 	 ncclWindow_t *win, int winFlags)
 {
@@ -683,15 +641,6 @@ STUB_API(ncclResult_t, ncclCommWindowRegister, ncclComm_t comm, void *buff, size
 		outp(c, *win);
 	}
 	return call_end(c, res);
-}
-
-STUB_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t win)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclCommWindowDeregister);
-
-	argp(c, comm);
-	argp(c, win);
-	return call_end(c, comm_check(comm));
 }
 #endif
 
@@ -739,169 +688,22 @@ STUB_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm)
 	return call_end(c, res);
 }
 
-STUB_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t count,
-	 ncclDataType_t datatype, ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclReduce);
-
-	argp(c, sendbuff);
-	argp(c, recvbuff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)op);
-	arg(c, (uint64_t)root);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, count, datatype, true, op, root));
-}
-
-/* The in-place legacy form: NCCL forwards it to the exported ncclBroadcast (PLT). */
-STUB_API(ncclResult_t, ncclBcast, void *buff, size_t count, ncclDataType_t datatype, int root,
-	 ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclBcast);
-
-	argp(c, buff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)root);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, ncclBroadcast(buff, buff, count, datatype, root, comm, stream));
-}
-
-STUB_API(ncclResult_t, ncclBroadcast, const void *sendbuff, void *recvbuff, size_t count,
-	 ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclBroadcast);
-
-	argp(c, sendbuff);
-	argp(c, recvbuff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)root);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, count, datatype, false, ncclSum, root));
-}
-
-STUB_API(ncclResult_t, ncclAllReduce, const void *sendbuff, void *recvbuff, size_t count,
-	 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclAllReduce);
-
-	argp(c, sendbuff);
-	argp(c, recvbuff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)op);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, count, datatype, true, op, -1));
-}
-
-STUB_API(ncclResult_t, ncclReduceScatter, const void *sendbuff, void *recvbuff, size_t recvcount,
-	 ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclReduceScatter);
-
-	argp(c, sendbuff);
-	argp(c, recvbuff);
-	arg(c, recvcount);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)op);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, recvcount, datatype, true, op, -1));
-}
-
-STUB_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
-	 ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclAllGather);
-
-	argp(c, sendbuff);
-	argp(c, recvbuff);
-	arg(c, sendcount);
-	arg(c, (uint64_t)datatype);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, sendcount, datatype, false, ncclSum, -1));
-}
-
-#ifndef NCCLSTUB_OLD
-STUB_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count,
-	 ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclAlltoAll);
-
-	argp(c, sendbuff);
-	argp(c, recvbuff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, count, datatype, false, ncclSum, -1));
-}
-
-STUB_API(ncclResult_t, ncclGather, const void *sendbuff, void *recvbuff, size_t count,
-	 ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclGather);
-
-	argp(c, sendbuff);
-	argp(c, recvbuff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)root);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, count, datatype, false, ncclSum, root));
-}
-
-STUB_API(ncclResult_t, ncclScatter, const void *sendbuff, void *recvbuff, size_t count,
-	 ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclScatter);
-
-	argp(c, sendbuff);
-	argp(c, recvbuff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)root);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, count, datatype, false, ncclSum, root));
-}
-#endif
-
-STUB_API(ncclResult_t, ncclSend, const void *sendbuff, size_t count, ncclDataType_t datatype,
-	 int peer, ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclSend);
-
-	argp(c, sendbuff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)peer);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, count, datatype, false, ncclSum, peer));
-}
-
-STUB_API(ncclResult_t, ncclRecv, void *recvbuff, size_t count, ncclDataType_t datatype, int peer,
-	 ncclComm_t comm, cudaStream_t stream)
-{
-	struct ncclstub_call *c = call_begin(NCCLSTUB_ncclRecv);
-
-	argp(c, recvbuff);
-	arg(c, count);
-	arg(c, (uint64_t)datatype);
-	arg(c, (uint64_t)peer);
-	argp(c, comm);
-	argp(c, stream);
-	return call_end(c, coll_check(comm, count, datatype, false, ncclSum, peer));
-}
+/* The stubs that only record their arguments and return one result, from one list. */
+#define ARGP(x)		     argp(c, x);
+#define ARG(x)		     arg(c, (uint64_t)(x));
+#define NCCLSTUB_PARAMS(...) __VA_ARGS__
+#define NCCLSTUB_CALL(name, params, record, result)                                                \
+	STUB_API(ncclResult_t, name, NCCLSTUB_PARAMS params)                                       \
+	{                                                                                          \
+		struct ncclstub_call *c = call_begin(NCCLSTUB_##name);                             \
+                                                                                                   \
+		record return call_end(c, result);                                                 \
+	}
+#include "tests/ncclstub/ncclstub_calls.def"
+#undef NCCLSTUB_CALL
+#undef NCCLSTUB_PARAMS
+#undef ARG
+#undef ARGP
 
 /* nccl.h declares the two without a prototype. */
 ncclResult_t ncclGroupStart(void);

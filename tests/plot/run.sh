@@ -9,8 +9,7 @@ cd "$(dirname "$0")/../.."
 PLOT=scripts/plot.py
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
-rc=0
-fail() { echo "FAIL: $*"; rc=1; }
+. tests/lib.sh
 
 # The PNG checks need matplotlib too; plot.py falls back to the system python3 the same way.
 PY=

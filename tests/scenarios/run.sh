@@ -20,13 +20,7 @@ ROOT=$PWD
 S=scripts/scenarios
 T=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && echo "kept $T" || rm -rf "$T"' EXIT
-rc=0
-n=0
-fail() {
-	echo "FAIL: $*"
-	rc=1
-}
-ok() { n=$((n + 1)); }
+. tests/lib.sh
 
 # A clean environment: the expected command lines list the NCCL_* variables a run passes on.
 for v in $(compgen -e | grep -E '^(NCCL_|SOFTVERBS_|R2CC_|OVS_|IBPORTSTATE_|FAULT_|MPI)'); do unset "$v"; done
@@ -39,18 +33,6 @@ mkdir -p "$FAKE_STATE"
 unset R2CC_TARGET R2CC_FAULT_METHOD NCCL_TESTS_DIR HOSTFILE SAVE_LOG LOG_DIR DRY_RUN FAULT NCCL_DEBUG
 unset R2CC_DEBUG R2CC_MODE MAX_BYTES MIN_BYTES NODES GPUS_PER_NODE NP NCCL_TEST_BIN SIZE ITERS FAULT_AT
 
-# run NAME WANT_STATUS CMD...: output in $T/NAME.out
-run() {
-	local name=$1 want=$2 st=0
-	shift 2
-	"$@" >"$T/$name.out" 2>&1 || st=$?
-	if [ "$st" != "$want" ]; then
-		fail "$name: exit status $st, expected $want: $*"
-		tail -n 8 "$T/$name.out" | sed 's/^/    | /'
-		return 1
-	fi
-	ok
-}
 # has NAME REGEX...: every extended regex matches a line of NAME's output
 has() {
 	local name=$1 re

@@ -10,6 +10,7 @@
  *
  *   conformance [TEST...]     run all tests, or the named ones
  */
+#include "tests/softverbs/harness.h"
 #include "tests/softverbs/softverbs.h"
 
 #include <arpa/inet.h>
@@ -68,48 +69,6 @@ struct peer {
 };
 
 typedef void (*role_fn)(struct peer *p);
-
-static char ctl_path[PATH_MAX];
-static char fabric[64];
-
-static void fail(struct peer *p, int line, const char *cond, const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "FAIL [%c] line %d: %s ", p ? p->role : '-', line, cond);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\n");
-	exit(1);
-}
-
-#define CHECK(p, cond, ...)                                                                        \
-	do {                                                                                       \
-		if (!(cond))                                                                       \
-			fail(p, __LINE__, #cond, "" __VA_ARGS__);                                  \
-	} while (0)
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void sync_send(struct peer *p, int tag)
-{
-	CHECK(p, write(p->sock, &tag, sizeof(tag)) == sizeof(tag));
-}
-
-static void sync_wait(struct peer *p, int tag)
-{
-	int got = -1;
-
-	CHECK(p, read(p->sock, &got, sizeof(got)) == sizeof(got), "(peer gone)");
-	CHECK(p, got == tag, "(got sync %d, want %d)", got, tag);
-}
 
 /* Polls one completion for up to `ms`; returns 1 or 0. */
 static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, double ms)
@@ -357,20 +316,6 @@ static int qp_state(struct peer *p, int q)
 
 	CHECK(p, ibv_query_qp(p->qp[q], &a, IBV_QP_STATE, &init) == 0);
 	return a.qp_state;
-}
-
-static void fill(uint8_t *b, size_t len, unsigned seed)
-{
-	for (size_t i = 0; i < len; i++)
-		b[i] = (uint8_t)(i * 131 + seed);
-}
-
-static bool check_fill(const uint8_t *b, size_t len, unsigned seed)
-{
-	for (size_t i = 0; i < len; i++)
-		if (b[i] != (uint8_t)(i * 131 + seed))
-			return false;
-	return true;
 }
 
 /* ---- write, immediate data, zero length, chains, multiple SGEs, inline ---- */
@@ -2873,8 +2818,7 @@ static const struct test tests[] = {
 
 static void child_env(const struct test *t, char role)
 {
-	char buf[512], *save = NULL, *tok, node[2] = {role, 0};
-	const char *env = t->env;
+	char node[2] = {role, 0};
 
 	setenv("SOFTVERBS_FABRIC", fabric, 1);
 	setenv("SOFTVERBS_NODE", role == 'B' && t->node_b ? t->node_b : node, 1);
@@ -2884,93 +2828,39 @@ static void child_env(const struct test *t, char role)
 	unsetenv("SOFTVERBS_FAULT");
 	unsetenv("SOFTVERBS_SEED");
 	unsetenv("SOFTVERBS_INFLIGHT");
-	if (!env)
-		return;
-	snprintf(buf, sizeof(buf), "%s", env);
-	for (tok = strtok_r(buf, ";", &save); tok; tok = strtok_r(NULL, ";", &save))
-		putenv(strdup(tok));
+	sv_put_env(t->env);
 }
 
-static pid_t spawn(const struct test *t, char role, int sock, int other)
+static void child(const void *arg, char role, int sock)
 {
-	pid_t pid = fork();
+	const struct test *t = arg;
+	struct peer p = {.role = role, .sock = sock};
 
-	if (pid == 0) {
-		struct peer p = {.role = role, .sock = sock};
-
-		close(other);
-		child_env(t, role);
-		alarm(30);
-		(role == 'A' ? t->a : t->b)(&p);
-		exit(0);
-	}
-	return pid;
+	child_env(t, role);
+	(role == 'A' ? t->a : t->b)(&p);
 }
 
-static bool run(const struct test *t)
+static const char *test_name(size_t i)
 {
-	static int seq;
-	static bool kept;
-	int sv[2], st_a = 0, st_b = 0;
-	double t0 = now_ms();
-	char path[96];
-	pid_t a, b;
-	bool ok;
+	return tests[i].name;
+}
 
-	if (!kept)
-		snprintf(fabric, sizeof(fabric), "svtest-%d-%d", (int)getpid(), seq++);
-	kept = t->keep;
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
-		return false;
-	a = spawn(t, 'A', sv[0], sv[1]);
-	b = spawn(t, 'B', sv[1], sv[0]);
-	close(sv[0]);
-	close(sv[1]);
-	waitpid(a, &st_a, 0);
-	waitpid(b, &st_b, 0);
-	ok = WIFEXITED(st_a) && WEXITSTATUS(st_a) == 0 &&
-	     (t->b_dies ? WIFSIGNALED(st_b) && WTERMSIG(st_b) == SIGKILL
-			: WIFEXITED(st_b) && WEXITSTATUS(st_b) == 0);
-	if (ok && t->verdict)
-		ok = t->verdict();
-	snprintf(path, sizeof(path), "/%s", fabric);
-	if (!t->keep)
-		shm_unlink(path);
-	printf("%s %s (%.0f ms)\n", ok ? "ok  " : "FAIL", t->name, now_ms() - t0);
-	if (!ok)
-		printf("     A: %s %d, B: %s %d\n", WIFSIGNALED(st_a) ? "signal" : "exit",
-		       WIFSIGNALED(st_a) ? WTERMSIG(st_a) : WEXITSTATUS(st_a),
-		       WIFSIGNALED(st_b) ? "signal" : "exit",
-		       WIFSIGNALED(st_b) ? WTERMSIG(st_b) : WEXITSTATUS(st_b));
-	fflush(stdout);
-	return ok;
+static bool run(size_t i)
+{
+	const struct test *t = &tests[i];
+	const struct sv_pair pair = {
+	    .name = t->name, .b_dies = t->b_dies, .keep = t->keep, .verdict = t->verdict};
+
+	return sv_run_pair("svtest", &pair, child, t);
 }
 
 int main(int argc, char **argv)
 {
-	ssize_t n = readlink("/proc/self/exe", ctl_path, sizeof(ctl_path) - 64);
-	int failed = 0, ran = 0;
-
-	if (n <= 0)
+	if (sv_test_init() != 0)
 		return 2;
-	ctl_path[n] = '\0';
-	*strrchr(ctl_path, '/') = '\0';
-	strcat(ctl_path, "/../../bin/softverbs-ctl");
-	setvbuf(stdout, NULL, _IOLBF, 0);
 	results =
 	    mmap(NULL, sizeof(*results), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (results == MAP_FAILED)
 		return 2;
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-		bool pick = argc == 1;
-
-		for (int k = 1; k < argc; k++)
-			pick |= strcmp(argv[k], tests[i].name) == 0;
-		if (!pick)
-			continue;
-		ran++;
-		failed += !run(&tests[i]);
-	}
-	printf("%d tests, %d failed\n", ran, failed);
-	return failed || !ran ? 1 : 0;
+	return sv_run_named(argc, argv, sizeof(tests) / sizeof(tests[0]), test_name, run);
 }

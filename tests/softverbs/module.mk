@@ -66,13 +66,13 @@ $(SV_COMPAT): $(SV_OBJ)/test_compat.o $(SV_LINK)
 	@mkdir -p $(@D)
 	$(CC) -o $@ $(SV_OBJ)/test_compat.o $(SV_TLIBS) -lcriterion -pthread
 
-$(SV_CONF): $(SV_OBJ)/conformance.o $(SV_LINK) $(SV_CTL)
+$(SV_CONF): $(SV_OBJ)/conformance.o $(SV_OBJ)/harness.o $(SV_LINK) $(SV_CTL)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(SV_OBJ)/conformance.o $(SV_TLIBS) -pthread
+	$(CC) -o $@ $(SV_OBJ)/conformance.o $(SV_OBJ)/harness.o $(SV_TLIBS) -pthread
 
-$(SV_ROCE): $(SV_OBJ)/roce_test.o $(SV_LINK) $(SV_CTL)
+$(SV_ROCE): $(SV_OBJ)/roce_test.o $(SV_OBJ)/harness.o $(SV_LINK) $(SV_CTL)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(SV_OBJ)/roce_test.o $(SV_TLIBS) -pthread
+	$(CC) -o $@ $(SV_OBJ)/roce_test.o $(SV_OBJ)/harness.o $(SV_TLIBS) -pthread
 
 $(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
 	@mkdir -p $(@D)

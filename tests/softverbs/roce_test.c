@@ -13,6 +13,7 @@
  *
  *   roce [TEST...]     run all tests, or the named ones
  */
+#include "tests/softverbs/harness.h"
 #include "tests/softverbs/softverbs.h"
 
 #include <arpa/inet.h>
@@ -78,48 +79,6 @@ struct peer {
 };
 
 typedef void (*role_fn)(struct peer *p);
-
-static char ctl_path[PATH_MAX];
-static char fabric[64];
-
-static void fail(struct peer *p, int line, const char *cond, const char *fmt, ...)
-{
-	va_list ap;
-
-	fprintf(stderr, "FAIL [%c] line %d: %s ", p ? p->role : '-', line, cond);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "\n");
-	exit(1);
-}
-
-#define CHECK(p, cond, ...)                                                                        \
-	do {                                                                                       \
-		if (!(cond))                                                                       \
-			fail(p, __LINE__, #cond, "" __VA_ARGS__);                                  \
-	} while (0)
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void sync_send(struct peer *p, int tag)
-{
-	CHECK(p, write(p->sock, &tag, sizeof(tag)) == sizeof(tag));
-}
-
-static void sync_wait(struct peer *p, int tag)
-{
-	int got = -1;
-
-	CHECK(p, read(p->sock, &got, sizeof(got)) == sizeof(got), "(peer gone)");
-	CHECK(p, got == tag, "(got sync %d, want %d)", got, tag);
-}
 
 static union ibv_gid gid_of(const char *text)
 {
@@ -288,20 +247,6 @@ static void connect_all(struct peer *p, const struct conn *c, int n)
 	}
 	sync_send(p, 100);
 	sync_wait(p, 100);
-}
-
-static void fill(uint8_t *b, size_t len, unsigned seed)
-{
-	for (size_t i = 0; i < len; i++)
-		b[i] = (uint8_t)(i * 131 + seed);
-}
-
-static bool check_fill(const uint8_t *b, size_t len, unsigned seed)
-{
-	for (size_t i = 0; i < len; i++)
-		if (b[i] != (uint8_t)(i * 131 + seed))
-			return false;
-	return true;
 }
 
 /* The sender's data for connection i lands in the receiver's half for that sender. */
@@ -824,98 +769,43 @@ static const struct test tests[] = {
      .env_b = "SOFTVERBS_LINK=ib"},
 };
 
-static void put_env(const char *env)
+static void child(const void *arg, char role, int sock)
 {
-	char buf[512], *save = NULL, *tok;
+	const struct test *t = arg;
+	struct peer p = {.role = role, .sock = sock};
+	char node[2] = {role, 0};
 
-	if (!env)
-		return;
-	snprintf(buf, sizeof(buf), "%s", env);
-	for (tok = strtok_r(buf, ";", &save); tok; tok = strtok_r(NULL, ";", &save))
-		putenv(strdup(tok));
+	setenv("SOFTVERBS_FABRIC", fabric, 1);
+	setenv("SOFTVERBS_NODE", node, 1);
+	setenv("SOFTVERBS_NICS", "mlx5_0:100,mlx5_1:100", 1);
+	setenv("SOFTVERBS_TIME_SCALE", "0.2", 1);
+	unsetenv("SOFTVERBS_LINK");
+	unsetenv("SOFTVERBS_ROUTED");
+	unsetenv("SOFTVERBS_LOSSLESS_TC");
+	unsetenv("SOFTVERBS_MTU");
+	unsetenv("SOFTVERBS_SHAPING");
+	unsetenv("SOFTVERBS_FAULT");
+	sv_put_env(t->env);
+	if (role == 'B')
+		sv_put_env(t->env_b);
+	(role == 'A' ? t->a : t->b)(&p);
 }
 
-static pid_t spawn(const struct test *t, char role, int sock, int other)
+static const char *test_name(size_t i)
 {
-	pid_t pid = fork();
-
-	if (pid == 0) {
-		struct peer p = {.role = role, .sock = sock};
-		char node[2] = {role, 0};
-
-		close(other);
-		setenv("SOFTVERBS_FABRIC", fabric, 1);
-		setenv("SOFTVERBS_NODE", node, 1);
-		setenv("SOFTVERBS_NICS", "mlx5_0:100,mlx5_1:100", 1);
-		setenv("SOFTVERBS_TIME_SCALE", "0.2", 1);
-		unsetenv("SOFTVERBS_LINK");
-		unsetenv("SOFTVERBS_ROUTED");
-		unsetenv("SOFTVERBS_LOSSLESS_TC");
-		unsetenv("SOFTVERBS_MTU");
-		unsetenv("SOFTVERBS_SHAPING");
-		unsetenv("SOFTVERBS_FAULT");
-		put_env(t->env);
-		if (role == 'B')
-			put_env(t->env_b);
-		alarm(30);
-		(role == 'A' ? t->a : t->b)(&p);
-		exit(0);
-	}
-	return pid;
+	return tests[i].name;
 }
 
-static bool run(const struct test *t)
+static bool run(size_t i)
 {
-	static int seq;
-	int sv[2], st_a = 0, st_b = 0;
-	double t0 = now_ms();
-	char path[96];
-	pid_t a, b;
-	bool ok;
+	const struct sv_pair pair = {.name = tests[i].name};
 
-	snprintf(fabric, sizeof(fabric), "svroce-%d-%d", (int)getpid(), seq++);
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
-		return false;
-	a = spawn(t, 'A', sv[0], sv[1]);
-	b = spawn(t, 'B', sv[1], sv[0]);
-	close(sv[0]);
-	close(sv[1]);
-	waitpid(a, &st_a, 0);
-	waitpid(b, &st_b, 0);
-	ok = WIFEXITED(st_a) && WEXITSTATUS(st_a) == 0 && WIFEXITED(st_b) && WEXITSTATUS(st_b) == 0;
-	snprintf(path, sizeof(path), "/%s", fabric);
-	shm_unlink(path);
-	printf("%s %s (%.0f ms)\n", ok ? "ok  " : "FAIL", t->name, now_ms() - t0);
-	if (!ok)
-		printf("     A: %s %d, B: %s %d\n", WIFSIGNALED(st_a) ? "signal" : "exit",
-		       WIFSIGNALED(st_a) ? WTERMSIG(st_a) : WEXITSTATUS(st_a),
-		       WIFSIGNALED(st_b) ? "signal" : "exit",
-		       WIFSIGNALED(st_b) ? WTERMSIG(st_b) : WEXITSTATUS(st_b));
-	fflush(stdout);
-	return ok;
+	return sv_run_pair("svroce", &pair, child, &tests[i]);
 }
 
 int main(int argc, char **argv)
 {
-	ssize_t n = readlink("/proc/self/exe", ctl_path, sizeof(ctl_path) - 64);
-	int failed = 0, ran = 0;
-
-	if (n <= 0)
+	if (sv_test_init() != 0)
 		return 2;
-	ctl_path[n] = '\0';
-	*strrchr(ctl_path, '/') = '\0';
-	strcat(ctl_path, "/../../bin/softverbs-ctl");
-	setvbuf(stdout, NULL, _IOLBF, 0);
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-		bool pick = argc == 1;
-
-		for (int k = 1; k < argc; k++)
-			pick |= strcmp(argv[k], tests[i].name) == 0;
-		if (!pick)
-			continue;
-		ran++;
-		failed += !run(&tests[i]);
-	}
-	printf("%d tests, %d failed\n", ran, failed);
-	return failed || !ran ? 1 : 0;
+	return sv_run_named(argc, argv, sizeof(tests) / sizeof(tests[0]), test_name, run);
 }

@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/common/util.h"
+
 #define T_ECHO	 100
 #define T_COUNT	 101
 #define T_SILENT 102
@@ -38,13 +40,6 @@ static void lo_only(void)
 }
 
 TestSuite(ctl_live, .init = lo_only, .timeout = 30);
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static void self_member(struct r2cc_ctl_member *m, const char *key)
 {

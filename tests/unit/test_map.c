@@ -19,6 +19,8 @@ static void map_race2(const struct r2cc_map *m, size_t slot);
 #include <pthread.h>
 #include <time.h>
 
+#include "tests/common/util.h"
+
 static int va, vb;
 static uint64_t key_a = 1, key_b;
 static int armed, armed2;
@@ -97,13 +99,6 @@ Test(map_race, slot_reused_and_given_back_aba)
 	cr_expect_neq(got, &va, "A's value returned under key B");
 	cr_expect_null(got, "B was removed before the lookup ended");
 	r2cc_map_fini(&m);
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 struct stress {
