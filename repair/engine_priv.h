@@ -253,6 +253,7 @@ struct r2cc_rqp {
 	/* stall scan */
 	uint64_t scan_retired, scan_posted;
 	int64_t scan_progress, scan_idle;
+	bool scan_waiting;     /* the last scan saw a signalled request outstanding */
 	uint64_t wait_ahead;   /* the most the node had queued on the NIC during this wait */
 	int64_t suspect_after; /* this wait is suspected again only beyond this long */
 	const struct r2cc_qp_shadow *acct_sh; /* the load model's baseline: shadow, bytes */

@@ -149,7 +149,12 @@ void r2cc_scan(int64_t t)
 		int ni = r->cur_nic->index;
 		if (waiting && ni >= 0 && ni < R2CC_STALL_MAX_NICS)
 			busy[ni] = true;
-		if (!waiting || retired != r->scan_retired || !r->scan_progress) {
+		/* A wait is timed from the first scan that saw it: a request posted
+		 * since the last scan (which saw none outstanding) has waited less
+		 * than a scan period, however long ago that scan was. */
+		bool seen = r->scan_waiting;
+		r->scan_waiting = waiting;
+		if (!waiting || !seen || retired != r->scan_retired || !r->scan_progress) {
 			if (retired != r->scan_retired && r->scan_progress)
 				r2cc_eng.last_progress = t;
 			r->scan_retired = retired;
