@@ -27,8 +27,11 @@ args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b 25
 # with MODE0=1, r2cc-mode0 (the library loaded, R2CC_MODE=0: pure pass-through), a control
 # for effects of loading anything at all. The order rotates every round, so that no variant
 # always runs first (a fixed order showed up as a bias of several per cent at 1 MiB).
+# R2CC_LIB_B=PATH adds r2cc-b, another build of the library (an earlier commit, say),
+# in the same rounds.
 variants=(plain r2cc)
 [ "${MODE0:-0}" = 1 ] && variants+=(r2cc-mode0)
+[ -n "${R2CC_LIB_B:-}" ] && variants+=(r2cc-b)
 nv=${#variants[@]}
 for r in $(seq "$ROUNDS"); do
 	for k in $(seq 0 $((nv - 1))); do
@@ -39,6 +42,7 @@ for r in $(seq "$ROUNDS"); do
 		pre= mode=${MODE:-2}
 		[ $v != plain ] && pre=$PWD/$B/lib/libr2cc.so
 		[ $v = r2cc-mode0 ] && mode=0
+		[ $v = r2cc-b ] && pre=$R2CC_LIB_B
 		LD_PRELOAD=$pre R2CC_MODE=$mode timeout 300 "$B"/bin/r2cc-perf "${args[@]}" >"$LOG/overhead-$v-$r.log" 2>&1 ||
 			echo "round $r $v failed (rc=$?)"
 		softfabric_reset
@@ -55,7 +59,7 @@ log, rounds = sys.argv[1], int(sys.argv[2])
 def rows(path):
     """size -> (busbw, #wrong) of the last sweep in the log (-N 2 prints two)."""
     return {size: (r["oop_bw"], r["oop_wrong"]) for size, r in last_rows(path).items()}
-variants = ("plain", "r2cc", "r2cc-mode0")
+variants = ("plain", "r2cc", "r2cc-mode0", "r2cc-b")
 data = {v: {} for v in variants}  # variant -> round -> size -> busbw
 for v in variants:
     for r in range(1, rounds + 1):
@@ -73,13 +77,13 @@ def ratio(v, size):
 def med(v, size):
     xs = [data[v][r][size] for r in data[v] if size in data[v][r]]
     return statistics.median(xs) if xs else float("nan")
-m0 = bool(data["r2cc-mode0"])
+extra = tuple(v for v in ("r2cc-mode0", "r2cc-b") if data[v])
 sizes = sorted({s for r in data["plain"].values() for s in r})
 print(f"{'bytes':>12} {'plain':>8} {'r2cc':>8} {'ratio [range]':>22}" +
-      (f" {'mode0':>8} {'ratio [range]':>22}" if m0 else ""))
+      "".join(f" {v.replace('r2cc-', ''):>8} {'ratio [range]':>22}" for v in extra))
 for size in sizes:
     line = f"{size:>12} {med('plain', size):>8.2f}"
-    for v in ("r2cc",) + (("r2cc-mode0",) if m0 else ()):
+    for v in ("r2cc",) + extra:
         q = ratio(v, size)
         cell = f"{q[0]:.3f} [{q[1]:.3f}, {q[2]:.3f}]" if q else "-"
         line += f" {med(v, size):>8.2f} {cell:>22}"
