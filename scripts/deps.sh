@@ -57,7 +57,7 @@ command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
 command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3)
-# rdma-core's own programs, run over the software RDMA device (tests/softverbs).
+# rdma-core's own programs, run over the software RDMA device (softverbs/).
 for p in perftest ibverbs-utils rdmacm-utils python3-pyverbs ibverbs-providers; do
 	dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done

@@ -195,7 +195,7 @@ run_env() { # NAME FUSED(0|1)
 	# ahead of any other libnccl.so.2 on the caller's path
 	export LD_LIBRARY_PATH=$NCCLDIR${BASE_LDP:+:$BASE_LDP}
 	unset NCCL_IB_MERGE_NICS NCCL_IB_RESILIENCY_PORT_FAILOVER NCCL_GIN_ENABLE NCCL_TOPO_DUMP_FILE
-	# 2.19 wants a bus id on every child of the GPU's CPU node (tests/softverbs/topo.sh)
+	# 2.19 wants a bus id on every child of the GPU's CPU node (softverbs/topo.sh)
 	if [ "$(minor "$V")" = 19 ]; then export SOFTVERBS_TOPO_NIC_BUSID=ffff:ff:1f.7; else unset SOFTVERBS_TOPO_NIC_BUSID; fi
 	SOFTFABRIC_FUSED=$2 softfabric_env "${NICS//,/:$GBPS,}:$GBPS" "cmp-$1-$$"
 	export SOFTVERBS_SHAPING=1 SOFTVERBS_TIME_SCALE=$SCALE

@@ -106,7 +106,7 @@ NCCL_TESTS_DIR=$T/none PARTS=nccltests run nt-none 1 scripts/gpu-compat.sh "$T/n
 has "$T/nt-none/summary.txt" '^2\.21\.5 nccltests=FAIL' 'nccltests: no NCCL_TESTS_DIR/all_reduce_perf'
 rm -f "$T/state/perf.calls"
 
-# 2.19 alone gets a bus id on the soft topology's <nic> (tests/softverbs/topo.sh says why).
+# 2.19 alone gets a bus id on the soft topology's <nic> (softverbs/topo.sh says why).
 PARTS=healthy run v219 0 scripts/gpu-compat.sh "$T/v219" 2.19.3
 has "$T/state/perf.calls" '^merge=0 .* nic_busid=1$'
 rm -f "$T/state/perf.calls"

@@ -28,8 +28,8 @@ export LD_LIBRARY_PATH=$B/softverbs
 export R2CC_DOCTOR_NCCL=$B/tests/doctor/nccl/libnccl.so.2
 export NCCL_HOSTID=node0 SOFTVERBS_NICS=mlx5_0:25,mlx5_2:100,mlx5_3:100
 export NCCL_NET_MERGE_LEVEL=LOC NCCL_GIN_TYPE=2 NCCL_NET_GDR_LEVEL=LOC NCCL_SOCKET_IFNAME=lo
-tests/softverbs/topo.sh mlx5_0:25 mlx5_2:100 mlx5_3:100 >"$TMP/topo3.xml"
-tests/softverbs/topo.sh mlx5_0:100 >"$TMP/topo1.xml"
+softverbs/topo.sh mlx5_0:25 mlx5_2:100 mlx5_3:100 >"$TMP/topo3.xml"
+softverbs/topo.sh mlx5_0:100 >"$TMP/topo1.xml"
 export NCCL_TOPO_FILE=$TMP/topo3.xml
 
 fabric() {

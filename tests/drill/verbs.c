@@ -6,8 +6,8 @@
  * hooks dlvsym (libr2cc.so) sees the drill exactly as it sees NCCL. The data path
  * has no symbol: callers use qp->context->ops and cq->context->ops directly.
  */
+#include "softverbs/wc_status.h"
 #include "tests/drill/drill.h"
-#include "tests/softverbs/wc_status.h"
 
 #include <dlfcn.h>
 #include <infiniband/mlx5dv.h>

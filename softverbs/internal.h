@@ -11,7 +11,7 @@
 #ifndef SOFTVERBS_INTERNAL_H
 #define SOFTVERBS_INTERNAL_H
 
-#include "tests/softverbs/fabric.h"
+#include "softverbs/fabric.h"
 
 #include <infiniband/verbs.h>
 #include <pthread.h>

@@ -7,8 +7,8 @@
  *   softverbs-ctl [--fabric NAME] counters [--json]
  *   softverbs-ctl [--fabric NAME] reset
  */
-#include "tests/softverbs/fabric.h"
-#include "tests/softverbs/softverbs.h"
+#include "softverbs/fabric.h"
+#include "softverbs/softverbs.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -14,7 +14,7 @@
  * Used by the device (queries, modify_qp, the data path) and by softverbs-ctl; in IB
  * mode only the GID table (one IB GID) and the packet size matter here.
  */
-#include "tests/softverbs/fabric.h"
+#include "softverbs/fabric.h"
 
 #include <endian.h>
 #include <errno.h>

@@ -4,8 +4,8 @@
  * processes left, faults (set now or scheduled by SOFTVERBS_FAULT) and the per-NIC
  * token bucket and counters. Used by the device library and by softverbs-ctl.
  */
-#include "tests/softverbs/fabric.h"
-#include "tests/softverbs/softverbs.h"
+#include "softverbs/fabric.h"
+#include "softverbs/softverbs.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes an NCCL_TOPO_FILE for the software RDMA device's NICs, to stdout.
 #
-#   tests/softverbs/topo.sh [--fused] [NIC[:GBPS]...]   (default: the NICs of SOFTVERBS_NICS,
+#   softverbs/topo.sh [--fused] [NIC[:GBPS]...]   (default: the NICs of SOFTVERBS_NICS,
 #                                                        else mlx5_0:100 mlx5_1:100 mlx5_2:100)
 #
 # Soft NICs have no PCI path, so NCCL cannot place them from sysfs ("Could not find any

@@ -10,9 +10,9 @@
  * resources (close, dealloc, dereg, destroy) and modify_qp to ERR or RESET, which
  * succeed and do nothing, as mlx5 answers firmware commands after an internal error.
  */
-#include "tests/softverbs/internal.h"
-#include "tests/softverbs/softverbs.h"
-#include "tests/softverbs/wc_status.h"
+#include "softverbs/internal.h"
+#include "softverbs/softverbs.h"
+#include "softverbs/wc_status.h"
 
 #include <endian.h>
 #include <errno.h>

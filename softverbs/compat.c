@@ -13,7 +13,7 @@
  * the context helpers are reached only from a provider's own context, which never
  * exists here (the device list is the device's own), so they report EOPNOTSUPP.
  */
-#include "tests/softverbs/internal.h"
+#include "softverbs/internal.h"
 
 #include <errno.h>
 #include <infiniband/sa.h>

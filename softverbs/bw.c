@@ -15,7 +15,7 @@
  * The device is linked directly (build/softverbs, found through the run path);
  * the fabric is removed at the end.
  */
-#include "tests/softverbs/softverbs.h"
+#include "softverbs/softverbs.h"
 
 #include <errno.h>
 #include <getopt.h>

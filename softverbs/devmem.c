@@ -16,8 +16,8 @@
  * softverbs_unflushed() answers, for a range of an MR (in its iova, as a peer
  * addresses it), which NICs still owe a flush.
  */
-#include "tests/softverbs/internal.h"
-#include "tests/softverbs/softverbs.h"
+#include "softverbs/internal.h"
+#include "softverbs/softverbs.h"
 
 #include <errno.h>
 #include <stdio.h>

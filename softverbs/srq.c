@@ -8,7 +8,7 @@
  * owner's progress thread raises IBV_EVENT_SRQ_LIMIT_REACHED on the SRQ's context
  * (within its 2 ms tick). Resizing (IBV_SRQ_MAX_WR) is refused, as mlx5 refuses it.
  */
-#include "tests/softverbs/internal.h"
+#include "softverbs/internal.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -30,7 +30,7 @@
  * that landed is never executed again: the retransmission of a WRITE_WITH_IMM whose
  * acknowledgement was lost only gets the acknowledgement, it consumes no receive.
  */
-#include "tests/softverbs/internal.h"
+#include "softverbs/internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
