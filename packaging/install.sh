@@ -130,7 +130,7 @@ doc=$D$DOCDIR
 install -D -m 0644 README.md "$doc/README.md"
 for f in docs/*.md; do install -m 0644 "$f" "$doc/$(basename "$f")"; done
 install -m 0644 tools/README.md "$doc/tools.md"
-install -m 0644 tests/drill/README.md "$doc/drill.md"
+install -m 0644 tools/drill/README.md "$doc/drill.md"
 install -m 0644 softverbs/README.md "$doc/softverbs.md"
 install -m 0644 scripts/scenarios/README.md "$doc/scenarios.md"
 echo "installed R2CC in $D$PREFIX: the library at $PKGLIBDIR/lib/libr2cc.so, the commands in $BINDIR"

@@ -32,9 +32,9 @@ $(MIRROR_DOOR): $(LIBR2CC) $(BUILD)/obj/tests/mirror/door.o tests/mirror/door.ma
 	$(CC) -shared -o $@ $(LIBR2CC_OBJS) $(BUILD)/obj/tests/mirror/door.o \
 		-Wl,--version-script=tests/mirror/door.map -Wl,-z,defs $(LIBR2CC_LIBS)
 
-$(MIRROR_E2E): tests/mirror/mirror_e2e.c tests/drill/verbs.c tests/drill/drill.h
+$(MIRROR_E2E): tests/mirror/mirror_e2e.c tools/drill/verbs.c tools/drill/drill.h
 	@mkdir -p $(@D)
-	$(CC) $(BIN_CFLAGS) -o $@ $< tests/drill/verbs.c -ldl
+	$(CC) $(BIN_CFLAGS) -o $@ $< tools/drill/verbs.c -ldl
 
 TEST_DEPS += $(MIRROR_UNIT) $(MIRROR_DOOR) $(MIRROR_E2E) $(BUILD)/bin/r2cc-verbs-drill
 CPU_TESTS += 60@$(MIRROR_UNIT):--jobs=2 120@tests/mirror/run.sh

@@ -2,7 +2,7 @@
  * The names of the work-completion statuses, as rdma-core's ibv_wc_status_str gives
  * them. One table for the device, whose ibv_wc_status_str returns it, and for the
  * drill, which, as NCCL does, carries its own names rather than resolve libibverbs'
- * (tests/drill/verbs.c). Header-only, so that neither links the other.
+ * (tools/drill/verbs.c). Header-only, so that neither links the other.
  */
 #ifndef SOFTVERBS_WC_STATUS_H
 #define SOFTVERBS_WC_STATUS_H

@@ -80,9 +80,9 @@ FORMAT_SRCS += tests/bench/wrap_cost.c tests/bench/nccl_null.c
 
 # Scale (docs/scale.md): repair time of many QPs on one NIC over the soft device, and the
 # control plane's registration time and memory (r2cc-ctl-load).
-$(BUILD)/tests/bench/repair_scale: tests/bench/repair_scale.c tests/drill/verbs.c tests/drill/drill.h
+$(BUILD)/tests/bench/repair_scale: tests/bench/repair_scale.c tools/drill/verbs.c tools/drill/drill.h
 	@mkdir -p $(@D)
-	$(CC) $(BIN_CFLAGS) -o $@ tests/bench/repair_scale.c tests/drill/verbs.c -ldl
+	$(CC) $(BIN_CFLAGS) -o $@ tests/bench/repair_scale.c tools/drill/verbs.c -ldl
 BENCH_TARGETS += $(BUILD)/tests/bench/repair_scale $(BUILD)/bin/r2cc-verbs-drill $(BUILD)/bin/r2cc-ctl-load
 BENCHES += tests/bench/scale.sh
 FORMAT_SRCS += tests/bench/repair_scale.c

@@ -309,7 +309,7 @@ PY
 }
 
 # The net plugin NCCL would load (tools/doctor_env.c, net_plugin): the project's test
-# plugin (tests/ncclstub/testnet.c) on the library path, as libnccl-net.so (the default
+# plugin (tools/ncclstub/testnet.c) on the library path, as libnccl-net.so (the default
 # name) and by NCCL_NET_PLUGIN; passing for HPC-X's before its init ("NCCL RDMA Plugin",
 # net API v8: a release whose layout R2CC does not know), over UCX, disabled.
 case_plugin() {

@@ -32,7 +32,7 @@ TSAN_ENV   := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions
 # 60 s here. --kill-peer is left out: under TSan's slowdown the kill sometimes finds the
 # survivor with nothing outstanding towards the dead peer (receives posted, sends held
 # for its clear-to-send: 1 of 3 runs of seed 2), which sends no request and waits, as
-# under plain NCCL (tests/drill/README.md, after the clean-error cases).
+# under plain NCCL (tools/drill/README.md, after the clean-error cases).
 TSAN_DRILL := $(TSAN_BUILD)/bin/r2cc-verbs-drill
 TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:8 \
 	      60@$(TSAN_BUILD)/tests/ctl/ctl_multi:badkey 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:garbage \

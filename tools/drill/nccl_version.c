@@ -6,7 +6,7 @@
  * virtual NIC, and whether the QPs that receive nothing have a receive queue. worker.c asks this
  * table instead of hard-coding NCCL 2.28's values.
  */
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 
 #include <stddef.h>
 #include <stdio.h>

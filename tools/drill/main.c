@@ -2,14 +2,14 @@
  * r2cc-verbs-drill: runs NCCL-shaped verbs traffic between emulated nodes of the
  * software RDMA device, under LD_PRELOAD=libr2cc.so (or without, --no-preload),
  * injects a NIC fault at a random moment of each scenario and reports whether every
- * message arrived exactly once with the right bytes. See tests/drill/README.md.
+ * message arrived exactly once with the right bytes. See tools/drill/README.md.
  *
  * This file is the parent: options, one private fabric and directory per scenario,
  * the worker processes (this program again, exec'ed with --worker so that the
  * preload applies), the deadline, fault injection through softverbs-ctl, R2CC's
  * incident reports, and the output. The workers are in worker.c.
  */
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 #include "shim/stats.h"
 
 #include <errno.h>
@@ -823,7 +823,7 @@ static int drill_parse(int argc, char **argv, struct drill_opts *o)
 	/* More than 4 workers on a small machine: the defaults shrink so that a
 	 * scenario moves about what 4 workers move in messages, in much smaller ones
 	 * (with 16 workers on 2 cores, copies of megabytes keep healthy paths
-	 * waiting longer than the stall threshold: tests/drill/README.md), and the
+	 * waiting longer than the stall threshold: tools/drill/README.md), and the
 	 * scaled QP timeout and the deadline grow with the workers that share the
 	 * CPUs. Workers get the parent's values explicitly. */
 	if (!o->worker && o->procs > DRILL_FULL_PROCS) {

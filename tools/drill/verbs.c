@@ -7,7 +7,7 @@
  * has no symbol: callers use qp->context->ops and cq->context->ops directly.
  */
 #include "softverbs/wc_status.h"
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 
 #include <dlfcn.h>
 #include <infiniband/mlx5dv.h>

@@ -4,7 +4,7 @@
  * name and renamed into place, so a reader sees either nothing or all of it.
  * Callers poll with their own deadlines; nothing here blocks.
  */
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 
 #include <errno.h>
 #include <fcntl.h>

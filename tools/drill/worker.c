@@ -30,7 +30,7 @@
  * On top of that it checks what NCCL trusts: every byte of every message, sizes,
  * slots, order and count, and reports into its entry of the shared status file.
  */
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 
 #include <infiniband/mlx5dv.h>
 

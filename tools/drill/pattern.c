@@ -4,7 +4,7 @@
  * without telling each other and any lost, duplicated, misplaced or corrupted byte
  * shows. Patterns are 64-bit words of a mixing function of the word's index.
  */
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 
 #include <string.h>
 

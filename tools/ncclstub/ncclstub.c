@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/ncclstub/ncclstub.h"
+#include "tools/ncclstub/ncclstub.h"
 
 /* ncclX weak, pncclX a strong alias: NCCL's own NCCL_API macro does the same. */
 #define STUB_API(ret, name, ...)                                                                   \
@@ -205,7 +205,7 @@ static int fake_device(int rank)
  * libnccl-net.so; "none": none; NAME: libnccl-net-NAME.so, then NAME), and
  * initialised: its init and devices called, so that its ncclNet struct's name
  * becomes the one NCCL would use. Only the ncclNetPlugin_v6-v9 interface, whose init
- * takes the logger alone (the project's test plugin, tests/ncclstub/testnet.c).
+ * takes the logger alone (the project's test plugin, tools/ncclstub/testnet.c).
  */
 struct stub_net {
 	const char *name;
@@ -699,7 +699,7 @@ STUB_API(ncclResult_t, ncclRedOpDestroy, ncclRedOp_t op, ncclComm_t comm)
                                                                                                    \
 		record return call_end(c, result);                                                 \
 	}
-#include "tests/ncclstub/ncclstub_calls.def"
+#include "tools/ncclstub/ncclstub_calls.def"
 #undef NCCLSTUB_CALL
 #undef NCCLSTUB_PARAMS
 #undef ARG
