@@ -57,7 +57,7 @@ BENCHES      :=
 FORMAT_SRCS  :=
 
 # tests/sanitize comes last: its test-build lists every module's TEST_DEPS when it is read.
-MODULES := shim intercept repair strategies tests softverbs tools/ncclstub tools/drill tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tests/compat tools bench \
+MODULES := shim intercept ctl repair strategies tests softverbs tools/ncclstub tools/drill tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tests/compat tools bench \
 	   tests/fuzz tests/fault tests/ops ops/slurm packaging tests/hook tests/sanitize
 include $(wildcard $(MODULES:%=%/module.mk))
 

@@ -15,11 +15,11 @@ $(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shi
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/model/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/stall.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/model/stall.c repair/model/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 

@@ -564,7 +564,7 @@ void dr_check_nccl(struct dr_state *st)
 				   "NCCL sees the soft NICs as co-located and fuses them into "
 				   "one virtual NIC",
 				   "export NCCL_NET_MERGE_LEVEL=LOC");
-			/* repair/cts.h: before 2.29 a consumed clear-to-send element reads
+			/* repair/model/cts.h: before 2.29 a consumed clear-to-send element reads
 			 * 0, and over 3 or 5-7 fused NICs a slot's writes use several QPs */
 			bool odd = nsoft == 3 || (nsoft >= 5 && nsoft <= 7);
 			if (odd && st->nccl_code > 0 && st->nccl_code < 22900 &&

@@ -233,7 +233,7 @@ PY
 	check nosplit <<'PY'
 assert rc == 0, (rc, fails())
 PY
-	# NIC fusion of 3 soft NICs: NCCL before 2.29 cannot be repaired there (repair/cts.h)
+	# NIC fusion of 3 soft NICs: NCCL before 2.29 cannot be repaired there (repair/model/cts.h)
 	env -u NCCL_NET_MERGE_LEVEL "$DOC" doctor --json >"$TMP/fuse28.json"
 	echo $? >"$TMP/fuse28.rc"
 	env -u NCCL_NET_MERGE_LEVEL DOCTOR_STUB_NCCL_VERSION=22907 "$DOC" doctor --json \

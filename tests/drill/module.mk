@@ -15,7 +15,7 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 # (the drill's default pattern, 2.30, reports 2.30.3) R2CC steps aside, so the drill fails
 # with the error completions the application gets (plain verbs: a peer that only receives
 # may then wait for ever, as under plain NCCL); for 2.28, which ignores it, R2CC repairs
-# (over 2 fused NICs: over 3, 2.28's connections cannot be repaired, repair/cts.h).
+# (over 2 fused NICs: over 3, 2.28's connections cannot be repaired, repair/model/cts.h).
 # NCCL settings under which re-posted clear-to-send writes are not safe (inline ones; a
 # connection's data split over several QPs per NIC): hot repair steps aside with one
 # warning naming the setting, and the application gets plain NCCL's errors.
@@ -121,7 +121,7 @@ CPU_TESTS   += 90@$(DRILL):--link:roce:--fault:blackhole:--seeds:4:--time-scale:
 # scale 0.1). A NIC that went black within its first 100 ms of busy time used to be
 # measured at the few bytes it drained before (2 MB/s), which explained a wait of 1.4 s
 # and put detection at 3,054 ms once in 200 scenarios; a wait no completion ended now
-# measures nothing (repair/stall.c, tests/unit/test_stall.c), and 200 scenarios of the
+# measures nothing (repair/model/stall.c, tests/unit/test_stall.c), and 200 scenarios of the
 # RoCE row stay under 438 ms.
 # On RoCE a self-test counts only siblings known to be routed to the NIC. A NIC that went
 # black before any sibling had answered it (the fault while connecting, or, about once
@@ -162,7 +162,7 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3:--flush:--nccl-stub \
 # clear-to-send on qps[0]; 4 processes so that every NIC carries connections), 2.20-2.23
 # (idx at 32, at most 2 fused NICs) and 2.30-2.32 (idx at 56, no receive queue on the
 # QPs that receive nothing; the default), healthy and through hot repair.
-# The landed check (repair/cts.h): with 3 fused NICs (the default) some repair must find
+# The landed check (repair/model/cts.h): with 3 fused NICs (the default) some repair must find
 # clear-to-send writes landed at the peer and leave them out; 2.28 clears a consumed
 # element, so over 3 fused NICs its QPs are refused (NCCL gets its error in bounded
 # time) and over 2 they are repaired.

@@ -101,7 +101,7 @@ struct drill_scenario {
 	uint64_t maps_carried, maps_fetched;
 	uint64_t maps_later; /* fetched after a move, for keys registered since (--fresh-mr) */
 	/* clear-to-send writes the peers were asked about after a fence, and those found
-	 * landed and not re-posted (repair/cts.h) */
+	 * landed and not re-posted (repair/model/cts.h) */
 	uint64_t cts_checked, cts_landed;
 	int unprotected; /* reports that say not protected, for --expect-unprotected's word */
 	/* sends R2CC posted on moved paths, by NCCL's thread and by its repair thread; how
@@ -234,7 +234,7 @@ static void usage(FILE *f)
 	    "fails if a data ibv_post_send took more than 250 ms (a migrated QP's key lookup\n"
 	    "waited on the stopped peer); the run fails if no scenario fetched a map.\n"
 	    "--expect-landed: the run fails unless hot repair found some clear-to-send\n"
-	    "write landed at the peer and did not re-post it (cts-landed, repair/cts.h).\n"
+	    "write landed at the peer and did not re-post it (cts-landed, repair/model/cts.h).\n"
 	    "--restore MS: the faulted NIC comes back MS ms after the fault (softverbs-ctl\n"
 	    "up; for flap, the flapping ends then), with R2CC_FAILBACK_MS=--failback-ms\n"
 	    "(300). Traffic trickles from half the messages on until every process of the\n"

@@ -40,7 +40,7 @@ _Static_assert(offsetof(struct drill_fifo_elem, size) == 8 &&
 	       "the 2.28 row of the table is struct drill_fifo_elem's layout");
 
 /* The newest family: a connection over a fused virtual NIC of 3 NICs (the drill's
- * default) is one hot repair can make exactly-once only from 2.29 on (repair/cts.h). */
+ * default) is one hot repair can make exactly-once only from 2.29 on (repair/model/cts.h). */
 const struct drill_pattern *drill_pattern_default(void)
 {
 	return &patterns[4];
@@ -71,7 +71,7 @@ const struct drill_pattern *drill_pattern_find(const char *version)
 
 /*
  * NCCL's pncclGetVersion, as the release the pattern stands for reports it: a preloaded
- * libr2cc.so learns the layout of the FIFO element from it (repair/cts.h), as it does
+ * libr2cc.so learns the layout of the FIFO element from it (repair/model/cts.h), as it does
  * from the real NCCL. Exported from the program (module.mk); set by the worker.
  */
 const struct drill_pattern *drill_pattern_reported;

@@ -4,7 +4,7 @@
  * it needs no control thread; r2cc_ctl_uid_stamp() is in ctl.c because it
  * starts one.
  */
-#include "repair/ctl_priv.h"
+#include "ctl/ctl_priv.h"
 #include "shim/log.h"
 #include "shim/params.h"
 

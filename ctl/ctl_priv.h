@@ -1,5 +1,5 @@
 /*
- * Pieces of the control plane that hold no state, shared between repair/ctl*.c
+ * Pieces of the control plane that hold no state, shared between ctl/ctl*.c
  * and exposed to the unit tests: the unique-id tail (ctl_uid.c), the choice of
  * the bootstrap interface (ctl_iface.c) and the directory encoding
  * (ctl_dir.c).
@@ -7,7 +7,7 @@
 #ifndef R2CC_REPAIR_CTL_PRIV_H
 #define R2CC_REPAIR_CTL_PRIV_H
 
-#include "repair/ctl.h"
+#include "ctl/ctl.h"
 
 #include <ifaddrs.h>
 #include <net/if.h>
@@ -61,7 +61,7 @@ void r2cc_ctl_set_timeouts(int stall_ms, int park_ms);
 /* Tests: how long an incoming connection has, from accept, to deliver its
  * first authenticated frame (default 5 s). */
 void r2cc_ctl_set_auth_ms(int auth_ms);
-/* Tests that stand in for many hosts from one address (tests/ctl/ctl_load.c):
+/* Tests that stand in for many hosts from one address (tools/ctl_load.c):
  * how many connections one source address may hold before they authenticate
  * (default 64, the ranks of a few nodes' worth). */
 void r2cc_ctl_set_preauth_per_src(int n);

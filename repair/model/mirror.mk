@@ -1,15 +1,15 @@
-# repair/mr_mirror: MR mirrors on every NIC and the peers' rkey maps (key
+# repair/model/mr_mirror: MR mirrors on every NIC and the peers' rkey maps (key
 # translation for hot repair; on with R2CC_MR_MIRROR=1). Included from
 # repair/module.mk.
 
-MIRROR_SRCS := repair/mr_mirror.c
-MIRROR_HDRS := repair/mr_mirror.h
+MIRROR_SRCS := repair/model/mr_mirror.c
+MIRROR_HDRS := repair/model/mr_mirror.h
 LIBR2CC_SRCS += $(MIRROR_SRCS)
 
 # Unit tests: the wire format, the service's answers to malformed requests,
 # the cache, and the mirror bookkeeping over test doubles of the verbs.
 MIRROR_UNIT := $(BUILD)/tests/unit/test_mr_mirror
-MIRROR_UNIT_SRCS := $(MIRROR_SRCS) $(REPAIR_CTL_SRCS) shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c \
+MIRROR_UNIT_SRCS := $(MIRROR_SRCS) $(CTL_SRCS) shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c \
 		    shim/map.c shim/registry.c shim/stats.c shim/comm.c shim/core.c shim/report.c shim/protect.c shim/fault.c
 
 $(MIRROR_UNIT): tests/unit/test_mr_mirror.c $(MIRROR_UNIT_SRCS) $(MIRROR_HDRS)

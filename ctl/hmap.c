@@ -3,7 +3,7 @@
  * probe run back into the hole, so lookups never meet a tombstone and stop at
  * the first empty slot.
  */
-#include "repair/hmap.h"
+#include "ctl/hmap.h"
 
 #include <errno.h>
 #include <stdlib.h>

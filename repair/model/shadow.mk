@@ -1,9 +1,9 @@
-# repair/qp_shadow: the per-QP shadow of posted work and the exactly-once
+# repair/model/qp_shadow: the per-QP shadow of posted work and the exactly-once
 # re-post plan (pure code, linked into libr2cc.so through repair/module.mk; its
 # unit tests build it on its own). `make shadow-test` runs just those tests.
 
-SHADOW_SRCS := repair/qp_shadow.c
-SHADOW_HDRS := repair/qp_shadow.h
+SHADOW_SRCS := repair/model/qp_shadow.c
+SHADOW_HDRS := repair/model/qp_shadow.h
 SHADOW_TESTS := $(BUILD)/tests/unit/test_qp_shadow $(BUILD)/tests/unit/test_qp_shadow_model
 
 $(SHADOW_TESTS): $(BUILD)/tests/unit/%: tests/unit/%.c $(SHADOW_SRCS) $(SHADOW_HDRS)

@@ -11,7 +11,7 @@
  * tag keyed by the secret. A message that fails authentication is dropped,
  * counted and never answered; an authenticated one that cannot be served
  * (unknown type, malformed payload) is counted too, and answered with an error
- * when it is a request. Wire format: repair/ctl_msg.h; id tail: ctl_priv.h.
+ * when it is a request. Wire format: ctl/ctl_msg.h; id tail: ctl_priv.h.
  *
  * Scale: the rendezvous answers each registration with the node map (as runs)
  * and the members of the registrant's node only, so registration costs the root

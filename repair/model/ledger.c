@@ -1,5 +1,5 @@
 /* The node's placement ledger (see ledger.h). */
-#include "repair/ledger.h"
+#include "repair/model/ledger.h"
 #include "include/r2cc.h"
 #include "shim/common.h"
 #include "shim/log.h"

@@ -4,7 +4,7 @@
  * the path the administrator allowed for NCCL's. The pick works on a given
  * interface list so that the tests can hand it synthetic ones.
  */
-#include "repair/ctl_priv.h"
+#include "ctl/ctl_priv.h"
 
 #include <errno.h>
 #include <netinet/in.h>

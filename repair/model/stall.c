@@ -1,6 +1,6 @@
 /* The node's load model for the stall scan (see stall.h). */
-#include "repair/stall.h"
-#include "repair/ledger.h"
+#include "repair/model/stall.h"
+#include "repair/model/ledger.h"
 
 #define WINDOW_NS  100000000ll	 /* busy time one rate sample covers */
 #define HORIZON_NS 10000000000ll /* samples older than this are forgotten */

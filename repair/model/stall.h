@@ -5,7 +5,7 @@
  *
  * Per NIC it keeps the bytes the node has posted and not seen complete (every
  * R2CC process of the node publishes its own through the node ledger,
- * repair/ledger.h), the bytes seen complete, when that last advanced, and the
+ * repair/model/ledger.h), the bytes seen complete, when that last advanced, and the
  * NIC's drain rate as measured: the best rate over 100 ms of busy time in the
  * last 10 s (the port's speed and width until there is a measurement). A request
  * behind Q queued bytes on a NIC draining at R may wait floor + 2 (Q + the

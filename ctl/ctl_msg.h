@@ -1,5 +1,5 @@
 /*
- * Control-plane framing and authentication (internal to repair/ctl*.c).
+ * Control-plane framing and authentication (internal to ctl/ctl*.c).
  *
  * A frame is a 64-byte header, the payload, and a 32-byte HMAC-SHA256 tag over
  * header and payload keyed by the job secret. All integers are big-endian.
@@ -27,7 +27,7 @@
 #ifndef R2CC_REPAIR_CTL_MSG_H
 #define R2CC_REPAIR_CTL_MSG_H
 
-#include "repair/ctl.h"
+#include "ctl/ctl.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 /*
  * r2cc-ctl-load: many simulated ranks against the real control plane (the
- * library's own repair/ctl*.c: registration, directory, NIC reports and
+ * library's own ctl/ctl*.c: registration, directory, NIC reports and
  * lookups, authenticated requests), spread over a few processes of this
  * machine.
  *
@@ -25,8 +25,8 @@
  * the directory bytes per rank; the last line is PASS or FAIL (exit 0 / 1;
  * 2 on bad usage).
  */
-#include "repair/ctl.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_priv.h"
 
 #include <errno.h>
 #include <getopt.h>

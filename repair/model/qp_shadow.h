@@ -107,7 +107,7 @@
  * and the earlier one was consumed by F1), and (ii) the peer does not report it
  * landed: after the fence the peer reads the write's destination in its own
  * memory and says whether every element there holds the write's idx (captured
- * at post time by the tag function) or a newer one (repair/cts.h); the answer
+ * at post time by the tag function) or a newer one (repair/model/cts.h); the answer
  * drops the write from the plan (plan_drop; a signalled one is re-posted hollow).
  * (ii) matters when writes for one slot travel on different QPs (NCCL puts
  * entry id on device id % ndevs: with 3 devices, id and id + 256 do) and for

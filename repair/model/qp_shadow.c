@@ -8,7 +8,7 @@
  * owns the heads, the poller the tails; each publishes with a release store
  * and reads the other's with an acquire load.
  */
-#include "repair/qp_shadow.h"
+#include "repair/model/qp_shadow.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -26,8 +26,8 @@
  *   NICS request: u32 gen, u32 rank, u32 n, n x NIC
  *   LEAVE: u32 gen, u32 rank
  */
-#include "repair/ctl_priv.h"
-#include "repair/hmap.h"
+#include "ctl/ctl_priv.h"
+#include "ctl/hmap.h"
 
 #include <errno.h>
 #include <netinet/in.h>

@@ -8,10 +8,10 @@
  * soon as it comes. Lock order: reg_lock before the communicator registry's
  * writer lock.
  */
-#include "repair/job.h"
-#include "repair/ctl.h"
+#include "ctl/job.h"
+#include "ctl/ctl.h"
 #include "repair/engine.h"
-#include "repair/hmap.h"
+#include "ctl/hmap.h"
 #include "shim/comm.h"
 #include "shim/core.h"
 #include "shim/log.h"

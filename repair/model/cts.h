@@ -1,5 +1,5 @@
 /*
- * NCCL's clear-to-send writes under hot repair: the landed check (repair/qp_shadow.h,
+ * NCCL's clear-to-send writes under hot repair: the landed check (repair/model/qp_shadow.h,
  * "Clear-to-send"; docs/nccl-versions.md section 3).
  *
  * NCCL's receiver RDMA-writes 1 to 8 FIFO elements (NCCL_NET_IB_MAX_RECVS) into

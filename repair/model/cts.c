@@ -1,9 +1,9 @@
 /*
  * NCCL's clear-to-send writes under hot repair: recognised when posted, asked about
  * after the fence, answered from this process's own memory, and the landed ones
- * dropped from the plan (repair/cts.h).
+ * dropped from the plan (repair/model/cts.h).
  */
-#include "repair/cts.h"
+#include "repair/model/cts.h"
 
 #include "intercept/netplugin.h"
 #include "repair/engine_priv.h"

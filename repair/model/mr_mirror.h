@@ -48,7 +48,7 @@
 #ifndef R2CC_REPAIR_MR_MIRROR_H
 #define R2CC_REPAIR_MR_MIRROR_H
 
-#include "repair/ctl.h"
+#include "ctl/ctl.h"
 #include "shim/registry.h"
 
 #include <infiniband/verbs.h>

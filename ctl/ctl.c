@@ -37,10 +37,10 @@
  * first use. It leaks the parent's per-connection buffers rather than walk
  * what the parent's control thread may have been changing.
  */
-#include "repair/ctl.h"
-#include "repair/ctl_msg.h"
-#include "repair/ctl_priv.h"
-#include "repair/hmap.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_msg.h"
+#include "ctl/ctl_priv.h"
+#include "ctl/hmap.h"
 #include "shim/fault.h"
 #include "shim/log.h"
 #include "shim/params.h"

@@ -8,7 +8,7 @@
  * only need the PDs, which live until their context closes. The lock is
  * taken around fork() so that a child never inherits it held.
  */
-#include "repair/mr_mirror.h"
+#include "repair/model/mr_mirror.h"
 #include "shim/log.h"
 #include "shim/map.h"
 #include "shim/params.h"

@@ -4,7 +4,7 @@
  * filter and incremental frame assembly. No sockets and no global state here,
  * so every drop reason can be tested byte by byte (tests/unit/test_ctl_msg.c).
  */
-#include "repair/ctl_msg.h"
+#include "ctl/ctl_msg.h"
 
 #include <errno.h>
 #include <stdlib.h>
