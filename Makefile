@@ -83,17 +83,17 @@ deps:
 
 test: deps
 	@$(MAKE) --no-print-directory -j$(BUILD_JOBS) all $(TEST_DEPS)
-	@scripts/run-tests.sh $(CPU_TESTS)
+	@scripts/ci/run-tests.sh $(CPU_TESTS)
 
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/demo.sh
 
 gpu-test: all $(GPU_TARGETS)
-	@scripts/run-tests.sh $(GPU_TESTS)
+	@scripts/ci/run-tests.sh $(GPU_TESTS)
 
 bench: all $(BENCH_TARGETS)
-	@scripts/run-bench.sh $(BENCHES)
+	@scripts/ci/run-bench.sh $(BENCHES)
 
 format:
 	clang-format -i $(FORMAT_SRCS)

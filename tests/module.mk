@@ -59,8 +59,8 @@ $(BUILD)/tests/gpu/allreduce2: tests/gpu/allreduce2.c
 	$(CC) $(BIN_CFLAGS) -o $@ $< -L$(CUDA_LIBDIR) -lcudart -lnccl
 
 GPU_TARGETS += $(BUILD)/tests/gpu/allreduce2
-GPU_TESTS += 600@scripts/gpu-foundation.sh 900@scripts/gpu-softverbs.sh 600@scripts/gpu-strategies.sh \
-	     600@scripts/gpu-repair.sh 600@scripts/gpu-ar2-vs-balance.sh
+GPU_TESTS += 600@scripts/gpu/gpu-foundation.sh 900@scripts/gpu/gpu-softverbs.sh 600@scripts/gpu/gpu-strategies.sh \
+	     600@scripts/gpu/gpu-repair.sh 600@scripts/gpu/gpu-ar2-vs-balance.sh
 FORMAT_SRCS += tests/gpu/allreduce2.c
 
 # Benchmark of the fast paths' per-call cost (make bench).

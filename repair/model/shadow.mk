@@ -18,5 +18,5 @@ FORMAT_SRCS += $(SHADOW_SRCS) $(SHADOW_HDRS) tests/unit/test_qp_shadow.c \
 
 .PHONY: shadow-test
 shadow-test: $(SHADOW_TESTS)
-	@scripts/run-tests.sh 60@$(BUILD)/tests/unit/test_qp_shadow:--jobs=2 \
+	@scripts/ci/run-tests.sh 60@$(BUILD)/tests/unit/test_qp_shadow:--jobs=2 \
 	  120@$(BUILD)/tests/unit/test_qp_shadow_model:--jobs=2

@@ -178,7 +178,7 @@ def main():
         check(name in readable_nets(fused), f"{what}: the fused NIC is reachable")
 
     # NCCL 2.19 stops at init on a child of the GPU's CPU node without a bus id; the
-    # matrix gives the <nic> one for 2.19 (scripts/gpu-compat.sh).
+    # matrix gives the <nic> one for 2.19 (scripts/gpu/gpu-compat.sh).
     check(not gpu_fits_under_cpu_219(plain), "default: 2.19 would find a <nic> without busid")
     nb = topo(script, *specs, env={"SOFTVERBS_TOPO_NIC_BUSID": "ffff:ff:1f.7"})
     check_common(nb, "nic busid", names, speeds)

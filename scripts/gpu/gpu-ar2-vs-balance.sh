@@ -7,14 +7,14 @@
 # AllReduce wins) and 2 nodes x 1 GPU (the model says they are equal). Prints the busbw
 # ratio AR2/Balance per size next to r2cc-plan's prediction, and node 0's per-NIC bytes of
 # one 4 GiB iteration for both strategies.
-#   scripts/gpu-ar2-vs-balance.sh [LOGDIR] [ROUNDS]
+#   scripts/gpu/gpu-ar2-vs-balance.sh [LOGDIR] [ROUNDS]
 # SHAPES="4x1" runs one shape only; ANALYSE_ONLY=1 prints the tables of LOGDIR's runs
 # without running anything. Columns 'closed' and 'fitted' are the ratio the cost model
 # predicts: DESIGN.md 5's closed form (no fixed costs, equal cost per byte) and the
 # installed fit (r2cc-plan's default constants).
-# In shapes where ranks share a GPU (4x1 on 2 GPUs), run it under scripts/with-mps.sh.
+# In shapes where ranks share a GPU (4x1 on 2 GPUs), run it under scripts/gpu/with-mps.sh.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export R2CC_ROOT=$PWD
 B=${BUILD:-build}
 LOG=${1:-logs/local/ar2}

@@ -3,14 +3,14 @@
 # `CI=true bash .ci/run` in it, optionally with a CPU hog beside it for the whole run.
 # Appends one line to RESULTS in the format of logs/ci/clean-clone-runs.txt.
 #
-#   scripts/ci-clean-clone.sh N HOG [RESULTS]
+#   scripts/ci/ci-clean-clone.sh N HOG [RESULTS]
 #     N        the run's number (the clone goes to /tmp/ci-lN, its output to /tmp/ci-lN.log)
 #     HOG      0: nothing started beside it; 1: 'sh -c "while :; do :; done"' (one core
 #              busy at normal priority) until the run ends
 #     RESULTS  default logs/ci/clean-clone-runs.txt of this checkout
 set -u
 n=${1:?run number} hog=${2:?hog 0 or 1}
-here=$(cd "$(dirname "$0")/.." && pwd)
+here=$(cd "$(dirname "$0")/../.." && pwd)
 results=${3:-$here/logs/ci/clean-clone-runs.txt}
 dir=/tmp/ci-l$n log=/tmp/ci-l$n.log
 rm -rf "$dir"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Pooled healthy-path cost from several scripts/gpu-overhead.sh runs.
+"""Pooled healthy-path cost from several scripts/gpu/gpu-overhead.sh runs.
 
-    scripts/overhead-pool.py DIR [DIR...]
+    scripts/gpu/overhead-pool.py DIR [DIR...]
 
 Each round of each run gives one paired ratio per message size (busbw with R2CC /
 without, the two measured back to back); this prints, per size, how many rounds,
@@ -18,7 +18,7 @@ import re
 import statistics
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios"))
 from results import last_rows  # noqa: E402  (the project's one reader of result rows)
 
 

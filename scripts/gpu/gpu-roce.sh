@@ -3,7 +3,7 @@
 # GPU is enough: both emulated nodes use GPU 0; R2CC is not loaded). Every run is
 # bounded by `timeout`; about 5 minutes in all. Logs and summary.txt go to LOGDIR.
 #
-#   scripts/gpu-roce.sh LOGDIR [PART...]
+#   scripts/gpu/gpu-roce.sh LOGDIR [PART...]
 #
 # parts (default: all, in this order):
 #   roce     plain NCCL (the system's, 2.28.3) over RoCE-mode soft NICs, 2 nodes x 1 GPU,
@@ -29,10 +29,10 @@
 # .artifacts/libnccl-2.30.7-sm90.so.2.xz; it is unpacked to a temporary folder.
 # Needs build/ made on the build machine (the device, softverbs-ctl, r2cc-perf).
 set -u
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 export R2CC_ROOT=$PWD
 B=${BUILD:-build}
-LOG=${1:?usage: scripts/gpu-roce.sh LOGDIR [PART...]}
+LOG=${1:?usage: scripts/gpu/gpu-roce.sh LOGDIR [PART...]}
 shift
 parts=${*:-roce nogid tc fused}
 NCCL_XZ=${NCCL_XZ:-.artifacts/libnccl-2.30.7-sm90.so.2.xz}

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs a command with the CUDA MPS daemon up (GPU machine only), then stops the daemon.
-#   scripts/with-mps.sh COMMAND [ARGS...]
+#   scripts/gpu/with-mps.sh COMMAND [ARGS...]
 # Why: the software fabric emulates several nodes on one GPU host, so in shapes such as
 # 4 nodes x 1 GPU or 2 x 2 on a 2-GPU machine two ranks share each GPU. Without MPS the
 # GPU time-slices between their processes, and a rank whose NCCL kernels are waiting for
@@ -10,7 +10,7 @@
 # MPS the kernels of both processes share the GPU's SMs at once, as ranks on separate
 # GPUs of a cluster would run. The exit status is the command's.
 set -u
-[ $# -ge 1 ] || { echo "usage: scripts/with-mps.sh COMMAND [ARGS...]" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: scripts/gpu/with-mps.sh COMMAND [ARGS...]" >&2; exit 2; }
 command -v nvidia-cuda-mps-control >/dev/null ||
 	{ echo "with-mps: nvidia-cuda-mps-control not found (GPU machine with the CUDA driver only)" >&2; exit 2; }
 export CUDA_MPS_PIPE_DIRECTORY=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/r2cc-mps-pipe}

@@ -4,9 +4,9 @@
 # software fabric with 3 soft NICs per node, as 4 nodes x 1 GPU and 2 nodes x 2
 # GPUs; r2cc-perf verifies every result, R2CC's log says how many AllReduces
 # ran the two-stage schedule.
-#   scripts/gpu-strategies.sh [LOGDIR]
+#   scripts/gpu/gpu-strategies.sh [LOGDIR]
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export R2CC_ROOT=$PWD
 B=${BUILD:-build}
 LOG=${1:-logs/local}

@@ -3,9 +3,9 @@
 # against the system NCCL and torch.distributed all_reduce with PyTorch's NCCL,
 # each without R2CC and under LD_PRELOAD in R2CC_MODE=0 and 2, every result
 # verified; R2CC_DEBUG=INFO shows the wrappers were reached.
-#   scripts/gpu-foundation.sh [LOGDIR]
+#   scripts/gpu/gpu-foundation.sh [LOGDIR]
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 B=${BUILD:-build}
 LOG=${1:-logs/local}
 mkdir -p "$LOG"

@@ -3,14 +3,14 @@
 # stay off and the library cuts the NIC. NVIDIA's nccl-tests (NCCL_TESTS_DIR: AllReduce,
 # AllGather, SendRecv, -c 1: every result checked) at 2 x 1 and 3 x 1, and unmodified
 # torch.distributed all_reduce in a loop (every result checked) at 2 and 3 ranks; ranks
-# share GPU 0, so run it under scripts/with-mps.sh.
-#   scripts/gpu-drill.sh LOGDIR [PART...]   parts: nccl-tests torch
+# share GPU 0, so run it under scripts/gpu/with-mps.sh.
+#   scripts/gpu/gpu-drill.sh LOGDIR [PART...]   parts: nccl-tests torch
 # Environment: DRILL_KINDS (default "blackhole down"), COLLS (default "all_reduce
 # all_gather sendrecv"), SHAPES (default "2x1 3x1").
 set -u
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 B=${BUILD:-build}
-LOG=${1:?usage: scripts/gpu-drill.sh LOGDIR [nccl-tests] [torch]}
+LOG=${1:?usage: scripts/gpu/gpu-drill.sh LOGDIR [nccl-tests] [torch]}
 shift
 parts=${*:-nccl-tests torch}
 mkdir -p "$LOG"
@@ -26,7 +26,7 @@ for p in $parts; do
 			done
 			# shellcheck disable=SC2086 # runs is a word list
 			COLL=$c BYTES="-b 16M -e 512M" ITERS="-n 8 -w 2" TIMEOUT_S=120 STACKS=0 DRILL_AT=${DRILL_AT:-1s} \
-				timeout 900 scripts/gpu-stall.sh "$LOG/$c" $runs || fail=1
+				timeout 900 scripts/gpu/gpu-stall.sh "$LOG/$c" $runs || fail=1
 		done
 		;;
 	torch)

@@ -3,9 +3,9 @@
 # the software fabric, 2 nodes x 1 GPU (both on GPU 0), 3 soft NICs per node shaped to
 # 25 Gb/s, every result verified by r2cc-perf. One GPU is enough.
 #
-#   scripts/gpu-compat.sh LOGDIR VERSION...        e.g. scripts/gpu-compat.sh logs/compat 2.18.3
+#   scripts/gpu/gpu-compat.sh LOGDIR VERSION...        e.g. scripts/gpu/gpu-compat.sh logs/compat 2.18.3
 #
-# For each VERSION it unpacks NCCL_DIR/libnccl-VERSION-sm90.so.2.xz (scripts/nccl-versions.sh
+# For each VERSION it unpacks NCCL_DIR/libnccl-VERSION-sm90.so.2.xz (scripts/gpu/nccl-versions.sh
 # makes them; default NCCL_DIR .artifacts) to a temporary folder, puts that folder on
 # LD_LIBRARY_PATH behind the soft device, and runs the parts (PARTS, default all of them, in
 # this order; preflight always first, its verdict last):
@@ -58,13 +58,13 @@
 # machine's programs (the CPU test uses test doubles). Needs build/ made on the build
 # machine.
 set -u
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 export R2CC_ROOT=$PWD
 export LC_ALL=C
 B=${BUILD:-build}
-LOG=${1:?usage: scripts/gpu-compat.sh LOGDIR VERSION...}
+LOG=${1:?usage: scripts/gpu/gpu-compat.sh LOGDIR VERSION...}
 shift
-[ $# -gt 0 ] || { echo "usage: scripts/gpu-compat.sh LOGDIR VERSION..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: scripts/gpu/gpu-compat.sh LOGDIR VERSION..." >&2; exit 2; }
 NCCL_DIR=${NCCL_DIR:-.artifacts}
 PARTS=${PARTS:-preflight healthy blackhole down mode3 failover${NCCL_TESTS_DIR:+ nccltests}}
 ITERS=${ITERS:-40}
@@ -119,7 +119,7 @@ median() { sort -n | awk '{a[NR] = $1} END {if (!NR) print "-"; else print (NR %
 unpack() {
 	local xzf=$NCCL_DIR/libnccl-$1-sm90.so.2.xz
 	NCCLDIR=
-	[ -r "$xzf" ] || { note "no $xzf (scripts/nccl-versions.sh makes it; set NCCL_DIR)"; return 1; }
+	[ -r "$xzf" ] || { note "no $xzf (scripts/gpu/nccl-versions.sh makes it; set NCCL_DIR)"; return 1; }
 	NCCLDIR=$(mktemp -d "${TMPDIR:-/tmp}/nccl-$1.XXXXXX") || return 1
 	if command -v xz >/dev/null; then
 		xz -dc "$xzf" >"$NCCLDIR/libnccl.so.2"

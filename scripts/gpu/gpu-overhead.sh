@@ -3,7 +3,7 @@
 # the software fabric without R2CC and with LD_PRELOAD=libr2cc.so (R2CC_MODE=2,
 # nothing failed), alternated ROUNDS times in one run; prints the busbw ratio
 # (with / without) per message size, from the median of the rounds.
-#   scripts/gpu-overhead.sh [LOGDIR] [ROUNDS] [NODESxGPUS]
+#   scripts/gpu/gpu-overhead.sh [LOGDIR] [ROUNDS] [NODESxGPUS]
 # GBPS=25 shapes every soft NIC to that rate (SOFTVERBS_SHAPING=1): the network is then
 # the bottleneck, as on real clusters, and the rounds vary much less.
 # Each run sweeps 256 KiB-256 MiB with ITERS (default 40) timed iterations per size, after
@@ -13,7 +13,7 @@
 # MAX_BYTES=4M stops the sweep there (more rounds of the latency-bound sizes in less time).
 # MODE=auto (or 1, 3) measures that R2CC_MODE instead of 2.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export R2CC_ROOT=$PWD
 B=${BUILD:-build}
 LOG=${1:-logs/local}

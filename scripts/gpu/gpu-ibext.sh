@@ -5,18 +5,18 @@
 # library path, NCCL_NET unset. 2 nodes x 1 GPU over 3 soft NICs shaped to 25 Gb/s;
 # NVIDIA's nccl-tests (NCCL_TESTS_DIR) with -c 1, each collective through each NIC fault
 # on node1's mlx5_0 once two result rows are out, every result checked, R2CC's reports
-# counted (scripts/gpu-stall.sh does the runs); then plain NCCL (no R2CC) through the
+# counted (scripts/gpu/gpu-stall.sh does the runs); then plain NCCL (no R2CC) through the
 # same faults, which must end in an error. Every run's log must show NCCL's channels
 # "via NET/IBext".
-#   scripts/gpu-ibext.sh LOGDIR ib|roce [COLLS] [FAULTS]
+#   scripts/gpu/gpu-ibext.sh LOGDIR ib|roce [COLLS] [FAULTS]
 # COLLS default "all_reduce all_gather sendrecv", FAULTS "blackhole down ackloss fatal";
 # PLAIN_COLLS, the collectives run without R2CC (default all_reduce); R2CC_RUNS=0 runs
 # only those.
 # LOGDIR/summary.txt: one line per run (gpu-stall.sh's), with "plain" before the runs
 # without R2CC and "ibext=N" (the number of "via NET/IBext" lines) after each.
 set -u
-cd "$(dirname "$0")/.." || exit 2
-LOG=${1:?usage: scripts/gpu-ibext.sh LOGDIR ib|roce [COLLS] [FAULTS]}
+cd "$(dirname "$0")/../.." || exit 2
+LOG=${1:?usage: scripts/gpu/gpu-ibext.sh LOGDIR ib|roce [COLLS] [FAULTS]}
 LINK=${2:?ib or roce}
 COLLS=${3:-all_reduce all_gather sendrecv}
 FAULTS=${4:-blackhole down ackloss fatal}
@@ -37,7 +37,7 @@ for c in $COLLS; do
 	for f in $FAULTS; do runs="$runs 2x1:25:2:$f"; done
 	# shellcheck disable=SC2086 # runs is a word list
 	COLL=$c BYTES="-b 16M -e 512M" ITERS="-n 8 -w 2" FAULT_AT_ROW=2 TIMEOUT_S=90 STACKS=0 \
-		timeout 450 scripts/gpu-stall.sh "$LOG/$c" $runs || fail=1
+		timeout 450 scripts/gpu/gpu-stall.sh "$LOG/$c" $runs || fail=1
 	echo "ibext=$(via "$LOG/$c") $c" >>"$LOG/$c/summary.txt"
 done
 # Plain NCCL through the same faults: no repair, so the job must end in an error (or
@@ -45,7 +45,7 @@ done
 for c in ${PLAIN_COLLS:-all_reduce}; do
 	for f in $FAULTS; do
 		R2CC_LIB=none COLL=$c BYTES="-b 16M -e 512M" ITERS="-n 8 -w 2" FAULT_AT_ROW=2 \
-			TIMEOUT_S=60 STACKS=0 timeout 120 scripts/gpu-stall.sh "$LOG/plain" "2x1:25:2:$f"
+			TIMEOUT_S=60 STACKS=0 timeout 120 scripts/gpu/gpu-stall.sh "$LOG/plain" "2x1:25:2:$f"
 	done
 done
 echo "ibext=$(via "$LOG/plain") plain" >>"$LOG/plain/summary.txt"

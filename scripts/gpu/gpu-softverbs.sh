@@ -5,9 +5,9 @@
 # node; sweeps with every result verified by r2cc-perf; throughput of one
 # unshaped NIC; a shaped 3 x 25 Gb/s AllReduce; and what plain NCCL does when a
 # NIC goes down or is black-holed.
-#   scripts/gpu-softverbs.sh [LOGDIR] [PART...]   parts: sweep torchnccl nic shaped fault
+#   scripts/gpu/gpu-softverbs.sh [LOGDIR] [PART...]   parts: sweep torchnccl nic shaped fault
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export R2CC_ROOT=$PWD
 B=${BUILD:-build}
 LOG=${1:-logs/local}; shift || true

@@ -3,8 +3,8 @@
 # congestion from failure), and that a black hole on the same loaded fabric is still
 # repaired. NVIDIA's nccl-tests (NCCL_TESTS_DIR) or r2cc-perf, every result checked
 # (-c 1), over soft NICs shaped to a few Gb/s, ranks sharing GPU 0 (run it under
-# scripts/with-mps.sh), R2CC's reports counted for incidents.
-#   scripts/gpu-stall.sh LOGDIR [RUN...]
+# scripts/gpu/with-mps.sh), R2CC's reports counted for incidents.
+#   scripts/gpu/gpu-stall.sh LOGDIR [RUN...]
 # A RUN is SHAPExG:GBPS:MODE[:declared][:FAULT] with SHAPE 2x1, 3x1 or 4x1, e.g.
 #   4x1:5:2:declared          the run that R2CC used to kill (declared mlx5_2, mode 2)
 #   3x1:5:3:declared          the one that hung (mode 3)
@@ -32,10 +32,10 @@
 # were not declared (false repairs when nothing was injected), what R2CC's stall scan
 # suspected, the detection time of an injected fault, the busbw of the largest size.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export R2CC_ROOT=$PWD
 B=${BUILD:-build}
-LOG=${1:?usage: scripts/gpu-stall.sh LOGDIR [RUN...]}
+LOG=${1:?usage: scripts/gpu/gpu-stall.sh LOGDIR [RUN...]}
 shift
 runs=${*:-4x1:5:2:declared 3x1:5:3:declared 2x1:1:2}
 LIB=${R2CC_LIB:-$PWD/$B/lib/libr2cc.so}

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The NCCL libraries of the version matrix (issue #17, scripts/gpu-compat.sh), made on a
+# The NCCL libraries of the version matrix (issue #17, scripts/gpu/gpu-compat.sh), made on a
 # machine that reaches PyPI for the GPU machine, which reaches no package index and takes at
 # most 64 MiB of files per call. The nvidia-nccl-cu12 wheels hold 290-400 MB libraries; the
 # slimming tool zeroes the device code of every architecture but sm_90 (H100/H200), keeping
 # the file's layout, so that xz brings each library to 13-40 MB.
 #
-#   scripts/nccl-versions.sh [-d DIR] [--slim TOOL] [--force] VERSION...
-#   scripts/nccl-versions.sh --list [VERSION...]
+#   scripts/gpu/nccl-versions.sh [-d DIR] [--slim TOOL] [--force] VERSION...
+#   scripts/gpu/nccl-versions.sh --list [VERSION...]
 #
 # For each VERSION: downloads the x86_64 wheel nvidia-nccl-cu12==VERSION (pip download
 # --no-deps --only-binary=:all:, into a temporary folder, removed afterwards), takes
@@ -27,7 +27,7 @@
 # beside the checkout (the tool is not part of this repository). PIP: the pip command,
 # default "python3 -m pip".
 set -u
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 PKG=nvidia-nccl-cu12
 MATRIX="2.18.3 2.19.3 2.20.5 2.21.5 2.23.4 2.24.3 2.25.1 2.26.5 2.27.7 2.28.3 2.28.9 2.29.7 2.30.7 2.31.2 2.32.3"

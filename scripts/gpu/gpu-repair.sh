@@ -4,9 +4,9 @@
 # into 10 verified AllReduces of 4 GiB, in R2CC_MODE=2 (blackhole, and down) and
 # R2CC_MODE=1; then unmodified torch.distributed all_reduce in a loop through the same
 # fault, with and without R2CC.
-#   scripts/gpu-repair.sh [LOGDIR] [PART...]   parts: 01 01down 01mode1 02 torch torchbase
+#   scripts/gpu/gpu-repair.sh [LOGDIR] [PART...]   parts: 01 01down 01mode1 02 torch torchbase
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export R2CC_ROOT=$PWD
 B=${BUILD:-build}
 LOG=${1:-logs/local/repair}
