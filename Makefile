@@ -57,7 +57,7 @@ BENCHES      :=
 FORMAT_SRCS  :=
 
 # tests/sanitize comes last: its test-build lists every module's TEST_DEPS when it is read.
-MODULES := shim intercept repair strategies tests tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tests/compat tools bench \
+MODULES := shim intercept ctl repair strategies tests softverbs tools/ncclstub tools/drill tests/softverbs tests/ncclstub tests/drill tests/plot tests/scenarios tests/compat tools bench \
 	   tests/fuzz tests/fault tests/ops ops/slurm packaging tests/hook tests/sanitize
 include $(wildcard $(MODULES:%=%/module.mk))
 
@@ -83,17 +83,17 @@ deps:
 
 test: deps
 	@$(MAKE) --no-print-directory -j$(BUILD_JOBS) all $(TEST_DEPS)
-	@scripts/run-tests.sh $(CPU_TESTS)
+	@scripts/ci/run-tests.sh $(CPU_TESTS)
 
 demo: deps
 	@$(MAKE) --no-print-directory all
 	@scripts/demo.sh
 
 gpu-test: all $(GPU_TARGETS)
-	@scripts/run-tests.sh $(GPU_TESTS)
+	@scripts/ci/run-tests.sh $(GPU_TESTS)
 
 bench: all $(BENCH_TARGETS)
-	@scripts/run-bench.sh $(BENCHES)
+	@scripts/ci/run-bench.sh $(BENCHES)
 
 format:
 	clang-format -i $(FORMAT_SRCS)

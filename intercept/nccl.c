@@ -12,7 +12,7 @@
 #include "intercept/nccl_hooks.h"
 #include "intercept/netcheck.h"
 #include "repair/drill.h"
-#include "repair/job.h"
+#include "ctl/job.h"
 #include "shim/comm.h"
 #include "shim/common.h"
 #include "shim/core.h"

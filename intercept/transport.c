@@ -18,7 +18,7 @@
  */
 #include "intercept/transport.h"
 #include "intercept/netplugin.h"
-#include "repair/cts.h"
+#include "repair/model/cts.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

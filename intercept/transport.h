@@ -20,7 +20,7 @@ enum r2cc_transport_kind {
 struct r2cc_transport {
 	enum r2cc_transport_kind kind;
 	char name[96]; /* "NCCL IB (libnccl.so.2)", "IBext (net API v11, libnccl-net.so)", ... */
-	/* The clear-to-send layout it writes (repair/cts.h); NULL: the loaded NCCL's
+	/* The clear-to-send layout it writes (repair/model/cts.h); NULL: the loaded NCCL's
 	 * (cts_unknown false) or one R2CC does not know (true). */
 	const struct r2cc_cts_layout *cts;
 	bool cts_unknown;

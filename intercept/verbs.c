@@ -14,11 +14,11 @@
 #include "intercept/nccl_hooks.h"
 #include "intercept/netcheck.h"
 #include "intercept/transport.h"
-#include "repair/cts.h"
+#include "repair/model/cts.h"
 #include "repair/drill.h"
 #include "repair/engine.h"
-#include "repair/mr_mirror.h"
-#include "repair/qp_shadow.h"
+#include "repair/model/mr_mirror.h"
+#include "repair/model/qp_shadow.h"
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/fault.h"
@@ -467,7 +467,7 @@ static int fi_dereg_mr(struct ibv_mr *mr)
 	FI_INT(real_ibv_dereg_mr(mr));
 }
 
-/* MR mirror hooks (repair/mr_mirror.h), only with R2CC_MR_MIRROR=1: the real
+/* MR mirror hooks (repair/model/mr_mirror.h), only with R2CC_MR_MIRROR=1: the real
  * functions the mirror registers its own PDs and MRs with. */
 static void mirror_ctx_opened(struct ibv_context *ctx, struct r2cc_nic *nic)
 {

@@ -67,7 +67,7 @@ ln -sfn libibverbs.so.1 "$P/softverbs/libibverbs.so"
 inst 0644 "$B/softverbs/mlx5/libmlx5.so.1" "$P/softverbs/mlx5/libmlx5.so.1"
 ln -sfn libmlx5.so.1 "$P/softverbs/mlx5/libmlx5.so"
 inst 0644 "$B/tests/ncclstub/libnccl.so.2" "$P/tests/ncclstub/libnccl.so.2"
-inst 0755 tests/softverbs/topo.sh "$P/tests/softverbs/topo.sh"
+inst 0755 softverbs/topo.sh "$P/softverbs/topo.sh"
 
 mkdir -p "$D$BINDIR"
 # A link from BINDIR into the private tree: relative where both share BINDIR's parent;
@@ -130,7 +130,7 @@ doc=$D$DOCDIR
 install -D -m 0644 README.md "$doc/README.md"
 for f in docs/*.md; do install -m 0644 "$f" "$doc/$(basename "$f")"; done
 install -m 0644 tools/README.md "$doc/tools.md"
-install -m 0644 tests/drill/README.md "$doc/drill.md"
-install -m 0644 tests/softverbs/README.md "$doc/softverbs.md"
+install -m 0644 tools/drill/README.md "$doc/drill.md"
+install -m 0644 softverbs/README.md "$doc/softverbs.md"
 install -m 0644 scripts/scenarios/README.md "$doc/scenarios.md"
 echo "installed R2CC in $D$PREFIX: the library at $PKGLIBDIR/lib/libr2cc.so, the commands in $BINDIR"

@@ -10,7 +10,7 @@
  * the drilled node) or whose remote end is (on every other node: the NIC's LID
  * or GID, as the job's directory and the peers' RTR attributes give it). What a
  * queue pair then sees follows the software device's table of losses
- * (tests/softverbs/README.md) by direction:
+ * (softverbs/README.md) by direction:
  *
  *   its requests lost (down, blackhole, blackhole-tx on the local end,
  *   blackhole-rx on the remote end): its sends are held, unposted; what the

@@ -82,7 +82,7 @@ static bool env_on(const char *name, bool dflt)
 
 /*
  * NCCL settings under which the re-posted clear-to-send writes are not safe by
- * the model (repair/qp_shadow.h, tests/unit/test_qp_shadow_model.c): inline ones
+ * the model (repair/model/qp_shadow.h, tests/unit/test_qp_shadow_model.c): inline ones
  * carry the element as it was when posted, and a connection's data split over
  * several QPs per NIC puts one FIFO slot's writes on more than one QP. Hot repair
  * is off for the process then, with one warning naming the setting.

@@ -14,7 +14,7 @@
  * a QP (its gate closed, moved to ERR, drained up to a marker posted behind NCCL's
  * requests), the exchange with the peer's engine over the control plane (message
  * type R2CC_REPAIR_MSG), the new QP on a healthy NIC, the exactly-once re-post
- * (repair/qp_shadow.h) with translated keys (repair/mr_mirror.h), and the stall
+ * (repair/model/qp_shadow.h) with translated keys (repair/model/mr_mirror.h), and the stall
  * scan. NCCL's threads only see their posts held while a QP migrates and the
  * completions of the new QP under the old QP's number.
  *
@@ -41,7 +41,7 @@
 #ifndef R2CC_REPAIR_ENGINE_H
 #define R2CC_REPAIR_ENGINE_H
 
-#include "repair/ctl.h"
+#include "ctl/ctl.h"
 #include "shim/registry.h"
 
 #include <infiniband/verbs.h>
@@ -58,12 +58,12 @@
  * bytes, one per queue pair (the op is an entry's first byte and its NIC names are 64 bytes at the
  * offsets given), then the maps: each two NUL-terminated NIC names of 64 bytes (from, to), a
  * little-endian u32 length and that many bytes of the sender's full rkey map between the two NICs
- * as repair/mr_mirror.h encodes it. A REQ or REP carries the map for the NICs
+ * as repair/model/mr_mirror.h encodes it. A REQ or REP carries the map for the NICs
  * its queue pair moves between. An entry ends with the sender's retired message
  * count (u64 at R2CC_REPAIR_WIRE_SENT), a count of records (a byte, at most
  * R2CC_REPAIR_WIRE_LOST and at most the retired count) and that many message
  * opcodes (1..3), immediates and lengths. The header ends with a little-endian u32
- * count of clear-to-send records (repair/cts.h), R2CC_REPAIR_WIRE_CTS bytes each, that
+ * count of clear-to-send records (repair/model/cts.h), R2CC_REPAIR_WIRE_CTS bytes each, that
  * follow the maps: the entry they belong to (u16), a kind (1 query, 2 answer), the
  * elements (1..8), an element's size (32 or 64), idx's offset in it (a multiple of 8,
  * 8 bytes inside it), an answer's landed flag (0 or 1), a pad byte, then the write's

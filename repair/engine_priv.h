@@ -18,15 +18,15 @@
  * side, which only needs to know whether errors are to be hidden.
  */
 #pragma once
-#include "repair/cts.h"
+#include "repair/model/cts.h"
 #include "repair/engine.h"
-#include "repair/hmap.h"
-#include "repair/job.h"
-#include "repair/ledger.h"
-#include "repair/mr_mirror.h"
+#include "ctl/hmap.h"
+#include "ctl/job.h"
+#include "repair/model/ledger.h"
+#include "repair/model/mr_mirror.h"
 #include "repair/peer.h"
-#include "repair/qp_shadow.h"
-#include "repair/stall.h"
+#include "repair/model/qp_shadow.h"
+#include "repair/model/stall.h"
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/failspec.h"
@@ -207,7 +207,7 @@ struct r2cc_rqp {
 	uint64_t k_local, k_peer;
 	/* the peer's messages retired on the old path, and its record of the last
 	 * of them (their receive completions, should this side's device have lost
-	 * them: repair/qp_shadow.h) */
+	 * them: repair/model/qp_shadow.h) */
 	uint64_t peer_sent;
 	int npeer_lost;
 	struct r2cc_shadow_msg peer_lost[R2CC_SHADOW_LOST_MAX];
@@ -226,7 +226,7 @@ struct r2cc_rqp {
 	int incident;
 	struct r2cc_qp_shadow_plan plan;
 	bool have_plan;
-	/* Clear-to-send writes (repair/cts.h), repair thread only: this side's
+	/* Clear-to-send writes (repair/model/cts.h), repair thread only: this side's
 	 * queries about its unretired ones as of the fence, the peer's answers, and
 	 * how many the answers dropped from the plan. */
 	struct rep_cts *cts_q, *cts_a;
@@ -376,7 +376,7 @@ struct rep_wire {
 enum { WIRE_MSG_WRITE_IMM = 1, WIRE_MSG_SEND, WIRE_MSG_SEND_IMM };
 
 /* An rkey map after the entries: NUL-terminated NIC names, then len bytes as
- * repair/mr_mirror.h encodes a full map. */
+ * repair/model/mr_mirror.h encodes a full map. */
 struct rep_map {
 	char from[64];
 	char to[64];
@@ -397,7 +397,7 @@ struct inbox {
 };
 
 /*
- * A clear-to-send record after the maps (repair/cts.h): a query about one of the
+ * A clear-to-send record after the maps (repair/model/cts.h): a query about one of the
  * sender's unretired clear-to-send writes into the addressee's memory (a REQ's or
  * a REP's), or the answer to one (a REP's or a GO's), for the entry it names.
  */
@@ -656,7 +656,7 @@ int r2cc_wire_send(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wi
 /* Records for the entry r2cc_out_add() gave last to (dir, rank): 0 or -ENOMEM. */
 int r2cc_out_cts(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank,
 		 const struct rep_cts *c, int n);
-/* repair/cts.c. After the fence: this side's queries (their number, or -ENOMEM:
+/* repair/model/cts.c. After the fence: this side's queries (their number, or -ENOMEM:
  * none); the answers to the queries of entry `entry` of in, into the entry last
  * added for (dir, rank); the answers for r in entry `entry` of in, kept; the plan's
  * landed writes dropped; all of it forgotten. */

@@ -15,7 +15,7 @@
 
 /*
  * The receive completions of messages the peer retired and this side never
- * counted: its device lost them (repair/qp_shadow.h), made from the peer's
+ * counted: its device lost them (repair/model/qp_shadow.h), made from the peer's
  * record of those messages into wc. How many, or -EPROTO when the record does
  * not reach back to this side's count. Under r->mu, fenced.
  */
@@ -185,7 +185,7 @@ static int hold_plan_sends(struct r2cc_rqp *r, size_t i)
  * thread: a re-posted clear-to-send write reads its FIFO element when it is
  * posted, and NCCL's thread rewrites those elements only between its own calls
  * (it fills one, then posts it), so a re-post there never carries a torn element
- * (repair/qp_shadow.h, "Clear-to-send"). The plan's sends are held in front of
+ * (repair/model/qp_shadow.h, "Clear-to-send"). The plan's sends are held in front of
  * NCCL's held posts, and NCCL's next post on the QP or poll of its CQ (which it
  * makes while it waits for them) posts them all, in order. false (post them
  * here) only when the CQ's list cannot grow. Under r->mu.

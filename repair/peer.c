@@ -13,7 +13,7 @@
  * it was made for, not to one tracked again under the same identity.
  */
 #include "repair/peer.h"
-#include "repair/hmap.h"
+#include "ctl/hmap.h"
 #include "shim/log.h"
 
 #include <arpa/inet.h>

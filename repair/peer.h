@@ -34,7 +34,7 @@
 #ifndef R2CC_REPAIR_PEER_H
 #define R2CC_REPAIR_PEER_H
 
-#include "repair/ctl.h"
+#include "ctl/ctl.h"
 #include "shim/registry.h"
 
 #include <stdbool.h>

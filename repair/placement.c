@@ -114,7 +114,7 @@ static bool nic_usable_pass(struct r2cc_rqp *r, struct r2cc_nic *nic, int pass)
 	return pass == 2 || !failed_on_lately(r, nic);
 }
 
-/* The node ledger (repair/ledger.h), opened at the first placement once the
+/* The node ledger (repair/model/ledger.h), opened at the first placement once the
  * job is known; its counts read 0 without it. */
 static void ledger_use(void)
 {

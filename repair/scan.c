@@ -38,7 +38,7 @@ void r2cc_probe(struct r2cc_rqp *r, int64_t t, uint64_t posted_now)
 	pthread_mutex_unlock(&r->mu);
 }
 
-/* The load model (repair/stall.h): every live QP's queued bytes and what it
+/* The load model (repair/model/stall.h): every live QP's queued bytes and what it
  * retired since the last scan, on the NIC it uses now. Under r2cc_eng.mu. */
 static void account(int64_t t)
 {
@@ -108,7 +108,7 @@ static void probe_quiet(struct r2cc_rqp *r, int64_t waited)
  * Stall scan, every SCAN_NS. A QP whose oldest signalled request waited a scan
  * period has its NIC tested (probe_quiet). A QP whose oldest signalled request
  * (NCCL's, or R2CC's probe) has waited longer than what the node had queued ahead of it on
- * its NIC explains at the NIC's drain rate (repair/stall.h) is suspected; when no
+ * its NIC explains at the NIC's drain rate (repair/model/stall.h) is suspected; when no
  * other path of this process completed work after it last did, only once it waited
  * one stall floor longer (the process may not be polling at all, or the only work
  * left waits on the dead path: a ring behind one black hole). When every NIC of

@@ -57,7 +57,7 @@ command -v cc >/dev/null || need+=(gcc)
 command -v make >/dev/null || need+=(make)
 command -v g++ >/dev/null || need+=(g++)
 command -v python3 >/dev/null || need+=(python3)
-# rdma-core's own programs, run over the software RDMA device (tests/softverbs).
+# rdma-core's own programs, run over the software RDMA device (softverbs/).
 for p in perftest ibverbs-utils rdmacm-utils python3-pyverbs ibverbs-providers; do
 	dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
@@ -66,7 +66,7 @@ dpkg -s python3-prometheus-client >/dev/null 2>&1 || need+=(python3-prometheus-c
 { command -v clang >/dev/null && [ -e "$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a)" ]; } ||
 	need+=(clang libclang-rt-dev)
 command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev) # make deb: the package's dependencies
-command -v xz >/dev/null || need+=(xz-utils) # tests/compat packs its stand-in libraries as scripts/nccl-versions.sh does
+command -v xz >/dev/null || need+=(xz-utils) # tests/compat packs its stand-in libraries as scripts/gpu/nccl-versions.sh does
 # Debian's matplotlib, for scripts/plot.py (it falls back to /usr/bin/python3).
 python3 -c 'import matplotlib' 2>/dev/null || /usr/bin/python3 -c 'import matplotlib' 2>/dev/null ||
 	need+=(python3-matplotlib)

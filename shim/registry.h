@@ -93,7 +93,7 @@ struct r2cc_mr {
 	int access;
 	/* atomic: [addr, addr+len) is host memory this process can read (a small VA
 	 * registration, probed when it was made): hot repair reads NCCL's
-	 * clear-to-send elements there (repair/cts.c) */
+	 * clear-to-send elements there (repair/model/cts.c) */
 	int host_ok;
 };
 
@@ -124,7 +124,7 @@ struct r2cc_qp_peer {
 	    sgid; /* with a GRH: this end's GID (the RTR's sgid_index), as the peer sees it */
 };
 
-struct r2cc_cts_layout; /* repair/cts.h */
+struct r2cc_cts_layout; /* repair/model/cts.h */
 
 struct r2cc_qp {
 	struct ibv_qp *qp;
@@ -157,7 +157,7 @@ struct r2cc_qp {
 	 * a sibling NIC, with this CQ of its own; ctx is still the dead NIC's */
 	struct ibv_cq *stand_in_cq;
 	/* The transport that made it (intercept/transport.h): the clear-to-send layout
-	 * it writes (repair/cts.h; NULL: the loaded NCCL's own, unless cts_unknown),
+	 * it writes (repair/model/cts.h; NULL: the loaded NCCL's own, unless cts_unknown),
 	 * and its name for logs and reports. */
 	const struct r2cc_cts_layout *cts;
 	bool cts_unknown;

@@ -15,11 +15,11 @@ $(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shi
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/model/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/stall.c repair/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/model/stall.c repair/model/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
@@ -59,8 +59,8 @@ $(BUILD)/tests/gpu/allreduce2: tests/gpu/allreduce2.c
 	$(CC) $(BIN_CFLAGS) -o $@ $< -L$(CUDA_LIBDIR) -lcudart -lnccl
 
 GPU_TARGETS += $(BUILD)/tests/gpu/allreduce2
-GPU_TESTS += 600@scripts/gpu-foundation.sh 900@scripts/gpu-softverbs.sh 600@scripts/gpu-strategies.sh \
-	     600@scripts/gpu-repair.sh 600@scripts/gpu-ar2-vs-balance.sh
+GPU_TESTS += 600@scripts/gpu/gpu-foundation.sh 900@scripts/gpu/gpu-softverbs.sh 600@scripts/gpu/gpu-strategies.sh \
+	     600@scripts/gpu/gpu-repair.sh 600@scripts/gpu/gpu-ar2-vs-balance.sh
 FORMAT_SRCS += tests/gpu/allreduce2.c
 
 # Benchmark of the fast paths' per-call cost (make bench).
@@ -80,9 +80,9 @@ FORMAT_SRCS += tests/bench/wrap_cost.c tests/bench/nccl_null.c
 
 # Scale (docs/scale.md): repair time of many QPs on one NIC over the soft device, and the
 # control plane's registration time and memory (r2cc-ctl-load).
-$(BUILD)/tests/bench/repair_scale: tests/bench/repair_scale.c tests/drill/verbs.c tests/drill/drill.h
+$(BUILD)/tests/bench/repair_scale: tests/bench/repair_scale.c tools/drill/verbs.c tools/drill/drill.h
 	@mkdir -p $(@D)
-	$(CC) $(BIN_CFLAGS) -o $@ tests/bench/repair_scale.c tests/drill/verbs.c -ldl
+	$(CC) $(BIN_CFLAGS) -o $@ tests/bench/repair_scale.c tools/drill/verbs.c -ldl
 BENCH_TARGETS += $(BUILD)/tests/bench/repair_scale $(BUILD)/bin/r2cc-verbs-drill $(BUILD)/bin/r2cc-ctl-load
 BENCHES += tests/bench/scale.sh
 FORMAT_SRCS += tests/bench/repair_scale.c

@@ -70,7 +70,7 @@ static long env_long(const char *name, long def)
 	return *end ? def : x;
 }
 
-/* " mlx5_0:25 mlx5_1:100 ...": the soft NICs as tests/softverbs/topo.sh takes them. */
+/* " mlx5_0:25 mlx5_1:100 ...": the soft NICs as softverbs/topo.sh takes them. */
 static const char *soft_nic_list(const struct dr_state *st)
 {
 	static char list[512];
@@ -106,7 +106,7 @@ static void check_topo_file(struct dr_state *st, bool soft)
 		dr_explain(c,
 			   "NCCL stops with \"Could not find any local path from gpu 0 to net\" "
 			   "(DESIGN.md section 7)",
-			   "tests/softverbs/topo.sh%s > /tmp/r2cc-topo.xml; export "
+			   "softverbs/topo.sh%s > /tmp/r2cc-topo.xml; export "
 			   "NCCL_TOPO_FILE=/tmp/r2cc-topo.xml",
 			   soft_nic_list(st));
 		return;
@@ -147,7 +147,7 @@ static void check_topo_file(struct dr_state *st, bool soft)
 			   "%s does not parse as an NCCL topology (%s)", path,
 			   !strstr(text, "<system") ? "no <system> element" : "unbalanced tags");
 		dr_explain(c, "NCCL rejects the file and the job does not start",
-			   "regenerate it (tests/softverbs/topo.sh for soft NICs, or dump one "
+			   "regenerate it (softverbs/topo.sh for soft NICs, or dump one "
 			   "with NCCL_TOPO_DUMP_FILE=/tmp/topo.xml)");
 		free(text);
 		return;
@@ -169,7 +169,7 @@ static void check_topo_file(struct dr_state *st, bool soft)
 		c = dr_add(st, DR_SEC_NCCL, DR_FAIL, "NCCL_TOPO_FILE",
 			   "%s names no <net> for soft NIC(s) %s", path, missing);
 		dr_explain(c, "NCCL cannot place those NICs and will not use them",
-			   "tests/softverbs/topo.sh%s > %s", soft_nic_list(st), path);
+			   "softverbs/topo.sh%s > %s", soft_nic_list(st), path);
 	} else {
 		dr_add(st, DR_SEC_NCCL, DR_OK, "NCCL_TOPO_FILE", "%s parses%s", path,
 		       soft ? " and names every soft NIC" : "");
@@ -564,7 +564,7 @@ void dr_check_nccl(struct dr_state *st)
 				   "NCCL sees the soft NICs as co-located and fuses them into "
 				   "one virtual NIC",
 				   "export NCCL_NET_MERGE_LEVEL=LOC");
-			/* repair/cts.h: before 2.29 a consumed clear-to-send element reads
+			/* repair/model/cts.h: before 2.29 a consumed clear-to-send element reads
 			 * 0, and over 3 or 5-7 fused NICs a slot's writes use several QPs */
 			bool odd = nsoft == 3 || (nsoft >= 5 && nsoft <= 7);
 			if (odd && st->nccl_code > 0 && st->nccl_code < 22900 &&

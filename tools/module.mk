@@ -17,6 +17,16 @@ $(R2CC_TOOL): $(R2CC_TOOL_SRCS) $(R2CC_TOOL_LIBS) $(R2CC_TOOL_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -o $@ $(R2CC_TOOL_SRCS) $(R2CC_TOOL_LIBS) -ldl -lm
 
+# r2cc-ctl-load: many simulated ranks against the control plane (tools/ctl_load.c,
+# compiled with ctl/'s sources: ctl/module.mk).
+CTL_LOAD := $(BUILD)/bin/r2cc-ctl-load
+$(CTL_LOAD): tools/ctl_load.c $(CTL_TEST_SRCS) $(CTL_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ $< $(CTL_TEST_SRCS) $(CTL_TEST_LIBS)
+ALL_TARGETS += $(CTL_LOAD)
+CPU_TESTS += 120@$(CTL_LOAD):--ranks:1024
+FORMAT_SRCS += tools/ctl_load.c
+
 # Tests: the doctor over the software RDMA device, with a stand-in libnccl.so.2.
 DOCTOR_TDIR := $(BUILD)/tests/doctor
 

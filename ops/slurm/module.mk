@@ -40,11 +40,11 @@ FORMAT_SRCS += $(SPANK_R2CC_SRCS) ops/slurm/settings.h tests/ops/slurm_settings.
 
 # `make test-ops` (tests/ops/module.mk): Slurm's own daemons on this machine, two nodes,
 # `srun --r2cc -N 2` through a fault (tests/ops/slurm.sh). slurm-task is one task of
-# that job: a worker of the verbs drill (tests/drill), on the emulated node its Slurm
+# that job: a worker of the verbs drill (tools/drill), on the emulated node its Slurm
 # node names.
 SLURM_TASK := $(BUILD)/tests/ops/slurm-task
 
-$(SLURM_TASK): tests/ops/slurm_task.c tests/drill/drill.h
+$(SLURM_TASK): tests/ops/slurm_task.c tools/drill/drill.h
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -o $@ tests/ops/slurm_task.c
 

@@ -38,7 +38,7 @@
  * The soft device holds 4096 QPs and 2048 CQs in all; R2CC rebuilds both ends
  * of every queue pair (a QP and a CQ each), so N is at most 1000.
  */
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # CPU test of the NCCL version matrix's scripts, without a GPU, NCCL or a network:
-# scripts/gpu-compat.sh run against test doubles (tests/compat/fake: an r2cc-perf that
+# scripts/gpu/gpu-compat.sh run against test doubles (tests/compat/fake: an r2cc-perf that
 # names the libnccl.so.2 it was given and reacts to the fake softverbs-ctl's faults, and
 # tiny libnccl.so.2 stand-ins whose ncclGetVersion() answers a chosen version, xz'd as
-# scripts/nccl-versions.sh writes them), asserting on summary.txt and the exit status:
+# scripts/gpu/nccl-versions.sh writes them), asserting on summary.txt and the exit status:
 # every part passes; the NCCL_IB_MERGE_NICS=0 setting below 2.24 only; a bus id on the
 # topology's <nic> for 2.19 only; the failover parts
 # from 2.29 only, over fused NICs; plain NCCL dying at the fault, a repair with no R2CC
 # incident, a declared NIC that still carries traffic, a library that reports another
 # version and a missing library all fail; bad arguments are refused. Then
-# scripts/nccl-versions.sh: syntax, its refusal of a folder git does not ignore, and
+# scripts/gpu/nccl-versions.sh: syntax, its refusal of a folder git does not ignore, and
 # --list's nearest-version rule against a fake pip.
 #   tests/compat/run.sh        (KEEP=1 keeps the temporary directory)
 set -u
@@ -38,7 +38,7 @@ lacks() {
 	done
 }
 
-for f in scripts/gpu-compat.sh scripts/nccl-versions.sh tests/compat/fake/r2cc-perf; do
+for f in scripts/gpu/gpu-compat.sh scripts/gpu/nccl-versions.sh tests/compat/fake/r2cc-perf; do
 	bash -n "$f" && ok || fail "bash -n $f"
 done
 
@@ -62,7 +62,7 @@ export R2CC_LIB=$T/libr2cc.so TMPDIR=$T
 mkdir -p "$FAKE_STATE"
 
 # --- every part passes, for an old, a middle and a resilient version -------------------
-run all 0 scripts/gpu-compat.sh "$T/all" 2.18.3 2.21.5 2.30.7
+run all 0 scripts/gpu/gpu-compat.sh "$T/all" 2.18.3 2.21.5 2.30.7
 S=$T/all/summary.txt
 has "$S" \
 	'^2\.18\.3 healthy=PASS blackhole=PASS down=PASS mode3=PASS preflight=PASS busbw=9\.3 blackhole_detect_ms=[0-9]+\.[0-9] blackhole_after=1\.00 down_detect_ms=[0-9]+\.[0-9] down_after=1\.00 ' \
@@ -98,50 +98,50 @@ rm -f "$T/state/perf.calls"
 # (20 s: the run would be over).
 rm -f "$T/state/dead" # an earlier run's fault
 NCCL_TESTS_DIR=$ROOT/tests/compat/fake MPIRUN=$ROOT/tests/compat/fake/mpirun FAULT_AFTER_S=20 \
-	FAULT_ROW=512 FAKE_ITER_S=0.1 PARTS="preflight nccltests" run nt 0 scripts/gpu-compat.sh "$T/nt" 2.21.5
+	FAULT_ROW=512 FAKE_ITER_S=0.1 PARTS="preflight nccltests" run nt 0 scripts/gpu/gpu-compat.sh "$T/nt" 2.21.5
 has "$T/nt/summary.txt" '^2\.21\.5 nccltests=PASS preflight=PASS nccltests_detect_ms=[0-9]+\.[0-9] '
 has "$T/nt/2.21.5/nccltests.log" 'nccl-library=22105' '^ +8192 '
 has "$T/nt/2.21.5/nccltests.log.fault" '^fault blackhole of node0/mlx5_2 at '
-NCCL_TESTS_DIR=$T/none PARTS=nccltests run nt-none 1 scripts/gpu-compat.sh "$T/nt-none" 2.21.5
+NCCL_TESTS_DIR=$T/none PARTS=nccltests run nt-none 1 scripts/gpu/gpu-compat.sh "$T/nt-none" 2.21.5
 has "$T/nt-none/summary.txt" '^2\.21\.5 nccltests=FAIL' 'nccltests: no NCCL_TESTS_DIR/all_reduce_perf'
 rm -f "$T/state/perf.calls"
 
-# 2.19 alone gets a bus id on the soft topology's <nic> (tests/softverbs/topo.sh says why).
-PARTS=healthy run v219 0 scripts/gpu-compat.sh "$T/v219" 2.19.3
+# 2.19 alone gets a bus id on the soft topology's <nic> (softverbs/topo.sh says why).
+PARTS=healthy run v219 0 scripts/gpu/gpu-compat.sh "$T/v219" 2.19.3
 has "$T/state/perf.calls" '^merge=0 .* nic_busid=1$'
 rm -f "$T/state/perf.calls"
 
 # A libnccl.so.2 already on the caller's path (the system's, say) must not be the one run.
 mkdir -p "$T/decoy" && cp "$T/libnccl-2.26.5.so.2" "$T/decoy/libnccl.so.2"
-LD_LIBRARY_PATH=$T/decoy PARTS=healthy run decoy 0 scripts/gpu-compat.sh "$T/decoy-out" 2.18.3
+LD_LIBRARY_PATH=$T/decoy PARTS=healthy run decoy 0 scripts/gpu/gpu-compat.sh "$T/decoy-out" 2.18.3
 has "$T/decoy-out/2.18.3/healthy.log" 'NCCL library 2\.18\.3 \('
 rm -f "$T/state/perf.calls"
 
 # --- failures ---------------------------------------------------------------------------
-FAKE_DIE=1 PARTS="blackhole down" run die 1 scripts/gpu-compat.sh "$T/die" 2.26.5
+FAKE_DIE=1 PARTS="blackhole down" run die 1 scripts/gpu/gpu-compat.sh "$T/die" 2.26.5
 has "$T/die/summary.txt" '^2\.26\.5 blackhole=FAIL down=FAIL ' \
 	'^    blackhole: exit 2, [0-9]+/30 iterations verified: rank 0: NCCL asynchronous error' \
 	'^    blackhole: no incident in R2CC' '^    down: exit 2, '
-FAKE_NO_INCIDENT=1 PARTS=blackhole run noinc 1 scripts/gpu-compat.sh "$T/noinc" 2.26.5
+FAKE_NO_INCIDENT=1 PARTS=blackhole run noinc 1 scripts/gpu/gpu-compat.sh "$T/noinc" 2.26.5
 has "$T/noinc/summary.txt" '^2\.26\.5 blackhole=FAIL ' '^    blackhole: no incident in R2CC'
-FAKE_DECLARED_USED=1 PARTS=mode3 run used 1 scripts/gpu-compat.sh "$T/used" 2.26.5
+FAKE_DECLARED_USED=1 PARTS=mode3 run used 1 scripts/gpu/gpu-compat.sh "$T/used" 2.26.5
 has "$T/used/summary.txt" '^2\.26\.5 mode3=FAIL ' '^    mode3: .*NOTE: mlx5_2 \(declared failed\) still carried'
 # the file says 2.26.5, the library inside is 2.28.9
-PARTS="preflight healthy" run liar 1 scripts/gpu-compat.sh "$T/liar" 2.26.5
+PARTS="preflight healthy" run liar 1 scripts/gpu/gpu-compat.sh "$T/liar" 2.26.5
 has "$T/liar/summary.txt" '^2\.26\.5 healthy=FAIL preflight=FAIL ' \
 	'^    healthy\.log: not the NCCL under test: .*NCCL library 2\.28\.9' '^    preflight: FAIL: ncclGetVersion 22809, want 22605$'
-run missing 1 scripts/gpu-compat.sh "$T/missing" 2.99.1
+run missing 1 scripts/gpu/gpu-compat.sh "$T/missing" 2.99.1
 has "$T/missing/summary.txt" '^2\.99\.1 healthy=FAIL blackhole=FAIL down=FAIL mode3=FAIL failover-blackhole=FAIL failover-down=FAIL preflight=FAIL' \
 	'^    no .*libnccl-2\.99\.1-sm90\.so\.2\.xz'
-run badver 2 scripts/gpu-compat.sh "$T/bad" 2.28
-PARTS=nonsense run badpart 2 scripts/gpu-compat.sh "$T/bad" 2.28.9
-run noargs 2 scripts/gpu-compat.sh "$T/bad"
-ITERS=4x run baditers 2 scripts/gpu-compat.sh "$T/bad" 2.28.9
+run badver 2 scripts/gpu/gpu-compat.sh "$T/bad" 2.28
+PARTS=nonsense run badpart 2 scripts/gpu/gpu-compat.sh "$T/bad" 2.28.9
+run noargs 2 scripts/gpu/gpu-compat.sh "$T/bad"
+ITERS=4x run baditers 2 scripts/gpu/gpu-compat.sh "$T/bad" 2.28.9
 has "$T/baditers.out" "ITERS='4x': a positive whole number"
-FAULT_AFTER_S=soon run badfault 2 scripts/gpu-compat.sh "$T/bad" 2.28.9
+FAULT_AFTER_S=soon run badfault 2 scripts/gpu/gpu-compat.sh "$T/bad" 2.28.9
 has "$T/badfault.out" "FAULT_AFTER_S='soon': a number"
 
-# --- scripts/nccl-versions.sh -----------------------------------------------------------
+# --- scripts/gpu/nccl-versions.sh -------------------------------------------------------
 mkdir -p "$T/bin"
 cat >"$T/bin/pip" <<'EOF'
 #!/usr/bin/env bash
@@ -150,16 +150,16 @@ echo "nvidia-nccl-cu12 (2.32.3)"
 echo "Available versions: 2.32.3, 2.30.7, 2.28.9, 2.28.3, 2.26.2.post1, 2.26.2, 2.21.5, 2.18.3, 2.18.1"
 EOF
 chmod +x "$T/bin/pip"
-PIP=$T/bin/pip run list 1 scripts/nccl-versions.sh --list 2.18.3 2.28.9 2.28.7 2.26.5 2.31.2 2.33.1 2.19.3
+PIP=$T/bin/pip run list 1 scripts/gpu/nccl-versions.sh --list 2.18.3 2.28.9 2.28.7 2.26.5 2.31.2 2.33.1 2.19.3
 has "$T/list.out" '^2\.18\.3 available$' '^2\.28\.9 available$' \
 	'^2\.28\.7 MISSING; nearest available: 2\.28\.9$' '^2\.26\.5 MISSING; nearest available: 2\.26\.2$' \
 	'^2\.31\.2 MISSING; nearest available: 2\.32\.3$' '^2\.33\.1 MISSING; nearest available: 2\.32\.3$' \
 	'^2\.19\.3 MISSING; nearest available: 2\.18\.3$'
-PIP=$T/bin/pip run listok 0 scripts/nccl-versions.sh --list 2.18.3 2.30.7
-run notignored 2 scripts/nccl-versions.sh -d tests/compat --slim tests/compat/run.sh 2.18.3
+PIP=$T/bin/pip run listok 0 scripts/gpu/nccl-versions.sh --list 2.18.3 2.30.7
+run notignored 2 scripts/gpu/nccl-versions.sh -d tests/compat --slim tests/compat/run.sh 2.18.3
 has "$T/notignored.out" 'not ignored by git'
-run noslim 2 scripts/nccl-versions.sh -d "$T/x" --slim "$T/none.py" 2.18.3
-run badv 2 scripts/nccl-versions.sh 2.18
+run noslim 2 scripts/gpu/nccl-versions.sh -d "$T/x" --slim "$T/none.py" 2.18.3
+run badv 2 scripts/gpu/nccl-versions.sh 2.18
 
 echo "tests/compat: $n checks, $([ $rc -eq 0 ] && echo all passed || echo FAILURES)"
 exit $rc

@@ -17,9 +17,9 @@
  * The parent only relays and judges; the workers are forked before any
  * control-plane call. Exit status 0 = pass.
  */
-#include "repair/ctl.h"
-#include "repair/ctl_msg.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_msg.h"
+#include "ctl/ctl_priv.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -18,8 +18,8 @@
  * the other end. Every process must get exactly one such request per
  * connection and no wrong one. Exit 0 = pass.
  */
-#include "repair/ctl.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_priv.h"
 #include "repair/peer.h"
 
 #include <errno.h>

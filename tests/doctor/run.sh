@@ -28,8 +28,8 @@ export LD_LIBRARY_PATH=$B/softverbs
 export R2CC_DOCTOR_NCCL=$B/tests/doctor/nccl/libnccl.so.2
 export NCCL_HOSTID=node0 SOFTVERBS_NICS=mlx5_0:25,mlx5_2:100,mlx5_3:100
 export NCCL_NET_MERGE_LEVEL=LOC NCCL_GIN_TYPE=2 NCCL_NET_GDR_LEVEL=LOC NCCL_SOCKET_IFNAME=lo
-tests/softverbs/topo.sh mlx5_0:25 mlx5_2:100 mlx5_3:100 >"$TMP/topo3.xml"
-tests/softverbs/topo.sh mlx5_0:100 >"$TMP/topo1.xml"
+softverbs/topo.sh mlx5_0:25 mlx5_2:100 mlx5_3:100 >"$TMP/topo3.xml"
+softverbs/topo.sh mlx5_0:100 >"$TMP/topo1.xml"
 export NCCL_TOPO_FILE=$TMP/topo3.xml
 
 fabric() {
@@ -233,7 +233,7 @@ PY
 	check nosplit <<'PY'
 assert rc == 0, (rc, fails())
 PY
-	# NIC fusion of 3 soft NICs: NCCL before 2.29 cannot be repaired there (repair/cts.h)
+	# NIC fusion of 3 soft NICs: NCCL before 2.29 cannot be repaired there (repair/model/cts.h)
 	env -u NCCL_NET_MERGE_LEVEL "$DOC" doctor --json >"$TMP/fuse28.json"
 	echo $? >"$TMP/fuse28.rc"
 	env -u NCCL_NET_MERGE_LEVEL DOCTOR_STUB_NCCL_VERSION=22907 "$DOC" doctor --json \
@@ -309,7 +309,7 @@ PY
 }
 
 # The net plugin NCCL would load (tools/doctor_env.c, net_plugin): the project's test
-# plugin (tests/ncclstub/testnet.c) on the library path, as libnccl-net.so (the default
+# plugin (tools/ncclstub/testnet.c) on the library path, as libnccl-net.so (the default
 # name) and by NCCL_NET_PLUGIN; passing for HPC-X's before its init ("NCCL RDMA Plugin",
 # net API v8: a release whose layout R2CC does not know), over UCX, disabled.
 case_plugin() {

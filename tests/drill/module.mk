@@ -1,65 +1,27 @@
-# tests/drill: r2cc-verbs-drill, NCCL-shaped verbs traffic over the software RDMA device
-# with NIC faults (see tests/drill/README.md). It loads libibverbs with dlopen/dlvsym as
-# NCCL does, so it must not link it.
+# tests/drill: the runs of r2cc-verbs-drill (tools/drill, see tools/drill/README.md) that
+# make test and make bench make, and the scripts that run it many times over
+# (stall-matrix.sh, link-matrix.sh, inject-compare.sh, expect-fail.sh).
 
-DRILL_DIR  := tests/drill
-DRILL      := $(BUILD)/bin/r2cc-verbs-drill
-DRILL_OBJ  := $(BUILD)/drill/obj
-DRILL_SRCS := $(DRILL_DIR)/main.c $(DRILL_DIR)/worker.c $(DRILL_DIR)/verbs.c \
-	      $(DRILL_DIR)/pattern.c $(DRILL_DIR)/bootstrap.c $(DRILL_DIR)/nccl_version.c
-DRILL_OBJS := $(DRILL_SRCS:$(DRILL_DIR)/%.c=$(DRILL_OBJ)/%.o)
-# What a run needs besides the program: the device, its control tool and the library.
-DRILL_RUNTIME := $(BUILD)/softverbs/libibverbs.so.1 $(BUILD)/softverbs/libibverbs.so \
-		 $(BUILD)/softverbs/mlx5/libmlx5.so.1 \
-		 $(BUILD)/bin/softverbs-ctl $(LIBR2CC) $(BUILD)/tests/ncclstub/libnccl.so.2
+DRILL_TDIR := tests/drill
 
-$(DRILL_OBJ)/%.o: $(DRILL_DIR)/%.c
-	@mkdir -p $(@D)
-	$(CC) $(BIN_CFLAGS) -MMD -MP -c -o $@ $<
-
-$(DRILL): $(DRILL_OBJS)
-	@mkdir -p $(@D)
-	$(CC) -o $@ $(DRILL_OBJS) -ldl -lm -pthread -Wl,--export-dynamic-symbol=pncclGetVersion
-
--include $(DRILL_OBJS:.o=.d)
-
-# r2cc-verbs-drill-direct: the same program linked against libibverbs (the software
-# device's, found next to it), reaching verbs by symbol as HPC-X's net plugin does
-# (verbs.c, DRILL_DIRECT); an interposer must meet it without dlvsym.
-DRILL_DIRECT := $(BUILD)/bin/r2cc-verbs-drill-direct
-DRILL_DIRECT_OBJS := $(filter-out $(DRILL_OBJ)/verbs.o,$(DRILL_OBJS)) $(DRILL_OBJ)/verbs_direct.o
-
-$(DRILL_OBJ)/verbs_direct.o: $(DRILL_DIR)/verbs.c
-	@mkdir -p $(@D)
-	$(CC) $(BIN_CFLAGS) -DDRILL_DIRECT -MMD -MP -c -o $@ $<
-
-$(DRILL_DIRECT): $(DRILL_DIRECT_OBJS) $(SV_LINK) $(SV_MLX5_LINK)
-	@mkdir -p $(@D)
-	$(CC) -o $@ $(DRILL_DIRECT_OBJS) -L$(SV_OUT) -libverbs -L$(SV_OUT)/mlx5 -lmlx5 \
-	  -Wl,-rpath,'$$ORIGIN/../softverbs:$$ORIGIN/../softverbs/mlx5' \
-	  -ldl -lm -pthread -Wl,--export-dynamic-symbol=pncclGetVersion
-
--include $(DRILL_OBJ)/verbs_direct.d
-
-ALL_TARGETS += $(DRILL) $(DRILL_DIRECT)
 TEST_DEPS   += $(DRILL) $(DRILL_DIRECT) $(DRILL_RUNTIME)
 CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 	       60@$(DRILL):--fault:none:--seeds:3:--no-preload \
 	       60@$(DRILL):--fault:none:--seeds:3:--procs:4:--nics:2 \
 	       60@$(DRILL):--fault:slow:--seeds:2 \
 	       60@$(DRILL):--fault:none:--seeds:1:--nccl-stub \
-	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--selftest-corrupt
+	       60@$(DRILL_TDIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--selftest-corrupt
 # NCCL's own port failover on (DESIGN.md section 3): for a release that reads the variable
 # (the drill's default pattern, 2.30, reports 2.30.3) R2CC steps aside, so the drill fails
 # with the error completions the application gets (plain verbs: a peer that only receives
 # may then wait for ever, as under plain NCCL); for 2.28, which ignores it, R2CC repairs
-# (over 2 fused NICs: over 3, 2.28's connections cannot be repaired, repair/cts.h).
+# (over 2 fused NICs: over 3, 2.28's connections cannot be repaired, repair/model/cts.h).
 # NCCL settings under which re-posted clear-to-send writes are not safe (inline ones; a
 # connection's data split over several QPs per NIC): hot repair steps aside with one
 # warning naming the setting, and the application gets plain NCCL's errors.
-CPU_TESTS   += 60@env:NCCL_IB_USE_INLINE=1:$(DRILL_DIR)/expect-fail.sh:NCCL_IB_USE_INLINE=1:$(DRILL):--fault:down:--seeds:1:--nccl-stub:--timeout:5 \
-	       60@env:NCCL_IB_QPS_PER_CONNECTION=2:NCCL_IB_SPLIT_DATA_ON_QPS=1:$(DRILL_DIR)/expect-fail.sh:NCCL_IB_QPS_PER_CONNECTION=2:$(DRILL):--fault:down:--seeds:1:--nccl-stub:--timeout:5
-CPU_TESTS   += 60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL_DIR)/expect-fail.sh:exceeded:$(DRILL):--fault:down:--seeds:2:--nccl-stub:--timeout:5 \
+CPU_TESTS   += 60@env:NCCL_IB_USE_INLINE=1:$(DRILL_TDIR)/expect-fail.sh:NCCL_IB_USE_INLINE=1:$(DRILL):--fault:down:--seeds:1:--nccl-stub:--timeout:5 \
+	       60@env:NCCL_IB_QPS_PER_CONNECTION=2:NCCL_IB_SPLIT_DATA_ON_QPS=1:$(DRILL_TDIR)/expect-fail.sh:NCCL_IB_QPS_PER_CONNECTION=2:$(DRILL):--fault:down:--seeds:1:--nccl-stub:--timeout:5
+CPU_TESTS   += 60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL_TDIR)/expect-fail.sh:exceeded:$(DRILL):--fault:down:--seeds:2:--nccl-stub:--timeout:5 \
 	       60@env:NCCL_IB_RESILIENCY_PORT_FAILOVER=1:$(DRILL):--fault:down:--seeds:3:--nccl-version:2.28:--nics:2:--nccl-stub
 # Failback (R2CC_FAILBACK_MS, here 300 ms): the faulted NIC restored (--restore), every
 # process of its node brings it back, the node's NICs carry a third of its bytes again
@@ -80,7 +42,7 @@ CPU_TESTS   += 60@$(DRILL):--fault:down:--churn:--seeds:3:--messages:512:--nccl-
 	       60@$(DRILL):--fault:fatal:--churn:--seeds:3:--messages:512:--nccl-stub \
 	       60@$(DRILL):--fault:ackloss:--churn:--link:roce:--seeds:3:--messages:512:--nccl-stub \
 	       60@$(DRILL):--fault:down:--churn:--procs:4:--per-node:2:--seeds:2:--messages:512:--nccl-stub
-# Hot repair (tests/drill/README.md): each NIC fault kind over 100 seeds (fatal: a dead
+# Hot repair (tools/drill/README.md): each NIC fault kind over 100 seeds (fatal: a dead
 # device, whose lost receive completions are made from the peer's record), 4 processes,
 # a fault while connecting (a dead device refuses the CQs and QPs NCCL makes after it:
 # R2CC stands them in on a sibling; 0 of 4 seeds passed with 4 processes and --flush
@@ -118,22 +80,22 @@ CPU_TESTS   += 120@$(DRILL):--fault:blackhole:--fault-nics:all:--expect:clean-er
 # and the stall matrix, at least 100 seeds of every kind. The same matrix once more,
 # one seed a cell, through r2cc-verbs-drill-direct: the worker linked against
 # libibverbs, whose verbs R2CC reaches by symbol (HPC-X's net plugin's door).
-CPU_TESTS   += 600@$(DRILL_DIR)/link-matrix.sh:$(BUILD):3 \
-	       300@$(DRILL_DIR)/link-matrix.sh:$(BUILD):1:-:r2cc-verbs-drill-direct \
+CPU_TESTS   += 600@$(DRILL_TDIR)/link-matrix.sh:$(BUILD):3 \
+	       300@$(DRILL_TDIR)/link-matrix.sh:$(BUILD):1:-:r2cc-verbs-drill-direct \
 	       120@$(DRILL):--fault:blackhole-tx:--seeds:76:--nccl-stub \
 	       120@$(DRILL):--fault:blackhole-rx:--seeds:76:--nccl-stub \
 	       60@$(DRILL):--fault:ackloss:--seeds:20:--nccl-stub \
 	       90@$(DRILL):--fault:jitter:--expect:no-repair:--seeds:20:--nccl-stub
-BENCHES     += $(DRILL_DIR)/link-matrix.sh:$(BUILD):13
+BENCHES     += $(DRILL_TDIR)/link-matrix.sh:$(BUILD):13
 # Never silently unprotected (intercept/netcheck.h): NCCL's test double loads a net
-# plugin of the project's own that opens no RDMA device (tests/ncclstub/testnet.c),
+# plugin of the project's own that opens no RDMA device (tools/ncclstub/testnet.c),
 # named as a plugin of its own and as HPC-X's answers over UCX, or NCCL_NET names
 # sockets: every worker's report must say "not protected" for that network; without
 # either, the same expectation must fail (NCCL's IB carries the drill's traffic).
 CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:1:--nccl-stub:--net-plugin:testnet:--expect-unprotected:TestNet \
 	       60@env:TESTNET_NAME=UCX:$(DRILL):--fault:none:--seeds:1:--nccl-stub:--net-plugin:testnet:--expect-unprotected:UCX \
 	       60@$(DRILL):--fault:none:--seeds:1:--nccl-stub:--nccl-net:Socket:--expect-unprotected:NCCL_NET=Socket \
-	       60@$(DRILL_DIR)/expect-fail.sh:reports:$(DRILL):--fault:none:--seeds:1:--nccl-stub:--expect-unprotected:Socket
+	       60@$(DRILL_TDIR)/expect-fail.sh:reports:$(DRILL):--fault:none:--seeds:1:--nccl-stub:--expect-unprotected:Socket
 # mlx5 Direct Verbs (the device's libmlx5 stand-in): data QPs made by mlx5dv_create_qp,
 # reached through dlvsym at MLX5_1.3 (as NCCL 2.30) and by symbol (the direct drill),
 # are repaired exactly once; with an out-of-order receive queue (NCCL_IB_OOO_RQ=1's
@@ -145,8 +107,8 @@ CPU_TESTS   += 60@$(DRILL):--fault:down:--seeds:5:--mlx5dv:plain:--nccl-stub \
 	       60@$(DRILL_DIRECT):--fault:blackhole:--seeds:3:--mlx5dv:plain:--link:roce:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:3:--mlx5dv:plain:--flush:--nccl-stub \
 	       60@$(DRILL_DIRECT):--fault:blackhole:--seeds:2:--mlx5dv:plain:--flush:--no-fusion:--qps:2:--nccl-stub \
-	       60@$(DRILL_DIR)/expect-fail.sh:NCCL_IB_OOO_RQ:$(DRILL):--fault:down:--seeds:1:--mlx5dv:ooo:--nccl-stub:--timeout:5 \
-	       60@$(DRILL_DIR)/expect-fail.sh:NCCL_IB_OOO_RQ:$(DRILL_DIRECT):--fault:blackhole:--seeds:1:--mlx5dv:ooo:--nccl-stub:--timeout:5
+	       60@$(DRILL_TDIR)/expect-fail.sh:NCCL_IB_OOO_RQ:$(DRILL):--fault:down:--seeds:1:--mlx5dv:ooo:--nccl-stub:--timeout:5 \
+	       60@$(DRILL_TDIR)/expect-fail.sh:NCCL_IB_OOO_RQ:$(DRILL_DIRECT):--fault:blackhole:--seeds:1:--mlx5dv:ooo:--nccl-stub:--timeout:5
 # RoCE's self-test: with transport timeouts of 1.7 s (time scale 0.05), a black hole or
 # lost acknowledgements on a RoCE NIC must be found by the stall scan and the self-test,
 # well before the transport error (which was the only detection there before).
@@ -159,7 +121,7 @@ CPU_TESTS   += 90@$(DRILL):--link:roce:--fault:blackhole:--seeds:4:--time-scale:
 # scale 0.1). A NIC that went black within its first 100 ms of busy time used to be
 # measured at the few bytes it drained before (2 MB/s), which explained a wait of 1.4 s
 # and put detection at 3,054 ms once in 200 scenarios; a wait no completion ended now
-# measures nothing (repair/stall.c, tests/unit/test_stall.c), and 200 scenarios of the
+# measures nothing (repair/model/stall.c, tests/unit/test_stall.c), and 200 scenarios of the
 # RoCE row stay under 438 ms.
 # On RoCE a self-test counts only siblings known to be routed to the NIC. A NIC that went
 # black before any sibling had answered it (the fault while connecting, or, about once
@@ -172,7 +134,7 @@ CPU_TESTS   += 90@$(DRILL):--fault:blackhole:--window:1:--seeds:8:--time-scale:0
 	       90@$(DRILL):--link:roce:--fault:blackhole:--fault-phase:connect:--window:1:--seeds:8:--time-scale:0.1:--detect-within:3000:--nccl-stub \
 	       90@$(DRILL):--link:roce:--fault:blackhole:--fault-phase:connect:--seeds:8:--time-scale:0.05:--detect-within:1200:--nccl-stub
 # Scale: 16 processes x 2 NICs (240 connections, 480 data QPs); above 4 workers the drill's
-# defaults shrink to fit 2 cores (tests/drill/README.md).
+# defaults shrink to fit 2 cores (tools/drill/README.md).
 CPU_TESTS   += 240@$(DRILL):--procs:16:--nics:2:--fault:down:--seeds:5:--nccl-stub \
 	       240@$(DRILL):--procs:16:--nics:2:--fault:blackhole:--seeds:5:--nccl-stub
 # Keys the peer registered after the move (--fresh-mr), the peer then stopped for 1 s: no
@@ -200,7 +162,7 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3:--flush:--nccl-stub \
 # clear-to-send on qps[0]; 4 processes so that every NIC carries connections), 2.20-2.23
 # (idx at 32, at most 2 fused NICs) and 2.30-2.32 (idx at 56, no receive queue on the
 # QPs that receive nothing; the default), healthy and through hot repair.
-# The landed check (repair/cts.h): with 3 fused NICs (the default) some repair must find
+# The landed check (repair/model/cts.h): with 3 fused NICs (the default) some repair must find
 # clear-to-send writes landed at the peer and leave them out; 2.28 clears a consumed
 # element, so over 3 fused NICs its QPs are refused (NCCL gets its error in bounded
 # time) and over 2 they are repaired.
@@ -211,12 +173,12 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 	       60@$(DRILL):--fault:down:--seeds:5:--nccl-version:2.21:--nics:2:--messages:256:--nccl-stub \
 	       90@$(DRILL):--fault:blackhole:--seeds:10:--nccl-version:2.30:--messages:256:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--nccl-version:2.30:--flush:--nccl-stub \
-	       60@$(DRILL_DIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--nccl-version:2.18:--selftest-corrupt \
+	       60@$(DRILL_TDIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--nccl-version:2.18:--selftest-corrupt \
 	       60@$(DRILL):--fault:down:--seeds:4:--expect-landed:--nccl-stub \
 	       60@$(DRILL):--fault:blackhole:--seeds:3:--expect-landed:--link:roce:--procs:4:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:3:--nccl-version:2.28:--expect:clean-error:--nccl-stub \
 	       60@$(DRILL):--fault:blackhole:--seeds:4:--nccl-version:2.28:--nics:2:--nccl-stub
-# The library's own drill (R2CC_DRILL; --inject, tests/drill/README.md) against the
+# The library's own drill (R2CC_DRILL; --inject, tools/drill/README.md) against the
 # device's fault, tests/drill/inject-compare.sh: each kind the drill has (down, blackhole,
 # blackhole-tx, blackhole-rx, ackloss, flap) x {IB, RoCE} x {2 processes, 4 on 2 nodes},
 # the same seeds both ways at time scale 1 (transport timeouts of 34 s: R2CC's own
@@ -228,14 +190,13 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 # 14, 537 ms both ways, or the survivor waits 34 s); and plans that cannot be carried
 # out, which the reports must say: a NIC no node has (its node's reports), a node not
 # in the job, a time after the job's end (every report).
-CPU_TESTS   += 600@$(DRILL_DIR)/inject-compare.sh:$(BUILD):4:1 \
+CPU_TESTS   += 600@$(DRILL_TDIR)/inject-compare.sh:$(BUILD):4:1 \
 	       60@$(DRILL):--fault:blackhole:--inject:--second-fault:100:--seeds:3:--messages:512:--nccl-stub \
 	       90@$(DRILL):--fault:down:--inject:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--time-scale:1:--ib-timeout:14:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node0/mlx5_9=down@0:--expect-drill-problem:mlx5_9:--seeds:2:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node7/mlx5_0=down@0:--expect-drill-problem:job:--seeds:2:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node1/mlx5_1=down@600s:--expect-drill-problem:ended:--seeds:2:--nccl-stub
-BENCHES     += $(DRILL_DIR)/inject-compare.sh:$(BUILD):21:1000
-FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
+BENCHES     += $(DRILL_TDIR)/inject-compare.sh:$(BUILD):21:1000
 # A healthy job is never taken down (tests/drill/stall-matrix.sh): slow NICs, many QPs,
 # several processes per node, large messages with a declared failure; no repair at all
 # without a fault or under jitter, every message exactly once through a black hole, a
@@ -244,7 +205,7 @@ FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
 # bound. The bench runs the no-fault and jitter rows 67 times over (2,010 no-repair
 # scenarios) and every fault, the one-way black holes too, 8 times over.
 STALL_KINDS := none,jitter,blackhole,down,ackloss
-CPU_TESTS   += 600@$(DRILL_DIR)/stall-matrix.sh:$(BUILD):4:$(STALL_KINDS)
-BENCHES     += $(DRILL_DIR)/stall-matrix.sh:$(BUILD):67:none,jitter \
-	       $(DRILL_DIR)/stall-matrix.sh:$(BUILD):8:blackhole,down,ackloss,blackhole-tx,blackhole-rx
+CPU_TESTS   += 600@$(DRILL_TDIR)/stall-matrix.sh:$(BUILD):4:$(STALL_KINDS)
+BENCHES     += $(DRILL_TDIR)/stall-matrix.sh:$(BUILD):67:none,jitter \
+	       $(DRILL_TDIR)/stall-matrix.sh:$(BUILD):8:blackhole,down,ackloss,blackhole-tx,blackhole-rx
 BENCH_TARGETS += $(DRILL) $(DRILL_RUNTIME)

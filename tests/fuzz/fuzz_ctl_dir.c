@@ -1,12 +1,12 @@
 /*
  * libFuzzer target: the directory a rendezvous sends back and the member
- * record each rank registers (repair/ctl_dir.c), and the directory of a split
+ * record each rank registers (ctl/ctl_dir.c), and the directory of a split
  * derived from a decoded one. A member that decodes must re-encode and decode
  * again to the same record (encodings are not unique: an IPv4 address has 12
  * unused bytes); every lookup on a decoded directory stays in bounds.
  */
-#include "repair/ctl.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_priv.h"
 
 #include <stdint.h>
 #include <stdlib.h>

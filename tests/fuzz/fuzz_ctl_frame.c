@@ -3,17 +3,17 @@
  * authentication) and as a peer holding the job secret sends them (after).
  *
  * First input byte: 0 = the rest is a raw byte stream, fed to the frame
- * assembler (repair/ctl_msg.c) in chunks whose sizes come from the input;
+ * assembler (ctl/ctl_msg.c) in chunks whose sizes come from the input;
  * every whole frame goes through header, tag, clock-window and replay checks.
  * 1 = the rest is a header template and a payload that are sealed with the
  * job key first, so they pass authentication, and then the payload goes to
  * the parsers the control thread applies to authenticated frames: the
  * registration (rank, size, member), an error reply's status, the directory
- * a registration reply carries (repair/ctl_dir.c).
+ * a registration reply carries (ctl/ctl_dir.c).
  */
-#include "repair/ctl.h"
-#include "repair/ctl_msg.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_msg.h"
+#include "ctl/ctl_priv.h"
 
 #include <stdint.h>
 #include <stdlib.h>

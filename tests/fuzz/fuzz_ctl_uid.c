@@ -1,13 +1,13 @@
 /*
  * libFuzzer target: the rendezvous marker in bytes 40..127 of an
- * ncclUniqueId (repair/ctl_uid.c), as every rank reads it from an id it was
+ * ncclUniqueId (ctl/ctl_uid.c), as every rank reads it from an id it was
  * handed, and the host:port parser of R2CC_OOB_ROOT. A tail that decodes must
  * describe a job whose id belongs to its secret, and re-encode to a tail that
  * decodes to the same job (bytes the decoder does not read may differ).
  * Name lookups stay numeric (getaddrinfo below): a fuzzer must not query DNS.
  */
-#include "repair/ctl.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_priv.h"
 
 #include <dlfcn.h>
 #include <netdb.h>

@@ -1,10 +1,10 @@
 /*
- * libFuzzer target: the rkey-map messages of repair/mr_mirror.c, a peer's
+ * libFuzzer target: the rkey-map messages of repair/model/mr_mirror.c, a peer's
  * request as the serving side parses and answers it, and a map as the
  * fetching side decodes it. A request that decodes must re-encode to the
  * same bytes; an answer, when there is one, must decode as a map.
  */
-#include "repair/mr_mirror.h"
+#include "repair/model/mr_mirror.h"
 
 #include <stdint.h>
 #include <stdlib.h>

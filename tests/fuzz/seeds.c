@@ -3,11 +3,11 @@
  * the library's own encoders, so every seed is a well-formed message of the
  * current wire formats: `make fuzz-seeds` after a format change.
  */
-#include "repair/ctl.h"
-#include "repair/ctl_msg.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_msg.h"
+#include "ctl/ctl_priv.h"
 #include "repair/engine.h"
-#include "repair/mr_mirror.h"
+#include "repair/model/mr_mirror.h"
 #include "shim/params.h"
 
 #include <arpa/inet.h>

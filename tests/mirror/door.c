@@ -6,11 +6,11 @@
  * preload, what hot repair will call from inside: key translation, R2CC's PDs,
  * the peer's rkey map over the control plane, and raw frames to the service.
  */
-#include "repair/ctl.h"
-#include "repair/ctl_msg.h"
-#include "repair/ctl_priv.h"
-#include "repair/job.h"
-#include "repair/mr_mirror.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_msg.h"
+#include "ctl/ctl_priv.h"
+#include "ctl/job.h"
+#include "repair/model/mr_mirror.h"
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/registry.h"

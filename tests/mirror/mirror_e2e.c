@@ -18,7 +18,7 @@
  * then hits), unknown keys and NICs, a malformed and a forged request (both
  * dropped by rank 0, which keeps serving). Last line PASS or FAIL.
  */
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 
 #include <dlfcn.h>
 #include <errno.h>

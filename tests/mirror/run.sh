@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end test of the MR mirror (repair/mr_mirror.c) over the software RDMA
+# End-to-end test of the MR mirror (repair/model/mr_mirror.c) over the software RDMA
 # device: two emulated nodes with 3 soft NICs each, one process per node,
 # under the test copy of libr2cc.so; then R2CC_MR_MIRROR=0 must register
 # nothing extra, and the drill's NCCL-shaped traffic must pass with every MR

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/ncclstub/ncclstub.h"
+#include "tools/ncclstub/ncclstub.h"
 
 #define P(x) ((uint64_t)(uintptr_t)(x))
 #define I(x) ((uint64_t)(x))

@@ -55,7 +55,7 @@ unset LD_PRELOAD LD_LIBRARY_PATH
 for v in $(env | sed -n 's/^\(R2CC_[A-Z0-9_]*\)=.*/\1/p'); do unset "$v"; done
 export SOFTVERBS_FABRIC=r2cc-install-$$ SOFTVERBS_NICS=mlx5_0:100,mlx5_1:100 NCCL_HOSTID=node0
 trap '"$R"/usr/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" reset >/dev/null 2>&1' EXIT
-"$P"/tests/softverbs/topo.sh mlx5_0:100 mlx5_1:100 >topo.xml || { echo "FAIL: topo.sh"; exit 1; }
+"$P"/softverbs/topo.sh mlx5_0:100 mlx5_1:100 >topo.xml || { echo "FAIL: topo.sh"; exit 1; }
 LD_LIBRARY_PATH=$P/softverbs NCCL_TOPO_FILE=$PWD/topo.xml NCCL_GIN_TYPE=2 NCCL_NET_MERGE_LEVEL=LOC \
 	"$R"/usr/bin/r2cc doctor --json --nccl "$P"/tests/ncclstub/libnccl.so.2 >doctor.json
 rc=$?

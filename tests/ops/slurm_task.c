@@ -1,6 +1,6 @@
 /*
  * slurm-task: one task of a Slurm job step as a worker of the verbs drill
- * (tests/drill/README.md), for tests/ops/slurm.sh. Under srun, each task becomes the
+ * (tools/drill/README.md), for tests/ops/slurm.sh. Under srun, each task becomes the
  * drill's worker of rank SLURM_PROCID out of SLURM_NTASKS, on the emulated node of
  * the software RDMA device that its Slurm node names (SLURMD_NODENAME), so the job's
  * two Slurm nodes are two servers with their own soft NICs. It execs the worker: the
@@ -20,7 +20,7 @@
  * the messages each received and checked, and exit 0 only if every task finished with
  * all its messages, no error and the data path expected (libr2cc.so's or plain verbs).
  */
-#include "tests/drill/drill.h"
+#include "tools/drill/drill.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -32,7 +32,7 @@ TSAN_ENV   := TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions
 # 60 s here. --kill-peer is left out: under TSan's slowdown the kill sometimes finds the
 # survivor with nothing outstanding towards the dead peer (receives posted, sends held
 # for its clear-to-send: 1 of 3 runs of seed 2), which sends no request and waits, as
-# under plain NCCL (tests/drill/README.md, after the clean-error cases).
+# under plain NCCL (tools/drill/README.md, after the clean-error cases).
 TSAN_DRILL := $(TSAN_BUILD)/bin/r2cc-verbs-drill
 TSAN_TESTS := 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:2 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:dir:8 \
 	      60@$(TSAN_BUILD)/tests/ctl/ctl_multi:badkey 60@$(TSAN_BUILD)/tests/ctl/ctl_multi:garbage \
@@ -75,9 +75,9 @@ ASAN_CI_TESTS = $(filter-out %--nccl-stub %--nccl-stub:--timeout:5 %/softverbs/c
 # What `make test` builds and runs, for a given BUILD (used by the targets below).
 test-build: all $(TEST_DEPS)
 test-run:
-	@scripts/run-tests.sh $(CPU_TESTS)
+	@scripts/ci/run-tests.sh $(CPU_TESTS)
 test-run-ci:
-	@scripts/run-tests.sh $(ASAN_CI_TESTS)
+	@scripts/ci/run-tests.sh $(ASAN_CI_TESTS)
 
 # The sanitizer builds reuse the headers scripts/deps.sh may have unpacked into build/deps.
 san-deps-%:
@@ -97,4 +97,4 @@ test-asan-ci: deps san-deps-$(ASAN_BUILD)
 test-tsan: deps san-deps-$(TSAN_BUILD)
 	@$(SAN_MAKE) BUILD=$(TSAN_BUILD) CC="$(CC) $(SAN_TSAN)" CXX="$(CXX) $(SAN_TSAN)" -j$(BUILD_JOBS) test-build
 	@BUILD=$(TSAN_BUILD) R2CC_TEST_PRELOAD=$$($(CC) -print-file-name=libtsan.so) $(TSAN_ENV) \
-	  scripts/run-tests.sh $(TSAN_TESTS)
+	  scripts/ci/run-tests.sh $(TSAN_TESTS)

@@ -10,8 +10,8 @@
  *
  *   conformance [TEST...]     run all tests, or the named ones
  */
+#include "softverbs/softverbs.h"
 #include "tests/softverbs/harness.h"
-#include "tests/softverbs/softverbs.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

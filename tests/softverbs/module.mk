@@ -1,105 +1,50 @@
-# tests/softverbs: the software RDMA device (see tests/softverbs/README.md).
-#   $(BUILD)/softverbs/libibverbs.so.1 (+ libibverbs.so)  the device, soname libibverbs.so.1
-#   $(BUILD)/bin/softverbs-ctl                            fabric listing and fault injection
-#   $(BUILD)/tests/softverbs/{unit,compat,conformance,roce}  its tests
-#   $(BUILD)/bin/softverbs-bw                             its bandwidth and latency benchmark
-#   $(BUILD)/bin/softverbs-pieces                         the kernel's cost of word-by-word landing
-#   $(BUILD)/bin/softverbs-limits                         each reported limit against what is accepted
+# tests/softverbs: the tests of the software RDMA device (softverbs/, its README says
+# how to run them).
+#   $(BUILD)/tests/softverbs/{unit,compat,conformance,roce}  its test programs
 
-SV_DIR   := tests/softverbs
-SV_OUT   := $(BUILD)/softverbs
-SV_OBJ   := $(SV_OUT)/obj
-SV_LIB   := $(SV_OUT)/libibverbs.so.1
-SV_LINK  := $(SV_OUT)/libibverbs.so
-SV_CTL   := $(BUILD)/bin/softverbs-ctl
+SV_TESTS_DIR := tests/softverbs
 SV_TDIR  := $(BUILD)/tests/softverbs
+SV_TOBJ  := $(SV_TDIR)/obj
 SV_UNIT  := $(SV_TDIR)/unit
 SV_CONF  := $(SV_TDIR)/conformance
 SV_ROCE  := $(SV_TDIR)/roce
 SV_COMPAT := $(SV_TDIR)/compat
-SV_BW    := $(BUILD)/bin/softverbs-bw
-SV_PIECES := $(BUILD)/bin/softverbs-pieces
-SV_LIMITS := $(BUILD)/bin/softverbs-limits
-
-SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o \
-               $(SV_OBJ)/srq.o $(SV_OBJ)/compat.o $(SV_OBJ)/devmem.o
-SV_CFLAGS   := $(BIN_CFLAGS) -fvisibility=hidden
 # Test programs link against the device itself and find it next to them at run time.
 SV_TLIBS    := -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../../softverbs' -ldl
 
-$(SV_OBJ)/%.o: $(SV_DIR)/%.c
+$(SV_TOBJ)/%.o: $(SV_TESTS_DIR)/%.c
 	@mkdir -p $(@D)
 	$(CC) $(SV_CFLAGS) -MMD -MP -c -o $@ $<
 
-$(SV_LIB): $(SV_LIB_OBJS) $(SV_DIR)/libibverbs.map
+$(SV_UNIT): $(SV_TOBJ)/test_unit.o $(SV_LINK)
 	@mkdir -p $(@D)
-	$(CC) -shared -o $@ $(SV_LIB_OBJS) -Wl,-soname,libibverbs.so.1 \
-	  -Wl,--version-script=$(SV_DIR)/libibverbs.map -Wl,-z,defs -pthread
+	$(CC) -o $@ $(SV_TOBJ)/test_unit.o $(SV_TLIBS) -lcriterion -pthread
 
-$(SV_LINK): $(SV_LIB)
-	ln -sf libibverbs.so.1 $@
-
-# libmlx5.so.1 (+ libmlx5.so): the mlx5 Direct Verbs stand-in (mlx5.c), on the device.
-# A folder of its own, put on LD_LIBRARY_PATH only where wanted: rdma-core's programs
-# (perftest, pyverbs) link Debian's libmlx5 for far more than it has.
-SV_MLX5 := $(SV_OUT)/mlx5/libmlx5.so.1
-SV_MLX5_LINK := $(SV_OUT)/mlx5/libmlx5.so
-
-$(SV_MLX5): $(SV_OBJ)/mlx5.o $(SV_DIR)/libmlx5.map $(SV_LINK)
+$(SV_COMPAT): $(SV_TOBJ)/test_compat.o $(SV_LINK)
 	@mkdir -p $(@D)
-	$(CC) -shared -o $@ $(SV_OBJ)/mlx5.o -Wl,-soname,libmlx5.so.1 \
-	  -Wl,--version-script=$(SV_DIR)/libmlx5.map -Wl,-z,defs -L$(SV_OUT) -libverbs \
-	  -Wl,-rpath,'$$ORIGIN/..'
+	$(CC) -o $@ $(SV_TOBJ)/test_compat.o $(SV_TLIBS) -lcriterion -pthread
 
-$(SV_MLX5_LINK): $(SV_MLX5)
-	ln -sf libmlx5.so.1 $@
-
-$(SV_CTL): $(SV_OBJ)/ctl.o $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o
+$(SV_CONF): $(SV_TOBJ)/conformance.o $(SV_TOBJ)/harness.o $(SV_LINK) $(SV_CTL)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $^ -pthread
+	$(CC) -o $@ $(SV_TOBJ)/conformance.o $(SV_TOBJ)/harness.o $(SV_TLIBS) -pthread
 
-$(SV_UNIT): $(SV_OBJ)/test_unit.o $(SV_LINK)
+$(SV_ROCE): $(SV_TOBJ)/roce_test.o $(SV_TOBJ)/harness.o $(SV_LINK) $(SV_CTL)
 	@mkdir -p $(@D)
-	$(CC) -o $@ $(SV_OBJ)/test_unit.o $(SV_TLIBS) -lcriterion -pthread
+	$(CC) -o $@ $(SV_TOBJ)/roce_test.o $(SV_TOBJ)/harness.o $(SV_TLIBS) -pthread
 
-$(SV_COMPAT): $(SV_OBJ)/test_compat.o $(SV_LINK)
-	@mkdir -p $(@D)
-	$(CC) -o $@ $(SV_OBJ)/test_compat.o $(SV_TLIBS) -lcriterion -pthread
+-include $(SV_TOBJ)/*.d
 
-$(SV_CONF): $(SV_OBJ)/conformance.o $(SV_OBJ)/harness.o $(SV_LINK) $(SV_CTL)
-	@mkdir -p $(@D)
-	$(CC) -o $@ $(SV_OBJ)/conformance.o $(SV_OBJ)/harness.o $(SV_TLIBS) -pthread
-
-$(SV_ROCE): $(SV_OBJ)/roce_test.o $(SV_OBJ)/harness.o $(SV_LINK) $(SV_CTL)
-	@mkdir -p $(@D)
-	$(CC) -o $@ $(SV_OBJ)/roce_test.o $(SV_OBJ)/harness.o $(SV_TLIBS) -pthread
-
-$(SV_BW): $(SV_OBJ)/bw.o $(SV_LINK)
-	@mkdir -p $(@D)
-	$(CC) -o $@ $(SV_OBJ)/bw.o -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../softverbs' -pthread
-
-$(SV_LIMITS): $(SV_OBJ)/limits.o $(SV_LINK)
-	@mkdir -p $(@D)
-	$(CC) -o $@ $(SV_OBJ)/limits.o -L$(SV_OUT) -libverbs -Wl,-rpath,'$$ORIGIN/../softverbs'
-
-$(SV_PIECES): $(SV_OBJ)/pieces.o
-	@mkdir -p $(@D)
-	$(CC) -o $@ $<
-
--include $(SV_OBJ)/*.d
-
-ALL_TARGETS += $(SV_LIB) $(SV_LINK) $(SV_MLX5) $(SV_MLX5_LINK) $(SV_CTL) $(SV_BW) $(SV_PIECES) $(SV_LIMITS)
 TEST_DEPS   += $(SV_UNIT) $(SV_COMPAT) $(SV_CONF) $(SV_ROCE)
-CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF) 60@$(SV_ROCE) 30@$(SV_DIR)/topo_check.py \
+CPU_TESTS   += 60@$(SV_UNIT) 60@$(SV_COMPAT) 150@$(SV_CONF) 60@$(SV_ROCE) 30@$(SV_TESTS_DIR)/topo_check.py \
                30@$(SV_LIMITS)
 # rdma-core's own programs over the device (scripts/deps.sh installs them): every one
 # loads, ibv_*_pingpong and perftest between two emulated nodes.
-CPU_TESTS   += 60@$(SV_DIR)/abi.sh:$(BUILD) 60@$(SV_DIR)/pingpong.sh:$(BUILD) \
-               240@$(SV_DIR)/perftest.sh:$(BUILD)
+CPU_TESTS   += 60@$(SV_TESTS_DIR)/abi.sh:$(BUILD) 60@$(SV_TESTS_DIR)/pingpong.sh:$(BUILD) \
+               240@$(SV_TESTS_DIR)/perftest.sh:$(BUILD)
 
 # More perftest runs than make test makes: make softverbs-perftest SV_PERFTEST_RUNS=20
 SV_PERFTEST_RUNS ?= 10
 .PHONY: softverbs-perftest
 softverbs-perftest: $(SV_LINK) $(SV_CTL)
-	$(SV_DIR)/perftest.sh $(BUILD) $(SV_PERFTEST_RUNS)
-FORMAT_SRCS += $(wildcard $(SV_DIR)/*.c $(SV_DIR)/*.h)
+	$(SV_TESTS_DIR)/perftest.sh $(BUILD) $(SV_PERFTEST_RUNS)
+FORMAT_SRCS += $(wildcard $(SV_TESTS_DIR)/*.c $(SV_TESTS_DIR)/*.h)

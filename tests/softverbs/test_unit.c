@@ -5,7 +5,7 @@
  * loopback data path, the introspection API, and the engine threads (one per NIC in
  * use; none with SOFTVERBS_ENGINES=0).
  */
-#include "tests/softverbs/softverbs.h"
+#include "softverbs/softverbs.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>

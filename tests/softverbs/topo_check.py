@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the NCCL topology files of tests/softverbs/topo.sh (CPU test, `make test`).
+"""Checks the NCCL topology files of softverbs/topo.sh (CPU test, `make test`).
 
 Both layouts must be well-formed XML with what NCCL reads from a topology file: a <cpu>
 with numaid, arch (and vendor, familyid, modelid on x86_64), one <net> per NIC with its
@@ -151,7 +151,7 @@ def gpu_fits_under_cpu_219(root):
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    script = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "topo.sh")
+    script = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "..", "softverbs", "topo.sh")
     names, speeds = ["mlx5_0", "mlx5_2", "mlx5_3"], [100, 25, 200]
     specs = [f"{n}:{s}" for n, s in zip(names, speeds)]
 
@@ -178,7 +178,7 @@ def main():
         check(name in readable_nets(fused), f"{what}: the fused NIC is reachable")
 
     # NCCL 2.19 stops at init on a child of the GPU's CPU node without a bus id; the
-    # matrix gives the <nic> one for 2.19 (scripts/gpu-compat.sh).
+    # matrix gives the <nic> one for 2.19 (scripts/gpu/gpu-compat.sh).
     check(not gpu_fits_under_cpu_219(plain), "default: 2.19 would find a <nic> without busid")
     nb = topo(script, *specs, env={"SOFTVERBS_TOPO_NIC_BUSID": "ffff:ff:1f.7"})
     check_common(nb, "nic busid", names, speeds)

@@ -5,9 +5,9 @@
  * listener still serving afterwards), registration timeout and cancel,
  * several local ranks, R2CC_OOB_ROOT, fork and shutdown.
  */
-#include "repair/ctl.h"
-#include "repair/ctl_msg.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl.h"
+#include "ctl/ctl_msg.h"
+#include "ctl/ctl_priv.h"
 
 #include <criterion/criterion.h>
 #include <arpa/inet.h>

@@ -4,8 +4,8 @@
  * R2CC_OOB_ROOT parsing, NCCL_SOCKET_IFNAME matching and the directory
  * encoding. No sockets, no threads.
  */
-#include "repair/ctl_msg.h"
-#include "repair/ctl_priv.h"
+#include "ctl/ctl_msg.h"
+#include "ctl/ctl_priv.h"
 
 #include <criterion/criterion.h>
 #include <arpa/inet.h>

@@ -1,6 +1,6 @@
-/* The node's placement ledger (repair/ledger.c): shared between processes of
+/* The node's placement ledger (repair/model/ledger.c): shared between processes of
  * one job and node, separate for another node or job, removed by its last user. */
-#include "repair/ledger.h"
+#include "repair/model/ledger.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>

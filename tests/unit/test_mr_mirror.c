@@ -1,4 +1,4 @@
-/* MR mirror (repair/mr_mirror.c) without a device: the bookkeeping over test
+/* MR mirror (repair/model/mr_mirror.c) without a device: the bookkeeping over test
  * doubles of the verbs (mirrors on every other NIC, same range and access,
  * dma-buf mirrored while the fd is open, failures leave the range unmirrored,
  * deregistration removes the mirrors), the service's answers (full map,
@@ -9,7 +9,7 @@
  * post path: no lock taken (the mutex calls of the code under test are counted:
  * it is linked with --wrap=pthread_mutex_lock), and right while registrations and
  * map updates churn beside them. */
-#include "repair/mr_mirror.h"
+#include "repair/model/mr_mirror.h"
 #include "shim/registry.h"
 
 #include <criterion/criterion.h>

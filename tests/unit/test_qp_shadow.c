@@ -1,12 +1,12 @@
 /*
- * Unit tests of repair/qp_shadow: recording and retiring in NCCL 2.28's exact
+ * Unit tests of repair/model/qp_shadow: recording and retiring in NCCL 2.28's exact
  * work-request patterns (zero-SGE receives per request, unsignalled data
  * WRITEs plus a signalled WRITE_WITH_IMM per QP with packed wr_ids, mostly
  * unsignalled clear-to-send writes, the 1-byte flush READ), ring wrap-around,
  * sq_sig_all, partial posts, refused atomics, and the plan's rules one by one.
  * The randomised end-to-end check is test_qp_shadow_model.c.
  */
-#include "repair/qp_shadow.h"
+#include "repair/model/qp_shadow.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>

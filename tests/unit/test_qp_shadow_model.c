@@ -1,5 +1,5 @@
 /*
- * Model test of repair/qp_shadow: an in-memory RC connection between an NCCL-
+ * Model test of repair/model/qp_shadow: an in-memory RC connection between an NCCL-
  * like sender and receiver over 1-4 queue-pair pairs, a failure at a random
  * moment, and a repair built only from the two sides' shadows and the counts
  * the control plane would exchange. Thousands of seeds; every one must end with
@@ -39,7 +39,7 @@
  * with 3 QPs (3 fused NICs) and no FIFO report; a landed check (the sender's slot
  * holds the write's element or a newer one) makes every configuration safe.
  */
-#include "repair/qp_shadow.h"
+#include "repair/model/qp_shadow.h"
 
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -1044,7 +1044,7 @@ Test(qp_shadow_model, three_qps_need_the_landed_check)
  * reads the same, 0, whether its write was consumed or never landed, so the landed
  * check cannot tell the one it must skip from the one it must re-post, and on 3 QPs
  * a consumed element re-posted lands over a newer one. The engine refuses those
- * repairs (repair/cts.h). With every write to a slot on one QP (1, 2, 4 fused NICs)
+ * repairs (repair/model/cts.h). With every write to a slot on one QP (1, 2, 4 fused NICs)
  * the clearing does no harm, with the landed check or without it, and the sender's
  * FIFO head (which R2CC cannot read) would be enough even on 3 QPs.
  */

@@ -1,7 +1,7 @@
-/* The stall scan's load model (repair/stall.c): what a wait on a NIC is explained
+/* The stall scan's load model (repair/model/stall.c): what a wait on a NIC is explained
  * by. The registry is replaced by two NICs of this file; without a node ledger the
  * model is this process's own. */
-#include "repair/stall.h"
+#include "repair/model/stall.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /*
  * A stand-in for one NCCL release's libnccl.so.2 in tests/compat: what
- * scripts/gpu-compat.sh's preflight looks at and no more. ncclGetVersion()
+ * scripts/gpu/gpu-compat.sh's preflight looks at and no more. ncclGetVersion()
  * answers FAKE_NCCL_VERSION (a code such as 21803), and the library exports
  * the pncclX aliases R2CC forwards to. With -DFAKE_NCCL_OLD it lacks what
  * NCCL 2.18 lacks, as the real 2.18.3 does.

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Pooled healthy-path cost from several scripts/gpu/gpu-overhead.sh runs.
+
+    scripts/gpu/overhead-pool.py DIR [DIR...]
+
+Each round of each run gives one paired ratio per message size (busbw with R2CC /
+without, the two measured back to back); this prints, per size, how many rounds,
+their median, their geometric mean and its 95 % bootstrap interval (4000 resamples,
+fixed seed), for R2CC (R2CC_MODE=2) and, where the runs have it, the pass-through
+control (R2CC_MODE=0: the library loaded, doing nothing). The control shows how far
+the fabric alone moves the ratio at that size.
+"""
+import glob
+import math
+import os
+import random
+import re
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scenarios"))
+from results import last_rows  # noqa: E402  (the project's one reader of result rows)
+
+
+def rows(path):
+    """size -> busbw (out of place) of the last sweep in an r2cc-perf log."""
+    return {size: r["oop_bw"] for size, r in last_rows(path).items() if r["oop_bw"] is not None}
+
+
+def main(dirs):
+    if not dirs:
+        sys.exit(__doc__.strip())
+    ratios = {}  # (variant, size) -> [ratio per round]
+    for d in dirs:
+        for plain in glob.glob(f"{d}/overhead-plain-*.log"):
+            r = re.search(r"-(\d+)\.log$", plain).group(1)
+            base = rows(plain)
+            for v in ("r2cc", "r2cc-mode0"):
+                try:
+                    other = rows(f"{d}/overhead-{v}-{r}.log")
+                except FileNotFoundError:
+                    continue
+                for size, bw in other.items():
+                    if base.get(size):
+                        ratios.setdefault((v, size), []).append(bw / base[size])
+    rng = random.Random(1)
+    print(f"{'bytes':>12} {'variant':>10} {'rounds':>6} {'median':>7} {'geomean':>8} {'95% interval':>16}")
+    for (v, size) in sorted(ratios, key=lambda k: (k[1], k[0])):
+        rs = ratios[(v, size)]
+        logs = [math.log(x) for x in rs]
+        gm = math.exp(statistics.mean(logs))
+        boot = sorted(math.exp(statistics.mean(rng.choice(logs) for _ in logs)) for _ in range(4000))
+        print(f"{size:>12} {v:>10} {len(rs):>6} {statistics.median(rs):>7.3f} {gm:>8.3f} "
+              f"  [{boot[99]:.3f}, {boot[3899]:.3f}]")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
