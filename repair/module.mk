@@ -11,7 +11,7 @@ LIBR2CC_SRCS += $(REPAIR_CTL_SRCS) repair/job.c $(REPAIR_ENGINE_SRCS) repair/qp_
 		repair/peer.c
 LIBR2CC_LIBS += -lcrypto
 
-CTL_TEST_SRCS := $(REPAIR_CTL_SRCS) shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c shim/fault.c
+CTL_TEST_SRCS := $(REPAIR_CTL_SRCS) shim/log.c shim/params.c shim/failspec.c shim/drillspec.c shim/cost_params.c shim/fault.c
 CTL_TEST_LIBS := -lcrypto -ldl
 CTL_UNIT_TESTS := $(BUILD)/tests/unit/test_ctl_msg $(BUILD)/tests/unit/test_ctl_live
 CTL_MULTI := $(BUILD)/tests/ctl/ctl_multi
