@@ -11,7 +11,7 @@
  * With R2CC inactive (R2CC_MODE=0 or a bad setting) the hook returns the real
  * functions untouched.
  */
-#include "intercept/nccl_hooks.h"
+#include "intercept/nccl_real.h"
 #include "intercept/netcheck.h"
 #include "intercept/transport.h"
 #include "repair/cts.h"
