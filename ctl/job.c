@@ -173,7 +173,7 @@ struct r2cc_job_reg *r2cc_job_register_begin(const unsigned char id[128], int ra
 	}
 	pthread_mutex_unlock(&reg_lock);
 	if (rc) {
-		R2CC_WARN("cannot start a registration thread (%s)", strerror(rc));
+		R2CC_WARN("cannot start a registration thread (%s)", strerror(-rc));
 		free(reg);
 		return NULL;
 	}

@@ -7,7 +7,7 @@ CTL_HDRS := ctl/ctl.h ctl/ctl_msg.h ctl/ctl_priv.h ctl/hmap.h
 LIBR2CC_SRCS += $(CTL_SRCS) ctl/job.c
 LIBR2CC_LIBS += -lcrypto
 
-CTL_TEST_SRCS := $(CTL_SRCS) shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c shim/fault.c
+CTL_TEST_SRCS := $(CTL_SRCS) shim/log.c shim/params.c shim/failspec.c shim/drillspec.c shim/cost_params.c shim/fault.c
 CTL_TEST_LIBS := -lcrypto -ldl
 CTL_UNIT_TESTS := $(BUILD)/tests/unit/test_ctl_msg $(BUILD)/tests/unit/test_ctl_live
 CTL_MULTI := $(BUILD)/tests/ctl/ctl_multi

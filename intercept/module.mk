@@ -1,3 +1,3 @@
 # intercept/: the interposed entry points (NCCL API, dlvsym and the verbs wrappers).
-LIBR2CC_SRCS += intercept/nccl.c intercept/verbs.c intercept/transport.c intercept/netplugin.c intercept/netcheck.c
+LIBR2CC_SRCS += intercept/nccl.c intercept/nccl_real.c intercept/verbs.c intercept/transport.c intercept/netplugin.c intercept/netcheck.c
 FORMAT_SRCS += $(wildcard intercept/*.c intercept/*.h)

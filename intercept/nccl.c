@@ -6,10 +6,12 @@
  * nothing but one predictable branch while no strategy is armed (no lock, no
  * allocation, no system call on that path).
  *
- * Thread-local state: the group depth (ncclGroupStart/End nesting), which the
- * strategies need to know whether a call is inside a user's group.
+ * The real functions, the hooks and the thread's group depth are in
+ * nccl_real.c, which the strategies share. The door keeps the group depth
+ * (ncclGroupStart/End nesting): the strategies need to know whether a call is
+ * inside a user's group.
  */
-#include "intercept/nccl_hooks.h"
+#include "intercept/nccl_real.h"
 #include "intercept/netcheck.h"
 #include "repair/drill.h"
 #include "ctl/job.h"
@@ -19,13 +21,9 @@
 #include "shim/log.h"
 #include "strategies/failview.h"
 
-#include <dlfcn.h>
-#include <link.h>
 #include <nccl.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 /* nccl.h declares these without a prototype. */
 ncclResult_t ncclGroupStart(void);
@@ -33,79 +31,7 @@ ncclResult_t ncclGroupEnd(void);
 ncclResult_t pncclGroupStart(void);
 ncclResult_t pncclGroupEnd(void);
 
-/* --- real functions ---------------------------------------------------------- */
-
-#define R2CC_NCCL_FN(name, params, args)                                                           \
-	typedef ncclResult_t(*real_nccl##name##_fn) params;                                        \
-	static real_nccl##name##_fn real_nccl##name __attribute__((unused));
-#define R2CC_NCCL_OWN  R2CC_NCCL_FN
-#define R2CC_NCCL_REAL R2CC_NCCL_FN
-#include "intercept/nccl_funcs.def"
-#undef R2CC_NCCL_FN
-#undef R2CC_NCCL_OWN
-#undef R2CC_NCCL_REAL
-
-/*
- * Where NCCL is. An application linked with -lnccl has it in the global
- * scope; PyTorch loads it as a dependency of a library that Python opened
- * with RTLD_LOCAL, where RTLD_DEFAULT does not look. The fallback walks the
- * loaded objects for one that defines pncclGetVersion and takes a handle on
- * it without loading anything.
- */
-static int find_nccl_cb(struct dl_phdr_info *info, size_t size, void *arg)
-{
-	(void)size;
-	void **out = arg;
-	if (!info->dlpi_name || !strstr(info->dlpi_name, "libnccl"))
-		return 0;
-	void *h = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
-	if (h && dlsym(h, "pncclGetVersion")) {
-		*out = h;
-		return 1;
-	}
-	if (h)
-		dlclose(h);
-	return 0;
-}
-
-static void *nccl_handle(void)
-{
-	static void *h;
-	void *cur = __atomic_load_n(&h, __ATOMIC_ACQUIRE);
-	if (!cur) {
-		dl_iterate_phdr(find_nccl_cb, &cur);
-		if (cur)
-			__atomic_store_n(&h, cur, __ATOMIC_RELEASE);
-	}
-	return cur;
-}
-
-/* NCCL's own strong alias first: it is exactly the library's function even
- * when another interposer sits between us and libnccl. */
-static void *resolve_nccl(const char *name)
-{
-	char p[64];
-	snprintf(p, sizeof(p), "pnccl%s", name);
-	void *f = dlsym(RTLD_DEFAULT, p);
-	if (!f) {
-		void *h = nccl_handle();
-		if (h)
-			f = dlsym(h, p);
-	}
-	if (!f) {
-		snprintf(p, sizeof(p), "nccl%s", name);
-		f = dlsym(RTLD_NEXT, p);
-	}
-	if (!f)
-		R2CC_WARN("nccl%s is not in the loaded NCCL; the call fails with ncclInvalidUsage",
-			  name);
-	return f;
-}
-
-#define REAL(name)                                                                                 \
-	(r2cc_likely(real_nccl##name != NULL)                                                      \
-	     ? real_nccl##name                                                                     \
-	     : (real_nccl##name = (real_nccl##name##_fn)resolve_nccl(#name)))
+#define REAL(name) R2CC_NCCL_REAL_FN(name)
 
 /* Forward to the real function, or report that this NCCL lacks it. */
 #define FORWARD(name, args)                                                                        \
@@ -113,34 +39,6 @@ static void *resolve_nccl(const char *name)
 		real_nccl##name##_fn f_ = REAL(name);                                              \
 		return f_ ? f_ args : ncclInvalidUsage;                                            \
 	} while (0)
-
-/* --- hooks the strategies and repair layers install -------------------------- */
-
-r2cc_allreduce_hook_fn r2cc_allreduce_hook;
-static __thread int group_depth;
-
-int r2cc_nccl_group_depth(void)
-{
-	return group_depth;
-}
-
-const struct r2cc_nccl_real *r2cc_nccl_real(void)
-{
-	static struct r2cc_nccl_real t;
-	t.AllReduce = (void *)REAL(AllReduce);
-	t.AllGather = (void *)REAL(AllGather);
-	t.Reduce = (void *)REAL(Reduce);
-	t.Broadcast = (void *)REAL(Broadcast);
-	t.CommSplit = (void *)REAL(CommSplit);
-	t.CommDestroy = (void *)REAL(CommDestroy);
-	t.CommAbort = (void *)REAL(CommAbort);
-	t.CommCount = (void *)REAL(CommCount);
-	t.CommUserRank = (void *)REAL(CommUserRank);
-	t.GroupStart = (void *)REAL(GroupStart);
-	t.GroupEnd = (void *)REAL(GroupEnd);
-	t.CommGetAsyncError = (void *)REAL(CommGetAsyncError);
-	return &t;
-}
 
 /* --- versions and ids ----------------------------------------------------------- */
 
@@ -151,24 +49,6 @@ static void note_version(void)
 		return;
 	int v = 0;
 	if (REAL(GetVersion) && real_ncclGetVersion(&v) == ncclSuccess)
-		r2cc_note_nccl_version(v);
-}
-
-void r2cc_nccl_version_probe(void)
-{
-	static int tried;
-	if (__atomic_load_n(&r2cc_nccl_version, __ATOMIC_RELAXED) ||
-	    __atomic_exchange_n(&tried, 1, __ATOMIC_RELAXED))
-		return;
-	/* quietly: a program without NCCL (perftest) is no error */
-	real_ncclGetVersion_fn f = __atomic_load_n(&real_ncclGetVersion, __ATOMIC_RELAXED);
-	if (!f)
-		f = (real_ncclGetVersion_fn)dlsym(RTLD_DEFAULT, "pncclGetVersion");
-	void *h = f ? NULL : nccl_handle();
-	if (h)
-		f = (real_ncclGetVersion_fn)dlsym(h, "pncclGetVersion");
-	int v = 0;
-	if (f && f(&v) == ncclSuccess && v > 0)
 		r2cc_note_nccl_version(v);
 }
 
@@ -233,7 +113,7 @@ static int net_pending; /* an init waits for its group's end */
 
 static void net_check(void)
 {
-	if (group_depth > 0)
+	if (r2cc_nccl_groups > 0)
 		__atomic_store_n(&net_pending, 1, __ATOMIC_RELAXED);
 	else {
 		r2cc_net_init_done();
@@ -391,9 +271,6 @@ static void unregister_comm(ncclComm_t comm, bool abort)
 	r2cc_comm_remove(comm);
 }
 
-r2cc_comm_release_fn r2cc_comm_release_hook;
-r2cc_comm_async_error_fn r2cc_comm_async_error_hook;
-
 R2CC_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm)
 {
 	FORWARD(CommFinalize, (comm));
@@ -490,7 +367,7 @@ R2CC_EXPORT ncclResult_t ncclGroupStart(void)
 		return ncclInvalidUsage;
 	ncclResult_t rc = f();
 	if (rc == ncclSuccess)
-		group_depth++;
+		r2cc_nccl_groups++;
 	return rc;
 }
 
@@ -499,11 +376,12 @@ R2CC_EXPORT ncclResult_t ncclGroupEnd(void)
 	real_ncclGroupEnd_fn f = REAL(GroupEnd);
 	if (!f)
 		return ncclInvalidUsage;
-	if (group_depth > 0)
-		group_depth--;
+	if (r2cc_nccl_groups > 0)
+		r2cc_nccl_groups--;
 	ncclResult_t rc = f();
-	if (r2cc_unlikely(__atomic_load_n(&net_pending, __ATOMIC_RELAXED)) && group_depth == 0 &&
-	    __atomic_exchange_n(&net_pending, 0, __ATOMIC_RELAXED) && rc == ncclSuccess) {
+	if (r2cc_unlikely(__atomic_load_n(&net_pending, __ATOMIC_RELAXED)) &&
+	    r2cc_nccl_groups == 0 && __atomic_exchange_n(&net_pending, 0, __ATOMIC_RELAXED) &&
+	    rc == ncclSuccess) {
 		r2cc_net_init_done();
 		r2cc_drill_at_init();
 	}
@@ -516,8 +394,8 @@ R2CC_EXPORT ncclResult_t ncclGroupSimulateEnd(ncclSimInfo_t *info)
 	real_ncclGroupSimulateEnd_fn f = REAL(GroupSimulateEnd);
 	if (!f)
 		return ncclInvalidUsage;
-	if (group_depth > 0)
-		group_depth--;
+	if (r2cc_nccl_groups > 0)
+		r2cc_nccl_groups--;
 	return f(info);
 }
 

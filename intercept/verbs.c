@@ -11,7 +11,7 @@
  * With R2CC inactive (R2CC_MODE=0 or a bad setting) the hook returns the real
  * functions untouched.
  */
-#include "intercept/nccl_hooks.h"
+#include "intercept/nccl_real.h"
 #include "intercept/netcheck.h"
 #include "intercept/transport.h"
 #include "repair/model/cts.h"
@@ -191,7 +191,7 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 		return c->post_send(qp, wr, bad);
 	}
 	if (r2cc_unlikely(!r2cc_gate_enter(&q->gate)))
-		return r2cc_repair_post_send(q, wr, bad);
+		return r2cc_to_verbs(r2cc_repair_post_send(q, wr, bad));
 	struct r2cc_ctx *c = q->ctx;
 	struct r2cc_qp_shadow *sh = q->shadow;
 	/* Recorded before the real post: its completion can never be polled first. A
@@ -213,7 +213,7 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 	r2cc_counter_add(&q->tx_wrs, n);
 	r2cc_gate_exit(&q->gate);
 	if (r2cc_unlikely(rc != 0) && q->rep)
-		rc = r2cc_repair_send_refused(q, rc, bad);
+		rc = r2cc_to_verbs(r2cc_repair_send_refused(q, r2cc_from_verbs(rc), bad));
 	return rc;
 }
 
@@ -230,7 +230,7 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 		return c->post_recv(qp, wr, bad);
 	}
 	if (r2cc_unlikely(!r2cc_gate_enter(&q->gate)))
-		return r2cc_repair_post_recv(q, wr, bad);
+		return r2cc_to_verbs(r2cc_repair_post_recv(q, wr, bad));
 	struct r2cc_ctx *c = q->ctx;
 	struct r2cc_qp_shadow *sh = q->shadow;
 	if (sh)
@@ -246,7 +246,7 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 	r2cc_counter_add(&q->rx_wrs, n);
 	r2cc_gate_exit(&q->gate);
 	if (r2cc_unlikely(rc != 0) && q->rep)
-		rc = r2cc_repair_recv_refused(q, rc, bad);
+		rc = r2cc_to_verbs(r2cc_repair_recv_refused(q, r2cc_from_verbs(rc), bad));
 	return rc;
 }
 
@@ -751,7 +751,7 @@ static struct ibv_mr *refused_mr(struct ibv_pd *pd, struct r2cc_mr_mirror_src sr
 	struct r2cc_pd *p = r2cc_pd_find(pd);
 	struct ibv_mr *mr = NULL;
 	if (p && p->ctx && p->ctx->nic && r2cc_param.mr_mirror &&
-	    r2cc_repair_reg_refused(p->ctx->nic, err))
+	    r2cc_repair_reg_refused(p->ctx->nic, r2cc_from_verbs(err)))
 		mr = r2cc_mr_mirror_reg_virtual(pd, &src);
 	if (!mr) {
 		errno = err;
@@ -836,7 +836,7 @@ static struct ibv_cq *stand_in_cq(struct ibv_context *ctx, int cqe, void *cq_con
 {
 	int err = errno;
 	struct r2cc_ctx *c = ch ? NULL : r2cc_ctx_find(ctx); /* a channel is the dead one's */
-	struct r2cc_ctx *s = c ? r2cc_repair_stand_in(c, err) : NULL;
+	struct r2cc_ctx *s = c ? r2cc_repair_stand_in(c, r2cc_from_verbs(err)) : NULL;
 	struct ibv_cq *cq = s ? real_ibv_create_cq(s->ctx, cqe, cq_context, NULL, 0) : NULL;
 	if (!cq) {
 		errno = err;
@@ -855,7 +855,7 @@ static struct ibv_qp *stand_in_qp(struct ibv_pd *pd, const struct ibv_qp_init_at
 	int err = errno;
 	struct r2cc_pd *p = r2cc_pd_find(pd);
 	struct r2cc_ctx *s = p && attr->qp_type == IBV_QPT_RC && !attr->srq
-				 ? r2cc_repair_stand_in(p->ctx, err)
+				 ? r2cc_repair_stand_in(p->ctx, r2cc_from_verbs(err))
 				 : NULL;
 	struct ibv_pd *spd = s ? r2cc_mr_mirror_pd(s->nic) : NULL;
 	struct ibv_cq *cq = spd ? real_ibv_create_cq(s->ctx, 2, NULL, NULL, 0) : NULL;
@@ -987,7 +987,8 @@ static int wrap_ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int m
 	int rc = q && q->stand_in_cq ? EIO : modify_qp_wire(qp, attr, mask);
 	/* A dead device refuses the connection of a QP hot repair can move: it connects
 	 * on a healthy NIC instead, once NCCL has given it all its attributes. */
-	if (rc && (mask & IBV_QP_STATE) && q && r2cc_repair_modify_refused(q, rc, attr->qp_state))
+	if (rc && (mask & IBV_QP_STATE) && q &&
+	    r2cc_repair_modify_refused(q, r2cc_from_verbs(rc), attr->qp_state))
 		rc = 0;
 	if (rc == 0 && q) {
 		if (mask & IBV_QP_STATE)

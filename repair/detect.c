@@ -72,15 +72,15 @@ void r2cc_detect_on(struct r2cc_rqp *r, const struct r2cc_nic *nic, const char *
 }
 
 /* Errors with which a dead device refuses posts (the provider's EIO after a fatal
- * event, ENETDOWN): the NIC has failed, not the request. */
+ * event, ENETDOWN), as negative errnos: the NIC has failed, not the request. */
 bool r2cc_refused_by_dead_device(int rc)
 {
-	return rc == EIO || rc == ENETDOWN;
+	return rc == -EIO || rc == -ENETDOWN;
 }
 void r2cc_nic_dead(struct r2cc_nic *nic, const char *what, int rc)
 {
 	char why[112];
-	snprintf(why, sizeof(why), "%s failed (%s): the device is dead", what, strerror(rc));
+	snprintf(why, sizeof(why), "%s failed (%s): the device is dead", what, strerror(-rc));
 	r2cc_failback_never(nic);
 	r2cc_nic_failed(nic, why);
 }
@@ -131,7 +131,7 @@ bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state)
 	bool dead = r2cc_refused_by_dead_device(rc);
 	bool down =
 	    __atomic_load_n(&q->ctx->nic->state, __ATOMIC_RELAXED) == R2CC_NIC_DOWN &&
-	    (rc == ENETUNREACH || rc == EHOSTUNREACH || rc == ENODATA || rc == EADDRNOTAVAIL);
+	    (rc == -ENETUNREACH || rc == -EHOSTUNREACH || rc == -ENODATA || rc == -EADDRNOTAVAIL);
 	if (!r || !(dead || down) || !r2cc_active() ||
 	    (to_state != IBV_QPS_INIT && to_state != IBV_QPS_RTR && to_state != IBV_QPS_RTS))
 		return false;

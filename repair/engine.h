@@ -124,7 +124,8 @@ void r2cc_repair_qp_destroying(struct r2cc_qp *q);
  * engine's other threads may still be reading it); false: the caller frees it. */
 bool r2cc_repair_qp_destroyed(struct r2cc_qp *q);
 
-/* Data path, slow side (gate closed). */
+/* Data path, slow side (gate closed). Errors here, in and out, are negative errnos
+ * (shim/common.h); the verbs wrappers convert. */
 int r2cc_repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 /* The fast path's post was refused with rc (*bad: the first request not posted):
@@ -133,7 +134,7 @@ int r2cc_repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ibv_
 int r2cc_repair_send_refused(struct r2cc_qp *q, int rc, struct ibv_send_wr **bad);
 int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad);
 /* NCCL's ibv_modify_qp of q to INIT, RTR or RTS was refused with rc: if the device is
- * dead (EIO, ENETDOWN) and hot repair has q, its NIC has failed and the QP is virtual
+ * dead (-EIO, -ENETDOWN) and hot repair has q, its NIC has failed and the QP is virtual
  * from birth (DESIGN.md section 4): true, and the caller reports success and keeps
  * the attributes; the QP migrates when NCCL moves it to RTS. false: rc is NCCL's. */
 bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state);
@@ -143,7 +144,7 @@ bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state);
  * provider (NULL: rc is NCCL's). */
 struct r2cc_ctx *r2cc_repair_stand_in(struct r2cc_ctx *dead, int rc);
 /* NCCL's memory registration on nic's device was refused with rc: if the device is
- * dead (EIO, ENETDOWN) and hot repair is on, the NIC has failed (its QPs are
+ * dead (-EIO, -ENETDOWN) and hot repair is on, the NIC has failed (its QPs are
  * virtual, and move) and true: the caller makes the registration virtual
  * (r2cc_mr_mirror_reg_virtual). false: rc is NCCL's. */
 bool r2cc_repair_reg_refused(struct r2cc_nic *nic, int rc);

@@ -674,11 +674,11 @@ static void serve_batch(const struct inbox *in, struct r2cc_rqp **rq,
 static bool restart_initiator(struct r2cc_rqp *r, int rc, const char *what, struct outboxes *out,
 			      const struct r2cc_ctl_dir *dir, int rank, const struct rep_wire *m)
 {
-	if (!r2cc_refused_by_dead_device(-rc) || r->restarts >= RESTARTS_MAX || !r->new_ctx)
+	if (!r2cc_refused_by_dead_device(rc) || r->restarts >= RESTARTS_MAX || !r->new_ctx)
 		return false;
 	struct r2cc_nic *nic = r->new_ctx->nic;
 	nack(out, dir, rank, m, -EAGAIN);
-	r2cc_nic_dead(nic, what, -rc);
+	r2cc_nic_dead(nic, what, rc);
 	pthread_mutex_lock(&r->mu);
 	r2cc_path_drop_new(r);
 	r->restarts++;

@@ -26,12 +26,12 @@ static void fence_begin(struct r2cc_rqp *r)
 	r->mark_s = r->mark_r = r->fence_broken = false;
 	r->probe_at = 0; /* a probe out on this path flushes with it */
 	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-	int rc = r2cc_eng.v.modify_qp(r->cur_qp, &a, IBV_QP_STATE);
+	int rc = r2cc_from_verbs(r2cc_eng.v.modify_qp(r->cur_qp, &a, IBV_QP_STATE));
 	if (rc) {
 		/* No markers then: on a path that still runs, a send marker would be a
 		 * real write and a receive marker would take a message. What the path
 		 * retired cannot be known: the QP's repair fails (NCCL's clean error). */
-		R2CC_WARN("repair: qp 0x%x: cannot move to ERR (%s)", r->qpn, strerror(rc));
+		R2CC_WARN("repair: qp 0x%x: cannot move to ERR (%s)", r->qpn, strerror(-rc));
 		r->mark_s = r->mark_r = r->fence_broken = true;
 		pthread_mutex_unlock(&r->mu);
 		return;

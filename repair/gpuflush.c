@@ -177,7 +177,7 @@ int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 				 * helper is dead, and what it wrote is taken to have landed. */
 				R2CC_INFO("repair: GPU flush qp 0x%x: no helper on failed %s (%s); "
 					  "what it wrote is taken to have landed",
-					  l->qpn, at->name, strerror(rc < 0 ? -rc : rc));
+					  l->qpn, at->name, strerror(-rc));
 			} else if (rc == -EBUSY) { /* L's own repair is making its new path now */
 				R2CC_WARN(
 				    "repair: GPU flush qp 0x%x cannot read through %s yet (its "
@@ -185,13 +185,12 @@ int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 				    "before its next flush may not be ordered",
 				    l->qpn, at->name);
 			} else if (rc) {
-				int e = rc < 0 ? -rc : rc;
-				if (at == nic && r2cc_refused_by_dead_device(e))
-					dead = -e;
+				if (at == nic && r2cc_refused_by_dead_device(rc))
+					dead = rc;
 				failed++;
 				R2CC_WARN("repair: GPU flush qp 0x%x cannot read through %s (%s): "
 					  "qp 0x%x does not move there",
-					  l->qpn, at->name, strerror(e), r->qpn);
+					  l->qpn, at->name, strerror(-rc), r->qpn);
 			}
 		}
 		if (!g && !l->dead) {
@@ -235,7 +234,7 @@ static int helper_post(struct r2cc_rqp *l, const struct gf_helper *h, const stru
 	if (!same && r2cc_mr_mirror_rkey(l->orig_nic, w->wr.rdma.rkey, h->nic, &t.wr.rdma.rkey))
 		return -ENOENT;
 	struct r2cc_ctx *c = r2cc_ctx_of_nic(h->nic);
-	return c ? -c->post_send(h->qp, &t, &bad) : -ENODEV;
+	return c ? r2cc_from_verbs(c->post_send(h->qp, &t, &bad)) : -ENODEV;
 }
 
 /*
@@ -284,7 +283,7 @@ bool r2cc_gflush_take(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 		wait &= ~(1ull << i);
 		__atomic_and_fetch(&e->wait, ~(1ull << i), __ATOMIC_RELEASE);
 		__atomic_store_n(&g->h[i].retired, 1, __ATOMIC_RELEASE);
-		if (r2cc_refused_by_dead_device(-rc))
+		if (r2cc_refused_by_dead_device(rc))
 			continue; /* a dead device: what it wrote landed, nothing to read */
 		/* data came through that NIC, and no READ can order it: the QP's error,
 		 * not a flush that claims what it did not do */
@@ -347,7 +346,7 @@ static bool entry_done(struct r2cc_gflush *g, const struct gf_entry *e, int64_t 
  * is NCCL's. No locks held. */
 static void gf_refused(struct r2cc_rqp *l, struct r2cc_nic *nic)
 {
-	if (!r2cc_refused_take(l, EIO, nic)) {
+	if (!r2cc_refused_take(l, -EIO, nic)) {
 		gf_error(l, -EIO);
 		return;
 	}
@@ -383,7 +382,7 @@ void r2cc_gflush_release(struct r2cc_vcq *v)
 			int rc = r2cc_send_one_locked(l, &e->wr);
 			/* A dead device refused it: held, first, for the QP's next path (the
 			 * rest stay in the ring, and are held behind it when released). */
-			if (rc && r2cc_refused_by_dead_device(-rc) && load_state(l) != RQ_FAILED &&
+			if (rc && r2cc_refused_by_dead_device(rc) && load_state(l) != RQ_FAILED &&
 			    !r2cc_hold_send(l, &e->wr)) {
 				refused = at;
 				rc = 0;

@@ -197,7 +197,7 @@ static int selftest_connect(struct ibv_qp *qp, struct r2cc_nic *self, struct r2c
 	}
 	int rc = r2cc_own_qp_init(qp, self, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE, 0);
 	if (rc)
-		return -rc;
+		return rc;
 	return r2cc_own_qp_connect(qp, self, &l);
 }
 

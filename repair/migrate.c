@@ -140,7 +140,7 @@ static int post_plan_recvs(struct r2cc_rqp *r)
 			return -E2BIG;
 		r2cc_qp_shadow_plan_recv_wr(pl, i, &w, sge);
 		int rc = r2cc_post_one_recv(r, &w);
-		if (rc && r2cc_refused_by_dead_device(-rc)) {
+		if (rc && r2cc_refused_by_dead_device(rc)) {
 			r->refused_nic = r->cur_nic;
 			return hold_plan_recvs(r, pl, i);
 		}
@@ -148,7 +148,7 @@ static int post_plan_recvs(struct r2cc_rqp *r)
 			return rc;
 	}
 	int rc = r2cc_held_flush_recvs(r);
-	if (rc && r2cc_refused_by_dead_device(-rc)) { /* the refused one and the rest stay held */
+	if (rc && r2cc_refused_by_dead_device(rc)) { /* the refused one and the rest stay held */
 		r->refused_nic = r->cur_nic;
 		return 0;
 	}
@@ -346,7 +346,7 @@ int r2cc_path_commit(struct r2cc_rqp *r, const struct peer_path *p, bool sends, 
 	if (osh)
 		r2cc_qp_shadow_destroy(osh);
 	if (refused)
-		r2cc_nic_dead(refused, "re-posting on a new path on it", EIO);
+		r2cc_nic_dead(refused, "re-posting on a new path on it", -EIO);
 	return rc;
 }
 

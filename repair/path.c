@@ -127,7 +127,7 @@ void r2cc_path_drop_new(struct r2cc_rqp *r)
 }
 
 /* RESET -> INIT on nic's port with the given access and partition key index.
- * 0 or a positive errno. */
+ * 0 or a negative errno. */
 int r2cc_own_qp_init(struct ibv_qp *qp, const struct r2cc_nic *nic, int access, uint16_t pkey_index)
 {
 	struct ibv_qp_attr a = {
@@ -136,8 +136,8 @@ int r2cc_own_qp_init(struct ibv_qp *qp, const struct r2cc_nic *nic, int access, 
 	    .port_num = nic->port ? nic->port : 1,
 	    .qp_access_flags = access,
 	};
-	return r2cc_eng.v.modify_qp(
-	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+	return r2cc_from_verbs(r2cc_eng.v.modify_qp(
+	    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
 }
 
 /* INIT -> RTR -> RTS towards l (PSNs 0, one outstanding READ each way). 0 or a
@@ -162,22 +162,22 @@ int r2cc_own_qp_connect(struct ibv_qp *qp, const struct r2cc_nic *nic, const str
 		a.ah_attr.grh.traffic_class = l->traffic_class;
 		a.ah_attr.grh.flow_label = l->flow_label;
 	}
-	int rc = r2cc_eng.v.modify_qp(qp, &a,
-				      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-					  IBV_QP_MIN_RNR_TIMER);
+	int rc = r2cc_from_verbs(r2cc_eng.v.modify_qp(
+	    qp, &a,
+	    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+		IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
 	if (rc)
-		return -rc;
+		return rc;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
 	a.timeout = l->timeout;
 	a.retry_cnt = l->retry_cnt;
 	a.rnr_retry = l->rnr_retry;
 	a.max_rd_atomic = 1;
-	return -r2cc_eng.v.modify_qp(qp, &a,
-				     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					 IBV_QP_MAX_QP_RD_ATOMIC);
+	return r2cc_from_verbs(r2cc_eng.v.modify_qp(qp, &a,
+						    IBV_QP_STATE | IBV_QP_TIMEOUT |
+							IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+							IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
 }
 
 /* What kind of address a GID is: 0 none (an empty entry), 1 IPv4-mapped, 2 IPv6
@@ -257,12 +257,12 @@ static int on_healthy(struct r2cc_rqp *r, struct r2cc_nic *first, const char *ra
 			self_path(r, nic, self);
 			p = self;
 		}
-		if (!rc && p && (rc = r2cc_path_connect(r, p)) && r2cc_refused_by_dead_device(-rc))
+		if (!rc && p && (rc = r2cc_path_connect(r, p)) && r2cc_refused_by_dead_device(rc))
 			r2cc_path_drop_new(r);
 		*nicp = nic;
-		if (!rc || !r2cc_refused_by_dead_device(-rc))
+		if (!rc || !r2cc_refused_by_dead_device(rc))
 			return rc;
-		r2cc_nic_dead(nic, "a queue pair of hot repair's on it", -rc);
+		r2cc_nic_dead(nic, "a queue pair of hot repair's on it", rc);
 		nic = r2cc_place(r, rail);
 		rc = -ENODEV;
 	}
@@ -336,7 +336,7 @@ int r2cc_path_new(struct r2cc_rqp *r, struct r2cc_nic *nic)
 			R2CC_WARN("repair: qp 0x%x: %s has no GID of the kind NCCL's path uses "
 				  "(index %u there)",
 				  r->qpn, nic->name, r->q->path.sgid_index);
-			rc = ENOENT;
+			rc = -ENOENT;
 		}
 		r->new_sgid_index = (uint8_t)(i < 0 ? 0 : i);
 	}
@@ -354,10 +354,10 @@ int r2cc_path_new(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	};
 	struct r2cc_qp_shadow *sh = NULL;
 	if (!rc)
-		rc = -r2cc_qp_shadow_create(&sa, &sh);
+		rc = r2cc_qp_shadow_create(&sa, &sh);
 	if (rc) {
 		r2cc_path_put(r, qp, pc);
-		return -rc;
+		return rc;
 	}
 	r->new_qp = qp;
 	r->new_cq = cq;

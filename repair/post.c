@@ -93,8 +93,9 @@ int r2cc_post_one_send(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 				&t.wr.rdma.rkey);
 	if (!rc) {
 		struct ibv_send_wr *bad = NULL;
-		rc = r2cc_fault_fire(R2CC_FAULT_POST) ? -EIO
-						      : -r->cur_ctx->post_send(r->cur_qp, &t, &bad);
+		rc = r2cc_fault_fire(R2CC_FAULT_POST)
+			 ? -EIO
+			 : r2cc_from_verbs(r->cur_ctx->post_send(r->cur_qp, &t, &bad));
 	}
 	if (rc) {
 		r2cc_qp_shadow_unpost_send(r->cur_sh, &one, &one);
@@ -125,8 +126,9 @@ int r2cc_post_one_recv(struct r2cc_rqp *r, const struct ibv_recv_wr *w)
 	}
 	if (!rc) {
 		struct ibv_recv_wr *bad = NULL;
-		rc = r2cc_fault_fire(R2CC_FAULT_POST) ? -EIO
-						      : -r->cur_ctx->post_recv(r->cur_qp, &t, &bad);
+		rc = r2cc_fault_fire(R2CC_FAULT_POST)
+			 ? -EIO
+			 : r2cc_from_verbs(r->cur_ctx->post_recv(r->cur_qp, &t, &bad));
 	}
 	if (rc) {
 		r2cc_qp_shadow_unpost_recv(r->cur_sh, &one, &one);
@@ -300,7 +302,7 @@ int r2cc_send_one_locked(struct r2cc_rqp *r, const struct ibv_send_wr *w)
 	if (s == RQ_FAILED) {
 		struct ibv_send_wr one = *w, *b = NULL;
 		one.next = NULL;
-		rc = -r->orig_ctx->post_send(r->q->qp, &one, &b);
+		rc = r2cc_from_verbs(r->orig_ctx->post_send(r->q->qp, &one, &b));
 	} else if (hold_now(r, s, r->send_live, r->hs_head != NULL)) {
 		rc = r2cc_hold_send(r, w);
 	} else if ((rc = r2cc_post_one_send(r, w)) == -EAGAIN) {
@@ -314,7 +316,7 @@ static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ib
 {
 	struct r2cc_rqp *r = q->rep;
 	if (!r)
-		return q->ctx->post_send(q->qp, wr, bad);
+		return r2cc_from_verbs(q->ctx->post_send(q->qp, wr, bad));
 	pthread_mutex_lock(&r->mu);
 	declared_first_post(r, false);
 	r2cc_app_flush_run(r);
@@ -330,7 +332,7 @@ static int repair_post_send(struct r2cc_qp *q, struct ibv_send_wr *wr, struct ib
 	pthread_mutex_unlock(&r->mu);
 	if (rc) {
 		*bad = w;
-		return rc < 0 ? -rc : rc;
+		return rc;
 	}
 	return 0;
 }
@@ -339,7 +341,7 @@ static int repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ib
 {
 	struct r2cc_rqp *r = q->rep;
 	if (!r)
-		return q->ctx->post_recv(q->qp, wr, bad);
+		return r2cc_from_verbs(q->ctx->post_recv(q->qp, wr, bad));
 	pthread_mutex_lock(&r->mu);
 	declared_first_post(r, true);
 	int s = load_state(r), rc = 0;
@@ -348,7 +350,7 @@ static int repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ib
 		if (s == RQ_FAILED) {
 			struct ibv_recv_wr one = *w, *b = NULL;
 			one.next = NULL;
-			rc = -r->orig_ctx->post_recv(q->qp, &one, &b);
+			rc = r2cc_from_verbs(r->orig_ctx->post_recv(q->qp, &one, &b));
 		} else if (hold_now(r, s, r->recv_live, r->hr_head != NULL)) {
 			rc = r2cc_hold_recv(r, w);
 		} else {
@@ -360,7 +362,7 @@ static int repair_post_recv(struct r2cc_qp *q, struct ibv_recv_wr *wr, struct ib
 	pthread_mutex_unlock(&r->mu);
 	if (rc) {
 		*bad = w;
-		return rc < 0 ? -rc : rc;
+		return rc;
 	}
 	return 0;
 }
@@ -483,8 +485,7 @@ void r2cc_keys_tick(void)
 		/* The new path's device is dead: the QP moves again, and the held sends
 		 * (the refused one first) wait for that path. During the exchange, once
 		 * it has ended (r2cc_rqp_done). */
-		int e = rc < 0 ? -rc : rc;
-		struct r2cc_nic *dead = rc && r2cc_refused_by_dead_device(e) ? r->cur_nic : NULL;
+		struct r2cc_nic *dead = rc && r2cc_refused_by_dead_device(rc) ? r->cur_nic : NULL;
 		if (dead && load_state(r) == RQ_EXCHANGE)
 			__atomic_store_n(&r->new_path_err, IBV_WC_RETRY_EXC_ERR, __ATOMIC_RELEASE);
 		bool give_up = (rc && !dead) || (still && (!frc || r->keys_tries >= KEYS_TRIES));
@@ -493,7 +494,7 @@ void r2cc_keys_tick(void)
 					 __ATOMIC_RELEASE); /* again next tick */
 		pthread_mutex_unlock(&r->mu);
 		if (dead)
-			r2cc_nic_dead(dead, "a re-post on it", e);
+			r2cc_nic_dead(dead, "a re-post on it", rc);
 		pthread_mutex_lock(&r2cc_eng.mu);
 		if (r->incident >= 0 &&
 		    r->incident < r2cc_eng.ninc) { /* the repair that moved it */
@@ -505,7 +506,7 @@ void r2cc_keys_tick(void)
 			char why[160];
 			if (rc)
 				snprintf(why, sizeof(why), "a held send could not be posted (%s)",
-					 strerror(rc < 0 ? -rc : rc));
+					 strerror(-rc));
 			else if (!frc)
 				snprintf(why, sizeof(why),
 					 "a send's rkey is not registered by rank %d on %s",

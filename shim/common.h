@@ -1,6 +1,6 @@
 /*
  * Small definitions every part of R2CC uses: symbol export, branch hints,
- * the monotonic clock, a string hash.
+ * the monotonic clock, a string hash, and the library's error convention.
  */
 #ifndef R2CC_SHIM_COMMON_H
 #define R2CC_SHIM_COMMON_H
@@ -15,6 +15,29 @@
 #define r2cc_unlikely(x) __builtin_expect(!!(x), 0)
 
 #define R2CC_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/*
+ * Errors. Inside R2CC a function returns 0 or a negative errno, and an error
+ * handed to a function is a negative errno too; a predicate returns bool. Each
+ * boundary converts once:
+ *  - verbs: ibverbs' int-returning calls give a positive errno, pointer-returning
+ *    ones NULL with errno set. A value from a real verbs call (a provider's op,
+ *    the real ibv_* function, or errno after one) enters through
+ *    r2cc_from_verbs(); a wrapper (intercept/verbs.c, and the drill's filters in
+ *    repair/drill.c, which stand in for a provider's ops and keep their contract)
+ *    hands R2CC's value to its caller through r2cc_to_verbs(). Both are a plain
+ *    negation, so a provider's value reaches the caller as the provider gave it.
+ *  - NCCL: the entry points in intercept/nccl.c return ncclResult_t.
+ */
+static inline int r2cc_from_verbs(int rc)
+{
+	return -rc;
+}
+
+static inline int r2cc_to_verbs(int rc)
+{
+	return -rc;
+}
 
 static inline uint64_t r2cc_now_ns(void)
 {

@@ -107,7 +107,7 @@ int r2cc_thread_start(void *(*fn)(void *), void *arg, const char *name)
 	pthread_attr_destroy(&attr);
 	if (!rc)
 		pthread_setname_np(t, name);
-	return rc;
+	return -rc;
 }
 
 const char *r2cc_host_name(char *buf, size_t len)

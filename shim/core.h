@@ -35,7 +35,7 @@ const char *r2cc_node_key(char *buf, size_t len);
 
 /* A detached thread of R2CC's own, named name (15 characters at most), with every
  * signal blocked: the application's signals stay the application's. 0 or the error
- * of pthread_create. */
+ * of pthread_create, negated. */
 int r2cc_thread_start(void *(*fn)(void *), void *arg, const char *name);
 
 /* NCCL version code as ncclGetVersion reports it (0 until known). */

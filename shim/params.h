@@ -8,7 +8,7 @@
 #ifndef R2CC_SHIM_PARAMS_H
 #define R2CC_SHIM_PARAMS_H
 
-#include "strategies/cost.h"
+#include "shim/cost_params.h"
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -30,6 +30,8 @@
 #ifndef R2CC_STRATEGIES_COST_H
 #define R2CC_STRATEGIES_COST_H
 
+#include "shim/cost_params.h"
+
 #include <stddef.h>
 
 /* Values 1..3 are the R2CC_MODE numbers. */
@@ -41,17 +43,6 @@ enum r2cc_strategy {
 	R2CC_STRAT_COUNT
 };
 const char *r2cc_strategy_name(enum r2cc_strategy s);
-
-struct r2cc_cost_model {
-	double alpha_us;	     /* fixed cost of one collective call */
-	double beta_us_per_byte;     /* per byte of NIC load: 1 / effective NIC bandwidth */
-	double ar2_beta_us_per_byte; /* the same for R2CC-AllReduce's data movement */
-	double ar2_stage_us;	     /* fixed cost of each of its two extra stages */
-	double ar2_chunk_us;	     /* fixed cost per stage-2 chunk (Reduce + Broadcast) */
-};
-#define R2CC_COST_NPARAMS 5
-
-extern const struct r2cc_cost_model r2cc_cost_default;
 
 struct r2cc_cost_case {
 	int nodes, nics, failed; /* n, k, f */
@@ -114,10 +105,5 @@ int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, i
  * header, -EINVAL = malformed (a message in err). */
 int r2cc_cost_parse_csv_line(const char *line, struct r2cc_cost_sample *s, char *err,
 			     size_t errlen);
-
-/* "alpha_us=20,beta_us_per_byte=9e-5,..." (any subset, any order) over *m;
- * 0 or -EINVAL with a message. r2cc_cost_model_format writes all five. */
-int r2cc_cost_model_parse(const char *str, struct r2cc_cost_model *m, char *err, size_t errlen);
-void r2cc_cost_model_format(const struct r2cc_cost_model *m, char *buf, size_t len);
 
 #endif

@@ -20,7 +20,7 @@
  * also issue or read the asynchronous check (below).
  */
 #include "strategies/failview.h"
-#include "intercept/nccl_hooks.h"
+#include "intercept/nccl_real.h"
 #include "shim/comm.h"
 #include "shim/common.h"
 #include "shim/core.h"

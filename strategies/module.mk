@@ -3,7 +3,7 @@
 STRAT_LIB_SRCS := strategies/allreduce2.c strategies/cost.c strategies/failview.c strategies/cuda.c
 LIBR2CC_SRCS += $(STRAT_LIB_SRCS)
 
-STRAT_HDRS := strategies/allreduce2.h strategies/cost.h shim/failspec.h shim/log.h
+STRAT_HDRS := strategies/allreduce2.h strategies/cost.h shim/cost_params.h shim/failspec.h shim/log.h
 STRAT_TDIR := $(BUILD)/tests/unit
 STRAT_TESTS := test_failspec test_strategies_split test_strategies_exec test_strategies_cost
 R2CC_PLAN := $(BUILD)/bin/r2cc-plan
@@ -18,14 +18,15 @@ FORMAT_SRCS += $(STRAT_LIB_SRCS) strategies/allreduce2.h strategies/cost.h \
 	tests/unit/test_failspec.c \
 	$(wildcard tests/unit/test_strategies_*.c tests/unit/test_strategies_*.h)
 
-$(R2CC_PLAN): strategies/plan_main.c strategies/cost.c $(STRAT_HDRS)
+$(R2CC_PLAN): strategies/plan_main.c strategies/cost.c shim/cost_params.c $(STRAT_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(BIN_CFLAGS) -o $@ strategies/plan_main.c strategies/cost.c -lm
+	$(CC) $(BIN_CFLAGS) -o $@ strategies/plan_main.c strategies/cost.c shim/cost_params.c -lm
 
-$(R2CC_FIT_COST): strategies/fit_cost_main.c strategies/cost.c strategies/cost_fit.c $(STRAT_HDRS)
+$(R2CC_FIT_COST): strategies/fit_cost_main.c strategies/cost.c strategies/cost_fit.c \
+		shim/cost_params.c $(STRAT_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -o $@ strategies/fit_cost_main.c strategies/cost.c \
-		strategies/cost_fit.c -lm
+		strategies/cost_fit.c shim/cost_params.c -lm
 
 $(STRAT_TDIR)/test_failspec: tests/unit/test_failspec.c shim/failspec.c $(STRAT_HDRS)
 	@mkdir -p $(@D)
@@ -46,7 +47,7 @@ $(STRAT_TDIR)/test_strategies_exec: tests/unit/test_strategies_exec.c strategies
 		-lcriterion -lm
 
 $(STRAT_TDIR)/test_strategies_cost: tests/unit/test_strategies_cost.c strategies/cost.c \
-		strategies/cost_fit.c $(STRAT_HDRS)
+		strategies/cost_fit.c shim/cost_params.c $(STRAT_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -o $@ tests/unit/test_strategies_cost.c strategies/cost.c \
-		strategies/cost_fit.c -lcriterion -lm
+		strategies/cost_fit.c shim/cost_params.c -lcriterion -lm

@@ -1,9 +1,9 @@
 # tests/: unit tests (Criterion) of the shim, and the preload test.
-UNIT_SHIM := shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c shim/log.c shim/map.c shim/registry.c shim/comm.c \
+UNIT_SHIM := shim/params.c shim/failspec.c shim/drillspec.c shim/cost_params.c shim/log.c shim/map.c shim/registry.c shim/comm.c \
 	     shim/core.c shim/report.c shim/stats.c shim/protect.c
 UNIT_CFLAGS = $(BIN_CFLAGS) -DR2CC_VERSION_STRING='"test"'
 
-$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c
+$(BUILD)/tests/unit/test_params: tests/unit/test_params.c shim/params.c shim/failspec.c shim/drillspec.c shim/log.c shim/cost_params.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
@@ -11,15 +11,15 @@ $(BUILD)/tests/unit/test_registry: tests/unit/test_registry.c $(UNIT_SHIM)
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_log: tests/unit/test_log.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c shim/cost_params.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/model/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_ledger: tests/unit/test_ledger.c repair/model/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c shim/cost_params.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 
-$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/model/stall.c repair/model/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c strategies/cost.c
+$(BUILD)/tests/unit/test_stall: tests/unit/test_stall.c repair/model/stall.c repair/model/ledger.c shim/log.c shim/params.c shim/failspec.c shim/drillspec.c shim/cost_params.c
 	@mkdir -p $(@D)
 	$(CC) $(UNIT_CFLAGS) -o $@ $^ -lcriterion -ldl
 

@@ -2,16 +2,16 @@
 # pre-flight check, and `top`, the live per-NIC view (built in when tools/top.c
 # is there); `exporter` serves top's statistics to Prometheus. doctor compiles
 # the library's own parser (shim/params.c,
-# shim/failspec.c, shim/drillspec.c, shim/log.c) and cost model (strategies/cost.c) in, and
+# shim/failspec.c, shim/drillspec.c, shim/log.c, shim/cost_params.c) and cost model (strategies/cost.c) in, and
 # dlopen()s libibverbs and libnccl at run time: no link-time dependency on
 # either, nor on CUDA.
 
 R2CC_TOOL      := $(BUILD)/bin/r2cc
 R2CC_TOOL_SRCS := tools/r2cc.c tools/doctor.c tools/doctor_nic.c tools/doctor_env.c \
 	$(wildcard tools/top.c) tools/run.c tools/pages.c tools/exporter.c
-R2CC_TOOL_LIBS := shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c intercept/netplugin.c
+R2CC_TOOL_LIBS := shim/params.c shim/failspec.c shim/drillspec.c shim/log.c shim/cost_params.c strategies/cost.c intercept/netplugin.c
 R2CC_TOOL_HDRS := tools/doctor.h $(wildcard tools/top.h) tools/pages.h tools/exporter.h shim/params.h shim/failspec.h shim/log.h \
-	strategies/cost.h intercept/netplugin.h $(wildcard shim/stats.h shim/registry.h)
+	strategies/cost.h shim/cost_params.h intercept/netplugin.h $(wildcard shim/stats.h shim/registry.h)
 
 $(R2CC_TOOL): $(R2CC_TOOL_SRCS) $(R2CC_TOOL_LIBS) $(R2CC_TOOL_HDRS)
 	@mkdir -p $(@D)

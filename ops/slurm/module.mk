@@ -11,9 +11,9 @@ SLURM_INCLUDE      ?= /usr/include
 R2CC_SPANK_LIBRARY  = $(or $(PREFIX),/usr/local)/lib/r2cc/libr2cc.so
 SPANK_R2CC         := $(BUILD)/lib/spank_r2cc.so
 SPANK_R2CC_SRCS    := ops/slurm/spank_r2cc.c ops/slurm/settings.c
-SPANK_R2CC_LIBSRCS := shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c
+SPANK_R2CC_LIBSRCS := shim/params.c shim/failspec.c shim/drillspec.c shim/log.c shim/cost_params.c
 SPANK_R2CC_HDRS    := ops/slurm/settings.h shim/params.h shim/failspec.h shim/drillspec.h \
-		      shim/log.h strategies/cost.h
+		      shim/log.h shim/cost_params.h
 
 # Only the SPANK symbols are exported (ops/slurm/spank_r2cc.map): the library's
 # parser stays private, so it can never bind to a libr2cc.so loaded beside it.

@@ -9,7 +9,7 @@ LIBR2CC_SRCS += $(MIRROR_SRCS)
 # Unit tests: the wire format, the service's answers to malformed requests,
 # the cache, and the mirror bookkeeping over test doubles of the verbs.
 MIRROR_UNIT := $(BUILD)/tests/unit/test_mr_mirror
-MIRROR_UNIT_SRCS := $(MIRROR_SRCS) $(CTL_SRCS) shim/params.c shim/failspec.c shim/drillspec.c shim/log.c strategies/cost.c \
+MIRROR_UNIT_SRCS := $(MIRROR_SRCS) $(CTL_SRCS) shim/params.c shim/failspec.c shim/drillspec.c shim/log.c shim/cost_params.c \
 		    shim/map.c shim/registry.c shim/stats.c shim/comm.c shim/core.c shim/report.c shim/protect.c shim/fault.c
 
 $(MIRROR_UNIT): tests/unit/test_mr_mirror.c $(MIRROR_UNIT_SRCS) $(MIRROR_HDRS)
