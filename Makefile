@@ -101,6 +101,7 @@ format:
 lint: all
 	clang-format --dry-run --Werror $(FORMAT_SRCS)
 	tests/preload/exports.sh $(BUILD)
+	tests/lint/links.py
 	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \
 	  --suppress=missingIncludeSystem -I. $(LIBR2CC_SRCS)
 
