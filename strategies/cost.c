@@ -15,7 +15,7 @@
 
 /*
  * Fitted by r2cc-fit-cost to 88 verified AllReduces on the software fabric
- * (logs/strategies/ar2-vs-balance/fit.csv: 2 and 4 nodes, 3 NICs each at
+ * (strategies/fit/fit.csv: 2 and 4 nodes, 3 NICs each at
  * 25 Gb/s, one declared failed, Balance and R2CC-AllReduce, 8 B-4 GiB; ranks
  * sharing a GPU under MPS). RMS error 6 % from 256 MiB up, where `auto`
  * decides; the small sizes' latency regime fits a straight line poorly (45 %)

@@ -2,6 +2,7 @@
  * Repair time after detection for many queue pairs on one NIC (make bench).
  *
  *   repair_scale --qps N[,N...] [--peers P] [--reps R] [--no-preload] [--keep]
+ *                [--load-ms MS [--load-gbps G]] [--fault down|none]
  *
  * One run: process 0 (node0) has N RC queue pairs on mlx5_0, spread over P
  * peer processes (four per emulated node; default N/8, at most 64), each
@@ -23,6 +24,16 @@
  * runs the same set-up without R2CC and without the fault: the baseline, so
  * that the heap difference is what R2CC holds. Exit 0 when every run
  * delivered everything (2: usage).
+ *
+ * --load-ms MS: before the fault, node0 keeps every queue pair busy for MS ms with
+ * 64 KB RDMA writes, two outstanding on each, over NICs shaped to G Gb/s (default 10;
+ * every process then has three NICs, so that the fast self-test has two siblings):
+ * with 512 queue pairs that is 64 MB queued on one NIC, about 50 ms of it at 10 Gb/s,
+ * so every request waits far longer than the stall scan's period and R2CC's NIC
+ * self-test runs as often as it may. Printed then: the load's rate, node0's NIC
+ * self-tests (passed, failed, inconclusive, from its report) per second of load, and
+ * the incidents detected before the fault (false repairs: there must be none).
+ * --fault none leaves the NIC up (the final writes then need no repair).
  *
  * The soft device holds 4096 QPs and 2048 CQs in all; R2CC rebuilds both ends
  * of every queue pair (a QP and a CQ each), so N is at most 1000.
@@ -47,12 +58,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_PEERS 64
-#define PER_NODE  4
-#define SLOT	  64 /* bytes of one queue pair's target in a peer's buffer */
-#define MAX_QPS	  1000
-#define WAIT_S	  60
-#define NICS	  "mlx5_0:100,mlx5_1:100"
+#define MAX_PEERS  64
+#define PER_NODE   4
+#define SLOT	   64 /* bytes of one queue pair's target in a peer's buffer */
+#define MAX_QPS	   1000
+#define WAIT_S	   60
+#define NICS	   "mlx5_0:100,mlx5_1:100"
+#define LOAD_BYTES 65536 /* one write of the load */
+#define LOAD_DEPTH 2	 /* outstanding per queue pair */
 
 struct ep {
 	uint16_t lid;
@@ -64,6 +77,8 @@ struct ep_file {
 	int n;
 	uint64_t addr;
 	uint32_t rkey;
+	uint64_t load_addr; /* LOAD_BYTES that node0's load writes land in */
+	uint32_t load_rkey;
 	struct ep ep[MAX_QPS];
 };
 
@@ -74,12 +89,14 @@ struct done_file {
 	double t_all; /* CLOCK_REALTIME when the last completion came */
 	long hwm_kb;
 	double heap_mib; /* malloc'd and in use (R2CC's share: with minus without it) */
+	double load_s;	 /* node0: how long the load ran, and the bytes it moved */
+	double load_bytes;
 	char err[160];
 };
 
-static int nqps, npeers, rank, nprocs;
+static int nqps, npeers, rank, nprocs, load_ms, load_gbps = 10;
 static const char *dir;
-static bool preload = true, keep;
+static bool preload = true, keep, fault_down = true;
 
 static double real_s(void)
 {
@@ -197,6 +214,55 @@ static int nccl_join(const char *lib, void **comm)
 	return init(comm, nprocs, uid, rank) ? -EIO : 0;
 }
 
+/* One write of node0's load on queue pair i. */
+static int load_post(struct ibv_qp *qp, int i, const struct ep_file *eps, unsigned char *lbuf,
+		     struct ibv_mr *lmr)
+{
+	int r = peer_of(i);
+	struct ibv_sge sge = {(uintptr_t)lbuf, LOAD_BYTES, lmr->lkey};
+	struct ibv_send_wr w = {.wr_id = (uint64_t)i,
+				.sg_list = &sge,
+				.num_sge = 1,
+				.opcode = IBV_WR_RDMA_WRITE,
+				.send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	w.wr.rdma.remote_addr = eps[r].load_addr;
+	w.wr.rdma.rkey = eps[r].load_rkey;
+	return -qp->context->ops.post_send(qp, &w, &bad);
+}
+
+/* node0's load: LOAD_DEPTH writes of LOAD_BYTES outstanding on every queue pair for
+ * load_ms, each reposted when it completes; then every one of them drained. */
+static int load(struct ibv_qp **qp, int n, struct ibv_cq *cq, const struct ep_file *eps,
+		unsigned char *lbuf, struct ibv_mr *lmr, struct done_file *d)
+{
+	int out = 0, rc;
+	double t0 = real_s(), stop = t0 + load_ms / 1e3, until = stop + WAIT_S;
+	for (int k = 0; k < LOAD_DEPTH * n; k++, out++)
+		if ((rc = load_post(qp[k % n], k % n, eps, lbuf, lmr)))
+			return rc;
+	while (out > 0 && real_s() < until) {
+		struct ibv_wc wc[32];
+		int k = cq->context->ops.poll_cq(cq, 32, wc);
+		for (int j = 0; j < k; j++) {
+			if (wc[j].status != IBV_WC_SUCCESS)
+				return -EIO;
+			out--;
+			d->load_bytes += LOAD_BYTES;
+			int i = (int)wc[j].wr_id;
+			if (real_s() < stop) {
+				if ((rc = load_post(qp[i], i, eps, lbuf, lmr)))
+					return rc;
+				out++;
+			}
+		}
+		if (!k)
+			usleep(50);
+	}
+	d->load_s = real_s() - t0;
+	return out ? -ETIMEDOUT : 0;
+}
+
 static int worker(const char *nccl_lib)
 {
 	static struct ep_file me;
@@ -214,19 +280,23 @@ static int worker(const char *nccl_lib)
 	}
 	int ndev = 0;
 	struct ibv_device **devs = drill_ibv.get_device_list(&ndev);
-	struct ibv_context *ctx[2] = {NULL, NULL};
+	/* With the load, a third NIC: R2CC's fast self-test wants two siblings. */
+	int nnic = load_ms ? 3 : 2;
+	struct ibv_context *ctx[3] = {NULL, NULL, NULL};
 	for (int i = 0; devs && i < ndev; i++) {
 		const char *name = drill_ibv.get_device_name(devs[i]);
-		if (!strcmp(name, "mlx5_0"))
-			ctx[0] = drill_ibv.open_device(devs[i]);
-		else if (!strcmp(name, "mlx5_1"))
-			ctx[1] = drill_ibv.open_device(devs[i]);
+		for (int k = 0; k < nnic; k++) {
+			char want[16];
+			snprintf(want, sizeof(want), "mlx5_%d", k);
+			if (!strcmp(name, want))
+				ctx[k] = drill_ibv.open_device(devs[i]);
+		}
 	}
-	if (!ctx[0] || !ctx[1]) {
-		fail(&d, "open mlx5_0 and mlx5_1", -ENODEV);
+	if (!ctx[0] || !ctx[1] || (nnic > 2 && !ctx[2])) {
+		fail(&d, "open mlx5_0 and mlx5_1 (and mlx5_2)", -ENODEV);
 		goto out;
 	}
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < nnic; i++) {
 		pthread_t t;
 		if (pthread_create(&t, NULL, async_main, ctx[i]) == 0)
 			pthread_detach(t);
@@ -250,6 +320,13 @@ static int worker(const char *nccl_lib)
 	    pd1 && buf
 		? drill_ibv.reg_mr(pd1, buf, blen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
 		: NULL;
+	struct ibv_pd *pd2 = ctx[2] ? drill_ibv.alloc_pd(ctx[2]) : NULL;
+	if (ctx[2] &&
+	    !(pd2 && buf &&
+	      drill_ibv.reg_mr(pd2, buf, blen, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE))) {
+		fail(&d, "PD or MR on mlx5_2", -ENOMEM);
+		goto out;
+	}
 	int depth = n * 2 + 16 < 2048 ? n * 2 + 16 : 2048;
 	struct ibv_cq *cq = drill_ibv.create_cq(ctx[0], depth, NULL, NULL, 0);
 	struct ibv_qp **qp = calloc((size_t)(n ? n : 1), sizeof(*qp));
@@ -260,6 +337,17 @@ static int worker(const char *nccl_lib)
 	me.n = n;
 	me.addr = (uint64_t)(uintptr_t)buf;
 	me.rkey = mr->rkey;
+	unsigned char *lbuf = load_ms ? calloc(1, LOAD_BYTES) : NULL;
+	struct ibv_mr *lmr =
+	    lbuf ? drill_ibv.reg_mr(pd, lbuf, LOAD_BYTES,
+				    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)
+		 : NULL;
+	if (load_ms && !lmr) {
+		fail(&d, "load buffer", -ENOMEM);
+		goto out;
+	}
+	me.load_addr = (uint64_t)(uintptr_t)lbuf;
+	me.load_rkey = lmr ? lmr->rkey : 0;
 	for (int i = 0; i < n; i++) {
 		struct ibv_qp_init_attr ia = {
 		    .send_cq = cq,
@@ -345,6 +433,10 @@ static int worker(const char *nccl_lib)
 				goto out;
 			}
 		}
+	}
+	if (rank == 0 && load_ms && (rc = load(qp, n, cq, eps, lbuf, lmr, &d))) {
+		fail(&d, "load", rc);
+		goto out;
 	}
 	put("rts", rank, &d, 1);
 	/* The fault; then node0 writes on every QP at once and all poll. */
@@ -432,7 +524,12 @@ static pid_t spawn(int r, const char *fabric, const char *self)
 	setenv("SOFTVERBS_FABRIC", fab, 1);
 	setenv("SOFTVERBS_NODE", node, 1);
 	setenv("NCCL_HOSTID", node, 1);
-	setenv("SOFTVERBS_NICS", NICS, 1);
+	char nics[64];
+	snprintf(nics, sizeof(nics), "mlx5_0:%d,mlx5_1:%d,mlx5_2:%d", load_gbps, load_gbps,
+		 load_gbps);
+	setenv("SOFTVERBS_NICS", load_ms ? nics : NICS, 1);
+	if (load_ms)
+		setenv("SOFTVERBS_SHAPING", "1", 1);
 	setenv("SOFTVERBS_TIME_SCALE", "0.01", 1);
 	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
 	snprintf(lp, sizeof(lp), "%s/softverbs", build);
@@ -443,13 +540,43 @@ static pid_t spawn(int r, const char *fabric, const char *self)
 		snprintf(rep, sizeof(rep), "%s/report.%d", dir, r);
 		setenv("R2CC_REPORT", rep, 1);
 	}
-	char rs[16], qs[16], ps[16];
+	char rs[16], qs[16], ps[16], ls[16];
 	snprintf(rs, sizeof(rs), "%d", r);
 	snprintf(qs, sizeof(qs), "%d", nqps);
 	snprintf(ps, sizeof(ps), "%d", npeers);
+	snprintf(ls, sizeof(ls), "%d", load_ms);
 	execl(self, self, "--worker", rs, "--qps", qs, "--peers", ps, "--dir", dir,
-	      preload ? "--preload" : "--no-preload", (char *)NULL);
+	      preload ? "--preload" : "--no-preload", "--load-ms", ls, (char *)NULL);
 	_exit(127);
+}
+
+/* The sum of the numbers following key in buf (JSON: "key":1.5). */
+static double report_sum(const char *buf, const char *key)
+{
+	double v = 0;
+	size_t k = strlen(key);
+	for (const char *p = buf; (p = strstr(p, key)); p += k)
+		v += strtod(p + k, NULL);
+	return v;
+}
+
+/* node0's self-tests (passed, failed, inconclusive) and its incidents detected
+ * before t (a time of day). */
+static void report_tests(double t, double *tests, int *early)
+{
+	char path[PATH_MAX + 64], buf[65536];
+	snprintf(path, sizeof(path), "%s/report.0.json", dir);
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = 0;
+	tests[0] = report_sum(buf, "\"selftests_passed\":");
+	tests[1] = report_sum(buf, "\"selftests_failed\":");
+	tests[2] = report_sum(buf, "\"selftests_inconclusive\":");
+	*early = 0;
+	for (const char *p = buf; (p = strstr(p, "\"detected_unix\":")); p++)
+		*early += strtod(p + 16, NULL) < t;
 }
 
 /* Numbers following key in a report (JSON: "key":1.5). */
@@ -502,7 +629,7 @@ static int run_once(const char *self, int q, int peers, double *out)
 	snprintf(cmd, sizeof(cmd),
 		 "%s/bin/softverbs-ctl --fabric %s fault node0 mlx5_0 down >/dev/null", build,
 		 fabric);
-	if (!bad && preload && system(cmd) != 0)
+	if (!bad && preload && fault_down && system(cmd) != 0)
 		bad = 1;
 	put("fault", 0, &c, 1);
 	struct done_file dn[MAX_PEERS + 1];
@@ -529,6 +656,17 @@ static int run_once(const char *self, int q, int peers, double *out)
 	out[3] = (t_all - t_fault) * 1e3;
 	out[4] = dn[0].hwm_kb / 1024.0;
 	out[5] = dn[0].heap_mib;
+	double tests[3] = {0, 0, 0};
+	int early = 0;
+	if (preload)
+		report_tests(fault_down ? t_fault : 1e300, tests, &early);
+	out[6] = dn[0].load_s > 0 ? dn[0].load_bytes * 8 / dn[0].load_s / 1e9 : 0;
+	out[7] = dn[0].load_s > 0 ? (tests[0] + tests[1] + tests[2]) / dn[0].load_s : 0;
+	out[8] = tests[0];
+	out[9] = tests[1] + tests[2];
+	out[10] = early;
+	if (!fault_down)
+		out[0] = out[1] = -1;
 	snprintf(cmd, sizeof(cmd), "%s/bin/softverbs-ctl --fabric %s reset >/dev/null 2>&1; %s %s",
 		 build, fabric, keep ? "echo kept" : "rm -rf", d);
 	if (system(cmd) != 0)
@@ -545,15 +683,13 @@ static int cmp_d(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {{"qps", required_argument, NULL, 'q'},
-					     {"peers", required_argument, NULL, 'p'},
-					     {"reps", required_argument, NULL, 'r'},
-					     {"worker", required_argument, NULL, 'w'},
-					     {"dir", required_argument, NULL, 'd'},
-					     {"no-preload", no_argument, NULL, 'n'},
-					     {"preload", no_argument, NULL, 'P'},
-					     {"keep", no_argument, NULL, 'k'},
-					     {NULL, 0, NULL, 0}};
+	static const struct option opts[] = {
+	    {"qps", required_argument, NULL, 'q'},     {"peers", required_argument, NULL, 'p'},
+	    {"reps", required_argument, NULL, 'r'},    {"worker", required_argument, NULL, 'w'},
+	    {"dir", required_argument, NULL, 'd'},     {"no-preload", no_argument, NULL, 'n'},
+	    {"preload", no_argument, NULL, 'P'},       {"keep", no_argument, NULL, 'k'},
+	    {"load-ms", required_argument, NULL, 'l'}, {"load-gbps", required_argument, NULL, 'g'},
+	    {"fault", required_argument, NULL, 'f'},   {NULL, 0, NULL, 0}};
 	char *qlist = NULL;
 	int reps = 1, peers = 0, c, wrank = -1;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -582,6 +718,17 @@ int main(int argc, char **argv)
 		case 'k':
 			keep = true;
 			break;
+		case 'l':
+			load_ms = atoi(optarg);
+			break;
+		case 'g':
+			load_gbps = atoi(optarg);
+			break;
+		case 'f':
+			if (strcmp(optarg, "down") && strcmp(optarg, "none"))
+				return 2;
+			fault_down = !strcmp(optarg, "down");
+			break;
 		default:
 			return 2;
 		}
@@ -607,18 +754,24 @@ int main(int argc, char **argv)
 		snprintf(lib, sizeof(lib), "%s/tests/ncclstub/libnccl.so.2", build);
 		return worker(lib);
 	}
-	if (!qlist || reps < 1 || peers < 0 || peers > MAX_PEERS) {
+	if (!qlist || reps < 1 || peers < 0 || peers > MAX_PEERS || load_ms < 0 ||
+	    load_ms > 30000 || load_gbps < 1) {
 		fprintf(stderr,
 			"usage: repair_scale --qps N[,N...] [--peers P (1-%d)] [--reps R] "
-			"[--no-preload]\n",
+			"[--no-preload] [--load-ms MS [--load-gbps G]] [--fault down|none]\n",
 			MAX_PEERS);
 		return 2;
 	}
 	int ok = 1;
-	printf("%6s %6s %9s %10s %10s %12s %10s %10s\n", "qps", "peers", "detect", "repair",
-	       "node0", "delivered", "node0 RSS", "node0 heap");
-	printf("%6s %6s %9s %10s %10s %12s %10s %10s\n", "", "", "ms", "ms (all)", "ms", "ms",
+	printf("%6s %6s %9s %10s %10s %12s %10s %10s", "qps", "peers", "detect", "repair", "node0",
+	       "delivered", "node0 RSS", "node0 heap");
+	if (load_ms)
+		printf(" %8s %9s %7s %7s %6s", "load", "tests", "passed", "not", "false");
+	printf("\n%6s %6s %9s %10s %10s %12s %10s %10s", "", "", "ms", "ms (all)", "ms", "ms",
 	       "MiB", "MiB");
+	if (load_ms)
+		printf(" %8s %9s %7s %7s %6s", "Gb/s", "per s", "", "passed", "repair");
+	printf("\n");
 	for (char *t = strtok(qlist, ","); t; t = strtok(NULL, ",")) {
 		int q = atoi(t);
 		int p = peers ? peers : (q / 8 < 1 ? 1 : q / 8 > MAX_PEERS ? MAX_PEERS : q / 8);
@@ -628,7 +781,7 @@ int main(int argc, char **argv)
 				MAX_QPS);
 			return 2;
 		}
-		double v[16][6];
+		double v[16][11];
 		int got = 0;
 		for (int i = 0; i < reps && i < 16; i++)
 			if (run_once(self, q, p, v[got]) == 0)
@@ -639,20 +792,29 @@ int main(int argc, char **argv)
 			printf("%6d %6d  failed\n", q, p);
 			continue;
 		}
-		double m[6];
-		for (int k = 0; k < 6; k++) {
+		double m[11];
+		for (int k = 0; k < 11; k++) {
 			double col[16];
 			for (int i = 0; i < got; i++)
 				col[i] = v[i][k];
 			qsort(col, (size_t)got, sizeof(double), cmp_d);
 			m[k] = col[got / 2];
 		}
-		if (preload)
-			printf("%6d %6d %9.1f %10.1f %10.1f %12.1f %10.1f %10.1f\n", q, p, m[0],
-			       m[1], m[2], m[3], m[4], m[5]);
+		if (preload && fault_down)
+			printf("%6d %6d %9.1f %10.1f %10.1f %12.1f %10.1f %10.1f", q, p, m[0], m[1],
+			       m[2], m[3], m[4], m[5]);
 		else
-			printf("%6d %6d %9s %10s %10s %12s %10.1f %10.1f\n", q, p, "-", "-", "-",
-			       "-", m[4], m[5]);
+			printf("%6d %6d %9s %10s %10s %12s %10.1f %10.1f", q, p, "-", "-", "-", "-",
+			       m[4], m[5]);
+		/* a repair before the fault, in any run, is a false one */
+		int false_repairs = 0;
+		for (int i = 0; i < got; i++)
+			false_repairs += (int)v[i][10];
+		if (load_ms)
+			printf(" %8.2f %9.1f %7.0f %7.0f %6d", m[6], m[7], m[8], m[9],
+			       false_repairs);
+		ok = ok && !false_repairs;
+		printf("\n");
 		fflush(stdout);
 	}
 	return ok ? 0 : 1;

@@ -3,7 +3,8 @@
 # registration time, directory memory and the repair storm for 64 to 8,192
 # ranks (r2cc-ctl-load, the real control plane); repair time after detection
 # for 8 to 1,000 queue pairs on one NIC over the soft device (repair_scale),
-# and the same set-up without R2CC for the memory it adds.
+# the same set-up without R2CC for the memory it adds; and the NIC self-tests
+# (stall probes) per second while 64 to 1,000 queue pairs on one NIC all wait.
 set -eu
 B=${BUILD:-build}
 echo "== control plane: ranks registered, NICs reported, peers looked up, repair storm"
@@ -16,3 +17,6 @@ echo "== the same over 8 peers (fewer processes on the machine's cores)"
 "$B"/tests/bench/repair_scale --qps 8,64,512,1000 --peers 8 --reps 3
 echo "== the same set-up without R2CC (node0's memory without it)"
 "$B"/tests/bench/repair_scale --qps 8,512,1000 --no-preload
+echo "== NIC self-tests while every queue pair waits: N queue pairs kept busy for 3 s with 64 KB"
+echo "   writes, two outstanding each, over NICs shaped to 10 Gb/s (no fault: none may repair)"
+"$B"/tests/bench/repair_scale --qps 64,512,1000 --load-ms 3000 --fault none

@@ -60,8 +60,8 @@ expect() {
 
 # --- 1: committed r2cc-perf logs: two sweeps, the shaped run's NIC table ---
 out=$tmp/committed
-$PLOT -o "$out" logs/softverbs/allreduce-float-sum-2x1.log logs/strategies/ar2-float-sum-4x1.log \
-	logs/softverbs/shaped-3x25-allreduce-1G.log >"$tmp/1.out" 2>"$tmp/1.err" ||
+$PLOT -o "$out" tests/plot/data/allreduce-float-sum-2x1.log tests/plot/data/ar2-float-sum-4x1.log \
+	tests/plot/data/shaped-3x25-allreduce-1G.log >"$tmp/1.out" 2>"$tmp/1.err" ||
 	fail "committed logs: exit $? ($(cat "$tmp/1.err"))"
 check_png "$out/busbw.png" "$out/iters-shaped-3x25-allreduce-1G.png"
 expect "$tmp/1.out" "bytes | allreduce-float-sum-2x1 | ar2-float-sum-4x1 | shaped-3x25-allreduce-1G"
@@ -197,12 +197,12 @@ expect "$tmp/4.out" "iter 4: 170 ms (MB: mlx5_0_RX 537 mlx5_2_RX 0"
 grep -q "^=====" "$tmp/4.out" && fail "a busbw table was printed without sweeps"
 
 # --- 5: nothing to plot, missing file, bad arguments: a message and a status, no traceback ---
-grep -v '^ *[0-9]' logs/softverbs/shaped-3x25-allreduce-1G.log | grep -v '^Iter' >"$tmp/empty.log"
+grep -v '^ *[0-9]' tests/plot/data/shaped-3x25-allreduce-1G.log | grep -v '^Iter' >"$tmp/empty.log"
 $PLOT -o "$tmp/none" "$tmp/empty.log" >"$tmp/5.out" 2>"$tmp/5.err"
 st=$?
 [ $st -eq 1 ] || fail "empty log: exit $st, want 1"
 grep -q "empty.log: nothing to plot" "$tmp/5.err" || fail "empty log: no clear message"
-$PLOT -o "$tmp/none" "$tmp/empty.log" logs/softverbs/fault-down.log >"$tmp/6.out" 2>"$tmp/6.err"
+$PLOT -o "$tmp/none" "$tmp/empty.log" tests/plot/data/fault-down.log >"$tmp/6.out" 2>"$tmp/6.err"
 st=$?
 [ $st -eq 1 ] || fail "empty logs: exit $st, want 1"
 grep -q "fault-down.log: nothing to plot .*the run stopped before its first result" "$tmp/6.err" ||

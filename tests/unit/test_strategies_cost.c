@@ -125,7 +125,7 @@ Test(cost, auto_choice)
 	cr_assert_gt(r2cc_cost_crossover_bytes(&design, 4, 4, 1, 16), x);
 }
 
-/* The installed fit (strategies/cost.c, logs/strategies/ar2-vs-balance/fit.txt):
+/* The installed fit (strategies/cost.c, strategies/fit/fit.txt):
  * constants that R2CC_COST_MODEL would accept, R2CC-AllReduce's bytes dearer
  * than Balance's as measured, and the choices the README states. */
 Test(cost, fitted_defaults)
