@@ -102,6 +102,7 @@ lint: all
 	clang-format --dry-run --Werror $(FORMAT_SRCS)
 	tests/lint/layers.py
 	tests/preload/exports.sh $(BUILD)
+	tests/lint/links.py
 	cppcheck --quiet --error-exitcode=1 --std=c11 --enable=warning,performance,portability \
 	  --suppress=missingIncludeSystem -I. $(LIBR2CC_SRCS)
 

@@ -1,7 +1,7 @@
 /* How the processes of an r2cc-perf job come to be: started by a launcher (mpirun,
  * srun, torchrun, which tell each process its rank through the environment), or by
  * r2cc-perf itself with --nodes N --gpus-per-node G (one emulated node per NCCL_HOSTID
- * on this host, DESIGN.md section 6).
+ * on this host, docs/architecture.md, Multi-node on one machine).
  */
 #ifndef R2CC_BENCH_PERF_LAUNCH_H
 #define R2CC_BENCH_PERF_LAUNCH_H

@@ -953,7 +953,8 @@ static void setup(int argc, char **argv)
 	CUDA_CHECK(cudaGetDeviceCount(&nvis));
 	/* first GPU: R2CC_PERF_DEVICE (set by the spawner: the rank, so that emulated nodes
 	 * spread over the GPUs) or NCCL_TESTS_DEVICE, else the local rank's; modulo the
-	 * visible GPUs, so several ranks may share one (DESIGN.md section 6) */
+	 * visible GPUs, so several ranks may share one
+	 * (docs/architecture.md, Multi-node on one machine) */
 	const char *devenv = getenv("R2CC_PERF_DEVICE");
 	if (!devenv || !*devenv)
 		devenv = getenv("NCCL_TESTS_DEVICE");

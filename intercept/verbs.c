@@ -824,7 +824,7 @@ static int wrap_ibv_dereg_mr(struct ibv_mr *mr)
 }
 
 /*
- * A dead device refused NCCL a CQ or a QP (DESIGN.md section 4: QPs on a failed
+ * A dead device refused NCCL a CQ or a QP (docs/architecture.md, Hot repair: QPs on a failed
  * NIC are virtual from birth): the object is made on a healthy sibling instead
  * (r2cc_repair_stand_in), and recorded as the dead NIC's. A stand-in CQ is polled
  * as NCCL's CQ (the completions of its QPs' new paths come through it); a stand-in

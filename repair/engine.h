@@ -1,5 +1,5 @@
 /*
- * Hot repair (DESIGN.md §4): the health monitor and the migration engine.
+ * Hot repair (docs/architecture.md, Hot repair): the health monitor and the migration engine.
  *
  * The verbs wrappers (intercept/verbs.c) call in here at four places:
  *  - QP/CQ creation and destruction (control path): the QP's shadow and the
@@ -135,7 +135,7 @@ int r2cc_repair_send_refused(struct r2cc_qp *q, int rc, struct ibv_send_wr **bad
 int r2cc_repair_recv_refused(struct r2cc_qp *q, int rc, struct ibv_recv_wr **bad);
 /* NCCL's ibv_modify_qp of q to INIT, RTR or RTS was refused with rc: if the device is
  * dead (-EIO, -ENETDOWN) and hot repair has q, its NIC has failed and the QP is virtual
- * from birth (DESIGN.md section 4): true, and the caller reports success and keeps
+ * from birth (docs/architecture.md, Hot repair): true, and the caller reports success and keeps
  * the attributes; the QP migrates when NCCL moves it to RTS. false: rc is NCCL's. */
 bool r2cc_repair_modify_refused(struct r2cc_qp *q, int rc, int to_state);
 /* NCCL's ibv_create_cq or ibv_create_qp on dead's device was refused with rc: if

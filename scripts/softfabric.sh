@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts: the environment that runs NCCL's own IB transport
-# over the software RDMA device (softverbs/), as DESIGN.md §7 describes.
+# over the software RDMA device (softverbs/), as docs/softfabric.md describes.
 #   softfabric_env NICSPEC [NAME]   e.g. softfabric_env mlx5_0:25,mlx5_2:25,mlx5_3:25
 # Sets LD_LIBRARY_PATH (device first), SOFTVERBS_*, NCCL_* and writes the
 # topology file; NCCL_HOSTID/SOFTVERBS_NODE are set per rank by the launcher.

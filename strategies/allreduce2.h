@@ -1,5 +1,5 @@
 /*
- * R2CC-AllReduce (DESIGN.md section 5): an AllReduce on a communicator with
+ * R2CC-AllReduce (docs/architecture.md, R2CC-AllReduce): an AllReduce on a communicator with
  * one degraded node, rewritten into stock NCCL calls so that the degraded node
  * moves less data.
  *

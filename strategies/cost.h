@@ -15,7 +15,7 @@
  *   mode 3 R2CC-AR   alpha + 2 * ar2_stage + K * ar2_chunk
  *                    + ar2_beta * L * (1 + n X / (2 (n-1) (1-X)))
  *
- * so that for large S, T/T0 tends to the closed forms of DESIGN.md section 5
+ * so that for large S, T/T0 tends to the closed forms of docs/architecture.md (Cost model)
  * (equal for Balance and R2CC-AllReduce at n = 2; 1.5 vs 1.375 at n = 3,
  * X = 1/3), while the fixed terms make Balance win for small messages.
  *

@@ -9,7 +9,7 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 # value of a strategy's T/T0 column
 ratio() { awk -v s="$1" 'index($0, s) == 1 { print $(NF - 1) }'; }
 
-# DESIGN.md 5's model (equal cost per byte): the closed forms at large sizes
+# The model of docs/architecture.md (Cost model) (equal cost per byte): the closed forms at large sizes
 design=alpha_us=20,beta_us_per_byte=0.0000888889,ar2_beta_us_per_byte=0.0000888889,ar2_stage_us=20,ar2_chunk_us=20
 out=$("$plan" --nodes 3 --nics 3 --failed 1 --bytes 4G --model $design) || fail "plan exit status $?"
 [ "$(ratio "mode 2 Balance" <<<"$out")" = 1.500 ] || fail "Balance at n=3 X=1/3: $out"

@@ -223,7 +223,7 @@ static void check_repair(struct dr_state *st)
 			   other_active);
 		dr_explain(c,
 			   "repair depends on R2CC opening those NICs itself as backup paths "
-			   "(DESIGN.md section 4)",
+			   "(docs/architecture.md, Hot repair)",
 			   "include them in NCCL_IB_HCA");
 	} else if (!st->r2cc_lib[0]) {
 		c = dr_add(st, DR_SEC_REPAIR, DR_FAIL, "verdict",

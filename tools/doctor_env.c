@@ -105,7 +105,7 @@ static void check_topo_file(struct dr_state *st, bool soft)
 			   "unset, but the NICs are soft devices without a PCI path");
 		dr_explain(c,
 			   "NCCL stops with \"Could not find any local path from gpu 0 to net\" "
-			   "(DESIGN.md section 7)",
+			   "(docs/architecture.md, The software RDMA device)",
 			   "softverbs/topo.sh%s > /tmp/r2cc-topo.xml; export "
 			   "NCCL_TOPO_FILE=/tmp/r2cc-topo.xml",
 			   soft_nic_list(st));
@@ -476,7 +476,7 @@ void dr_check_nccl(struct dr_state *st)
 				   "NCCL repairs inside fused virtual NICs itself; R2CC must not "
 				   "act on the same errors, so the library turns its hot repair "
 				   "off for the process, with one warning in the log (counters and "
-				   "reports stay; DESIGN.md section 3)",
+				   "reports stay; docs/architecture.md)",
 				   "unset %s to let R2CC repair (across rails, several NICs, "
 				   "Balance, R2CC-AllReduce), or R2CC_MODE=0 to rely on NCCL's",
 				   res[i]);
@@ -596,7 +596,7 @@ void dr_check_nccl(struct dr_state *st)
 			dr_explain(c,
 				   "NCCL 2.28's automatic GPU-initiated-networking selection "
 				   "dereferences an invalid pointer with such devices: the "
-				   "process crashes in ncclNetPluginInit (DESIGN.md section 7)",
+				   "process crashes in ncclNetPluginInit (docs/architecture.md)",
 				   "export NCCL_GIN_TYPE=2");
 		}
 	}
@@ -605,8 +605,9 @@ void dr_check_nccl(struct dr_state *st)
 		c = dr_add(st, DR_SEC_NCCL, DR_FAIL, "soft+real",
 			   "%d soft device(s) next to %d real NIC(s)", nsoft, nall - nsoft);
 		dr_explain(c,
-			   "path-less soft devices must never be mixed with real NICs (DESIGN.md "
-			   "section 3): NCCL's topology and R2CC's placement would be wrong",
+			   "path-less soft devices must never be mixed with real NICs "
+			   "(docs/architecture.md, The software RDMA device): NCCL's topology and "
+			   "R2CC's placement would be wrong",
 			   "use one or the other: drop build/softverbs from LD_LIBRARY_PATH on "
 			   "real hardware");
 	}

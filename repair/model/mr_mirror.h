@@ -1,5 +1,5 @@
 /*
- * Key translation for hot repair (DESIGN.md §4, migration step 4): a mirror of
+ * Key translation for hot repair (docs/architecture.md, Hot repair, step 6): a mirror of
  * every memory region NCCL registers, on every other NIC the process has
  * opened, and the peer's rkey map fetched over the control plane.
  *

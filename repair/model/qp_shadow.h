@@ -2,7 +2,7 @@
  * The shadow of one queue pair: every work request NCCL posted on it that has
  * not yet been retired by a completion, copied at post time, and the plan that
  * turns that shadow into an exactly-once re-post on a new queue pair when the
- * old one has failed (DESIGN.md §4, "Migration, exactly once").
+ * old one has failed (docs/architecture.md, Hot repair, "Migration, exactly once").
  *
  * The shadow is pure bookkeeping: it posts nothing, reads no NCCL state and
  * calls no verbs function. intercept/verbs.c records into it from the
@@ -42,7 +42,7 @@
  * After any refused record (atomic, too many SGEs, inline too long, ring full)
  * the shadow is BROKEN for good: it no longer mirrors the QP, so the QP cannot
  * be repaired; r2cc_qp_shadow_plan_build() returns the error and the caller
- * fails that QP cleanly (DESIGN.md: never guess).
+ * fails that QP cleanly (docs/architecture.md: never guess).
  *
  * --- The plan --------------------------------------------------------------------
  * Inputs: this shadow, quiesced after the CQ drain (every successful completion

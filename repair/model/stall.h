@@ -1,6 +1,6 @@
 /*
  * What a wait on a NIC is explained by: the node's load model for hot repair's
- * stall scan (DESIGN.md §4: a stall is no progress that the queue cannot
+ * stall scan (docs/architecture.md, Hot repair: a stall is no progress that the queue cannot
  * explain, never a fixed age).
  *
  * Per NIC it keeps the bytes the node has posted and not seen complete (every

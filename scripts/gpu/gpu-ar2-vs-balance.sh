@@ -10,7 +10,7 @@
 #   scripts/gpu/gpu-ar2-vs-balance.sh [LOGDIR] [ROUNDS]
 # SHAPES="4x1" runs one shape only; ANALYSE_ONLY=1 prints the tables of LOGDIR's runs
 # without running anything. Columns 'closed' and 'fitted' are the ratio the cost model
-# predicts: DESIGN.md 5's closed form (no fixed costs, equal cost per byte) and the
+# predicts: the closed form of docs/architecture.md (Cost model) (no fixed costs, equal cost per byte) and the
 # installed fit (r2cc-plan's default constants).
 # In shapes where ranks share a GPU (4x1 on 2 GPUs), run it under scripts/gpu/with-mps.sh.
 set -u

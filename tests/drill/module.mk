@@ -11,7 +11,7 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:3 \
 	       60@$(DRILL):--fault:slow:--seeds:2 \
 	       60@$(DRILL):--fault:none:--seeds:1:--nccl-stub \
 	       60@$(DRILL_TDIR)/expect-fail.sh:corrupt:$(DRILL):--fault:none:--seeds:1:--selftest-corrupt
-# NCCL's own port failover on (DESIGN.md section 3): for a release that reads the variable
+# NCCL's own port failover on (docs/architecture.md, Interposition facts): for a release that reads the variable
 # (the drill's default pattern, 2.30, reports 2.30.3) R2CC steps aside, so the drill fails
 # with the error completions the application gets (plain verbs: a peer that only receives
 # may then wait for ever, as under plain NCCL); for 2.28, which ignores it, R2CC repairs

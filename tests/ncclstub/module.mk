@@ -3,7 +3,7 @@
 # under old/) that checks every NCCL call, bare and under LD_PRELOAD=$(LIBR2CC).
 #
 # NCCLSTUB_EXPECT_WRAPPED=1 adds the entry that requires libr2cc.so to interpose the NCCL
-# functions DESIGN.md section 3 lists (switch it on once the wrappers are in).
+# functions docs/architecture.md (Interposition facts) lists (switch it on once the wrappers are in).
 
 NCCLSTUB_EXPECT_WRAPPED ?= 1
 

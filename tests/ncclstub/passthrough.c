@@ -1151,7 +1151,7 @@ static void check_teardown(const struct comms *cs)
 	comm_end("ncclCommDestroy, 1-rank comm", NCCLSTUB_ncclCommDestroy, cs->one, ncclSuccess);
 }
 
-/* Names the design says a wrapper must interpose (DESIGN.md section 3). */
+/* Names the design says a wrapper must interpose (docs/architecture.md, Interposition facts). */
 static const char *const must_wrap[] = {
     "ncclGetUniqueId", "ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable",
     "ncclCommInitAll", "ncclCommSplit",	   "ncclCommShrink",	     "ncclCommDestroy",
@@ -1290,7 +1290,7 @@ static void usage(const char *prog)
 	    stderr,
 	    "usage: %s [--expect-direct | --expect-wrapped] [--strict] [--inject=KIND]\n"
 	    "  --expect-direct   every NCCL function must resolve to the stub (no preload)\n"
-	    "  --expect-wrapped  the functions DESIGN.md says to wrap must resolve to libr2cc.so\n"
+	    "  --expect-wrapped  the functions R2CC must wrap must resolve to libr2cc.so\n"
 	    "  --strict          no extra call at all, unique ids unchanged (for R2CC_MODE=0)\n"
 	    "  --inject=KIND     plant one wrong expectation; the run must then fail (exit 1):\n"
 	    "                    arg, id, result, out, missing, extra\n"

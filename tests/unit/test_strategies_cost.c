@@ -9,7 +9,7 @@
 
 #define EPS 1e-12
 
-/* The model of DESIGN.md 5 (equal cost per byte for both strategies, small fixed
+/* The model of docs/architecture.md (equal cost per byte for both strategies, small fixed
  * costs): the closed forms are its large-message limits. The shipped defaults
  * are a fit to one fabric and are checked on their own below. */
 static const struct r2cc_cost_model design = {
