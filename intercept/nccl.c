@@ -19,7 +19,6 @@
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/log.h"
-#include "strategies/failview.h"
 
 #include <nccl.h>
 #include <pthread.h>
@@ -129,7 +128,7 @@ static bool on_create(void)
 	note_version();
 	__atomic_store_n(&r2cc_comm_nodes_hook, r2cc_net_nodes, __ATOMIC_RELEASE);
 	if (r2cc_active() && !__atomic_exchange_n(&armed, 1, __ATOMIC_ACQ_REL))
-		r2cc_strategies_init();
+		r2cc_nccl_first_comm(); /* the strategies arm themselves */
 	return r2cc_active();
 }
 
