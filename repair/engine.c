@@ -239,6 +239,12 @@ void r2cc_repair_release_dir(struct r2cc_ctl_dir *dir)
 	free(rd);
 }
 
+const struct r2cc_job_dir_ops r2cc_repair_dir_ops = {
+    .take = r2cc_repair_enabled,
+    .add = r2cc_repair_add_dir,
+    .release = r2cc_repair_release_dir,
+};
+
 /* Frees the released directories no live queue pair refers to. Under r2cc_eng.mu. */
 static void dirs_sweep_locked(void)
 {
