@@ -18,6 +18,8 @@
  *   path.c       the new QP there, connected with the old one's path attributes
  *   wire.c,      the exchange with the peer's engine (its messages, and the
  *   exchange.c   protocol: REQ, REP, GO, NACK)
+ *   landed.c     the clear-to-send writes that landed at the peer, asked about
+ *                and not re-posted
  *   migrate.c    the exactly-once commit, then done or failed
  *   vcq.c, post.c  the data path of a moved QP, under NCCL's own objects
  *   failback.c   the NIC comes back, and the QPs with it

@@ -36,10 +36,6 @@ MODEL_STEMS = re.compile(r"^(qp_shadow|mr_mirror|cts|ledger|stall)$")
 # includer may be named by its path before and after the move of the control
 # plane and the models out of repair/.
 EXCEPTIONS = [
-    (("repair/cts.c", "repair/model/cts.c"), "repair/engine_priv.h",
-     "the clear-to-send check reads and queues through the engine's QP records (r2cc_rqp)"),
-    (("repair/cts.c", "repair/model/cts.c"), "intercept/netplugin.h",
-     "the IB plugin's clear-to-send layout by its API versions (R2CC_IBEXT_API_MIN/MAX)"),
 ]
 
 
