@@ -5,12 +5,13 @@
  * Each communicator's directory is remembered here (comm -> directory) until
  * the communicator is destroyed, when hot repair releases it; a communicator
  * destroyed before its registration finished has its directory released as
- * soon as it comes. Lock order: reg_lock before the communicator registry's
+ * soon as it comes. The hand-over goes through the ops the NCCL door sets
+ * (job.h, struct r2cc_job_dir_ops): hot repair sits above the control plane.
+ * Lock order: reg_lock before the communicator registry's
  * writer lock.
  */
 #include "ctl/job.h"
 #include "ctl/ctl.h"
-#include "repair/engine.h"
 #include "ctl/hmap.h"
 #include "shim/comm.h"
 #include "shim/core.h"
@@ -46,6 +47,14 @@ static pthread_cond_t reg_cond = PTHREAD_COND_INITIALIZER;
 static int in_flight;
 static struct r2cc_job_reg *regs;    /* in flight, under reg_lock */
 static struct r2cc_hmap dir_of_comm; /* comm -> its directory, under reg_lock */
+
+/* Set by the NCCL door before its first registration (job.h). */
+static const struct r2cc_job_dir_ops *dir_ops;
+
+void r2cc_job_set_dir_ops(const struct r2cc_job_dir_ops *ops)
+{
+	__atomic_store_n(&dir_ops, ops, __ATOMIC_RELEASE);
+}
 
 static void regs_unlink_locked(struct r2cc_job_reg *reg)
 {
@@ -83,8 +92,9 @@ static void reg_finish(struct r2cc_job_reg *reg)
 	/* Hot repair finds and reaches peers through the directories, while the
 	 * communicator lives. */
 	regs_unlink_locked(reg);
-	if (reg->dir && reg->comm && !reg->comm_gone && r2cc_repair_enabled()) {
-		r2cc_repair_add_dir(reg->dir);
+	const struct r2cc_job_dir_ops *ops = __atomic_load_n(&dir_ops, __ATOMIC_ACQUIRE);
+	if (reg->dir && reg->comm && !reg->comm_gone && ops && ops->take()) {
+		ops->add(reg->dir);
 		if (r2cc_hmap_put(&dir_of_comm, (uint64_t)(uintptr_t)reg->comm, reg->dir))
 			R2CC_WARN("comm %p: out of memory; its directory stays until exit",
 				  reg->comm);
@@ -103,8 +113,9 @@ void r2cc_job_comm_gone(void *comm)
 		if (r->comm == comm)
 			r->comm_gone = true;
 	pthread_mutex_unlock(&reg_lock);
+	/* only a directory the ops took is in dir_of_comm */
 	if (dir)
-		r2cc_repair_release_dir(dir);
+		__atomic_load_n(&dir_ops, __ATOMIC_ACQUIRE)->release(dir);
 }
 
 static void *reg_thread(void *arg)

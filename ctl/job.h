@@ -11,7 +11,25 @@
 
 #include <stdbool.h>
 
+struct r2cc_ctl_dir;
 struct r2cc_job_reg;
+
+/*
+ * Where a communicator's directory goes once its registration is done: hot
+ * repair keeps it for finding and reaching peers while the communicator lives
+ * (repair/engine.h, r2cc_repair_dir_ops). The control plane sits below the
+ * engine and does not call it by name: the NCCL door, which knows both, sets
+ * these before it begins any registration. Unset, or while take() says no, a
+ * directory is left and freed when its registration is done.
+ */
+struct r2cc_job_dir_ops {
+	bool (*take)(void);			   /* directories are wanted now */
+	void (*add)(struct r2cc_ctl_dir *dir);	   /* takes ownership */
+	void (*release)(struct r2cc_ctl_dir *dir); /* its communicator is gone */
+};
+
+/* Sets the hand-over (the same ops every time; may be called again). */
+void r2cc_job_set_dir_ops(const struct r2cc_job_dir_ops *ops);
 
 /* After the real ncclGetUniqueId: write the rendezvous into bytes 40-127. */
 void r2cc_job_stamp(unsigned char id[128]);

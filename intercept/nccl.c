@@ -13,13 +13,13 @@
  */
 #include "intercept/nccl_real.h"
 #include "intercept/netcheck.h"
-#include "repair/drill.h"
 #include "ctl/job.h"
+#include "repair/drill.h"
+#include "repair/engine.h"
 #include "shim/comm.h"
 #include "shim/common.h"
 #include "shim/core.h"
 #include "shim/log.h"
-#include "strategies/failview.h"
 
 #include <nccl.h>
 #include <pthread.h>
@@ -128,8 +128,10 @@ static bool on_create(void)
 		return false;
 	note_version();
 	__atomic_store_n(&r2cc_comm_nodes_hook, r2cc_net_nodes, __ATOMIC_RELEASE);
+	/* before any registration begins, on every thread that may begin one */
+	r2cc_job_set_dir_ops(&r2cc_repair_dir_ops);
 	if (r2cc_active() && !__atomic_exchange_n(&armed, 1, __ATOMIC_ACQ_REL))
-		r2cc_strategies_init();
+		r2cc_nccl_first_comm(); /* the strategies arm themselves */
 	return r2cc_active();
 }
 

@@ -2,7 +2,7 @@
  * NCCL as R2CC reaches it (nccl_real.h): the real functions, found where NCCL
  * is, the hook pointers and the thread's group depth. The NCCL door
  * (intercept/nccl.c) and the strategies (strategies/) share this; it calls
- * neither.
+ * neither by name (the strategies set their first-communicator step).
  */
 #include "intercept/nccl_real.h"
 #include "shim/common.h"
@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,6 +27,31 @@ r2cc_allreduce_hook_fn r2cc_allreduce_hook;
 r2cc_comm_release_fn r2cc_comm_release_hook;
 r2cc_comm_async_error_fn r2cc_comm_async_error_hook;
 __thread int r2cc_nccl_groups;
+
+static pthread_mutex_t first_comm_lock = PTHREAD_MUTEX_INITIALIZER;
+static r2cc_nccl_first_comm_fn first_comm_step; /* under first_comm_lock */
+static bool first_comm_came;			/* under first_comm_lock */
+
+void r2cc_nccl_at_first_comm(r2cc_nccl_first_comm_fn fn)
+{
+	pthread_mutex_lock(&first_comm_lock);
+	bool now = first_comm_came;
+	if (!now)
+		first_comm_step = fn;
+	pthread_mutex_unlock(&first_comm_lock);
+	if (now)
+		fn();
+}
+
+void r2cc_nccl_first_comm(void)
+{
+	pthread_mutex_lock(&first_comm_lock);
+	first_comm_came = true;
+	r2cc_nccl_first_comm_fn fn = first_comm_step;
+	pthread_mutex_unlock(&first_comm_lock);
+	if (fn)
+		fn();
+}
 
 int r2cc_nccl_group_depth(void)
 {

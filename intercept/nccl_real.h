@@ -35,6 +35,19 @@ extern r2cc_comm_release_fn r2cc_comm_release_hook;
 typedef int (*r2cc_comm_async_error_fn)(struct r2cc_comm *c);
 extern r2cc_comm_async_error_fn r2cc_comm_async_error_hook;
 
+/*
+ * A step the door runs once, when the first communicator is created with R2CC
+ * active: the strategies arm themselves so (strategies/failview.c), set from
+ * their constructor. NCCL may be called before this library's constructors have
+ * run (shim/core.c): a step set after the first communicator came runs at once,
+ * so that it is never missed. Returns 0 or a negative errno, which nobody reads
+ * (a step logs its own failure).
+ */
+typedef int (*r2cc_nccl_first_comm_fn)(void);
+void r2cc_nccl_at_first_comm(r2cc_nccl_first_comm_fn fn);
+/* The door, once: runs the step if one is set. */
+void r2cc_nccl_first_comm(void);
+
 /* Depth of ncclGroupStart nesting on this thread (the door's count). */
 extern __thread int r2cc_nccl_groups;
 int r2cc_nccl_group_depth(void);

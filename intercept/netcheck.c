@@ -5,6 +5,7 @@
  */
 #include "intercept/netcheck.h"
 #include "intercept/netplugin.h"
+#include "repair/model/cts.h"
 #include "shim/log.h"
 #include "shim/protect.h"
 

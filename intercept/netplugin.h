@@ -16,10 +16,8 @@
 
 #define R2CC_NETPLUGIN_CANDIDATES 8  /* names tried, at most */
 #define R2CC_NETPLUGIN_API_MAX	  12 /* the newest ncclNetPlugin_vN looked for */
-/* nccl-rdma-sharp-plugins' releases whose clear-to-send layout R2CC knows: those that
- * export net API v9 to v11 (synced with NCCL 2.24-2.28; repair/model/cts.c). */
-#define R2CC_IBEXT_API_MIN 9
-#define R2CC_IBEXT_API_MAX 11
+/* The releases of nccl-rdma-sharp-plugins whose clear-to-send layout R2CC knows:
+ * R2CC_IBEXT_API_MIN/MAX, repair/model/cts.h. */
 
 struct r2cc_netplugin {
 	char file[256]; /* the name NCCL dlopen()s, as tried */

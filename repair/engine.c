@@ -18,6 +18,8 @@
  *   path.c       the new QP there, connected with the old one's path attributes
  *   wire.c,      the exchange with the peer's engine (its messages, and the
  *   exchange.c   protocol: REQ, REP, GO, NACK)
+ *   landed.c     the clear-to-send writes that landed at the peer, asked about
+ *                and not re-posted
  *   migrate.c    the exactly-once commit, then done or failed
  *   vcq.c, post.c  the data path of a moved QP, under NCCL's own objects
  *   failback.c   the NIC comes back, and the QPs with it
@@ -238,6 +240,12 @@ void r2cc_repair_release_dir(struct r2cc_ctl_dir *dir)
 	/* Out of memory for the list: kept for good rather than freed while used. */
 	free(rd);
 }
+
+const struct r2cc_job_dir_ops r2cc_repair_dir_ops = {
+    .take = r2cc_repair_enabled,
+    .add = r2cc_repair_add_dir,
+    .release = r2cc_repair_release_dir,
+};
 
 /* Frees the released directories no live queue pair refers to. Under r2cc_eng.mu. */
 static void dirs_sweep_locked(void)

@@ -42,6 +42,7 @@
 #define R2CC_REPAIR_ENGINE_H
 
 #include "ctl/ctl.h"
+#include "ctl/job.h"
 #include "shim/registry.h"
 
 #include <infiniband/verbs.h>
@@ -110,6 +111,9 @@ void r2cc_repair_set_verbs(const struct r2cc_repair_verbs *v);
 void r2cc_repair_add_dir(struct r2cc_ctl_dir *dir);
 /* Its communicator is gone: the directory is left and freed once unused. */
 void r2cc_repair_release_dir(struct r2cc_ctl_dir *dir);
+/* The three above, for the job table's hand-over (ctl/job.h): the NCCL door sets
+ * them before its first registration. */
+extern const struct r2cc_job_dir_ops r2cc_repair_dir_ops;
 
 /* Control path. */
 void r2cc_repair_cq_created(struct r2cc_cq *c);

@@ -656,7 +656,7 @@ int r2cc_wire_send(const struct r2cc_ctl_dir *dir, int rank, const struct rep_wi
 /* Records for the entry r2cc_out_add() gave last to (dir, rank): 0 or -ENOMEM. */
 int r2cc_out_cts(struct outboxes *o, const struct r2cc_ctl_dir *dir, int rank,
 		 const struct rep_cts *c, int n);
-/* repair/model/cts.c. After the fence: this side's queries (their number, or -ENOMEM:
+/* repair/landed.c. After the fence: this side's queries (their number, or -ENOMEM:
  * none); the answers to the queries of entry `entry` of in, into the entry last
  * added for (dir, rank); the answers for r in entry `entry` of in, kept; the plan's
  * landed writes dropped; all of it forgotten. */

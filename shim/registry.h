@@ -93,7 +93,7 @@ struct r2cc_mr {
 	int access;
 	/* atomic: [addr, addr+len) is host memory this process can read (a small VA
 	 * registration, probed when it was made): hot repair reads NCCL's
-	 * clear-to-send elements there (repair/model/cts.c) */
+	 * clear-to-send elements there (repair/landed.c) */
 	int host_ok;
 };
 

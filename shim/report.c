@@ -85,10 +85,10 @@ void r2cc_report_write(FILE *text, FILE *json)
 		    __atomic_load_n(&r2cc_report_stalls_hook, __ATOMIC_ACQUIRE);
 		if (stalls)
 			stalls(text, NULL);
-		void (*drill)(FILE *, FILE *) =
+		void (*drill_fn)(FILE *, FILE *) =
 		    __atomic_load_n(&r2cc_report_drill_hook, __ATOMIC_ACQUIRE);
-		if (drill)
-			drill(text, NULL);
+		if (drill_fn)
+			drill_fn(text, NULL);
 	}
 	if (json) {
 		fprintf(
@@ -124,11 +124,11 @@ void r2cc_report_write(FILE *text, FILE *json)
 			fprintf(json, ",\"stall_scan\":");
 			stalls(NULL, json);
 		}
-		void (*drill)(FILE *, FILE *) =
+		void (*drill_fn)(FILE *, FILE *) =
 		    __atomic_load_n(&r2cc_report_drill_hook, __ATOMIC_ACQUIRE);
-		if (drill) {
+		if (drill_fn) {
 			fprintf(json, ",\"drill\":");
-			drill(NULL, json);
+			drill_fn(NULL, json);
 		}
 		fprintf(json, "}\n");
 	}

@@ -652,3 +652,9 @@ int r2cc_strategies_init(void)
 		  r2cc_param.ar_schedule, (unsigned long long)r2cc_param.ar_min_bytes);
 	return 0;
 }
+
+/* The NCCL door runs it at the first communicator (intercept/nccl_real.h). */
+__attribute__((constructor)) static void strategies_constructor(void)
+{
+	r2cc_nccl_at_first_comm(r2cc_strategies_init);
+}

@@ -6,9 +6,9 @@
 #ifndef R2CC_STRATEGIES_FAILVIEW_H
 #define R2CC_STRATEGIES_FAILVIEW_H
 
-/* Called once, when the first communicator is created with R2CC active:
- * arms the hook when the mode and the declared failures call for it.
- * Returns 0 or -EINVAL. */
+/* Called once, when the first communicator is created with R2CC active (the
+ * NCCL door's first-communicator step, intercept/nccl_real.h): arms the hook
+ * when the mode and the declared failures call for it. Returns 0 or -EINVAL. */
 int r2cc_strategies_init(void);
 
 #endif

@@ -6,6 +6,7 @@
  * value gets exactly the line the library would print.
  */
 #include "intercept/netplugin.h"
+#include "repair/model/cts.h"
 #include "tools/doctor.h"
 #include "shim/failspec.h"
 #include "shim/log.h"

@@ -23,6 +23,10 @@
  *   the plan before its sends go out (r2cc_cts_drop()).
  * A write without an answer (an older peer, a version R2CC does not know, memory
  * that cannot be read) is re-posted as before the check.
+ *
+ * Here: what a clear-to-send write looks like and whether one can be judged
+ * (repair/model/cts.c); the queries, answers and drops are the engine's
+ * (repair/landed.c, declared in repair/engine_priv.h).
  */
 #ifndef R2CC_REPAIR_CTS_H
 #define R2CC_REPAIR_CTS_H
@@ -34,6 +38,11 @@
 
 #define R2CC_CTS_MAX_ELEMS 8   /* NCCL_NET_IB_MAX_RECVS */
 #define R2CC_CTS_MAX_QUERY 512 /* queries per queue pair and message */
+
+/* nccl-rdma-sharp-plugins' releases whose clear-to-send layout R2CC knows: those that
+ * export net API v9 to v11 (synced with NCCL 2.24-2.28; r2cc_cts_ibext_layout()). */
+#define R2CC_IBEXT_API_MIN 9
+#define R2CC_IBEXT_API_MAX 11
 
 /* The clear-to-send elements a transport writes: element size, the offsets of
  * idx and nreqs, the FIFO's slots, and whether the sender zeroes a consumed
@@ -75,6 +84,10 @@ const char *r2cc_cts_unsafe(const struct r2cc_qp_shadow *sh, const struct r2cc_c
  * system call). Large regions are not probed (false): clear-to-send FIFOs are
  * small. */
 bool r2cc_cts_host_readable(uint64_t addr, uint64_t len);
+/* Reads len bytes at addr of this process through the kernel, so that an address
+ * a peer names can never fault it; false when it cannot (warned once when a
+ * seccomp profile denies it). */
+bool r2cc_cts_read(uint64_t addr, void *buf, size_t len);
 
 /* The shadow's tag function: ctx is NCCL's QP (struct r2cc_qp *), whose NIC its
  * keys belong to. The write's idx, or 0 when it is not a clear-to-send write. */

@@ -1,68 +1,73 @@
 #!/usr/bin/env python3
 """
-Dependency direction: every #include "..." of the library and its tools runs
-down the layers, never up. Lowest first:
+Dependency direction: every #include "..." of the library, its tools and the
+programs beside it runs down the layers, never up. The library's layers, lowest
+first:
 
     include < shim < ctl < repair/model < repair < intercept < strategies < tools
 
-A file may include its own layer and any layer below it. Beside the layers:
-ops/ and bench/ may include what they need, and nothing includes them (but
-themselves); softverbs/, the software RDMA device, includes nothing of R2CC's,
-and R2CC's library includes nothing of it; tests/ may include anything, and
-nothing outside tests/ includes a test. The control plane and the models still
-under repair/ (ctl*, hmap, job; qp_shadow, mr_mirror, cts, ledger, stall) count
-as ctl and repair/model.
+A file may include its own layer and any layer below it (tools/ is the `r2cc`
+command and r2cc-ctl-load, which may use any of the library's headers).
 
-An upward include that is known and not yet undone is an exception below, with
-its reason; an exception that no longer occurs is an error too, so that the
-list stays true. Usage: tests/lint/layers.py [ROOT] (default: the repository
-this script is in). Exit status 1 on any violation.
+Beside the layers, each part includes only itself and what its line allows:
+
+    softverbs/       the software RDMA device: nothing of R2CC's
+    tools/ncclstub/  NCCL's test double: nothing of R2CC's
+    tools/drill/     r2cc-verbs-drill, which links nothing of R2CC's: include/,
+                     shim/ (the layouts the library publishes: its statistics),
+                     and of the device only softverbs/wc_status.h, a header-only
+                     table of names shared with it (the drill carries its own
+                     names, as NCCL does, and must not link the device)
+    bench/           benchmark programs: include/
+    ops/             cluster integration (the Slurm plugin): include/, shim/ (the
+                     settings and their parsers)
+    tests/           anything
+
+and nothing includes a part but the part itself and tests/. A folder in none of
+these is an error, so that a new one is placed on purpose.
+
+An include that breaks this and is known and not yet undone is an exception
+below, with its reason; there are none. An exception that no longer occurs is an
+error too, so that the list stays true. Usage: tests/lint/layers.py [ROOT]
+(default: the repository this script is in). Exit status 1 on any violation.
 """
 import os
 import re
 import sys
 
 LAYERS = ["include", "shim", "ctl", "repair/model", "repair", "intercept", "strategies", "tools"]
-LIBRARY = set(LAYERS) - {"tools"}
+
+# Each part beside the layers: what else it may include, as folders (a part or
+# layer) or single files.
+PARTS = {
+    "softverbs": (),
+    "tools/ncclstub": (),
+    "tools/drill": ("include", "shim", "softverbs/wc_status.h"),
+    "bench": ("include",),
+    "ops": ("include", "shim"),
+}
+TOOL_PARTS = ("drill", "ncclstub")
+
 SOURCE_EXT = (".c", ".h", ".def", ".cu", ".cc", ".cpp")
 SKIP_DIRS = {"build", "logs", "docs", "scripts", "packaging"}
 
-# repair/ files that belong to the lower layers (before they move to ctl/ and
-# repair/model/).
-CTL_STEMS = re.compile(r"^(ctl.*|hmap|job)$")
-MODEL_STEMS = re.compile(r"^(qp_shadow|mr_mirror|cts|ledger|stall)$")
-
-# (includer, included, reason): upward includes known and kept for now. An
-# includer may be named by its path before and after the move of the control
-# plane and the models out of repair/.
-EXCEPTIONS = [
-    ("intercept/nccl.c", "strategies/failview.h",
-     "the NCCL door arms the strategies at the first communicator (r2cc_strategies_init); "
-     "a registration from above would need constructor order, which is not guaranteed"),
-    (("repair/job.c", "ctl/job.c"), "repair/engine.h",
-     "a job's directory is handed to the engine (r2cc_repair_add_dir, _release_dir)"),
-    (("repair/cts.c", "repair/model/cts.c"), "repair/engine_priv.h",
-     "the clear-to-send check reads and queues through the engine's QP records (r2cc_rqp)"),
-    (("repair/cts.c", "repair/model/cts.c"), "intercept/netplugin.h",
-     "the IB plugin's clear-to-send layout by its API versions (R2CC_IBEXT_API_MIN/MAX)"),
-]
+# (includer, included, reason): includes that break the rules, known and kept
+# for now. None: every dependency runs one way.
+EXCEPTIONS = []
 
 
 def layer_of(path):
     """The layer or part of a repository path, or None where it has none."""
     parts = path.split("/")
     top = parts[0]
-    if top in ("tests", "softverbs", "ops", "bench"):
+    if len(parts) < 2:
+        return None
+    if top in ("tests", "softverbs", "bench", "ops"):
         return top
-    if top == "repair":
-        if len(parts) > 2 and parts[1] == "model":
-            return "repair/model"
-        stem = os.path.splitext(parts[-1])[0]
-        if len(parts) == 2 and CTL_STEMS.match(stem):
-            return "ctl"
-        if len(parts) == 2 and MODEL_STEMS.match(stem):
-            return "repair/model"
-        return "repair"
+    if top == "tools" and len(parts) > 2:
+        return "tools/" + parts[1] if parts[1] in TOOL_PARTS else None
+    if top == "repair" and len(parts) > 2:
+        return "repair/model" if parts[1] == "model" else None
     if top in LAYERS:
         return top
     return None
@@ -103,24 +108,23 @@ def verdict(src, dst):
     if a == "tests":
         return None
     if a is None:
-        return "%s is in no layer (add its folder to tests/lint/layers.py)" % src
+        return "%s is in no layer or part (place its folder in tests/lint/layers.py)" % src
     if b is None:
-        return "%s is in no layer (add its folder to tests/lint/layers.py)" % dst
+        return "%s is in no layer or part (place its folder in tests/lint/layers.py)" % dst
+    if a == b:
+        return None
     if b == "tests":
         return "nothing outside tests/ includes a test"
-    if b in ("ops", "bench") and a != b:
-        return "nothing includes %s/" % b
-    if a == "softverbs" and b != "softverbs":
-        return "softverbs/ includes nothing of R2CC's"
-    if b == "softverbs" and a in LIBRARY:
-        return "the library includes nothing of softverbs/"
-    if a in LAYERS and b in LAYERS and LAYERS.index(b) > LAYERS.index(a):
+    if a in PARTS:
+        if b in PARTS[a] or dst in PARTS[a]:
+            return None
+        allowed = [x if x.endswith(".h") else x + "/" for x in PARTS[a]]
+        return "%s/ includes only itself%s" % (a, " and " + ", ".join(allowed) if allowed else "")
+    if b in PARTS:
+        return "nothing includes %s/ but itself, tests/ and a part whose line names it" % b
+    if LAYERS.index(b) > LAYERS.index(a):
         return "upward: %s includes %s" % (a, b)
     return None
-
-
-def names(includer):
-    return (includer,) if isinstance(includer, str) else includer
 
 
 def main():
@@ -135,7 +139,7 @@ def main():
             why = verdict(src, dst)
             if why is None:
                 continue
-            known = [i for i, e in enumerate(EXCEPTIONS) if src in names(e[0]) and e[1] == dst]
+            known = [i for i, e in enumerate(EXCEPTIONS) if e[0] == src and e[1] == dst]
             if known:
                 used.update(known)
                 continue
@@ -143,7 +147,7 @@ def main():
     for i, (src, dst, _) in enumerate(EXCEPTIONS):
         if i not in used:
             bad.append("tests/lint/layers.py: exception %s -> %s no longer occurs: remove it" %
-                       (" or ".join(names(src)), dst))
+                       (src, dst))
     for line in bad:
         print(line)
     if bad:
@@ -152,7 +156,7 @@ def main():
         return 1
     print("ok layers (%d includes, %d known exception(s))" % (checked, len(EXCEPTIONS)))
     for src, dst, why in EXCEPTIONS:
-        print("  exception %s -> %s: %s" % (" or ".join(names(src)), dst, why))
+        print("  exception %s -> %s: %s" % (src, dst, why))
     return 0
 
 
