@@ -17,7 +17,7 @@
  * and the members of the registrant's node only, so registration costs the root
  * O(ranks) in all and each rank O(its node); other members are looked up one
  * request at a time when a rank needs them (ctl_dir.c, and the round's NIC
- * index in ctl.c). The control thread waits on epoll, and every lookup it
+ * index in ctl_rdv.c). The control thread waits on epoll, and every lookup it
  * makes per frame (connection, waiter, rendezvous slot) is a hash.
  *
  * R2CC_OOB_ROOT=host:port changes where the rendezvous is. The process that

@@ -2,8 +2,8 @@
 # directory, authenticated peer messages and the job's table (job.c). Linked into
 # libr2cc.so; its tests (and r2cc-ctl-load, tools/module.mk) compile these sources
 # directly, without the engine.
-CTL_SRCS := ctl/ctl.c ctl/ctl_msg.c ctl/ctl_uid.c ctl/ctl_iface.c ctl/hmap.c ctl/ctl_dir.c
-CTL_HDRS := ctl/ctl.h ctl/ctl_msg.h ctl/ctl_priv.h ctl/hmap.h
+CTL_SRCS := ctl/ctl.c ctl/ctl_loop.c ctl/ctl_conn.c ctl/ctl_rdv.c ctl/ctl_req.c ctl/ctl_msg.c ctl/ctl_uid.c ctl/ctl_iface.c ctl/hmap.c ctl/ctl_dir.c
+CTL_HDRS := ctl/ctl.h ctl/ctl_msg.h ctl/ctl_priv.h ctl/ctl_thread.h ctl/hmap.h
 LIBR2CC_SRCS += $(CTL_SRCS) ctl/job.c
 LIBR2CC_LIBS += -lcrypto
 

@@ -1,10 +1,11 @@
 /*
  * r2cc-verbs-drill: a traffic generator that talks verbs the way NCCL 2.28's net_ib
  * transport does, over the software RDMA device, with and without libr2cc.so, while
- * NIC faults are injected. The parent (main.c) runs scenarios and spawns one worker
- * process per emulated node by exec'ing itself; a worker (worker.c) loads libibverbs
- * through dlopen/dlvsym (verbs.c), exchanges endpoints through files (bootstrap.c) and
- * moves checked messages (pattern.c). Parent and workers share one small status file.
+ * NIC faults are injected. The parent (main.c and the files parent.h lists) runs
+ * scenarios and spawns one worker process per emulated node by exec'ing itself; a
+ * worker (worker.c) loads libibverbs through dlopen/dlvsym (verbs.c), exchanges
+ * endpoints through files (bootstrap.c) and moves checked messages (pattern.c).
+ * Parent and workers share one small status file.
  */
 #ifndef R2CC_DRILL_H
 #define R2CC_DRILL_H
@@ -15,7 +16,7 @@
 #include <stdint.h>
 
 #define DRILL_MAX_PROCS	    16
-#define DRILL_FULL_PROCS    4 /* above this many workers the defaults scale down (main.c) */
+#define DRILL_FULL_PROCS    4 /* above this many workers the defaults scale down (parse.c) */
 #define DRILL_MANY_MAX_SIZE (64u << 10) /* --max-size then */
 #define DRILL_MAX_NICS	    4		/* NCCL_IB_MAX_DEVS_PER_NIC: rkeys per FIFO element */
 #define DRILL_MAX_QPN	    8 /* --qps: QPs per NIC per connection (NCCL_IB_QPS_PER_CONNECTION) */

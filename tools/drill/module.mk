@@ -5,8 +5,10 @@
 DRILL_DIR  := tools/drill
 DRILL      := $(BUILD)/bin/r2cc-verbs-drill
 DRILL_OBJ  := $(BUILD)/drill/obj
-DRILL_SRCS := $(DRILL_DIR)/main.c $(DRILL_DIR)/worker.c $(DRILL_DIR)/verbs.c \
-	      $(DRILL_DIR)/pattern.c $(DRILL_DIR)/bootstrap.c $(DRILL_DIR)/nccl_version.c
+DRILL_SRCS := $(DRILL_DIR)/main.c $(DRILL_DIR)/parse.c $(DRILL_DIR)/proc.c \
+	      $(DRILL_DIR)/fault.c $(DRILL_DIR)/reports.c $(DRILL_DIR)/scenario.c \
+	      $(DRILL_DIR)/worker.c $(DRILL_DIR)/verbs.c $(DRILL_DIR)/pattern.c \
+	      $(DRILL_DIR)/bootstrap.c $(DRILL_DIR)/nccl_version.c
 DRILL_OBJS := $(DRILL_SRCS:$(DRILL_DIR)/%.c=$(DRILL_OBJ)/%.o)
 # What a run needs besides the program: the device, its control tool and the library.
 DRILL_RUNTIME := $(BUILD)/softverbs/libibverbs.so.1 $(BUILD)/softverbs/libibverbs.so \
@@ -42,4 +44,4 @@ $(DRILL_DIRECT): $(DRILL_DIRECT_OBJS) $(SV_LINK) $(SV_MLX5_LINK)
 -include $(DRILL_OBJ)/verbs_direct.d
 
 ALL_TARGETS += $(DRILL) $(DRILL_DIRECT)
-FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h
+FORMAT_SRCS += $(DRILL_SRCS) $(DRILL_DIR)/drill.h $(DRILL_DIR)/parent.h
