@@ -218,16 +218,26 @@ static bool job_known(uint64_t id)
 	return known;
 }
 
-/* Retry parked frames in arrival order; drop the expired and the orphaned. */
+/* Retry parked frames in arrival order; drop the expired and the orphaned. A
+ * connection's frames leave in the order they came: once one of them stays, so do
+ * the later ones for this pass (a job registered while the pass runs would
+ * otherwise let a later frame overtake, and the earlier ones be called replays). */
 static void park_retry(bool flush)
 {
+	static uint64_t pass;
 	int64_t now = r2cc_ctl_now_ms();
 	int limit = __atomic_load_n(&park_ms, __ATOMIC_RELAXED);
+	pass++;
 	for (struct parked **pp = &r2cc_ctl.park; *pp;) {
 		struct parked *k = *pp;
 		struct conn *c = r2cc_ctl_conn_by_uid(k->conn_uid);
 		bool known = job_known(k->hdr.job_id);
+		if (!flush && c && c->park_held == pass) {
+			pp = &k->next;
+			continue;
+		}
 		if (!flush && c && !known && now - k->since_ms < limit) {
+			c->park_held = pass;
 			pp = &k->next;
 			continue;
 		}

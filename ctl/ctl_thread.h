@@ -88,6 +88,7 @@ struct conn {
 	size_t src_charged;  /* bytes of rx charged to src */
 	int dead_status;
 	int parked;		      /* frames of this connection waiting in the park */
+	uint64_t park_held;	      /* the park_retry() pass that kept one of them */
 	struct sockaddr_storage peer; /* outgoing: where it connects; incoming: who */
 	struct r2cc_ctl_rx rx;
 	size_t rx_charged;
