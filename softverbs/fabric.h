@@ -229,7 +229,7 @@ struct sv_srq_slot {
  * Its ring: `ring` below while ring_cap is SV_CQ_CAP; a CQ made or resized beyond
  * that has a ring of ring_cap entries (a power of two) of its own, a memfd (ring_fd in
  * the owner) that every process placing a completion in it maps on first use, reaching
- * it through pidfd_getfd as it reaches the channel (queue.c); ring_id tells one such
+ * it through pidfd_getfd as it reaches the channel (cq.c); ring_id tells one such
  * ring from the next (ibv_resize_cq replaces it). The kernel frees it when the owner
  * and the last mapping are gone, dead owner or not. The ring fields are set before id
  * is published and changed under lock.

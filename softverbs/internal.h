@@ -1,8 +1,9 @@
 /*
  * Process-local objects of the software RDMA device and what device.c (devices,
- * contexts, async events, PDs, MRs), queue.c (CQs, completion channels, QPs, the data
- * path, engines, the progress thread), srq.c (shared receive queues) and compat.c
- * (the rest of libibverbs' ABI) share.
+ * contexts, async events, PDs, MRs), cq.c (CQs, completion channels), qp.c (QPs, their
+ * states, their completions), post.c (posting, the ibv_wr_* API), exec.c (the data
+ * path), engine.c (the engines, the progress thread), srq.c (shared receive queues)
+ * and compat.c (the rest of libibverbs' ABI) share.
  *
  * Lock order: sv_process.lock -> sv_engine.lock -> sv_qp.lock -> shared-memory locks
  * (fabric.h). sv_qp.post_lock (held from ibv_wr_start to ibv_wr_complete by the
@@ -16,6 +17,7 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stddef.h>
+#include <string.h>
 
 /*
  * A send queue is process-local and may be larger than a receive queue, which lives in
@@ -194,19 +196,72 @@ void sv_kick(void);
 void sv_ctx_push_event(struct sv_ctx *ctx, struct ibv_async_event *ev);
 void sv_ctx_check_ports(int64_t now);
 
-/* queue.c */
+/* A send queue's step: when nothing is due, and the bytes of one slice (exec.c, engine.c). */
+#define SV_NEVER    INT64_MAX
+#define SV_SLICE    65536  /* bytes of one QP per round of its engine, and per turn on a link */
+#define SV_RNR_POLL 100000 /* ns between attempts while no receive is posted */
+
+static inline struct sv_cq *to_cq(struct ibv_cq *cq)
+{
+	return sv_container_of(cq, struct sv_cq, cq);
+}
+
+static inline struct sv_qp *to_qp(struct ibv_qp *qp)
+{
+	return sv_container_of(qp, struct sv_qp, qp);
+}
+
+static inline void sv_wc_fill(struct ibv_wc *wc, uint64_t wr_id, int status, int opcode,
+			      uint32_t len, uint32_t qpn)
+{
+	memset(wc, 0, sizeof(*wc));
+	wc->wr_id = wr_id;
+	wc->status = status;
+	wc->opcode = opcode;
+	wc->byte_len = len;
+	wc->qp_num = qpn;
+}
+
+/* cq.c */
 int sv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 int sv_req_notify_cq(struct ibv_cq *cq, int solicited_only);
-int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
-int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
-struct ibv_qp *sv_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *init);
-/* Forgets the engines of the parent in a forked child (its threads do not exist there). */
-void sv_engines_forget(void);
 /* Unmaps the rings of other processes' CQs that were destroyed or replaced since. */
 void sv_cq_rings_sweep(void);
+bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc);
+/* The fabric's next generation, `bits` bits and never 0 (CQ and ring ids, QPNs' high bits). */
+uint32_t sv_next_gen(struct sv_fabric *f, unsigned bits);
+
+/* qp.c */
+struct ibv_qp *sv_create_qp_ex(struct ibv_context *context, struct ibv_qp_init_attr_ex *init);
+/* A seeded draw for QP `key` (sv_qp.key): what it is for, the request's index. */
+uint64_t sv_draw(uint64_t key, uint64_t what, uint32_t idx);
+void sv_sq_retire(struct sv_qp *qp, uint32_t head, int status);
+void sv_rq_flush(struct sv_qp *qp);
+void sv_qp_flush(struct sv_qp *qp);
+void sv_qp_set_state(struct sv_qp *qp, enum ibv_qp_state st);
+
+/* post.c */
+int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+void sv_qpx_init(struct sv_qp *qp);
+
+/* exec.c */
+/* Under qp->lock: moves the send queue on as far as it goes now; when to look again. */
+int64_t sv_qp_step(struct sv_qp *qp, int64_t now, uint64_t max_len, uint64_t budget);
+/* Under qp->lock: the SRQ receive the QP holds will not get the rest: it is flushed. */
+void sv_srq_release(struct sv_qp *qp);
+
+/* engine.c */
+void sv_sq_kick(struct sv_qp *qp, int64_t now);
+struct sv_engine *sv_engine_get(int nic);
+void sv_engine_add(struct sv_qp *qp);
+void sv_engine_remove(struct sv_qp *qp);
+/* Forgets the engines of the parent in a forked child (its threads do not exist there). */
+void sv_engines_forget(void);
 /* Runs the send queues of QPs without an engine once; returns when to look again. */
 int64_t sv_progress_all(int64_t now);
-bool sv_cq_push(struct sv_fabric *f, int slot, uint32_t id, const struct ibv_wc *wc);
+
+/* device.c */
 struct sv_mr_slot *sv_mr_find(struct sv_fabric *f, uint32_t key);
 struct ibv_mr *sv_mr_register(struct ibv_pd *ibpd, void *addr, size_t length, uint64_t iova,
 			      unsigned int access, uint64_t dmabuf, uint64_t dmabuf_off);

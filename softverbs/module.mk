@@ -16,7 +16,8 @@ SV_BW    := $(BUILD)/bin/softverbs-bw
 SV_PIECES := $(BUILD)/bin/softverbs-pieces
 SV_LIMITS := $(BUILD)/bin/softverbs-limits
 
-SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o $(SV_OBJ)/device.o $(SV_OBJ)/queue.o \
+SV_LIB_OBJS := $(SV_OBJ)/fabric.o $(SV_OBJ)/roce.o $(SV_OBJ)/device.o $(SV_OBJ)/cq.o \
+               $(SV_OBJ)/qp.o $(SV_OBJ)/post.o $(SV_OBJ)/exec.o $(SV_OBJ)/engine.o \
                $(SV_OBJ)/srq.o $(SV_OBJ)/compat.o $(SV_OBJ)/devmem.o
 SV_CFLAGS   := $(BIN_CFLAGS) -fvisibility=hidden
 

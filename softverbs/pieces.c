@@ -2,7 +2,7 @@
  * What the soft device's ordered small writes cost in the kernel: one
  * process_vm_writev of SIZE bytes into another process, its local side cut into
  * PIECES equal pieces (the device cuts writes of up to 1 KiB into 8-byte words,
- * so that they land in address order: queue.c, sv_split_local). Best mean of 5
+ * so that they land in address order: exec.c, sv_split_local). Best mean of 5
  * rounds of ITERS calls, per size and piece count, side by side in one run.
  *
  *   softverbs-pieces [--iters N]

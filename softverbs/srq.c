@@ -1,7 +1,7 @@
 /*
  * Shared receive queues of the software RDMA device. An SRQ lives in the fabric's
  * SRQ table, like a QP's own receive queue, because the process that executes a SEND
- * or WRITE_WITH_IMM takes the receive itself (queue.c, sv_exec) while the owner need
+ * or WRITE_WITH_IMM takes the receive itself (exec.c, sv_recv_get) while the owner need
  * not run. Several QPs, executed by different processes, take from one SRQ, so a
  * receive is removed under the SRQ's lock when it is taken, never peeked at. When
  * that leaves fewer receives than an armed limit, the limit is disarmed and the
