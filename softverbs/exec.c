@@ -330,12 +330,13 @@ static int sv_rnr(struct sv_qp *qp, struct sv_swr *w, int64_t now, int64_t *wake
  * false: the responder left RTS while the message was landing, and drops it unacked,
  * as a NIC's responder in ERR does).
  */
-static bool sv_rq_consume(struct sv_qp_slot *t, uint32_t idx, const struct ibv_wc *wc)
+static bool sv_rq_consume(struct sv_qp_slot *t, uint32_t qpn, uint32_t idx, const struct ibv_wc *wc)
 {
 	bool ok;
 
 	sv_lock(&t->rq_lock);
-	ok = t->rq_head == idx && t->rq_tail != idx;
+	/* the QP the receive was peeked at, not one made in its slot since */
+	ok = atomic_load(&t->qpn) == qpn && t->rq_head == idx && t->rq_tail != idx;
 	if (ok) {
 		t->rq_head++;
 		sv_cq_push(sv_proc.f, t->rcq, t->rcq_id, wc);
@@ -354,6 +355,7 @@ static bool sv_rq_consume(struct sv_qp_slot *t, uint32_t idx, const struct ibv_w
 struct sv_recv {
 	struct sv_rwqe wqe;
 	uint32_t idx; /* own queue: where it was */
+	uint32_t qpn; /* ... in the QP of this number */
 	bool srq;
 	uint32_t pd; /* the PD of its lkeys: the QP's, or the SRQ's */
 };
@@ -374,6 +376,7 @@ static bool sv_recv_get(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv *
 	r->srq = false;
 	r->pd = t->pd;
 	sv_lock(&t->rq_lock);
+	r->qpn = atomic_load(&t->qpn);
 	r->idx = t->rq_head;
 	got = r->idx != t->rq_tail;
 	if (got)
@@ -391,7 +394,7 @@ static bool sv_recv_done(struct sv_qp *qp, struct sv_qp_slot *t, struct sv_recv 
 		sv_cq_push(sv_proc.f, t->rcq, t->rcq_id, wc);
 		return true;
 	}
-	return sv_rq_consume(t, r->idx, wc);
+	return sv_rq_consume(t, r->qpn, r->idx, wc);
 }
 
 /* A request that failed after taking an SRQ receive: the receive completes in error. */

@@ -199,7 +199,8 @@ struct sv_qp_slot {
 	uint32_t srq_id;  /* its id, checked before use */
 	uint32_t rq_size; /* max_recv_wr */
 	pthread_mutex_t rq_lock;
-	uint32_t rq_head, rq_tail; /* under rq_lock */
+	_Atomic bool rq_lock_ready; /* rq_lock is initialised once: a reused slot never redoes it */
+	uint32_t rq_head, rq_tail;  /* under rq_lock */
 	struct sv_rwqe rq[SV_RQ_CAP];
 };
 

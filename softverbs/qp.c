@@ -162,8 +162,16 @@ static struct ibv_qp *sv_qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *i
 	s->srq = srq ? srq->slot : -1;
 	s->srq_id = srq ? atomic_load(&srq->s->id) : 0;
 	s->rq_size = cap->max_recv_wr;
-	sv_mutex_init_shared(&s->rq_lock);
+	/* Initialised once, as a requester that found this slot by its old QPN may still
+	 * hold it (sv_rq_consume); the queue is emptied under it, and that requester then
+	 * sees another QPN and leaves the new QP's receives alone. */
+	if (!atomic_load(&s->rq_lock_ready)) {
+		sv_mutex_init_shared(&s->rq_lock);
+		atomic_store(&s->rq_lock_ready, true);
+	}
+	sv_lock(&s->rq_lock);
 	s->rq_head = s->rq_tail = 0;
+	pthread_mutex_unlock(&s->rq_lock);
 	/* last: the slot is found by this QPN from now on */
 	atomic_store(&s->qpn, (sv_next_gen(f, 24 - SV_QP_SHIFT) << SV_QP_SHIFT) | (uint32_t)i);
 
