@@ -32,7 +32,8 @@
  * so every request waits far longer than the stall scan's period and R2CC's NIC
  * self-test runs as often as it may. Printed then: the load's rate, node0's NIC
  * self-tests (passed, failed, inconclusive, from its report) per second of load, and
- * the incidents detected before the fault (false repairs: there must be none).
+ * the incidents any process detected before the fault (false repairs: there must be
+ * none; with --fault none, every incident is one).
  * --fault none leaves the NIC up (the final writes then need no repair).
  *
  * The soft device holds 4096 QPs and 2048 CQs in all; R2CC rebuilds both ends
@@ -549,46 +550,49 @@ static double report_sum(const char *buf, const char *key)
 	return v;
 }
 
-/* node0's self-tests (passed, failed, inconclusive) and its incidents detected
- * before t (a time of day). */
-static void report_tests(double t, double *tests, int *early)
+/* Process r's JSON report (its first sizeof(buf) - 1 bytes; "" if there is none). */
+static void report_read(int r, char *buf, size_t len)
 {
-	char path[PATH_MAX + 64], buf[65536];
-	snprintf(path, sizeof(path), "%s/report.0.json", dir);
+	char path[PATH_MAX + 64];
+	snprintf(path, sizeof(path), "%s/report.%d.json", dir, r);
 	FILE *f = fopen(path, "r");
-	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+	size_t n = f ? fread(buf, 1, len - 1, f) : 0;
 	if (f)
 		fclose(f);
 	buf[n] = 0;
+}
+
+/* Its self-tests: passed, failed, inconclusive. */
+static void report_tests(const char *buf, double *tests)
+{
 	tests[0] = report_sum(buf, "\"selftests_passed\":");
 	tests[1] = report_sum(buf, "\"selftests_failed\":");
 	tests[2] = report_sum(buf, "\"selftests_inconclusive\":");
-	*early = 0;
-	for (const char *p = buf; (p = strstr(p, "\"detected_unix\":")); p++)
-		*early += strtod(p + 16, NULL) < t;
 }
 
-/* Numbers following key in a report (JSON: "key":1.5). */
-static void report_times(int r, double *det, double *done, double *mig)
+/* Its incidents detected before t (a time of day). */
+static int report_early(const char *buf, double t)
 {
-	char path[PATH_MAX + 64], buf[65536];
-	snprintf(path, sizeof(path), "%s/report.%d.json", dir, r);
-	FILE *f = fopen(path, "r");
-	size_t n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-	if (f)
-		fclose(f);
-	buf[n] = 0;
-	for (char *p = buf; (p = strstr(p, "\"detected_unix\":")); p++) {
+	int n = 0;
+	for (const char *p = buf; (p = strstr(p, "\"detected_unix\":")); p++)
+		n += strtod(p + 16, NULL) < t;
+	return n;
+}
+
+/* Its first detection, last repair done and (mig) longest migration. */
+static void report_times(const char *buf, double *det, double *done, double *mig)
+{
+	for (const char *p = buf; (p = strstr(p, "\"detected_unix\":")); p++) {
 		double v = strtod(p + 16, NULL);
 		if (*det == 0 || v < *det)
 			*det = v;
 	}
-	for (char *p = buf; (p = strstr(p, "\"done_unix\":")); p++) {
+	for (const char *p = buf; (p = strstr(p, "\"done_unix\":")); p++) {
 		double v = strtod(p + 12, NULL);
 		if (v > *done)
 			*done = v;
 	}
-	for (char *p = buf; mig && (p = strstr(p, "\"migrate_ms\":")); p++) {
+	for (const char *p = buf; mig && (p = strstr(p, "\"migrate_ms\":")); p++) {
 		double v = strtod(p + 13, NULL);
 		if (v > *mig)
 			*mig = v;
@@ -635,20 +639,24 @@ static int run_once(const char *self, int q, int peers, double *out)
 			t_all = dn[r].t_all;
 		}
 	}
-	double det = 0, done = 0, mig0 = 0;
-	report_times(0, &det, &done, &mig0);
-	for (int r = 1; r < nprocs; r++)
-		report_times(r, &det, &done, NULL);
+	/* every process's report, read once: detection and repair times; node0's
+	 * self-tests; incidents before the fault (with none injected: any) */
+	double det = 0, done = 0, mig0 = 0, tests[3] = {0, 0, 0};
+	int early = 0;
+	for (int r = 0; preload && r < nprocs; r++) {
+		static char buf[65536];
+		report_read(r, buf, sizeof(buf));
+		report_times(buf, &det, &done, r == 0 ? &mig0 : NULL);
+		early += report_early(buf, fault_down ? t_fault : 1e300);
+		if (r == 0)
+			report_tests(buf, tests);
+	}
 	out[0] = det ? (det - t_fault) * 1e3 : -1;
 	out[1] = det && done ? (done - det) * 1e3 : -1;
 	out[2] = mig0;
 	out[3] = (t_all - t_fault) * 1e3;
 	out[4] = dn[0].hwm_kb / 1024.0;
 	out[5] = dn[0].heap_mib;
-	double tests[3] = {0, 0, 0};
-	int early = 0;
-	if (preload)
-		report_tests(fault_down ? t_fault : 1e300, tests, &early);
 	out[6] = dn[0].load_s > 0 ? dn[0].load_bytes * 8 / dn[0].load_s / 1e9 : 0;
 	out[7] = dn[0].load_s > 0 ? (tests[0] + tests[1] + tests[2]) / dn[0].load_s : 0;
 	out[8] = tests[0];
@@ -714,8 +722,11 @@ int main(int argc, char **argv)
 			load_gbps = atoi(optarg);
 			break;
 		case 'f':
-			if (strcmp(optarg, "down") && strcmp(optarg, "none"))
+			if (strcmp(optarg, "down") && strcmp(optarg, "none")) {
+				fprintf(stderr, "repair_scale: --fault down or none, not %s\n",
+					optarg);
 				return 2;
+			}
 			fault_down = !strcmp(optarg, "down");
 			break;
 		default:
