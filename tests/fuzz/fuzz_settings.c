@@ -56,6 +56,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		static char back[R2CC_DRILL_MAX_STEPS * (2 * R2CC_DRILL_NAME_MAX + 48)];
 		size_t used = 0;
+		back[0] = 0; /* an empty plan prints as "", not as the last input's plan */
 		for (int i = 0; i < plan.nsteps; i++) {
 			char one[2 * R2CC_DRILL_NAME_MAX + 48];
 			r2cc_drill_step_str(&plan.steps[i], one, sizeof(one));
