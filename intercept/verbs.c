@@ -277,7 +277,8 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 		}
 		return c->poll_cq(cq, num, wc);
 	}
-	if (r2cc_unlikely(!r2cc_gate_enter(&rc->gate)))
+	int door = r2cc_cq_gate_enter(&rc->gate);
+	if (r2cc_unlikely(door == R2CC_DOOR_SLOW))
 		return r2cc_repair_poll(rc, num, wc);
 	struct r2cc_ctx *c = rc->ctx;
 	int got = c->poll_cq(cq, num, wc);
@@ -334,7 +335,7 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 			got = left;
 		}
 	}
-	r2cc_gate_exit(&rc->gate);
+	r2cc_cq_gate_exit(&rc->gate, door);
 	return got;
 }
 

@@ -57,6 +57,7 @@ static void init_once_fn(void)
 		state = -1;
 	}
 	if (state > 0) {
+		r2cc_cq_gate_init();
 		R2CC_INFO("R2CC %s active, mode %d", R2CC_VERSION_STRING, r2cc_param.mode);
 		r2cc_params_log_nondefault(&r2cc_param);
 		pthread_atfork(NULL, NULL, atfork_child);

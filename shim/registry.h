@@ -14,6 +14,7 @@
 #define R2CC_SHIM_REGISTRY_H
 
 #include "include/r2cc.h"
+#include "shim/common.h"
 #include "shim/map.h"
 
 #include <infiniband/verbs.h>
@@ -103,11 +104,28 @@ struct r2cc_mr {
 
 struct r2cc_vcq; /* repair/vcq.c: the CQ's virtual side after a failure */
 
+/*
+ * A CQ's gate has a second door for the one thread that polls it (NCCL's proxy
+ * thread, as a rule): that thread marks itself inside with a plain store and reads
+ * the gate word, no atomic read-modify-write at all (two of those were most of the
+ * wrapper's cost on an empty poll). r2cc_cq_gate_close() pays instead, once per
+ * repair: after setting R2CC_GATE_SLOW it runs membarrier(2), which orders every
+ * running thread's accesses, so either the poller sees the flag or the closer sees
+ * the poller inside (the asymmetric fence of user-space RCU). The first thread to
+ * poll owns the door; any other thread takes the counting door. Without
+ * membarrier (an old kernel, a seccomp filter) nobody owns it.
+ */
+struct r2cc_cq_gate {
+	uint32_t n;	   /* counting door: users | R2CC_GATE_SLOW */
+	uint32_t solo_in;  /* 1 while the owner is inside */
+	const void *owner; /* r2cc_self() of the owning thread, NULL: none yet */
+};
+
 struct r2cc_cq {
 	struct ibv_cq *cq;
 	struct r2cc_ctx *ctx;
 	int depth;
-	uint32_t gate;
+	struct r2cc_cq_gate gate;
 	struct r2cc_vcq *v; /* made with the CQ when hot repair is on */
 };
 
@@ -246,6 +264,60 @@ static inline void r2cc_gate_exit(uint32_t *g)
 {
 	__atomic_sub_fetch(g, 1, __ATOMIC_RELEASE);
 }
+
+/* This thread's identity for the CQ gate's owner door: the address of a
+ * thread-local byte, read without a call (initial-exec TLS). */
+extern __thread char r2cc_self_tag __attribute__((tls_model("initial-exec")));
+static inline const void *r2cc_self(void)
+{
+	return &r2cc_self_tag;
+}
+
+/* Whether membarrier(2) can order the owner door (shim/registry.c). */
+extern bool r2cc_cq_gate_solo_ok;
+
+enum { R2CC_DOOR_SLOW = 0, R2CC_DOOR_SHARED = 1, R2CC_DOOR_SOLO = 2 };
+
+/* Enter a CQ's fast path: R2CC_DOOR_SLOW once hot repair owns it (take the slow
+ * path, without exiting), else the door to pass to r2cc_cq_gate_exit(). The
+ * first poller claims the owner door and comes in through the counting one that
+ * time. Never blocks. */
+static inline int r2cc_cq_gate_enter(struct r2cc_cq_gate *g)
+{
+	const void *me = r2cc_self();
+	const void *owner = __atomic_load_n(&g->owner, __ATOMIC_RELAXED);
+	if (r2cc_likely(owner == me)) {
+		__atomic_store_n(&g->solo_in, 1, __ATOMIC_RELAXED);
+		/* Only the compiler is kept from moving the store past the load: the
+		 * closer's membarrier(2) orders the CPU (r2cc_cq_gate_close). */
+		__atomic_signal_fence(__ATOMIC_SEQ_CST);
+		if (r2cc_likely(!(__atomic_load_n(&g->n, __ATOMIC_ACQUIRE) & R2CC_GATE_SLOW)))
+			return R2CC_DOOR_SOLO;
+		__atomic_store_n(&g->solo_in, 0, __ATOMIC_RELEASE);
+		return R2CC_DOOR_SLOW;
+	}
+	if (r2cc_unlikely(!owner) && r2cc_cq_gate_solo_ok) {
+		const void *none = NULL;
+		__atomic_compare_exchange_n(&g->owner, &none, me, false, __ATOMIC_SEQ_CST,
+					    __ATOMIC_RELAXED);
+	}
+	return r2cc_gate_enter(&g->n) ? R2CC_DOOR_SHARED : R2CC_DOOR_SLOW;
+}
+
+static inline void r2cc_cq_gate_exit(struct r2cc_cq_gate *g, int door)
+{
+	if (door == R2CC_DOOR_SOLO)
+		__atomic_store_n(&g->solo_in, 0, __ATOMIC_RELEASE);
+	else
+		r2cc_gate_exit(&g->n);
+}
+
+/* Hand a CQ's data path to hot repair: R2CC_GATE_SLOW set, and back once no
+ * poller is inside through either door (yields while one is; repair thread only). */
+void r2cc_cq_gate_close(struct r2cc_cq_gate *g);
+/* Called once at start-up: registers the process for membarrier(2) and sets
+ * r2cc_cq_gate_solo_ok where that works. */
+void r2cc_cq_gate_init(void);
 
 static inline void r2cc_counter_add(uint64_t *c, uint64_t v)
 {

@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 Test(map, insert_get_remove)
 {
@@ -295,4 +296,99 @@ Test(stats, off)
 	char path[128];
 	snprintf(path, sizeof(path), "/dev/shm/" R2CC_STATS_PREFIX "%d", (int)getpid());
 	cr_expect_neq(access(path, F_OK), 0);
+}
+
+/*
+ * The CQ gate's owner door against the closer (shim/registry.h): once
+ * r2cc_cq_gate_close() returns, no poller is in the fast path again and each sees
+ * the slow door at its next entry. A poller's `inside` changes only in the fast
+ * path, with plain stores: a closer that returned while a poller was still inside
+ * (for the owner, the store-load reordering the membarrier is there to rule out)
+ * shows up as a count that moved after the close, and, under TSan, as a race.
+ */
+struct gate_poller {
+	struct r2cc_cq_gate *g;
+	long inside;	/* plain: only in the fast path */
+	long progress;	/* atomic: entries so far */
+	const void *me; /* the thread's r2cc_self() */
+	int doors[3];	/* entries by door */
+};
+
+static void *gate_poll(void *arg)
+{
+	struct gate_poller *p = arg;
+	p->me = r2cc_self();
+	for (long n = 1;; n++) {
+		int door = r2cc_cq_gate_enter(p->g);
+		p->doors[door]++;
+		if (door == R2CC_DOOR_SLOW)
+			break;
+		p->inside++;
+		r2cc_cq_gate_exit(p->g, door);
+		__atomic_store_n(&p->progress, n, __ATOMIC_RELAXED);
+	}
+	return NULL;
+}
+
+/* One round: `n` pollers of one gate, closed once the first has entered
+ * `wait_for` times; returns how many entered through the owner door. */
+static int gate_round(int n, long wait_for, int round)
+{
+	struct r2cc_cq_gate g;
+	struct gate_poller p[2];
+	pthread_t t[2];
+	memset(&g, 0, sizeof(g));
+	memset(p, 0, sizeof(p));
+	for (int k = 0; k < n; k++) {
+		p[k].g = &g;
+		cr_assert_eq(pthread_create(&t[k], NULL, gate_poll, &p[k]), 0);
+		while (__atomic_load_n(&p[k].progress, __ATOMIC_RELAXED) < (k ? 1 : wait_for))
+			;
+	}
+	r2cc_cq_gate_close(&g);
+	long at_close[2] = {p[0].inside, p[1].inside};
+	for (volatile int spin = 0; spin < 2000; spin++)
+		;
+	int solo = 0;
+	for (int k = 0; k < n; k++) {
+		cr_assert_eq(p[k].inside, at_close[k],
+			     "round %d: poller %d in the fast path after the close", round, k);
+		pthread_join(t[k], NULL);
+		cr_assert_eq(p[k].inside, at_close[k], "round %d: poller %d ran after the close",
+			     round, k);
+		cr_assert_eq(p[k].doors[R2CC_DOOR_SLOW], 1);
+		solo += p[k].doors[R2CC_DOOR_SOLO] > 0;
+	}
+	if (r2cc_cq_gate_solo_ok) {
+		cr_assert_eq(g.owner, p[0].me, "round %d: the first poller owns the door", round);
+		cr_assert_eq(p[0].doors[R2CC_DOOR_SHARED], 1, "the claiming entry only");
+		cr_assert_eq(p[0].doors[R2CC_DOOR_SOLO] + 1, p[0].progress);
+		if (n > 1)
+			cr_assert_eq(p[1].doors[R2CC_DOOR_SOLO], 0,
+				     "a second poller counts itself in");
+	} else {
+		cr_assert_null(g.owner);
+	}
+	return solo;
+}
+
+Test(registry, cq_gate_owner_door_and_close)
+{
+	r2cc_cq_gate_init();
+	unsigned seed = 7;
+	int rounds = 3000, solo = 0;
+	for (int i = 0; i < rounds; i++)
+		solo += gate_round(1, 2 + rand_r(&seed) % 2000, i);
+	if (r2cc_cq_gate_solo_ok)
+		cr_assert_eq(solo, rounds);
+	else
+		cr_log_warn("membarrier(2) unavailable here: only the counting door was tested");
+}
+
+Test(registry, cq_gate_two_pollers)
+{
+	r2cc_cq_gate_init();
+	unsigned seed = 11;
+	for (int i = 0; i < 500; i++)
+		gate_round(2, 2 + rand_r(&seed) % 500, i);
 }
