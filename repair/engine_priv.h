@@ -76,7 +76,7 @@ enum rq_state {
 	RQ_FAILED, /* repair impossible: NCCL gets the error */
 };
 
-enum { OP_REQ = 1, OP_REP, OP_GO, OP_NACK, OP_SUSPECT };
+enum { OP_REQ = 1, OP_REP, OP_GO, OP_NACK, OP_SUSPECT, OP_FAR_REQ, OP_FAR_REP };
 /* rep_wire.flags: the REQ's sender knows its own NIC failed (declared, port down,
  * self-test failed): the responder's side is healthy and keeps its NIC. */
 #define WIRE_F_SENDER_NIC_FAILED 0x1
@@ -643,6 +643,28 @@ int r2cc_path_on_healthy_self(struct r2cc_rqp *r, struct r2cc_nic *first, struct
 			      struct r2cc_nic **nicp);
 int r2cc_path_new(struct r2cc_rqp *r, struct r2cc_nic *nic);
 int r2cc_path_connect(struct r2cc_rqp *r, const struct peer_path *p);
+
+/* repair/farprobe.c: far probes, the witness of a one-sibling NIC's self-test */
+#define R2CC_FAR_PEERS 2 /* peer NICs a test probes at most */
+struct far_pair {
+	const struct r2cc_ctl_dir *dir; /* the peer's job; NULL: the slot is free */
+	int rank;
+	struct r2cc_peer_ep theirs; /* NCCL's QP at the peer, on the probed NIC */
+	struct r2cc_nic *b;	    /* the sibling the witness QP is on */
+	struct ibv_qp *qp[2];	    /* [0] on the tested NIC, [1] on b */
+	struct ibv_cq *cq[2];
+	int64_t built;
+};
+int r2cc_far_prepare(struct r2cc_nic *a, struct r2cc_nic *b, struct far_pair **out, bool build);
+void r2cc_far_drop(struct r2cc_nic *a, struct far_pair *p);
+bool r2cc_far_ready(const struct r2cc_nic *a);
+void r2cc_far_warm(struct r2cc_nic *a);
+struct inbox;
+void r2cc_far_serve(const struct inbox *in, struct r2cc_rqp **rq, const struct r2cc_ctl_dir *dir);
+void r2cc_far_answered(const struct inbox *in, struct r2cc_rqp **rq);
+bool r2cc_selftest_spawn_far(struct r2cc_nic *a);
+int r2cc_path_match_sgid(struct r2cc_ctx *c, uint8_t port, const struct r2cc_qp *q,
+			 union ibv_gid *gid);
 
 /* repair/wire.c */
 void r2cc_wire_fill(struct rep_wire *m, int op, const struct r2cc_rqp *r);

@@ -878,7 +878,7 @@ void r2cc_exchange_handle(struct inbox *in)
 	struct r2cc_rqp **rq = calloc((size_t)in->n, sizeof(*rq));
 	if (!rq)
 		return;
-	bool ops[OP_SUSPECT + 1] = {false};
+	bool ops[OP_FAR_REP + 1] = {false};
 	struct outboxes gone = {0};
 	pthread_mutex_lock(&r2cc_eng.mu);
 	for (int i = 0; i < in->n; i++) {
@@ -908,6 +908,10 @@ void r2cc_exchange_handle(struct inbox *in)
 		on_nacks(in, rq);
 	if (ops[OP_SUSPECT])
 		on_suspects(in, rq);
+	if (ops[OP_FAR_REQ])
+		r2cc_far_serve(in, rq, dir);
+	if (ops[OP_FAR_REP])
+		r2cc_far_answered(in, rq);
 	pthread_mutex_lock(&r2cc_eng.mu);
 	for (int i = 0; i < in->n; i++)
 		if (rq[i])

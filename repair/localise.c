@@ -107,11 +107,17 @@ struct selftest {
 	struct ibv_cq *cqa, *cqb[SELFTEST_SIBLINGS];
 	bool calibrate; /* RoCE: only which siblings answer; no back-off after it */
 	bool failback;	/* a failed NIC's probe: the verdict goes to r2cc_failback_tick() */
-	uint64_t seq;	/* wr_id = seq << 8 | sibling + 1 */
-	int posted;	/* siblings a write went to */
-	int answered;	/* ... whose write completed */
-	int okmask;	/* ... successfully */
-	int64_t ok_ns;	/* when the first success was seen */
+	bool far_only;	/* only the far pairs made (repair/farprobe.c): no probe, no verdict */
+	/* far probes (one sibling): pair k's writes are bits 2k (from a: an answer
+	 * proves a alive) and 2k + 1 (from the sibling: an answer makes it a witness) */
+	int nfar;
+	struct far_pair *far[R2CC_FAR_PEERS];
+	int far_posted, far_answered, far_okmask;
+	uint64_t seq;  /* wr_id = seq << 8 | sibling + 1 */
+	int posted;    /* siblings a write went to */
+	int answered;  /* ... whose write completed */
+	int okmask;    /* ... successfully */
+	int64_t ok_ns; /* when the first success was seen */
 	char why[128];
 };
 
@@ -252,12 +258,21 @@ int r2cc_selftest_witnesses(const struct r2cc_nic *a)
 	return k;
 }
 
-/* The test's wait for an answer: R2CC_STALL_MS x 6/5 through two or more siblings,
- * 1.5 x the one-sibling floor through one. */
+#define FAR_WITNESS_BITS 0xaaaa /* the sibling's far writes (odd bits) */
+
+/* Whether the test has the fast timing: two siblings or more, or one and a far
+ * witness write posted (repair/farprobe.c). */
+static bool selftest_fast(const struct selftest *t)
+{
+	return t->nb >= 2 || (t->far_posted & FAR_WITNESS_BITS);
+}
+
+/* The test's wait for an answer: R2CC_STALL_MS x 6/5 with the fast timing, 1.5 x
+ * the one-sibling floor without. */
 static int64_t selftest_base_ns(const struct selftest *t)
 {
-	return t->nb >= 2 ? r2cc_scan_floor() * 6 / 5
-			  : ONE_SIBLING_FLOOR_X * r2cc_scan_floor() * 3 / 2;
+	return selftest_fast(t) ? r2cc_scan_floor() * 6 / 5
+				: ONE_SIBLING_FLOOR_X * r2cc_scan_floor() * 3 / 2;
 }
 
 /* How long the test waits for its answer before the NIC's progress is looked at:
@@ -269,7 +284,7 @@ static int64_t selftest_base_ns(const struct selftest *t)
  * behind what is in flight to it). On a 400 Gb/s port a 4 MB request adds 80 us. */
 static int64_t selftest_window(const struct selftest *t)
 {
-	int64_t w = 0, d = t->nb >= 2 ? 2 : 1;
+	int64_t w = 0, d = selftest_fast(t) ? 2 : 1;
 	for (int i = 0; i < t->nb; i++) {
 		int64_t x = r2cc_stall_explained_ns(t->b[i], 0, 0) / d;
 		w = x > w ? x : w;
@@ -314,6 +329,19 @@ static int selftest_run(struct selftest *t)
 		if (t->qa[i] && t->ca->post_send(t->qa[i], &w, &bad) == 0)
 			posted |= 1 << i;
 	}
+	int far_posted = 0;
+	for (int k = 0; k < t->nfar; k++)
+		for (int j = 0; j < 2; j++) {
+			struct r2cc_ctx *c = j ? t->cb[0] : t->ca;
+			struct ibv_send_wr w = {.wr_id =
+						    t->seq << 8 | (uint64_t)(0x80 | k << 1 | j),
+						.opcode = IBV_WR_RDMA_WRITE,
+						.send_flags = IBV_SEND_SIGNALED},
+					   *bad;
+			if (t->far[k]->qp[j] && c->post_send(t->far[k]->qp[j], &w, &bad) == 0)
+				far_posted |= 1 << (2 * k + j);
+		}
+	t->far_posted = far_posted;
 	if (!posted)
 		return -1;
 	int64_t start = now_ns(), until = start + selftest_window(t), last = start;
@@ -350,11 +378,27 @@ static int selftest_run(struct selftest *t)
 			t->okmask |= 1 << i;
 			ok = true;
 		}
+		for (int k = 0; k < t->nfar; k++)
+			for (int j = 0; j < 2; j++) {
+				int bit = 1 << (2 * k + j);
+				struct r2cc_ctx *c = j ? t->cb[0] : t->ca;
+				struct ibv_wc fw;
+				if (!(far_posted & bit) || (t->far_answered & bit) ||
+				    c->poll_cq(t->far[k]->cq[j], 1, &fw) != 1 ||
+				    fw.wr_id >> 8 != t->seq)
+					continue;
+				t->far_answered |= bit;
+				if (fw.status != IBV_WC_SUCCESS)
+					continue;
+				t->far_okmask |= bit;
+				ok = ok || j == 0; /* a answered through the fabric */
+			}
 		t->posted = posted;
 		t->answered = answered;
+		bool all = answered == posted && t->far_answered == far_posted;
 		/* alive; the other siblings' answers are waited for a moment, so that
 		 * the pairs can be kept (nothing of theirs outstanding) */
-		if (ok && (answered == posted || (!t->calibrate && ok_at(t, now))))
+		if (ok && (all || (!t->calibrate && ok_at(t, now))))
 			return 0;
 		if (__atomic_load_n(&r2cc_eng.stop, __ATOMIC_RELAXED))
 			return -1; /* the process is exiting */
@@ -375,7 +419,7 @@ static int selftest_run(struct selftest *t)
 		if (drain > until - selftest_window(t)) {
 			/* every write came back with an error while the NIC drained: no
 			 * more evidence will come from this test */
-			if (answered == posted)
+			if (all)
 				return -1;
 			until = drain + selftest_window(t);
 			continue;
@@ -389,10 +433,13 @@ static int selftest_run(struct selftest *t)
 				   !(b_busy[i] && r2cc_stall_drained(t->b[i]) == db[i]) &&
 				   !nic_failed_lately(t->b[i]) && selftest_reaches(t->a, t->b[i]));
 		}
+		/* a far witness: the sibling reached a's peer NIC, which a did not */
+		witness =
+		    witness || ((t->far_okmask & FAR_WITNESS_BITS) && !nic_failed_lately(t->b[0]));
 		if (fresh && witness)
 			return 1; /* it completed nothing (busy or idle) and its tests went
 				   * unanswered by siblings that are not stuck themselves */
-		if (now_ns() - start >= SELFTEST_MAX_NS || (fresh && answered == posted))
+		if (now_ns() - start >= SELFTEST_MAX_NS || (fresh && all))
 			return -1;
 		/* the model lags, or no sibling is a witness yet: a while longer */
 		until = now_ns() + selftest_window(t);
@@ -550,6 +597,16 @@ static void *selftest_main(void *arg)
 {
 	struct selftest *t = arg;
 	int verdict = -1;
+	if (t->nb == 1 && !t->calibrate && !t->failback)
+		t->nfar = r2cc_far_prepare(t->a, t->b[0], t->far, t->far_only);
+	if (t->far_only) {
+		R2CC_INFO("repair: %s: far probes through %s to %d peer NIC(s) %s", t->a->name,
+			  t->b[0]->name, t->nfar,
+			  t->nfar ? "ready" : "not set up (tried again later)");
+		selftest_free(t);
+		__atomic_sub_fetch(&r2cc_eng.selftests, 1, __ATOMIC_ACQ_REL);
+		return NULL;
+	}
 	struct st_cache *c = cache_of(t);
 	if (c)
 		cache_take(t, c);
@@ -558,6 +615,12 @@ static void *selftest_main(void *arg)
 		verdict = selftest_run(t);
 	if (c)
 		cache_put(t, c, verdict);
+	/* far pairs whose writes did not both come back successfully are not kept */
+	for (int k = 0; k < t->nfar; k++) {
+		int mine = t->far_posted >> (2 * k) & 3, good = t->far_okmask >> (2 * k) & 3;
+		if (verdict == 1 || mine != good)
+			r2cc_far_drop(t->a, t->far[k]);
+	}
 	char through[3 * R2CC_NIC_NAME_MAX] = "";
 	for (int i = 0; i < t->nb; i++)
 		snprintf(through + strlen(through), sizeof(through) - strlen(through), "%s%s",
@@ -569,11 +632,15 @@ static void *selftest_main(void *arg)
 			r2cc_failback_verdict(i, verdict);
 	} else if (verdict == 1) {
 		__atomic_add_fetch(&r2cc_eng.selftests_failed, 1, __ATOMIC_RELAXED);
-		char why[256];
+		char why[320];
 		snprintf(why, sizeof(why),
-			 "self-test through %.60s got no answer and the NIC completed nothing "
+			 "self-test through %.60s%s got no answer and the NIC completed nothing "
 			 "(%.100s)",
-			 through, t->why);
+			 through,
+			 t->far_okmask & FAR_WITNESS_BITS
+			     ? " and its peer NIC (which the sibling reached)"
+			     : "",
+			 t->why);
 		r2cc_nic_failed(t->a, why);
 	} else {
 		static unsigned long logged;
@@ -631,7 +698,8 @@ static void selftest_launch(struct r2cc_nic *a, const char *why, bool stall, boo
 }
 
 /* A self-test thread for a (unless one runs): true if it was started. */
-bool r2cc_selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bool failback)
+static bool selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bool failback,
+			   bool far_only)
 {
 	int zero = 0;
 	if (!__atomic_compare_exchange_n(&a->selftest, &zero, 1, false, __ATOMIC_ACQ_REL,
@@ -642,11 +710,13 @@ bool r2cc_selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bo
 		t->a = a;
 		t->calibrate = calibrate;
 		t->failback = failback;
+		t->far_only = far_only;
 		selftest_siblings(t);
 		snprintf(t->why, sizeof(t->why), "%s", why ? why : "");
 	}
 	pthread_t th;
-	if (t && t->nb && r2cc_mr_mirror_pd(a) && (t->ca = r2cc_ctx_of_nic(a))) {
+	if (t && t->nb && (!far_only || t->nb == 1) && r2cc_mr_mirror_pd(a) &&
+	    (t->ca = r2cc_ctx_of_nic(a))) {
 		pthread_attr_t at;
 		pthread_attr_init(&at);
 		pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -666,6 +736,20 @@ bool r2cc_selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bo
 	free(t);
 	__atomic_store_n(&a->selftest, 0, __ATOMIC_RELEASE);
 	return false;
+}
+
+bool r2cc_selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bool failback)
+{
+	return selftest_spawn(a, why, calibrate, failback, false);
+}
+
+/* The warm-up of a one-sibling NIC's far pairs (repair/farprobe.c), on a test
+ * thread of its own: true if it was started. */
+bool r2cc_selftest_spawn_far(struct r2cc_nic *a)
+{
+	if (__atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
+		return false;
+	return selftest_spawn(a, "far probes", false, false, true);
 }
 
 void r2cc_selftest_start(struct r2cc_nic *a, const char *why, bool stall)

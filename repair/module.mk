@@ -1,6 +1,6 @@
 # repair: sources and targets of this folder (see the top Makefile): the hot-repair
 # engine, and under model/ its models (qp_shadow, mr_mirror, cts, ledger, stall).
-REPAIR_ENGINE_SRCS := $(addprefix repair/,engine.c rqp.c detect.c scan.c localise.c fence.c placement.c path.c wire.c \
+REPAIR_ENGINE_SRCS := $(addprefix repair/,engine.c rqp.c detect.c scan.c localise.c farprobe.c fence.c placement.c path.c wire.c \
 			 exchange.c migrate.c vcq.c post.c failback.c incident.c gpuflush.c landed.c model/cts.c drill.c hook.c)
 LIBR2CC_SRCS += $(REPAIR_ENGINE_SRCS) repair/model/qp_shadow.c repair/model/ledger.c repair/model/stall.c \
 		repair/peer.c

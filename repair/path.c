@@ -220,7 +220,8 @@ static bool gid_like(struct r2cc_ctx *c, uint8_t port, int i, const struct r2cc_
  * another kind would be unroutable or leave the traffic class's network.
  */
 #define GID_TABLE_MAX 256
-static int match_sgid(struct r2cc_ctx *c, uint8_t port, const struct r2cc_qp *q, union ibv_gid *gid)
+int r2cc_path_match_sgid(struct r2cc_ctx *c, uint8_t port, const struct r2cc_qp *q,
+			 union ibv_gid *gid)
 {
 	if (!r2cc_eng.v.query_gid)
 		return -1;
@@ -331,7 +332,7 @@ int r2cc_path_new(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	    qp, nic, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
 	    r->q->path.pkey_index);
 	if (!rc && r->q->peer.has_grh) {
-		int i = match_sgid(c, nic->port ? nic->port : 1, r->q, &r->new_sgid);
+		int i = r2cc_path_match_sgid(c, nic->port ? nic->port : 1, r->q, &r->new_sgid);
 		if (i < 0) {
 			R2CC_WARN("repair: qp 0x%x: %s has no GID of the kind NCCL's path uses "
 				  "(index %u there)",

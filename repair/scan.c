@@ -131,6 +131,8 @@ void r2cc_scan(int64_t t)
 	/* NICs to test now: a request of theirs waited a scan period (the first QP
 	 * found, and how long it waited) */
 	struct r2cc_rqp *quiet[R2CC_STALL_MAX_NICS] = {NULL};
+	/* NICs with a connection: a one-sibling one gets its far pairs made */
+	struct r2cc_nic *nic_seen[R2CC_STALL_MAX_NICS] = {NULL};
 	int64_t quiet_wait[R2CC_STALL_MAX_NICS];
 	int nquiet = 0;
 	for (struct r2cc_rqp *r = r2cc_eng.all; r; r = r->next_all) {
@@ -147,6 +149,8 @@ void r2cc_scan(int64_t t)
 		}
 		bool waiting = posted != retired || r->probe_at;
 		int ni = r->cur_nic->index;
+		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS && r->tracked && !r->loopback)
+			nic_seen[ni] = r->cur_nic;
 		if (waiting && ni >= 0 && ni < R2CC_STALL_MAX_NICS)
 			busy[ni] = true;
 		/* A wait is timed from the first scan that saw it: a request posted
@@ -191,7 +195,8 @@ void r2cc_scan(int64_t t)
 		int64_t floor = r2cc_scan_floor();
 		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS) {
 			if (!nic_floor[ni]) {
-				nic_fast[ni] = r2cc_selftest_witnesses(r->cur_nic) >= 2;
+				int w = r2cc_selftest_witnesses(r->cur_nic);
+				nic_fast[ni] = w >= 2 || (w == 1 && r2cc_far_ready(r->cur_nic));
 				nic_floor[ni] = nic_fast[ni] ? floor : ONE_SIBLING_FLOOR_X * floor;
 			}
 			floor = nic_floor[ni];
@@ -230,6 +235,11 @@ void r2cc_scan(int64_t t)
 			sus[nsus++] = r;
 		}
 	}
+	pthread_mutex_unlock(&r2cc_eng.mu);
+	for (int i = 0; i < R2CC_STALL_MAX_NICS; i++)
+		if (nic_seen[i] && r2cc_selftest_witnesses(nic_seen[i]) == 1)
+			r2cc_far_warm(nic_seen[i]);
+	pthread_mutex_lock(&r2cc_eng.mu);
 	if (nquiet) {
 		pthread_mutex_unlock(&r2cc_eng.mu);
 		for (int i = 0; i < R2CC_STALL_MAX_NICS; i++)

@@ -390,7 +390,7 @@ int r2cc_repair_wire_parse(const void *payload, size_t len, void *out, int max)
 	struct rep_wire *m = out;
 	memcpy(m, (const unsigned char *)payload + sizeof(h), (size_t)n * sizeof(*m));
 	for (int i = 0; i < n; i++) {
-		if (m[i].op < OP_REQ || m[i].op > OP_SUSPECT || m[i].nlost > R2CC_SHADOW_LOST_MAX ||
+		if (m[i].op < OP_REQ || m[i].op > OP_FAR_REP || m[i].nlost > R2CC_SHADOW_LOST_MAX ||
 		    m[i].nlost > le64toh(m[i].sent))
 			return -EPROTO;
 		for (int j = 0; j < m[i].nlost; j++)

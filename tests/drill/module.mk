@@ -1,6 +1,6 @@
 # tests/drill: the runs of r2cc-verbs-drill (tools/drill, see tools/drill/README.md) that
 # make test and make bench make, and the scripts that run it many times over
-# (stall-matrix.sh, link-matrix.sh, inject-compare.sh, expect-fail.sh).
+# (stall-matrix.sh, link-matrix.sh, inject-compare.sh, expect-fail.sh, far-witness.sh).
 
 DRILL_TDIR := tests/drill
 
@@ -87,6 +87,10 @@ CPU_TESTS   += 600@$(DRILL_TDIR)/link-matrix.sh:$(BUILD):3 \
 	       60@$(DRILL):--fault:ackloss:--seeds:20:--nccl-stub \
 	       90@$(DRILL):--fault:jitter:--expect:no-repair:--seeds:20:--nccl-stub
 BENCHES     += $(DRILL_TDIR)/link-matrix.sh:$(BUILD):13
+# Far probes (repair/farprobe.c): every NIC with one sibling, a black hole and lost
+# acknowledgements found by the self-test's far witness in every scenario, under 250 ms
+# (the one-sibling timing without them: 324-356 ms).
+CPU_TESTS   += 180@$(DRILL_TDIR)/far-witness.sh:$(BUILD):2
 # Never silently unprotected (intercept/netcheck.h): NCCL's test double loads a net
 # plugin of the project's own that opens no RDMA device (tools/ncclstub/testnet.c),
 # named as a plugin of its own and as HPC-X's answers over UCX, or NCCL_NET names

@@ -52,8 +52,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	for (int i = 0; i < n; i++) {
 		const unsigned char *m = out + (size_t)i * R2CC_REPAIR_WIRE_SIZE;
-		/* op 1..5: REQ, REP, GO, NACK, SUSPECT */
-		if (m[0] < 1 || m[0] > 5 ||
+		/* op 1..7: REQ, REP, GO, NACK, SUSPECT, FAR_REQ, FAR_REP */
+		if (m[0] < 1 || m[0] > 7 ||
 		    strnlen((const char *)m + R2CC_REPAIR_WIRE_NEW_NIC, 64) == 64 ||
 		    strnlen((const char *)m + R2CC_REPAIR_WIRE_ORIG_NIC, 64) == 64)
 			abort();

@@ -206,7 +206,7 @@ static void wire_seeds(void)
 {
 	unsigned char m[R2CC_REPAIR_WIRE_HDR + 3 * R2CC_REPAIR_WIRE_SIZE +
 			R2CC_REPAIR_WIRE_MAP_HDR + 24 + 24] = {R2CC_REPAIR_WIRE_VERSION, 0, 1, 0};
-	for (int op = 1; op <= 5; op++) {
+	for (int op = 1; op <= 7; op++) { /* REQ .. SUSPECT, FAR_REQ, FAR_REP */
 		wire_entry(m + R2CC_REPAIR_WIRE_HDR, op);
 		char name[16];
 		snprintf(name, sizeof(name), "op%d", op);

@@ -1,0 +1,456 @@
+/*
+ * Far probes: a witness beyond the node for the self-test of a NIC with one
+ * sibling (repair/localise.c).
+ *
+ * A self-test through one sibling cannot tell which of the two NICs died once the
+ * live one's traffic stops behind the dead one's: each test of the pair fails the
+ * other's. A far probe asks the peer process of one of the NIC's connections for
+ * a responder QP on that connection's peer NIC, p, for each of two requester QPs
+ * of this process: one on the suspect NIC a, one on its sibling b. a's QP takes
+ * the data's own path (NCCL's GID index, traffic class, SL, flow label, MTU); b's
+ * the matching GID of b. A zero-byte write on each is answered by p's hardware: an
+ * answer to a's proves a alive; silence from a while b's is answered proves b and p
+ * alive and reachable, so a, silent to both b and p, is the dead one. Silence from
+ * both says nothing about a (p may be the dead one; its own process tests it).
+ *
+ * The set-up is one message each way over the control plane (OP_FAR_REQ, OP_FAR_REP
+ * in the repair exchange's wire format), made once per NIC and peer and kept: a
+ * test is then a post and a poll. The first is made before any failure, when the
+ * stall scan sees a one-sibling NIC whose connections' peers are known
+ * (r2cc_far_warm); no probe is sent then. The responder keeps at most
+ * FAR_SERVED_MAX QPs for other processes' tests, the oldest going first; a QP it
+ * dropped makes that peer's far probes silent, which never fails a NIC (it only
+ * takes the witness away).
+ */
+#include "repair/engine_priv.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FAR_SERVED_MAX	 64
+#define FAR_CANDIDATES	 8
+#define FAR_RETRY_NS	 20000000ll   /* a warm-up that found nothing is tried again after, */
+#define FAR_RETRY_MAX_NS 2000000000ll /* doubling up to this */
+#define FAR_REQ_WAIT_MS	 200	      /* the longest wait for a peer's answer to a set-up */
+
+/* Per NIC (registry index): the far pairs its tests use. Only the NIC's own test
+ * thread touches them (one runs at a time); ready is read by the stall scan. */
+static struct far_nic {
+	struct far_pair p[R2CC_FAR_PEERS];
+	int ready;	  /* atomic: pairs set up (0..R2CC_FAR_PEERS) */
+	int64_t next_try; /* atomic: no warm-up before */
+	int64_t retry;	  /* the wait after a warm-up that made none (its thread) */
+} far_nic[R2CC_STALL_MAX_NICS];
+
+/* Set-ups waiting for their OP_FAR_REP. */
+static pthread_mutex_t far_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t far_cv = PTHREAD_COND_INITIALIZER;
+static struct far_wait {
+	uint64_t id;
+	bool done;
+	int status;
+	uint32_t qpn;
+} far_waits[2 * R2CC_STALL_MAX_NICS];
+static uint64_t far_next_id;
+
+/* Responder QPs kept for other processes' tests (repair thread only). */
+static struct far_served {
+	struct ibv_qp *qp;
+	int64_t made;
+} far_served[FAR_SERVED_MAX];
+static struct ibv_cq *far_served_cq[R2CC_STALL_MAX_NICS];
+
+/* A connection of a to probe its peer NIC through: what the set-up needs of it,
+ * copied under r2cc_eng.mu. */
+struct far_cand {
+	struct r2cc_peer_ep ours, theirs;
+	struct r2cc_qp q; /* NCCL's QP's path, peer and MTU (nothing else is copied) */
+	bool waiting;	  /* a signalled request of it is outstanding */
+};
+
+struct far_scan {
+	const struct r2cc_nic *a;
+	int n;
+	struct far_cand c[FAR_CANDIDATES];
+};
+
+static bool far_candidate(const struct r2cc_rqp *r, const void *arg)
+{
+	struct far_scan *s = (struct far_scan *)arg;
+	const struct r2cc_qp *q = r2cc_rqp_qp(r);
+	int st = load_state(r);
+	if (!q || r->loopback || r->cur_nic != s->a || r->orig_nic != s->a || st != RQ_HEALTHY ||
+	    !__atomic_load_n(&r->ready, __ATOMIC_ACQUIRE) || !r->tracked ||
+	    r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote))
+		return false;
+	uint64_t posted = 0, retired = 0;
+	if (r->cur_sh)
+		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
+	bool waiting = posted != retired;
+	/* only what NCCL set by RTR (its other fields change under other threads) */
+	struct r2cc_qp path;
+	memset(&path, 0, sizeof(path));
+	path.path = q->path;
+	path.peer = q->peer;
+	path.path_mtu = q->path_mtu;
+	/* distinct peer NICs only, the waiting connections first */
+	for (int i = 0; i < s->n; i++)
+		if (s->c[i].q.peer.lid == q->peer.lid &&
+		    !memcmp(s->c[i].q.peer.gid.raw, q->peer.gid.raw, 16)) {
+			if (waiting && !s->c[i].waiting)
+				s->c[i] = (struct far_cand){r->ep_local, r->ep_remote, path, true};
+			return false;
+		}
+	if (s->n < FAR_CANDIDATES)
+		s->c[s->n++] = (struct far_cand){r->ep_local, r->ep_remote, path, waiting};
+	return false;
+}
+
+static void far_pair_free(struct far_pair *p)
+{
+	for (int j = 0; j < 2; j++) {
+		r2cc_destroy_private(p->qp[j], p->cq[j]);
+		p->qp[j] = NULL;
+		p->cq[j] = NULL;
+	}
+	p->b = NULL;
+	p->dir = NULL;
+}
+
+/* Our end of a pair on via, in INIT, on its own CQ. */
+static int far_qp_new(struct r2cc_nic *via, const struct r2cc_qp *q, struct ibv_qp **qp,
+		      struct ibv_cq **cq)
+{
+	struct r2cc_ctx *c = r2cc_ctx_of_nic(via);
+	struct ibv_pd *pd = r2cc_mr_mirror_pd(via);
+	if (!c || !pd)
+		return -ENODEV;
+	*cq = r2cc_eng.v.create_cq(c->ctx, 4, NULL, NULL, 0);
+	if (!*cq)
+		return -ENOMEM;
+	r2cc_own_add(*cq);
+	struct ibv_qp_init_attr ia = {
+	    .send_cq = *cq,
+	    .recv_cq = *cq,
+	    .qp_type = IBV_QPT_RC,
+	    .cap = {.max_send_wr = 2, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
+	*qp = r2cc_eng.v.create_qp(pd, &ia);
+	if (!*qp)
+		return -ENOMEM;
+	r2cc_own_add(*qp);
+	return r2cc_own_qp_init(*qp, via, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+				q->path.pkey_index);
+}
+
+/* Asks the peer for a responder QP on its NIC of connection c, for our QP qp on
+ * via (whose source GID there is gid); waits for its answer. 0 and *qpn, or a
+ * negative errno. The test thread. */
+static int far_ask(const struct r2cc_ctl_dir *dir, int rank, const struct far_cand *c,
+		   struct r2cc_nic *via, struct ibv_qp *qp, const uint8_t *gid, uint32_t *qpn)
+{
+	struct far_wait *w = NULL;
+	pthread_mutex_lock(&far_mu);
+	for (size_t i = 0; i < sizeof(far_waits) / sizeof(far_waits[0]) && !w; i++)
+		if (!far_waits[i].id)
+			w = &far_waits[i];
+	if (w) {
+		w->id = ++far_next_id;
+		w->done = false;
+	}
+	pthread_mutex_unlock(&far_mu);
+	if (!w)
+		return -EBUSY;
+	struct rep_wire m;
+	memset(&m, 0, sizeof(m));
+	m.op = OP_FAR_REQ;
+	m.pair_id = htole64(w->id);
+	r2cc_peer_ep_put(&c->ours, m.src);
+	r2cc_peer_ep_put(&c->theirs, m.dst);
+	m.new_qpn = htole32(qp->qp_num);
+	m.new_lid = htole16(via->lid);
+	m.new_port = via->port ? via->port : 1;
+	m.new_mtu = (uint8_t)(c->q.path_mtu ? c->q.path_mtu : IBV_MTU_1024);
+	memcpy(m.new_gid, gid, 16);
+	snprintf(m.new_nic, sizeof(m.new_nic), "%s", via->name);
+	int rc = r2cc_wire_send(dir, rank, &m, 1, NULL, 0);
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_nsec += (long)FAR_REQ_WAIT_MS * 1000000L;
+	until.tv_sec += until.tv_nsec / 1000000000L;
+	until.tv_nsec %= 1000000000L;
+	pthread_mutex_lock(&far_mu);
+	while (!rc && !w->done)
+		if (pthread_cond_timedwait(&far_cv, &far_mu, &until) == ETIMEDOUT)
+			rc = -ETIMEDOUT;
+	if (!rc) {
+		rc = w->status;
+		*qpn = w->qpn;
+	}
+	w->id = 0;
+	pthread_mutex_unlock(&far_mu);
+	return rc;
+}
+
+/* One pair towards the peer NIC of c: a's QP and b's, each with a responder there. */
+static int far_pair_build(struct far_pair *p, struct r2cc_nic *a, struct r2cc_nic *b,
+			  const struct far_cand *c, const struct r2cc_ctl_dir *dir, int rank)
+{
+	const struct r2cc_qp *q = &c->q;
+	struct r2cc_nic *via[2] = {a, b};
+	p->dir = dir;
+	p->rank = rank;
+	p->theirs = c->theirs;
+	p->b = b;
+	for (int j = 0; j < 2; j++) {
+		union ibv_gid sgid;
+		int sgid_index = q->path.sgid_index;
+		memcpy(sgid.raw, q->peer.has_grh ? q->peer.sgid.raw : via[j]->gid.raw, 16);
+		if (j == 1 && q->peer.has_grh) {
+			struct r2cc_ctx *cb = r2cc_ctx_of_nic(b);
+			sgid_index =
+			    cb ? r2cc_path_match_sgid(cb, b->port ? b->port : 1, q, &sgid) : -1;
+			if (sgid_index < 0)
+				return -ENOENT;
+		} else if (j == 1) {
+			memcpy(sgid.raw, b->gid.raw, 16);
+		}
+		uint32_t qpn = 0;
+		int rc = far_qp_new(via[j], q, &p->qp[j], &p->cq[j]);
+		if (!rc)
+			rc = far_ask(dir, rank, c, via[j], p->qp[j], sgid.raw, &qpn);
+		if (rc)
+			return rc;
+		struct qp_link l = {
+		    .qpn = qpn,
+		    .lid = q->peer.lid,
+		    .mtu = (enum ibv_mtu)(q->path_mtu ? q->path_mtu : IBV_MTU_1024),
+		    .gid = q->peer.has_grh ? q->peer.gid.raw : NULL,
+		    .sgid_index = (uint8_t)sgid_index,
+		    .hop_limit = q->path.hop_limit,
+		    .traffic_class = q->path.traffic_class,
+		    .flow_label = q->path.flow_label,
+		    .sl = q->path.sl,
+		    .timeout = 14,
+		    .retry_cnt = 7,
+		    .rnr_retry = 7,
+		};
+		rc = r2cc_own_qp_connect(p->qp[j], via[j], &l);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/*
+ * The far pairs of a's test through its one sibling b: those kept (through b, the
+ * NICs involved not failed since), and with build (the warm-up), completed up to
+ * R2CC_FAR_PEERS with new ones to the peer NICs of a's connections (the waiting
+ * ones first). A stall test only takes what is ready: a set-up waits on the peer.
+ * Returns how many are ready. The NIC's test thread.
+ */
+int r2cc_far_prepare(struct r2cc_nic *a, struct r2cc_nic *b, struct far_pair **out, bool build)
+{
+	int i = a->index;
+	if (i < 0 || i >= R2CC_STALL_MAX_NICS || !b)
+		return 0;
+	struct far_nic *f = &far_nic[i];
+	int ready = 0;
+	for (int k = 0; k < R2CC_FAR_PEERS; k++) {
+		struct far_pair *p = &f->p[k];
+		if (p->dir && (p->b != b || r2cc_nic_failure_at(i) >= p->built ||
+			       r2cc_nic_failure_at(b->index) >= p->built))
+			far_pair_free(p);
+		if (p->dir)
+			ready++;
+	}
+	if (build && ready < R2CC_FAR_PEERS) {
+		struct far_scan s = {.a = a};
+		struct r2cc_rqp **none;
+		r2cc_rqp_collect(&none, far_candidate, &s);
+		r2cc_rqp_collect_done(none);
+		for (int w = 1; w >= 0; w--) /* the waiting connections first */
+			for (int c = 0; c < s.n && ready < R2CC_FAR_PEERS; c++) {
+				const struct r2cc_ctl_dir *dir;
+				int rank;
+				if (s.c[c].waiting != (w == 1) ||
+				    r2cc_peer_of(&s.c[c].ours, &dir, &rank))
+					continue;
+				bool have = false;
+				for (int k = 0; k < R2CC_FAR_PEERS; k++)
+					have = have ||
+					       (f->p[k].dir && r2cc_peer_ep_equal(&f->p[k].theirs,
+										  &s.c[c].theirs));
+				if (have)
+					continue;
+				struct far_pair *p = NULL;
+				for (int k = 0; k < R2CC_FAR_PEERS && !p; k++)
+					if (!f->p[k].dir)
+						p = &f->p[k];
+				if (!p)
+					break;
+				p->built = now_ns();
+				if (far_pair_build(p, a, b, &s.c[c], dir, rank) == 0)
+					ready++;
+				else
+					far_pair_free(p);
+			}
+	}
+	int n = 0;
+	for (int k = 0; k < R2CC_FAR_PEERS; k++)
+		if (f->p[k].dir)
+			out[n++] = &f->p[k];
+	__atomic_store_n(&f->ready, n, __ATOMIC_RELAXED);
+	if (build) {
+		f->retry = n ? 0 : f->retry ? 2 * f->retry : FAR_RETRY_NS;
+		if (f->retry > FAR_RETRY_MAX_NS)
+			f->retry = FAR_RETRY_MAX_NS;
+		__atomic_store_n(&f->next_try, now_ns() + f->retry, __ATOMIC_RELAXED);
+	}
+	return n;
+}
+
+/* A pair whose probe did not come back successfully in a test is not kept (it
+ * may hold a write that never completes). The NIC's test thread. */
+void r2cc_far_drop(struct r2cc_nic *a, struct far_pair *p)
+{
+	far_pair_free(p);
+	int i = a->index, n = 0;
+	for (int k = 0; i >= 0 && i < R2CC_STALL_MAX_NICS && k < R2CC_FAR_PEERS; k++)
+		n += far_nic[i].p[k].dir != NULL;
+	if (i >= 0 && i < R2CC_STALL_MAX_NICS)
+		__atomic_store_n(&far_nic[i].ready, n, __ATOMIC_RELAXED);
+}
+
+/* Whether a's tests have a far witness ready (any thread). */
+bool r2cc_far_ready(const struct r2cc_nic *a)
+{
+	int i = a->index;
+	return i >= 0 && i < R2CC_STALL_MAX_NICS &&
+	       __atomic_load_n(&far_nic[i].ready, __ATOMIC_RELAXED) > 0;
+}
+
+/* The stall scan: a one-sibling NIC without far pairs gets them made (no probe
+ * sent); one that found no peer known yet is tried again after 20 ms, then twice
+ * as long each time up to 2 s. Repair thread. */
+void r2cc_far_warm(struct r2cc_nic *a)
+{
+	int i = a->index;
+	if (i < 0 || i >= R2CC_STALL_MAX_NICS || r2cc_far_ready(a))
+		return;
+	int64_t t = now_ns(), next = __atomic_load_n(&far_nic[i].next_try, __ATOMIC_RELAXED);
+	if (t < next ||
+	    !__atomic_compare_exchange_n(&far_nic[i].next_try, &next, t + FAR_RETRY_MAX_NS, false,
+					 __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		return;
+	if (!r2cc_selftest_spawn_far(a)) /* a test of the NIC runs: soon again */
+		__atomic_store_n(&far_nic[i].next_try, t + FAR_RETRY_NS, __ATOMIC_RELAXED);
+}
+
+/* Responder: a QP on this connection's NIC, connected to the requester's, for
+ * its far probes; answered with OP_FAR_REP. Repair thread. */
+static int far_serve_one(struct r2cc_rqp *r, const struct rep_wire *m, uint32_t *qpn)
+{
+	const struct r2cc_qp *q = r2cc_rqp_qp(r);
+	struct r2cc_nic *nic = r->orig_nic;
+	int i = nic ? nic->index : -1;
+	if (!q || r->cur_nic != nic || load_state(r) != RQ_HEALTHY || i < 0 ||
+	    i >= R2CC_STALL_MAX_NICS ||
+	    __atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
+		return -EAGAIN;
+	struct r2cc_ctx *c = r2cc_ctx_of_nic(nic);
+	struct ibv_pd *pd = r2cc_mr_mirror_pd(nic);
+	if (!c || !pd)
+		return -ENODEV;
+	if (!far_served_cq[i]) {
+		far_served_cq[i] = r2cc_eng.v.create_cq(c->ctx, 4, NULL, NULL, 0);
+		if (!far_served_cq[i])
+			return -ENOMEM;
+		r2cc_own_add(far_served_cq[i]);
+	}
+	struct ibv_qp_init_attr ia = {
+	    .send_cq = far_served_cq[i],
+	    .recv_cq = far_served_cq[i],
+	    .qp_type = IBV_QPT_RC,
+	    .cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
+	struct ibv_qp *qp = r2cc_eng.v.create_qp(pd, &ia);
+	if (!qp)
+		return -ENOMEM;
+	r2cc_own_add(qp);
+	int mtu = q->path_mtu ? q->path_mtu : IBV_MTU_1024;
+	struct qp_link l = {
+	    .qpn = le32toh(m->new_qpn),
+	    .lid = le16toh(m->new_lid),
+	    .mtu = (enum ibv_mtu)(m->new_mtu && m->new_mtu < mtu ? m->new_mtu : mtu),
+	    .gid = q->peer.has_grh ? m->new_gid : NULL,
+	    .sgid_index = q->path.sgid_index,
+	    .hop_limit = q->path.hop_limit,
+	    .traffic_class = q->path.traffic_class,
+	    .flow_label = q->path.flow_label,
+	    .sl = q->path.sl,
+	    .timeout = 14,
+	    .retry_cnt = 7,
+	    .rnr_retry = 7,
+	};
+	int rc = r2cc_own_qp_init(qp, nic, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+				  q->path.pkey_index);
+	if (!rc)
+		rc = r2cc_own_qp_connect(qp, nic, &l);
+	if (rc) {
+		r2cc_destroy_private(qp, NULL);
+		return rc;
+	}
+	int k = 0;
+	for (int j = 1; j < FAR_SERVED_MAX; j++)
+		if (!far_served[k].qp)
+			break;
+		else if (!far_served[j].qp || far_served[j].made < far_served[k].made)
+			k = j;
+	if (far_served[k].qp)
+		r2cc_destroy_private(far_served[k].qp, NULL);
+	far_served[k] = (struct far_served){qp, now_ns()};
+	*qpn = qp->qp_num;
+	return 0;
+}
+
+void r2cc_far_serve(const struct inbox *in, struct r2cc_rqp **rq, const struct r2cc_ctl_dir *dir)
+{
+	for (int i = 0; i < in->n; i++) {
+		const struct rep_wire *m = &in->m[i];
+		if (!rq[i] || m->op != OP_FAR_REQ)
+			continue;
+		uint32_t qpn = 0;
+		int rc = far_serve_one(rq[i], m, &qpn);
+		struct rep_wire a;
+		memset(&a, 0, sizeof(a));
+		a.op = OP_FAR_REP;
+		a.pair_id = m->pair_id;
+		memcpy(a.src, m->dst, sizeof(a.src));
+		memcpy(a.dst, m->src, sizeof(a.dst));
+		a.status = (int32_t)htole32((uint32_t)rc);
+		a.new_qpn = htole32(qpn);
+		r2cc_wire_send(dir, in->from_rank, &a, 1, NULL, 0);
+	}
+}
+
+/* Requester: a peer's answer to a set-up wakes its test thread. Repair thread. */
+void r2cc_far_answered(const struct inbox *in, struct r2cc_rqp **rq)
+{
+	pthread_mutex_lock(&far_mu);
+	for (int i = 0; i < in->n; i++) {
+		const struct rep_wire *m = &in->m[i];
+		uint64_t id = le64toh(m->pair_id);
+		if (!rq[i] || m->op != OP_FAR_REP || !id)
+			continue;
+		for (size_t k = 0; k < sizeof(far_waits) / sizeof(far_waits[0]); k++)
+			if (far_waits[k].id == id && !far_waits[k].done) {
+				far_waits[k].done = true;
+				far_waits[k].status = (int32_t)le32toh((uint32_t)m->status);
+				far_waits[k].qpn = le32toh(m->new_qpn);
+			}
+	}
+	pthread_cond_broadcast(&far_cv);
+	pthread_mutex_unlock(&far_mu);
+}
