@@ -223,9 +223,11 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 	}
 }
 
-void r2cc_nic_failed(struct r2cc_nic *nic, const char *why)
+static void nic_failed(struct r2cc_nic *nic, const char *why, bool tell_node)
 {
 	r2cc_nic_failure_seen(nic);
+	if (tell_node && __atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
+		r2cc_ledger_dead_put(nic->name, now_ns(), r2cc_eng.pid);
 	if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
 	__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_SEQ_CST);
@@ -234,6 +236,23 @@ void r2cc_nic_failed(struct r2cc_nic *nic, const char *why)
 	for (int i = 0; i < n; i++)
 		r2cc_detect_on(list[i], nic, why, IBV_WC_RETRY_EXC_ERR);
 	r2cc_rqp_collect_done(list);
+}
+
+/* The NIC itself is dead (a failed self-test, a port error, a fatal event): every
+ * queue pair on it moves, and the node's other processes are told through the
+ * ledger (repair/model/ledger.h). */
+void r2cc_nic_failed(struct r2cc_nic *nic, const char *why)
+{
+	nic_failed(nic, why, true);
+}
+
+/* Another process of this node found one of its NICs dead (the stall scan reads
+ * the ledger): the queue pairs of this process on it move at once. */
+void r2cc_nic_failed_on_node(struct r2cc_nic *nic, int pid)
+{
+	char why[96];
+	snprintf(why, sizeof(why), "found dead by process %d of this node", pid);
+	nic_failed(nic, why, false);
 }
 
 bool r2cc_repair_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)

@@ -546,8 +546,10 @@ struct r2cc_engine {
 	 * repair thread (only where NCCL's could not be asked) */
 	uint64_t reposts_nccl, reposts_repair;
 	uint64_t selftests_passed, selftests_failed, selftests_inconclusive;
-	struct r2cc_failspec declared; /* R2CC_FAILED_NODE / R2CC_FAILED_HCA */
-	int node_index;		       /* this process's node in the job, -1 unknown */
+	int64_t selftest_answer_max_ns; /* the slowest first answer of a test that passed */
+	uint64_t selftests_far;		/* tests with a far witness write posted */
+	struct r2cc_failspec declared;	/* R2CC_FAILED_NODE / R2CC_FAILED_HCA */
+	int node_index;			/* this process's node in the job, -1 unknown */
 	/* a directory R2CC_DRILL reads outside r2cc_eng.mu (repair/drill.c): not freed */
 	const struct r2cc_ctl_dir *dir_borrowed;
 	uint64_t next_pair;
@@ -599,6 +601,8 @@ bool r2cc_refused_by_dead_device(int rc);
 void r2cc_nic_dead(struct r2cc_nic *nic, const char *what, int rc);
 void r2cc_declared_apply(void);
 void r2cc_nic_failed(struct r2cc_nic *nic, const char *why);
+void r2cc_nic_failed_on_node(struct r2cc_nic *nic, int pid);
+void r2cc_place_ledger_use(void);
 
 /* repair/scan.c */
 int64_t r2cc_scan_floor(void);

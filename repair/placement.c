@@ -114,9 +114,11 @@ static bool nic_usable_pass(struct r2cc_rqp *r, struct r2cc_nic *nic, int pass)
 	return pass == 2 || !failed_on_lately(r, nic);
 }
 
-/* The node ledger (repair/model/ledger.h), opened at the first placement once the
- * job is known; its counts read 0 without it. */
-static void ledger_use(void)
+/* The node ledger (repair/model/ledger.h), opened once the job is known: by the
+ * stall scan (the node's NIC verdicts go through it from the start) or at the first
+ * placement (from which on the stall scan also reads the node's load there); its
+ * counts read 0 without it. */
+void r2cc_place_ledger_use(void)
 {
 	pthread_mutex_lock(&r2cc_eng.mu);
 	uint64_t job = r2cc_eng.ndirs > 0 ? r2cc_eng.dirs[0]->job.id : 0;
@@ -197,7 +199,8 @@ struct r2cc_nic *r2cc_place(struct r2cc_rqp *r, const char *rail)
 				return first;
 			continue;
 		}
-		ledger_use();
+		r2cc_place_ledger_use();
+		r2cc_stall_node_load();
 		struct r2cc_nic *best = NULL;
 		struct place_key best_key = {0};
 		/* Ties go round from a per-process start, so that the processes of a

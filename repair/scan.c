@@ -105,6 +105,27 @@ static void probe_quiet(struct r2cc_rqp *r, int64_t waited)
 }
 
 /*
+ * A NIC another process of this node found dead in the last NODE_DEAD_NS (the
+ * ledger): this process's queue pairs on it move now, not when its own scan and
+ * self-test find the same (the processes of a node share the NIC; the verdict is
+ * about the NIC, not a path). Each verdict is taken once. Repair thread.
+ */
+#define NODE_DEAD_NS 2000000000ll
+static void node_verdict(struct r2cc_nic *nic, int64_t t)
+{
+	static int64_t taken[R2CC_STALL_MAX_NICS];
+	int i = nic->index, pid = 0;
+	if (i < 0 || i >= R2CC_STALL_MAX_NICS ||
+	    __atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
+		return;
+	int64_t d = r2cc_ledger_dead_at(nic->name, &pid);
+	if (d <= taken[i] || pid == r2cc_eng.pid || t - d > NODE_DEAD_NS)
+		return;
+	taken[i] = d;
+	r2cc_nic_failed_on_node(nic, pid);
+}
+
+/*
  * Stall scan, every SCAN_NS. A QP whose oldest signalled request waited a scan
  * period has its NIC tested (probe_quiet). A QP whose oldest signalled request
  * (NCCL's, or R2CC's probe) has waited longer than what the node had queued ahead of it on
@@ -118,6 +139,14 @@ static void probe_quiet(struct r2cc_rqp *r, int64_t waited)
  */
 void r2cc_scan(int64_t t)
 {
+	static bool ledger;
+	if (!ledger && r2cc_eng.ndirs > 0) {
+		/* the node's table, as soon as the job is known (not under the mutex) */
+		pthread_mutex_unlock(&r2cc_eng.mu);
+		r2cc_place_ledger_use();
+		ledger = true;
+		pthread_mutex_lock(&r2cc_eng.mu);
+	}
 	account(t);
 	/* per NIC: its floor (0 until looked up: R2CC_STALL_MS, or ONE_SIBLING_FLOOR_X
 	 * times it with one sibling to test through), and whether it has the siblings
@@ -236,9 +265,13 @@ void r2cc_scan(int64_t t)
 		}
 	}
 	pthread_mutex_unlock(&r2cc_eng.mu);
-	for (int i = 0; i < R2CC_STALL_MAX_NICS; i++)
-		if (nic_seen[i] && r2cc_selftest_witnesses(nic_seen[i]) == 1)
+	for (int i = 0; i < R2CC_STALL_MAX_NICS; i++) {
+		if (!nic_seen[i])
+			continue;
+		if (r2cc_selftest_witnesses(nic_seen[i]) >= 1)
 			r2cc_far_warm(nic_seen[i]);
+		node_verdict(nic_seen[i], t);
+	}
 	pthread_mutex_lock(&r2cc_eng.mu);
 	if (nquiet) {
 		pthread_mutex_unlock(&r2cc_eng.mu);

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LEDGER_MAGIC 0x5232504eu /* "R2PN": the table with load rows and failures */
+#define LEDGER_MAGIC 0x52325044u /* "R2PD": load rows, failures and dead NICs */
 #define LEDGER_SLOTS 64
 #define LEDGER_ROWS  64		  /* processes of one node that publish their load */
 #define LIVE_NS	     1000000000ll /* how long a row's liveness check is trusted */
@@ -32,6 +32,9 @@ struct slot {
 	char name[R2CC_NIC_NAME_MAX];
 	int32_t moved[2];
 	int64_t failed_at; /* the last failure any process saw on the NIC (monotonic ns) */
+	int64_t dead_at;   /* the last time a process found the NIC itself dead */
+	int32_t dead_pid;  /* ... and which */
+	int32_t pad;
 };
 
 /* One process's load, per NIC slot; pid 0 is a free row. */
@@ -204,6 +207,27 @@ int64_t r2cc_ledger_failed_at(const char *nic)
 {
 	struct slot *s = find(nic, false);
 	return s ? __atomic_load_n(&s->failed_at, __ATOMIC_RELAXED) : 0;
+}
+
+void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid)
+{
+	struct slot *s = find(nic, true);
+	if (!s)
+		return;
+	/* the pid first: a reader that sees the time sees whose it is (or a later one's) */
+	__atomic_store_n(&s->dead_pid, pid, __ATOMIC_RELAXED);
+	int64_t was = __atomic_load_n(&s->dead_at, __ATOMIC_RELAXED);
+	while (was < when && !__atomic_compare_exchange_n(&s->dead_at, &was, when, false,
+							  __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+		;
+}
+
+int64_t r2cc_ledger_dead_at(const char *nic, int *pid)
+{
+	struct slot *s = find(nic, false);
+	int64_t t = s ? __atomic_load_n(&s->dead_at, __ATOMIC_ACQUIRE) : 0;
+	*pid = s ? __atomic_load_n(&s->dead_pid, __ATOMIC_RELAXED) : 0;
+	return t;
 }
 
 int r2cc_ledger_get(const char *nic, int dir)

@@ -30,6 +30,12 @@ struct nic_load {
 
 static struct nic_load load[R2CC_STALL_MAX_NICS];
 static int64_t updated;
+static bool node_load; /* the node's load from the ledger (repair thread) */
+
+void r2cc_stall_node_load(void)
+{
+	node_load = true;
+}
 
 static struct nic_load *of(const struct r2cc_nic *nic)
 {
@@ -78,7 +84,7 @@ void r2cc_stall_scan_end(int64_t now)
 		struct r2cc_nic *nic = r2cc_nic_by_index(i);
 		struct nic_load *l = &load[i];
 		uint64_t q = l->own_queued, d = l->own_drained;
-		if (nic) {
+		if (nic && node_load) {
 			r2cc_ledger_load_put(nic->name, l->own_queued, l->own_drained);
 			uint64_t nq, nd;
 			if (r2cc_ledger_load_get(nic->name, &nq, &nd)) {

@@ -3,9 +3,10 @@
  * stall scan (docs/architecture.md, Hot repair: a stall is no progress that the queue cannot
  * explain, never a fixed age).
  *
- * Per NIC it keeps the bytes the node has posted and not seen complete (every
- * R2CC process of the node publishes its own through the node ledger,
- * repair/model/ledger.h), the bytes seen complete, when that last advanced, and the
+ * Per NIC it keeps the bytes the node has posted and not seen complete (from the
+ * process's first repair placement on, every R2CC process of the node publishes its
+ * own through the node ledger, repair/model/ledger.h, and reads the node's sums;
+ * before, its own), the bytes seen complete, when that last advanced, and the
  * NIC's drain rate as measured: the best rate over 100 ms of busy time in the
  * last 10 s (the port's speed and width until there is a measurement). A request
  * behind Q queued bytes on a NIC draining at R may wait floor + 2 (Q + the
@@ -35,6 +36,9 @@ void r2cc_stall_scan_begin(void);
 void r2cc_stall_account(const struct r2cc_nic *nic, uint64_t queued, uint64_t retired_delta,
 			uint32_t max_request);
 void r2cc_stall_scan_end(int64_t now);
+/* From now on the node's load from the ledger, not only this process's (the first
+ * repair placement; repair/placement.c). Repair thread. */
+void r2cc_stall_node_load(void);
 
 /* The node's bytes queued on nic, drained through it so far, and when that last
  * advanced (0: never). Any thread. */
