@@ -178,7 +178,8 @@ void r2cc_scan(int64_t t)
 		}
 		bool waiting = posted != retired || r->probe_at;
 		int ni = r->cur_nic->index;
-		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS && r->tracked && !r->loopback)
+		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS && !r->loopback &&
+		    __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE) && r->tracked)
 			nic_seen[ni] = r->cur_nic;
 		if (waiting && ni >= 0 && ni < R2CC_STALL_MAX_NICS)
 			busy[ni] = true;
