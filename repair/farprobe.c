@@ -68,7 +68,6 @@ static struct ibv_cq *far_served_cq[R2CC_STALL_MAX_NICS];
 struct far_cand {
 	struct r2cc_peer_ep ours, theirs;
 	struct r2cc_qp q; /* NCCL's QP's path, peer and MTU (nothing else is copied) */
-	bool waiting;	  /* a signalled request of it is outstanding */
 };
 
 struct far_scan {
@@ -79,33 +78,27 @@ struct far_scan {
 
 static bool far_candidate(const struct r2cc_rqp *r, const void *arg)
 {
+	/* A test thread, under r2cc_eng.mu: only what the repair thread does not change
+	 * meanwhile, or changes atomically (the NIC a QP is on, its state); what NCCL set
+	 * by RTR is published by the ready flag. */
 	struct far_scan *s = (struct far_scan *)arg;
 	const struct r2cc_qp *q = r2cc_rqp_qp(r);
-	int st = load_state(r);
-	if (!q || r->loopback || r->cur_nic != s->a || r->orig_nic != s->a || st != RQ_HEALTHY ||
-	    !__atomic_load_n(&r->ready, __ATOMIC_ACQUIRE) || !r->tracked ||
-	    r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote))
+	if (!q || __atomic_load_n(&r->cur_nic, __ATOMIC_ACQUIRE) != s->a || r->orig_nic != s->a ||
+	    load_state(r) != RQ_HEALTHY || !__atomic_load_n(&r->ready, __ATOMIC_ACQUIRE) ||
+	    !r->tracked || r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote))
 		return false;
-	uint64_t posted = 0, retired = 0;
-	if (r->cur_sh)
-		r2cc_qp_shadow_signalled(r->cur_sh, &posted, &retired);
-	bool waiting = posted != retired;
-	/* only what NCCL set by RTR (its other fields change under other threads) */
 	struct r2cc_qp path;
 	memset(&path, 0, sizeof(path));
 	path.path = q->path;
 	path.peer = q->peer;
 	path.path_mtu = q->path_mtu;
-	/* distinct peer NICs only, the waiting connections first */
+	/* distinct peer NICs only */
 	for (int i = 0; i < s->n; i++)
 		if (s->c[i].q.peer.lid == q->peer.lid &&
-		    !memcmp(s->c[i].q.peer.gid.raw, q->peer.gid.raw, 16)) {
-			if (waiting && !s->c[i].waiting)
-				s->c[i] = (struct far_cand){r->ep_local, r->ep_remote, path, true};
+		    !memcmp(s->c[i].q.peer.gid.raw, q->peer.gid.raw, 16))
 			return false;
-		}
 	if (s->n < FAR_CANDIDATES)
-		s->c[s->n++] = (struct far_cand){r->ep_local, r->ep_remote, path, waiting};
+		s->c[s->n++] = (struct far_cand){r->ep_local, r->ep_remote, path};
 	return false;
 }
 
@@ -247,8 +240,8 @@ static int far_pair_build(struct far_pair *p, struct r2cc_nic *a, struct r2cc_ni
 /*
  * The far pairs of a's test through its one sibling b: those kept (through b, the
  * NICs involved not failed since), and with build (the warm-up), completed up to
- * R2CC_FAR_PEERS with new ones to the peer NICs of a's connections (the waiting
- * ones first). A stall test only takes what is ready: a set-up waits on the peer.
+ * R2CC_FAR_PEERS with new ones to the peer NICs of a's connections. A stall test
+ * only takes what is ready: a set-up waits on the peer.
  * Returns how many are ready. The NIC's test thread.
  */
 int r2cc_far_prepare(struct r2cc_nic *a, struct r2cc_nic *b, struct far_pair **out, bool build)
@@ -271,32 +264,29 @@ int r2cc_far_prepare(struct r2cc_nic *a, struct r2cc_nic *b, struct far_pair **o
 		struct r2cc_rqp **none;
 		r2cc_rqp_collect(&none, far_candidate, &s);
 		r2cc_rqp_collect_done(none);
-		for (int w = 1; w >= 0; w--) /* the waiting connections first */
-			for (int c = 0; c < s.n && ready < R2CC_FAR_PEERS; c++) {
-				const struct r2cc_ctl_dir *dir;
-				int rank;
-				if (s.c[c].waiting != (w == 1) ||
-				    r2cc_peer_of(&s.c[c].ours, &dir, &rank))
-					continue;
-				bool have = false;
-				for (int k = 0; k < R2CC_FAR_PEERS; k++)
-					have = have ||
-					       (f->p[k].dir && r2cc_peer_ep_equal(&f->p[k].theirs,
+		for (int c = 0; c < s.n && ready < R2CC_FAR_PEERS; c++) {
+			const struct r2cc_ctl_dir *dir;
+			int rank;
+			if (r2cc_peer_of(&s.c[c].ours, &dir, &rank))
+				continue;
+			bool have = false;
+			for (int k = 0; k < R2CC_FAR_PEERS; k++)
+				have = have || (f->p[k].dir && r2cc_peer_ep_equal(&f->p[k].theirs,
 										  &s.c[c].theirs));
-				if (have)
-					continue;
-				struct far_pair *p = NULL;
-				for (int k = 0; k < R2CC_FAR_PEERS && !p; k++)
-					if (!f->p[k].dir)
-						p = &f->p[k];
-				if (!p)
-					break;
-				p->built = now_ns();
-				if (far_pair_build(p, a, b, &s.c[c], dir, rank) == 0)
-					ready++;
-				else
-					far_pair_free(p);
-			}
+			if (have)
+				continue;
+			struct far_pair *p = NULL;
+			for (int k = 0; k < R2CC_FAR_PEERS && !p; k++)
+				if (!f->p[k].dir)
+					p = &f->p[k];
+			if (!p)
+				break;
+			p->built = now_ns();
+			if (far_pair_build(p, a, b, &s.c[c], dir, rank) == 0)
+				ready++;
+			else
+				far_pair_free(p);
+		}
 	}
 	int n = 0;
 	for (int k = 0; k < R2CC_FAR_PEERS; k++)
