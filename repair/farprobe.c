@@ -138,6 +138,29 @@ static int far_qp_new(struct r2cc_nic *via, const struct r2cc_qp *q, struct ibv_
 				q->path.pkey_index);
 }
 
+/* A far pair's link with NCCL's path attributes of q (class, flow label, hop limit,
+ * SL), towards qpn at lid (and gid, with a GRH) from our GID index sgid_index. The
+ * transport's timeouts are the self-test's: long enough for a loaded fabric, the
+ * verdict being the test's own. */
+static struct qp_link far_link(const struct r2cc_qp *q, uint32_t qpn, uint16_t lid,
+			       const uint8_t *gid, int sgid_index, int mtu)
+{
+	return (struct qp_link){
+	    .qpn = qpn,
+	    .lid = lid,
+	    .mtu = (enum ibv_mtu)mtu,
+	    .gid = gid,
+	    .sgid_index = (uint8_t)sgid_index,
+	    .hop_limit = q->path.hop_limit,
+	    .traffic_class = q->path.traffic_class,
+	    .flow_label = q->path.flow_label,
+	    .sl = q->path.sl,
+	    .timeout = 14,
+	    .retry_cnt = 7,
+	    .rnr_retry = 7,
+	};
+}
+
 /* Asks the peer for a responder QP on its NIC of connection c, for our QP qp on
  * via (whose source GID there is gid); waits for its answer. 0 and *qpn, or a
  * negative errno. The test thread. */
@@ -216,20 +239,9 @@ static int far_pair_build(struct far_pair *p, struct r2cc_nic *a, struct r2cc_ni
 			rc = far_ask(dir, rank, c, via[j], p->qp[j], sgid.raw, &qpn);
 		if (rc)
 			return rc;
-		struct qp_link l = {
-		    .qpn = qpn,
-		    .lid = q->peer.lid,
-		    .mtu = (enum ibv_mtu)(q->path_mtu ? q->path_mtu : IBV_MTU_1024),
-		    .gid = q->peer.has_grh ? q->peer.gid.raw : NULL,
-		    .sgid_index = (uint8_t)sgid_index,
-		    .hop_limit = q->path.hop_limit,
-		    .traffic_class = q->path.traffic_class,
-		    .flow_label = q->path.flow_label,
-		    .sl = q->path.sl,
-		    .timeout = 14,
-		    .retry_cnt = 7,
-		    .rnr_retry = 7,
-		};
+		struct qp_link l =
+		    far_link(q, qpn, q->peer.lid, q->peer.has_grh ? q->peer.gid.raw : NULL,
+			     sgid_index, q->path_mtu ? q->path_mtu : IBV_MTU_1024);
 		rc = r2cc_own_qp_connect(p->qp[j], via[j], &l);
 		if (rc)
 			return rc;
@@ -370,20 +382,9 @@ static int far_serve_one(struct r2cc_rqp *r, const struct rep_wire *m, uint32_t 
 		return -ENOMEM;
 	r2cc_own_add(qp);
 	int mtu = q->path_mtu ? q->path_mtu : IBV_MTU_1024;
-	struct qp_link l = {
-	    .qpn = le32toh(m->new_qpn),
-	    .lid = le16toh(m->new_lid),
-	    .mtu = (enum ibv_mtu)(m->new_mtu && m->new_mtu < mtu ? m->new_mtu : mtu),
-	    .gid = q->peer.has_grh ? m->new_gid : NULL,
-	    .sgid_index = q->path.sgid_index,
-	    .hop_limit = q->path.hop_limit,
-	    .traffic_class = q->path.traffic_class,
-	    .flow_label = q->path.flow_label,
-	    .sl = q->path.sl,
-	    .timeout = 14,
-	    .retry_cnt = 7,
-	    .rnr_retry = 7,
-	};
+	struct qp_link l = far_link(q, le32toh(m->new_qpn), le16toh(m->new_lid),
+				    q->peer.has_grh ? m->new_gid : NULL, q->path.sgid_index,
+				    m->new_mtu && m->new_mtu < mtu ? m->new_mtu : mtu);
 	int rc = r2cc_own_qp_init(qp, nic, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
 				  q->path.pkey_index);
 	if (!rc)
