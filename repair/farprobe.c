@@ -192,15 +192,21 @@ static int far_ask(const struct r2cc_ctl_dir *dir, int rank, const struct far_ca
 	memcpy(m.new_gid, gid, 16);
 	snprintf(m.new_nic, sizeof(m.new_nic), "%s", via->name);
 	int rc = r2cc_wire_send(dir, rank, &m, 1, NULL, 0);
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_nsec += (long)FAR_REQ_WAIT_MS * 1000000L;
-	until.tv_sec += until.tv_nsec / 1000000000L;
-	until.tv_nsec %= 1000000000L;
+	/* in slices of 10 ms, so that a process that exits does not wait on its peers */
 	pthread_mutex_lock(&far_mu);
-	while (!rc && !w->done)
-		if (pthread_cond_timedwait(&far_cv, &far_mu, &until) == ETIMEDOUT)
+	for (int waited = 0; !rc && !w->done; waited += 10) {
+		if (waited >= FAR_REQ_WAIT_MS ||
+		    __atomic_load_n(&r2cc_eng.stop, __ATOMIC_RELAXED)) {
 			rc = -ETIMEDOUT;
+			break;
+		}
+		struct timespec until;
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_nsec += 10000000L;
+		until.tv_sec += until.tv_nsec / 1000000000L;
+		until.tv_nsec %= 1000000000L;
+		pthread_cond_timedwait(&far_cv, &far_mu, &until);
+	}
 	if (!rc) {
 		rc = w->status;
 		*qpn = w->qpn;
