@@ -227,7 +227,7 @@ static void nic_failed(struct r2cc_nic *nic, const char *why, bool tell_node)
 {
 	r2cc_nic_failure_seen(nic);
 	if (tell_node && __atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
-		r2cc_ledger_dead_put(nic->name, now_ns(), r2cc_eng.pid);
+		r2cc_ledger_dead_put(nic->name, now_ns(), r2cc_eng.pid, why);
 	if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
 	__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_SEQ_CST);
@@ -247,11 +247,12 @@ void r2cc_nic_failed(struct r2cc_nic *nic, const char *why)
 }
 
 /* Another process of this node found one of its NICs dead (the stall scan reads
- * the ledger): the queue pairs of this process on it move at once. */
-void r2cc_nic_failed_on_node(struct r2cc_nic *nic, int pid)
+ * the ledger): the queue pairs of this process on it move at once, with that
+ * process's evidence. */
+void r2cc_nic_failed_on_node(struct r2cc_nic *nic, int pid, const char *its_why)
 {
-	char why[96];
-	snprintf(why, sizeof(why), "found dead by process %d of this node", pid);
+	char why[R2CC_LEDGER_WHY + 48];
+	snprintf(why, sizeof(why), "%s (found by process %d of this node)", its_why, pid);
 	nic_failed(nic, why, false);
 }
 

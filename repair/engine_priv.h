@@ -601,7 +601,7 @@ bool r2cc_refused_by_dead_device(int rc);
 void r2cc_nic_dead(struct r2cc_nic *nic, const char *what, int rc);
 void r2cc_declared_apply(void);
 void r2cc_nic_failed(struct r2cc_nic *nic, const char *why);
-void r2cc_nic_failed_on_node(struct r2cc_nic *nic, int pid);
+void r2cc_nic_failed_on_node(struct r2cc_nic *nic, int pid, const char *its_why);
 void r2cc_place_ledger_use(void);
 
 /* repair/scan.c */

@@ -118,11 +118,12 @@ static void node_verdict(struct r2cc_nic *nic, int64_t t)
 	if (i < 0 || i >= R2CC_STALL_MAX_NICS ||
 	    __atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return;
-	int64_t d = r2cc_ledger_dead_at(nic->name, &pid);
+	char why[R2CC_LEDGER_WHY];
+	int64_t d = r2cc_ledger_dead_at(nic->name, &pid, why);
 	if (d <= taken[i] || pid == r2cc_eng.pid || t - d > NODE_DEAD_NS)
 		return;
 	taken[i] = d;
-	r2cc_nic_failed_on_node(nic, pid);
+	r2cc_nic_failed_on_node(nic, pid, why);
 }
 
 /*

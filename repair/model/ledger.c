@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LEDGER_MAGIC 0x52325044u /* "R2PD": load rows, failures and dead NICs */
+#define LEDGER_MAGIC 0x52325045u /* "R2PE": load rows, failures and dead NICs with why */
 #define LEDGER_SLOTS 64
 #define LEDGER_ROWS  64		  /* processes of one node that publish their load */
 #define LIVE_NS	     1000000000ll /* how long a row's liveness check is trusted */
@@ -33,8 +33,9 @@ struct slot {
 	int32_t moved[2];
 	int64_t failed_at; /* the last failure any process saw on the NIC (monotonic ns) */
 	int64_t dead_at;   /* the last time a process found the NIC itself dead */
-	int32_t dead_pid;  /* ... and which */
+	int32_t dead_pid;  /* ... which process */
 	int32_t pad;
+	char dead_why[R2CC_LEDGER_WHY]; /* ... and why (bytes stored one by one, atomically) */
 };
 
 /* One process's load, per NIC slot; pid 0 is a free row. */
@@ -209,12 +210,16 @@ int64_t r2cc_ledger_failed_at(const char *nic)
 	return s ? __atomic_load_n(&s->failed_at, __ATOMIC_RELAXED) : 0;
 }
 
-void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid)
+void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid, const char *why)
 {
 	struct slot *s = find(nic, true);
 	if (!s)
 		return;
-	/* the pid first: a reader that sees the time sees whose it is (or a later one's) */
+	/* the pid and the reason first: a reader that sees the time sees whose it is (or a
+	 * later one's; two at once may mix their reasons, which are only text) */
+	size_t n = strnlen(why, R2CC_LEDGER_WHY - 1);
+	for (size_t i = 0; i < R2CC_LEDGER_WHY; i++)
+		__atomic_store_n(&s->dead_why[i], i < n ? why[i] : '\0', __ATOMIC_RELAXED);
 	__atomic_store_n(&s->dead_pid, pid, __ATOMIC_RELAXED);
 	int64_t was = __atomic_load_n(&s->dead_at, __ATOMIC_RELAXED);
 	while (was < when && !__atomic_compare_exchange_n(&s->dead_at, &was, when, false,
@@ -222,11 +227,14 @@ void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid)
 		;
 }
 
-int64_t r2cc_ledger_dead_at(const char *nic, int *pid)
+int64_t r2cc_ledger_dead_at(const char *nic, int *pid, char why[R2CC_LEDGER_WHY])
 {
 	struct slot *s = find(nic, false);
 	int64_t t = s ? __atomic_load_n(&s->dead_at, __ATOMIC_ACQUIRE) : 0;
 	*pid = s ? __atomic_load_n(&s->dead_pid, __ATOMIC_RELAXED) : 0;
+	for (size_t i = 0; i < R2CC_LEDGER_WHY; i++)
+		why[i] = s ? __atomic_load_n(&s->dead_why[i], __ATOMIC_RELAXED) : '\0';
+	why[R2CC_LEDGER_WHY - 1] = '\0';
 	return t;
 }
 

@@ -53,9 +53,10 @@ int64_t r2cc_ledger_failed_at(const char *nic);
 /* A process of the node found the NIC itself dead (a failed self-test, a port error,
  * a fatal device event) at when: every other process of the node moves its queue
  * pairs off it too (repair/scan.c), instead of finding out on its own. */
-void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid);
-/* The last such verdict's time (0: none) and the process that reached it. */
-int64_t r2cc_ledger_dead_at(const char *nic, int *pid);
+#define R2CC_LEDGER_WHY 96
+void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid, const char *why);
+/* The last such verdict's time (0: none), the process that reached it and its reason. */
+int64_t r2cc_ledger_dead_at(const char *nic, int *pid, char why[R2CC_LEDGER_WHY]);
 
 /* This process's bytes queued on nic and drained through it so far (cumulative).
  * The repair thread, every stall scan. */
