@@ -352,11 +352,20 @@ enum r2cc_ar2_reason r2cc_ar2_check(const struct r2cc_ar2_layout *lay,
 	return R2CC_AR2_RAN;
 }
 
+/* Balance in place of R2CC-AllReduce, said once per reason: at INFO where that is
+ * the design (nothing degraded, a message below the threshold, one node), as a
+ * warning where R2CC steps aside from a case it would otherwise serve. A healthy
+ * job in mode 3 warns about nothing. */
 static void warn_fallback(enum r2cc_ar2_reason r)
 {
 	static int warned[R2CC_AR2_NREASONS];
 
-	if (!__atomic_exchange_n(&warned[r], 1, __ATOMIC_RELAXED))
+	if (__atomic_exchange_n(&warned[r], 1, __ATOMIC_RELAXED))
+		return;
+	if (r == R2CC_AR2_FB_NO_DEGRADED || r == R2CC_AR2_FB_SMALL || r == R2CC_AR2_FB_ONE_NODE)
+		R2CC_INFO("R2CC-AllReduce: running Balance (%s); said once per reason",
+			  reason_str[r]);
+	else
 		R2CC_WARN("R2CC-AllReduce: running Balance instead (%s); said once per reason",
 			  reason_str[r]);
 }
