@@ -140,8 +140,7 @@ static int far_qp_new(struct r2cc_nic *via, const struct r2cc_qp *q, struct ibv_
 
 /* A far pair's link with NCCL's path attributes of q (class, flow label, hop limit,
  * SL), towards qpn at lid (and gid, with a GRH) from our GID index sgid_index. The
- * transport's timeouts are the self-test's: long enough for a loaded fabric, the
- * verdict being the test's own. */
+ * transport's timeouts are the self-test's (repair/localise.c, selftest_connect). */
 static struct qp_link far_link(const struct r2cc_qp *q, uint32_t qpn, uint16_t lid,
 			       const uint8_t *gid, int sgid_index, int mtu)
 {
@@ -155,7 +154,7 @@ static struct qp_link far_link(const struct r2cc_qp *q, uint32_t qpn, uint16_t l
 	    .traffic_class = q->path.traffic_class,
 	    .flow_label = q->path.flow_label,
 	    .sl = q->path.sl,
-	    .timeout = 14,
+	    .timeout = 18,
 	    .retry_cnt = 7,
 	    .rnr_retry = 7,
 	};
