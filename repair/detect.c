@@ -226,10 +226,11 @@ void r2cc_repair_qp_ready(struct r2cc_qp *q)
 static void nic_failed(struct r2cc_nic *nic, const char *why, bool tell_node)
 {
 	r2cc_nic_failure_seen(nic);
-	if (tell_node && __atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
-		r2cc_ledger_dead_put(nic->name, now_ns(), r2cc_eng.pid, why);
-	if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP)
+	if (__atomic_load_n(&nic->state, __ATOMIC_RELAXED) == R2CC_NIC_UP) {
+		if (tell_node)
+			r2cc_ledger_dead_put(nic->name, now_ns(), r2cc_eng.pid, why);
 		R2CC_WARN("repair: %s: %s; migrating its queue pairs", nic->name, why);
+	}
 	__atomic_store_n(&nic->state, R2CC_NIC_DOWN, __ATOMIC_SEQ_CST);
 	struct r2cc_rqp **list;
 	int n = r2cc_rqp_collect(&list, r2cc_rqp_on_nic, nic);

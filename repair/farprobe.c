@@ -1,22 +1,22 @@
 /*
- * Far probes: a witness beyond the node for the self-test of a NIC with one
- * sibling (repair/localise.c).
+ * Far probes: a witness beyond the node for a NIC's self-test (repair/localise.c).
  *
  * A self-test through one sibling cannot tell which of the two NICs died once the
  * live one's traffic stops behind the dead one's: each test of the pair fails the
- * other's. A far probe asks the peer process of one of the NIC's connections for
- * a responder QP on that connection's peer NIC, p, for each of two requester QPs
- * of this process: one on the suspect NIC a, one on its sibling b. a's QP takes
- * the data's own path (NCCL's GID index, traffic class, SL, flow label, MTU); b's
- * the matching GID of b. A zero-byte write on each is answered by p's hardware: an
- * answer to a's proves a alive; silence from a while b's is answered proves b and p
- * alive and reachable, so a, silent to both b and p, is the dead one. Silence from
- * both says nothing about a (p may be the dead one; its own process tests it).
+ * other's; and a sibling whose own data waits on the dead NIC (a ring) completes
+ * nothing and is no witness however many there are. A far probe asks the peer process of one of the
+ * NIC's connections for a responder QP on that connection's peer NIC, p, for each of two requester
+ * QPs of this process: one on the suspect NIC a, one on its sibling b. a's QP takes the data's own
+ * path (NCCL's GID index, traffic class, SL, flow label, MTU); b's the matching GID of b. A
+ * zero-byte write on each is answered by p's hardware: an answer to a's proves a alive; silence
+ * from a while b's is answered proves b and p alive and reachable, so a, silent to both b and p, is
+ * the dead one. Silence from both says nothing about a (p may be the dead one; its own process
+ * tests it).
  *
  * The set-up is one message each way over the control plane (OP_FAR_REQ, OP_FAR_REP
  * in the repair exchange's wire format), made once per NIC and peer and kept: a
  * test is then a post and a poll. The first is made before any failure, when the
- * stall scan sees a one-sibling NIC whose connections' peers are known
+ * stall scan sees a NIC with a sibling whose connections' peers are known
  * (r2cc_far_warm); no probe is sent then. The responder keeps at most
  * FAR_SERVED_MAX QPs for other processes' tests, the oldest going first; a QP it
  * dropped makes that peer's far probes silent, which never fails a NIC (it only
@@ -113,29 +113,39 @@ static void far_pair_free(struct far_pair *p)
 	p->dir = NULL;
 }
 
-/* Our end of a pair on via, in INIT, on its own CQ. */
-static int far_qp_new(struct r2cc_nic *via, const struct r2cc_qp *q, struct ibv_qp **qp,
-		      struct ibv_cq **cq)
+/* A QP of a far pair on nic (in its mirror PD), on cq, in INIT with NCCL's partition
+ * key index of q; *qp is set as soon as it exists. 0 or a negative errno. */
+static int far_qp_on(struct r2cc_nic *nic, struct ibv_cq *cq, const struct r2cc_qp *q,
+		     struct ibv_qp **qp)
 {
-	struct r2cc_ctx *c = r2cc_ctx_of_nic(via);
-	struct ibv_pd *pd = r2cc_mr_mirror_pd(via);
-	if (!c || !pd)
+	struct ibv_pd *pd = r2cc_mr_mirror_pd(nic);
+	if (!pd)
 		return -ENODEV;
-	*cq = r2cc_eng.v.create_cq(c->ctx, 4, NULL, NULL, 0);
-	if (!*cq)
-		return -ENOMEM;
-	r2cc_own_add(*cq);
 	struct ibv_qp_init_attr ia = {
-	    .send_cq = *cq,
-	    .recv_cq = *cq,
+	    .send_cq = cq,
+	    .recv_cq = cq,
 	    .qp_type = IBV_QPT_RC,
 	    .cap = {.max_send_wr = 2, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
 	*qp = r2cc_eng.v.create_qp(pd, &ia);
 	if (!*qp)
 		return -ENOMEM;
 	r2cc_own_add(*qp);
-	return r2cc_own_qp_init(*qp, via, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+	return r2cc_own_qp_init(*qp, nic, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
 				q->path.pkey_index);
+}
+
+/* Our end of a pair on via, in INIT, on its own CQ. */
+static int far_qp_new(struct r2cc_nic *via, const struct r2cc_qp *q, struct ibv_qp **qp,
+		      struct ibv_cq **cq)
+{
+	struct r2cc_ctx *c = r2cc_ctx_of_nic(via);
+	if (!c)
+		return -ENODEV;
+	*cq = r2cc_eng.v.create_cq(c->ctx, 4, NULL, NULL, 0);
+	if (!*cq)
+		return -ENOMEM;
+	r2cc_own_add(*cq);
+	return far_qp_on(via, *cq, q, qp);
 }
 
 /* A far pair's link with NCCL's path attributes of q (class, flow label, hop limit,
@@ -226,6 +236,8 @@ static int far_pair_build(struct far_pair *p, struct r2cc_nic *a, struct r2cc_ni
 	p->theirs = c->theirs;
 	p->b = b;
 	for (int j = 0; j < 2; j++) {
+		/* our source GID as the peer addresses it: with a GRH, NCCL's on a and the
+		 * matching one on b; without, the NIC's own */
 		union ibv_gid sgid;
 		int sgid_index = q->path.sgid_index;
 		memcpy(sgid.raw, q->peer.has_grh ? q->peer.sgid.raw : via[j]->gid.raw, 16);
@@ -235,8 +247,6 @@ static int far_pair_build(struct far_pair *p, struct r2cc_nic *a, struct r2cc_ni
 			    cb ? r2cc_path_match_sgid(cb, b->port ? b->port : 1, q, &sgid) : -1;
 			if (sgid_index < 0)
 				return -ENOENT;
-		} else if (j == 1) {
-			memcpy(sgid.raw, b->gid.raw, 16);
 		}
 		uint32_t qpn = 0;
 		int rc = far_qp_new(via[j], q, &p->qp[j], &p->cq[j]);
@@ -254,8 +264,18 @@ static int far_pair_build(struct far_pair *p, struct r2cc_nic *a, struct r2cc_ni
 	return 0;
 }
 
+/* Counts a's pairs in use into ready (what the stall scan reads); returns it. */
+static int far_count(struct far_nic *f)
+{
+	int n = 0;
+	for (int k = 0; k < R2CC_FAR_PEERS; k++)
+		n += f->p[k].dir != NULL;
+	__atomic_store_n(&f->ready, n, __ATOMIC_RELAXED);
+	return n;
+}
+
 /*
- * The far pairs of a's test through its one sibling b: those kept (through b, the
+ * The far pairs of a's test through its sibling b: those kept (through b, the
  * NICs involved not failed since), and with build (the warm-up), completed up to
  * R2CC_FAR_PEERS with new ones to the peer NICs of a's connections. A stall test
  * only takes what is ready: a set-up waits on the peer.
@@ -305,11 +325,10 @@ int r2cc_far_prepare(struct r2cc_nic *a, struct r2cc_nic *b, struct far_pair **o
 				far_pair_free(p);
 		}
 	}
-	int n = 0;
-	for (int k = 0; k < R2CC_FAR_PEERS; k++)
+	int n = far_count(f);
+	for (int k = 0, j = 0; k < R2CC_FAR_PEERS; k++)
 		if (f->p[k].dir)
-			out[n++] = &f->p[k];
-	__atomic_store_n(&f->ready, n, __ATOMIC_RELAXED);
+			out[j++] = &f->p[k];
 	if (build) {
 		f->retry = n ? 0 : f->retry ? 2 * f->retry : FAR_RETRY_NS;
 		if (f->retry > FAR_RETRY_MAX_NS)
@@ -324,11 +343,8 @@ int r2cc_far_prepare(struct r2cc_nic *a, struct r2cc_nic *b, struct far_pair **o
 void r2cc_far_drop(struct r2cc_nic *a, struct far_pair *p)
 {
 	far_pair_free(p);
-	int i = a->index, n = 0;
-	for (int k = 0; i >= 0 && i < R2CC_STALL_MAX_NICS && k < R2CC_FAR_PEERS; k++)
-		n += far_nic[i].p[k].dir != NULL;
-	if (i >= 0 && i < R2CC_STALL_MAX_NICS)
-		__atomic_store_n(&far_nic[i].ready, n, __ATOMIC_RELAXED);
+	if (a->index >= 0 && a->index < R2CC_STALL_MAX_NICS)
+		far_count(&far_nic[a->index]);
 }
 
 /* Whether a's tests have a far witness ready (any thread). */
@@ -339,7 +355,7 @@ bool r2cc_far_ready(const struct r2cc_nic *a)
 	       __atomic_load_n(&far_nic[i].ready, __ATOMIC_RELAXED) > 0;
 }
 
-/* The stall scan: a one-sibling NIC without far pairs gets them made (no probe
+/* The stall scan: a NIC with a sibling and without far pairs gets them made (no probe
  * sent); one that found no peer known yet is tried again after 20 ms, then twice
  * as long each time up to 2 s. Repair thread. */
 void r2cc_far_warm(struct r2cc_nic *a)
@@ -368,8 +384,7 @@ static int far_serve_one(struct r2cc_rqp *r, const struct rep_wire *m, uint32_t 
 	    __atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return -EAGAIN;
 	struct r2cc_ctx *c = r2cc_ctx_of_nic(nic);
-	struct ibv_pd *pd = r2cc_mr_mirror_pd(nic);
-	if (!c || !pd)
+	if (!c)
 		return -ENODEV;
 	if (!far_served_cq[i]) {
 		far_served_cq[i] = r2cc_eng.v.create_cq(c->ctx, 4, NULL, NULL, 0);
@@ -377,32 +392,22 @@ static int far_serve_one(struct r2cc_rqp *r, const struct rep_wire *m, uint32_t 
 			return -ENOMEM;
 		r2cc_own_add(far_served_cq[i]);
 	}
-	struct ibv_qp_init_attr ia = {
-	    .send_cq = far_served_cq[i],
-	    .recv_cq = far_served_cq[i],
-	    .qp_type = IBV_QPT_RC,
-	    .cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
-	struct ibv_qp *qp = r2cc_eng.v.create_qp(pd, &ia);
-	if (!qp)
-		return -ENOMEM;
-	r2cc_own_add(qp);
+	struct ibv_qp *qp = NULL;
 	int mtu = q->path_mtu ? q->path_mtu : IBV_MTU_1024;
 	struct qp_link l = far_link(q, le32toh(m->new_qpn), le16toh(m->new_lid),
 				    q->peer.has_grh ? m->new_gid : NULL, q->path.sgid_index,
 				    m->new_mtu && m->new_mtu < mtu ? m->new_mtu : mtu);
-	int rc = r2cc_own_qp_init(qp, nic, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
-				  q->path.pkey_index);
+	int rc = far_qp_on(nic, far_served_cq[i], q, &qp);
 	if (!rc)
 		rc = r2cc_own_qp_connect(qp, nic, &l);
 	if (rc) {
 		r2cc_destroy_private(qp, NULL);
 		return rc;
 	}
+	/* a free slot, else the oldest */
 	int k = 0;
-	for (int j = 1; j < FAR_SERVED_MAX; j++)
-		if (!far_served[k].qp)
-			break;
-		else if (!far_served[j].qp || far_served[j].made < far_served[k].made)
+	for (int j = 0; j < FAR_SERVED_MAX && far_served[k].qp; j++)
+		if (!far_served[j].qp || far_served[j].made < far_served[k].made)
 			k = j;
 	if (far_served[k].qp)
 		r2cc_destroy_private(far_served[k].qp, NULL);
@@ -420,11 +425,8 @@ void r2cc_far_serve(const struct inbox *in, struct r2cc_rqp **rq, const struct r
 		uint32_t qpn = 0;
 		int rc = far_serve_one(rq[i], m, &qpn);
 		struct rep_wire a;
-		memset(&a, 0, sizeof(a));
-		a.op = OP_FAR_REP;
-		a.pair_id = m->pair_id;
-		memcpy(a.src, m->dst, sizeof(a.src));
-		memcpy(a.dst, m->src, sizeof(a.dst));
+		r2cc_wire_fill(&a, OP_FAR_REP, rq[i]); /* both ends, as the request named them */
+		a.pair_id = m->pair_id;		       /* the request's, not the connection's */
 		a.status = (int32_t)htole32((uint32_t)rc);
 		a.new_qpn = htole32(qpn);
 		r2cc_wire_send(dir, in->from_rank, &a, 1, NULL, 0);

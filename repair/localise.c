@@ -108,7 +108,7 @@ struct selftest {
 	bool calibrate; /* RoCE: only which siblings answer; no back-off after it */
 	bool failback;	/* a failed NIC's probe: the verdict goes to r2cc_failback_tick() */
 	bool far_only;	/* only the far pairs made (repair/farprobe.c): no probe, no verdict */
-	/* far probes (one sibling): pair k's writes are bits 2k (from a: an answer
+	/* far probes (through b[0]): pair k's writes are bits 2k (from a: an answer
 	 * proves a alive) and 2k + 1 (from the sibling: an answer makes it a witness) */
 	int nfar;
 	struct far_pair *far[R2CC_FAR_PEERS];
@@ -329,29 +329,28 @@ static bool ok_at(struct selftest *t, int64_t now)
  * fabric routes, and never calls the NIC dead: it runs when the NIC's first QP is
  * connected, idle or not, and must not hold the NIC's next test back for long.
  */
+/* A signalled zero-byte write of the test on qp (c's provider op): true if posted. */
+static bool test_write(struct r2cc_ctx *c, struct ibv_qp *qp, uint64_t wr_id)
+{
+	struct ibv_send_wr w = {.wr_id = wr_id,
+				.opcode = IBV_WR_RDMA_WRITE,
+				.send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	return qp && c->post_send(qp, &w, &bad) == 0;
+}
+
 static int selftest_run(struct selftest *t)
 {
 	int posted = 0;
-	for (int i = 0; i < t->nb; i++) {
-		struct ibv_send_wr w = {.wr_id = t->seq << 8 | (uint64_t)(i + 1),
-					.opcode = IBV_WR_RDMA_WRITE,
-					.send_flags = IBV_SEND_SIGNALED},
-				   *bad;
-		if (t->qa[i] && t->ca->post_send(t->qa[i], &w, &bad) == 0)
+	for (int i = 0; i < t->nb; i++)
+		if (test_write(t->ca, t->qa[i], t->seq << 8 | (uint64_t)(i + 1)))
 			posted |= 1 << i;
-	}
 	int far_posted = 0;
 	for (int k = 0; k < t->nfar; k++)
-		for (int j = 0; j < 2; j++) {
-			struct r2cc_ctx *c = j ? t->cb[0] : t->ca;
-			struct ibv_send_wr w = {.wr_id =
-						    t->seq << 8 | (uint64_t)(0x80 | k << 1 | j),
-						.opcode = IBV_WR_RDMA_WRITE,
-						.send_flags = IBV_SEND_SIGNALED},
-					   *bad;
-			if (t->far[k]->qp[j] && c->post_send(t->far[k]->qp[j], &w, &bad) == 0)
+		for (int j = 0; j < 2; j++)
+			if (test_write(j ? t->cb[0] : t->ca, t->far[k]->qp[j],
+				       t->seq << 8 | (uint64_t)(0x80 | k << 1 | j)))
 				far_posted |= 1 << (2 * k + j);
-		}
 	t->far_posted = far_posted;
 	if (far_posted & FAR_WITNESS_BITS)
 		__atomic_add_fetch(&r2cc_eng.selftests_far, 1, __ATOMIC_RELAXED);
@@ -670,12 +669,9 @@ static void *selftest_main(void *arg)
 				  t->why);
 		if (indexed && !t->calibrate)
 			selftest_backoff(i);
-		int64_t m = __atomic_load_n(&r2cc_eng.selftest_answer_max_ns, __ATOMIC_RELAXED);
-		while (verdict == 0 && t->answer_ns > m &&
-		       !__atomic_compare_exchange_n(&r2cc_eng.selftest_answer_max_ns, &m,
-						    t->answer_ns, false, __ATOMIC_RELAXED,
-						    __ATOMIC_RELAXED))
-			;
+		if (verdict == 0)
+			r2cc_atomic_max_i64(&r2cc_eng.selftest_answer_max_ns, t->answer_ns,
+					    __ATOMIC_RELAXED);
 	}
 	selftest_free(t);
 	__atomic_sub_fetch(&r2cc_eng.selftests, 1, __ATOMIC_ACQ_REL);
@@ -765,8 +761,8 @@ bool r2cc_selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bo
 	return selftest_spawn(a, why, calibrate, failback, false);
 }
 
-/* The warm-up of a one-sibling NIC's far pairs (repair/farprobe.c), on a test
- * thread of its own: true if it was started. */
+/* The warm-up of a NIC's far pairs (repair/farprobe.c), on a test thread of its
+ * own: true if it was started. */
 bool r2cc_selftest_spawn_far(struct r2cc_nic *a)
 {
 	if (__atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)

@@ -118,10 +118,11 @@ static void node_verdict(struct r2cc_nic *nic, int64_t t)
 	if (i < 0 || i >= R2CC_STALL_MAX_NICS ||
 	    __atomic_load_n(&nic->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return;
-	char why[R2CC_LEDGER_WHY];
-	int64_t d = r2cc_ledger_dead_at(nic->name, &pid, why);
+	int64_t d = r2cc_ledger_dead_at(nic->name, &pid, NULL);
 	if (d <= taken[i] || pid == r2cc_eng.pid || t - d > NODE_DEAD_NS)
 		return;
+	char why[R2CC_LEDGER_WHY]; /* read only for a verdict taken */
+	d = r2cc_ledger_dead_at(nic->name, &pid, why);
 	taken[i] = d;
 	r2cc_nic_failed_on_node(nic, pid, why);
 }
@@ -161,10 +162,9 @@ void r2cc_scan(int64_t t)
 	/* NICs to test now: a request of theirs waited a scan period (the first QP
 	 * found, and how long it waited) */
 	struct r2cc_rqp *quiet[R2CC_STALL_MAX_NICS] = {NULL};
-	/* NICs with a connection: a one-sibling one gets its far pairs made */
-	struct r2cc_nic *nic_seen[R2CC_STALL_MAX_NICS] = {NULL};
 	int64_t quiet_wait[R2CC_STALL_MAX_NICS];
-	int nquiet = 0;
+	/* NICs with a connection: their far pairs are made, the node's verdicts read */
+	struct r2cc_nic *nic_seen[R2CC_STALL_MAX_NICS] = {NULL};
 	for (struct r2cc_rqp *r = r2cc_eng.all; r; r = r->next_all) {
 		int s = load_state(r);
 		if (r->dead || (s != RQ_HEALTHY && s != RQ_MIGRATED) || !r->cur_sh)
@@ -240,7 +240,6 @@ void r2cc_scan(int64_t t)
 		    (t - quiet_since >= SCAN_NS || waited >= SCAN_NS)) {
 			quiet[ni] = r;
 			quiet_wait[ni] = waited;
-			nquiet++;
 		}
 		/* What was queued ahead of this request: at least what the node
 		 * had queued on the NIC when the wait began, or since. */
@@ -268,20 +267,14 @@ void r2cc_scan(int64_t t)
 	}
 	pthread_mutex_unlock(&r2cc_eng.mu);
 	for (int i = 0; i < R2CC_STALL_MAX_NICS; i++) {
-		if (!nic_seen[i])
-			continue;
-		if (r2cc_selftest_witnesses(nic_seen[i]) >= 1)
+		if (nic_seen[i] && r2cc_selftest_witnesses(nic_seen[i]) >= 1)
 			r2cc_far_warm(nic_seen[i]);
-		node_verdict(nic_seen[i], t);
+		if (nic_seen[i])
+			node_verdict(nic_seen[i], t);
+		if (quiet[i])
+			probe_quiet(quiet[i], quiet_wait[i]);
 	}
 	pthread_mutex_lock(&r2cc_eng.mu);
-	if (nquiet) {
-		pthread_mutex_unlock(&r2cc_eng.mu);
-		for (int i = 0; i < R2CC_STALL_MAX_NICS; i++)
-			if (quiet[i])
-				probe_quiet(quiet[i], quiet_wait[i]);
-		pthread_mutex_lock(&r2cc_eng.mu);
-	}
 	if (!nsus)
 		return;
 	bool all = true;

@@ -5,6 +5,7 @@
 #ifndef R2CC_SHIM_COMMON_H
 #define R2CC_SHIM_COMMON_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -15,6 +16,14 @@
 #define r2cc_unlikely(x) __builtin_expect(!!(x), 0)
 
 #define R2CC_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* *p = max(*p, v), atomically; order is the memory order of the store that raises it. */
+static inline void r2cc_atomic_max_i64(int64_t *p, int64_t v, int order)
+{
+	int64_t was = __atomic_load_n(p, __ATOMIC_RELAXED);
+	while (was < v && !__atomic_compare_exchange_n(p, &was, v, false, order, __ATOMIC_RELAXED))
+		;
+}
 
 /*
  * Errors. Inside R2CC a function returns 0 or a negative errno, and an error

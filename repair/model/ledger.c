@@ -198,10 +198,7 @@ void r2cc_ledger_failed_put(const char *nic, int64_t when)
 	struct slot *s = find(nic, true);
 	if (!s)
 		return;
-	int64_t was = __atomic_load_n(&s->failed_at, __ATOMIC_RELAXED);
-	while (was < when && !__atomic_compare_exchange_n(&s->failed_at, &was, when, false,
-							  __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-		;
+	r2cc_atomic_max_i64(&s->failed_at, when, __ATOMIC_RELAXED);
 }
 
 int64_t r2cc_ledger_failed_at(const char *nic)
@@ -221,20 +218,18 @@ void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid, const char *wh
 	for (size_t i = 0; i < R2CC_LEDGER_WHY; i++)
 		__atomic_store_n(&s->dead_why[i], i < n ? why[i] : '\0', __ATOMIC_RELAXED);
 	__atomic_store_n(&s->dead_pid, pid, __ATOMIC_RELAXED);
-	int64_t was = __atomic_load_n(&s->dead_at, __ATOMIC_RELAXED);
-	while (was < when && !__atomic_compare_exchange_n(&s->dead_at, &was, when, false,
-							  __ATOMIC_RELEASE, __ATOMIC_RELAXED))
-		;
+	r2cc_atomic_max_i64(&s->dead_at, when, __ATOMIC_RELEASE);
 }
 
-int64_t r2cc_ledger_dead_at(const char *nic, int *pid, char why[R2CC_LEDGER_WHY])
+int64_t r2cc_ledger_dead_at(const char *nic, int *pid, char *why)
 {
 	struct slot *s = find(nic, false);
 	int64_t t = s ? __atomic_load_n(&s->dead_at, __ATOMIC_ACQUIRE) : 0;
 	*pid = s ? __atomic_load_n(&s->dead_pid, __ATOMIC_RELAXED) : 0;
-	for (size_t i = 0; i < R2CC_LEDGER_WHY; i++)
+	for (size_t i = 0; why && i < R2CC_LEDGER_WHY; i++)
 		why[i] = s ? __atomic_load_n(&s->dead_why[i], __ATOMIC_RELAXED) : '\0';
-	why[R2CC_LEDGER_WHY - 1] = '\0';
+	if (why)
+		why[R2CC_LEDGER_WHY - 1] = '\0';
 	return t;
 }
 

@@ -55,8 +55,9 @@ int64_t r2cc_ledger_failed_at(const char *nic);
  * pairs off it too (repair/scan.c), instead of finding out on its own. */
 #define R2CC_LEDGER_WHY 96
 void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid, const char *why);
-/* The last such verdict's time (0: none), the process that reached it and its reason. */
-int64_t r2cc_ledger_dead_at(const char *nic, int *pid, char why[R2CC_LEDGER_WHY]);
+/* The last such verdict's time (0: none), the process that reached it and, unless
+ * why is NULL, its reason (R2CC_LEDGER_WHY bytes). */
+int64_t r2cc_ledger_dead_at(const char *nic, int *pid, char *why);
 
 /* This process's bytes queued on nic and drained through it so far (cumulative).
  * The repair thread, every stall scan. */
