@@ -210,8 +210,8 @@ int64_t r2cc_ledger_failed_at(const char *nic)
 void r2cc_ledger_dead_put(const char *nic, int64_t when, int pid, const char *why)
 {
 	struct slot *s = find(nic, true);
-	if (!s)
-		return;
+	if (!s || when <= __atomic_load_n(&s->dead_at, __ATOMIC_RELAXED))
+		return; /* a later verdict's reason stays */
 	/* the pid and the reason first: a reader that sees the time sees whose it is (or a
 	 * later one's; two at once may mix their reasons, which are only text) */
 	size_t n = strnlen(why, R2CC_LEDGER_WHY - 1);

@@ -203,3 +203,60 @@ Test(ledger, tables_of_killed_jobs_are_removed)
 	r2cc_ledger_close();
 	cr_assert_eq(child_finish(&c), 0);
 }
+
+/* A NIC one process finds dead reaches the node's others with its time, the
+ * process and its reason (cut to R2CC_LEDGER_WHY - 1 bytes); an older verdict
+ * changes none of them; without the reason asked, the time and process only. */
+Test(ledger, dead_nic_verdicts_are_shared_by_the_node)
+{
+	uint64_t j = job();
+	int to_parent[2], to_child[2];
+	char why[300];
+	memset(why, 'x', sizeof(why) - 1);
+	why[sizeof(why) - 1] = 0;
+	memcpy(why, "self-test through mlx5_0", 24);
+	cr_assert_eq(pipe(to_parent), 0);
+	cr_assert_eq(pipe(to_child), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		char b = r2cc_ledger_open(j, "node0") ? 'e' : 'k';
+		r2cc_ledger_dead_put("mlx5_1", 1000, getpid(), why);
+		if (write(to_parent[1], &b, 1) != 1 || read(to_child[0], &b, 1) != 1)
+			_exit(2);
+		r2cc_ledger_close();
+		_exit(0);
+	}
+	char b = 0;
+	cr_assert_eq(read(to_parent[0], &b, 1), 1);
+	cr_assert_eq(b, 'k');
+	cr_assert_eq(r2cc_ledger_open(j, "node0"), 0);
+	int by = 0;
+	char got[R2CC_LEDGER_WHY];
+	cr_expect_eq(r2cc_ledger_dead_at("mlx5_1", &by, got), 1000);
+	cr_expect_eq(by, pid);
+	cr_expect_eq(strlen(got), R2CC_LEDGER_WHY - 1);
+	cr_expect_eq(strncmp(got, why, R2CC_LEDGER_WHY - 1), 0);
+	r2cc_ledger_dead_put("mlx5_1", 500, 1, "older");
+	cr_expect_eq(r2cc_ledger_dead_at("mlx5_1", &by, got), 1000);
+	cr_expect_eq(by, pid, "an older verdict replaced the process");
+	cr_expect_eq(strncmp(got, "self-test", 9), 0, "an older verdict replaced the reason");
+	r2cc_ledger_dead_put("mlx5_1", 2000, 7, "port error event");
+	cr_expect_eq(r2cc_ledger_dead_at("mlx5_1", &by, NULL), 2000);
+	cr_expect_eq(by, 7);
+	cr_expect_eq(r2cc_ledger_dead_at("mlx5_1", &by, got), 2000);
+	cr_expect_str_eq(got, "port error event");
+	cr_expect_eq(r2cc_ledger_dead_at("mlx5_2", &by, got), 0);
+	cr_expect_eq(by, 0);
+	cr_expect_str_eq(got, "");
+	b = 'd';
+	cr_assert_eq(write(to_child[1], &b, 1), 1);
+	int st = 0;
+	waitpid(pid, &st, 0);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	r2cc_ledger_close();
+	for (int i = 0; i < 2; i++) {
+		close(to_parent[i]);
+		close(to_child[i]);
+	}
+}
