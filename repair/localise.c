@@ -119,6 +119,8 @@ struct selftest {
 	int okmask;	   /* ... successfully */
 	int64_t ok_ns;	   /* when the first success was seen */
 	int64_t answer_ns; /* from the posts to the first success */
+	int64_t run_ns;	   /* from the posts to the verdict */
+	int64_t window_ns; /* the first window it was given */
 	char why[128];
 };
 
@@ -281,24 +283,25 @@ static int64_t selftest_base_ns(const struct selftest *t)
 }
 
 /* How long the test waits for its answer before the NIC's progress is looked at:
- * the base time, and what the largest request in service takes at its NIC's rate
- * (one request, not the queue: the write has a QP of its own, served in turn with
- * the data's; but a turn on a shaped or congested port can wait behind the request
- * in service there: the soft device's links take their turns slice by slice, and a
- * real port under incast queues the write behind what is in flight to it). With the
- * fast timing, the larger of the two ends' (the tests that passed on the soft device
+ * the base time, and the write's wait for its turn. With the fast timing, one turn
+ * for each QP with work at the busier end (r2cc_stall_turn_ns: the write has a QP of
+ * its own, which the NIC serves in turn with the data's, a slice or a packet at a
+ * time, not behind a whole request; the tests that passed on the soft device
  * answered within 0.1 ms without jitter and within 19.3 ms with up to 20 ms of it,
- * at 1-10 Gb/s: logs/stall/detection.md); without, both ends' at twice that. On a
- * 400 Gb/s port a 4 MB request adds 80 us. */
+ * at 1-10 Gb/s: logs/stall/detection.md); a real port under incast queues the write
+ * behind what is in flight to it, which the base's fifth covers (16 MB of switch
+ * buffer is 1.3 ms at 100 Gb/s). Without the fast timing, the largest request in
+ * service at each end, as before the fast test. */
 static int64_t selftest_window(const struct selftest *t)
 {
-	int64_t w = 0, d = selftest_fast(t) ? 2 : 1;
+	bool fast = selftest_fast(t);
+	int64_t w = 0;
 	for (int i = 0; i < t->nb; i++) {
-		int64_t x = r2cc_stall_explained_ns(t->b[i], 0, 0) / d;
+		int64_t x = fast ? r2cc_stall_turn_ns(t->b[i]) : r2cc_stall_explained_ns(t->b[i], 0, 0);
 		w = x > w ? x : w;
 	}
-	int64_t a = r2cc_stall_explained_ns(t->a, 0, 0) / d;
-	if (selftest_fast(t))
+	int64_t a = fast ? r2cc_stall_turn_ns(t->a) : r2cc_stall_explained_ns(t->a, 0, 0);
+	if (fast)
 		return selftest_base_ns(t) + (a > w ? a : w);
 	return selftest_base_ns(t) + a + w;
 }
@@ -357,6 +360,7 @@ static int selftest_run(struct selftest *t)
 	if (!posted)
 		return -1;
 	int64_t start = now_ns(), until = start + selftest_window(t), last = start;
+	t->window_ns = until - start;
 	uint64_t db[SELFTEST_SIBLINGS];
 	bool b_busy[SELFTEST_SIBLINGS];
 	for (int i = 0; i < t->nb; i++) {
@@ -452,9 +456,11 @@ static int selftest_run(struct selftest *t)
 		/* a far witness: the sibling reached a's peer NIC, which a did not */
 		witness =
 		    witness || ((t->far_okmask & FAR_WITNESS_BITS) && !nic_failed_lately(t->b[0]));
-		if (fresh && witness)
+		if (fresh && witness) {
+			t->run_ns = now_ns() - start;
 			return 1; /* it completed nothing (busy or idle) and its tests went
 				   * unanswered by siblings that are not stuck themselves */
+		}
 		if (now_ns() - start >= SELFTEST_MAX_NS || (fresh && all))
 			return -1;
 		/* the model lags, or no sibling is a witness yet: a while longer */
@@ -651,12 +657,12 @@ static void *selftest_main(void *arg)
 		char why[320];
 		snprintf(why, sizeof(why),
 			 "self-test through %.60s%s got no answer and the NIC completed nothing "
-			 "(%.100s)",
+			 "(%.100s; tested for %.0f ms, window %.0f ms)",
 			 through,
 			 t->far_okmask & FAR_WITNESS_BITS
 			     ? " and its peer NIC (which the sibling reached)"
 			     : "",
-			 t->why);
+			 t->why, (double)t->run_ns / 1e6, (double)t->window_ns / 1e6);
 		r2cc_nic_failed(t->a, why);
 	} else {
 		static unsigned long logged;

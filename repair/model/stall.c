@@ -7,16 +7,18 @@
 #define SAMPLES	   (HORIZON_NS / WINDOW_NS)
 #define MARGIN	   2
 #define SLOWEST	   125000000ull /* bytes/s assumed when a port reports no speed: 1 Gb/s */
+#define TURN_BYTES 65536ull	/* the most a NIC serves one QP before the next one's turn */
 
 struct nic_load {
 	/* this process, written by the repair thread */
 	uint64_t own_queued, own_drained;
-	uint32_t own_max;
+	uint32_t own_max, own_busy;
 	/* the node, as of the last scan (atomics: the self-test thread reads them) */
 	uint64_t queued, drained;
 	int64_t last_drain;
 	uint64_t rate; /* bytes/s, 0 until measured */
 	uint32_t max_request;
+	uint32_t busy; /* QPs with work queued (this process's, scaled to the node's bytes) */
 	/* the rate estimate, repair thread only */
 	uint64_t prev_drained, prev_queued;
 	int64_t prev_t;
@@ -46,7 +48,7 @@ static struct nic_load *of(const struct r2cc_nic *nic)
 void r2cc_stall_scan_begin(void)
 {
 	for (int i = 0; i < R2CC_STALL_MAX_NICS; i++)
-		load[i].own_queued = 0;
+		load[i].own_queued = load[i].own_busy = 0;
 }
 
 void r2cc_stall_account(const struct r2cc_nic *nic, uint64_t queued, uint64_t retired_delta,
@@ -57,6 +59,7 @@ void r2cc_stall_account(const struct r2cc_nic *nic, uint64_t queued, uint64_t re
 		return;
 	l->own_queued += queued;
 	l->own_drained += retired_delta;
+	l->own_busy += queued > 0;
 	if (max_request > l->own_max)
 		l->own_max = max_request;
 }
@@ -123,6 +126,12 @@ void r2cc_stall_scan_end(int64_t now)
 		__atomic_store_n(&l->queued, q, __ATOMIC_RELAXED);
 		__atomic_store_n(&l->drained, d, __ATOMIC_RELAXED);
 		__atomic_store_n(&l->max_request, l->own_max, __ATOMIC_RELAXED);
+		/* the node's other processes' QPs, as many per byte as this one's */
+		uint64_t busy = l->own_busy;
+		if (l->own_queued && q > l->own_queued)
+			busy = busy * q / l->own_queued;
+		__atomic_store_n(&l->busy, (uint32_t)(busy < UINT32_MAX ? busy : UINT32_MAX),
+				 __ATOMIC_RELAXED);
 	}
 	__atomic_store_n(&updated, now, __ATOMIC_RELEASE);
 }
@@ -157,6 +166,17 @@ double r2cc_stall_rate(const struct r2cc_nic *nic)
 	if (!r && nic && nic->speed_gbps > 0)
 		r = (uint64_t)nic->speed_gbps * 125000000ull;
 	return (double)(r ? r : SLOWEST);
+}
+
+int64_t r2cc_stall_turn_ns(const struct r2cc_nic *nic)
+{
+	struct nic_load *l = of(nic);
+	if (!l)
+		return 0;
+	uint64_t big = __atomic_load_n(&l->max_request, __ATOMIC_RELAXED);
+	uint64_t busy = __atomic_load_n(&l->busy, __ATOMIC_RELAXED);
+	uint64_t turns = busy * (big < TURN_BYTES ? big : TURN_BYTES);
+	return (int64_t)((double)(turns < big ? turns : big) * 1e9 / r2cc_stall_rate(nic));
 }
 
 int64_t r2cc_stall_explained_ns(const struct r2cc_nic *nic, uint64_t ahead, int64_t floor_ns)
