@@ -253,6 +253,7 @@ struct r2cc_rqp {
 	/* stall scan */
 	uint64_t scan_retired, scan_posted;
 	int64_t scan_progress, scan_idle;
+	int64_t far_noticed;   /* the wait (its scan_progress) the peer was asked about */
 	bool scan_waiting;     /* the last scan saw a signalled request outstanding */
 	uint64_t wait_ahead;   /* the most the node had queued on the NIC during this wait */
 	int64_t suspect_after; /* this wait is suspected again only beyond this long */
@@ -542,6 +543,7 @@ struct r2cc_engine {
 	int keys_due; /* atomic: a QP holds sends for the peer's keys (r2cc_keys_tick) */
 	/* stall suspicions (scan), and how the confirmations ended (self-tests) */
 	uint64_t stalls_suspected, stalls_node_wide;
+	uint64_t far_ends_asked; /* waits whose peer was asked to test its end (scan) */
 	/* sends posted on a moved path: by NCCL's threads (r2cc_app_flush_run) and by the
 	 * repair thread (only where NCCL's could not be asked) */
 	uint64_t reposts_nccl, reposts_repair;
@@ -615,6 +617,9 @@ void r2cc_nic_failure_seen(const struct r2cc_nic *nic);
 int64_t r2cc_nic_failure_at(int i);
 bool r2cc_selftest_spawn(struct r2cc_nic *a, const char *why, bool calibrate, bool failback);
 void r2cc_selftest_start(struct r2cc_nic *a, const char *why, bool stall);
+/* When the writes of a's last self-test that passed went out (0: none): a was alive
+ * then. Any thread. */
+int64_t r2cc_selftest_alive_from(const struct r2cc_nic *a);
 int r2cc_selftest_witnesses(const struct r2cc_nic *a);
 void r2cc_selftest_calibrate(struct r2cc_nic *a);
 

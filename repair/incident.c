@@ -125,29 +125,32 @@ void r2cc_report_stalls(FILE *text, FILE *json)
 	double answer_ms =
 	    (double)__atomic_load_n(&r2cc_eng.selftest_answer_max_ns, __ATOMIC_RELAXED) / 1e6;
 	unsigned long long far = __atomic_load_n(&r2cc_eng.selftests_far, __ATOMIC_RELAXED);
+	unsigned long long asked = __atomic_load_n(&r2cc_eng.far_ends_asked, __ATOMIC_RELAXED);
 	if (text)
 		fprintf(
 		    text,
-		    "stall scan: %llu suspected, %llu node-wide slowdowns ignored; self-tests "
+		    "stall scan: %llu suspected, %llu node-wide slowdowns ignored, %llu peers asked "
+		    "to test their end; self-tests "
 		    "%llu passed (slowest answer %.1f ms), %llu failed, %llu inconclusive, %llu "
 		    "with a far witness\n"
 		    "sends posted on moved paths: %llu by NCCL's threads, %llu by the repair "
 		    "thread\n"
 		    "queue pair records: %llu held, %llu of destroyed QPs freed (%llu destroyed "
 		    "during their repair)\n",
-		    (unsigned long long)v[0], (unsigned long long)v[1], (unsigned long long)v[2],
-		    answer_ms, (unsigned long long)v[3], (unsigned long long)v[4], far,
+		    (unsigned long long)v[0], (unsigned long long)v[1], asked,
+		    (unsigned long long)v[2], answer_ms, (unsigned long long)v[3], (unsigned long long)v[4], far,
 		    (unsigned long long)v[5], (unsigned long long)v[6], (unsigned long long)recs,
 		    (unsigned long long)freed, (unsigned long long)mid);
 	if (json)
 		fprintf(json,
-			"{\"suspected\":%llu,\"node_wide\":%llu,\"selftests_passed\":%llu,"
+			"{\"suspected\":%llu,\"node_wide\":%llu,\"far_ends_asked\":%llu,"
+			"\"selftests_passed\":%llu,"
 			"\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
 			"\"selftest_answer_max_ms\":%.3f,\"selftests_far\":%llu,"
 			"\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu,"
 			"\"qp_records\":%llu,\"qp_records_freed\":%llu,\"qp_destroyed_in_repair\":%"
 			"llu}",
-			(unsigned long long)v[0], (unsigned long long)v[1],
+			(unsigned long long)v[0], (unsigned long long)v[1], asked,
 			(unsigned long long)v[2], (unsigned long long)v[3],
 			(unsigned long long)v[4], answer_ms, far, (unsigned long long)v[5],
 			(unsigned long long)v[6], (unsigned long long)recs,

@@ -120,6 +120,7 @@ struct selftest {
 	int64_t ok_ns;	   /* when the first success was seen */
 	int64_t answer_ns; /* from the posts to the first success */
 	int64_t run_ns;	   /* from the posts to the verdict */
+	int64_t posted_at; /* when its writes went out */
 	int64_t window_ns; /* the first window it was given */
 	char why[128];
 };
@@ -137,6 +138,7 @@ static struct {
 	uint64_t reach;
 	int64_t calib_at;
 	int64_t passed_at; /* the last test that passed (its thread only) */
+	int64_t alive_from; /* when the writes of the last test that passed went out (atomic) */
 } st_nic[R2CC_STALL_MAX_NICS];
 
 /* Per NIC (registry index): the QP pairs of its last test, kept while every one of
@@ -361,6 +363,7 @@ static int selftest_run(struct selftest *t)
 		return -1;
 	int64_t start = now_ns(), until = start + selftest_window(t), last = start;
 	t->window_ns = until - start;
+	t->posted_at = start;
 	uint64_t db[SELFTEST_SIBLINGS];
 	bool b_busy[SELFTEST_SIBLINGS];
 	for (int i = 0; i < t->nb; i++) {
@@ -678,6 +681,8 @@ static void *selftest_main(void *arg)
 		if (verdict == 0)
 			r2cc_atomic_max_i64(&r2cc_eng.selftest_answer_max_ns, t->answer_ns,
 					    __ATOMIC_RELAXED);
+		if (verdict == 0 && indexed && !t->calibrate)
+			r2cc_atomic_max_i64(&st_nic[i].alive_from, t->posted_at, __ATOMIC_RELEASE);
 	}
 	selftest_free(t);
 	__atomic_sub_fetch(&r2cc_eng.selftests, 1, __ATOMIC_ACQ_REL);
@@ -774,6 +779,14 @@ bool r2cc_selftest_spawn_far(struct r2cc_nic *a)
 	if (__atomic_load_n(&a->state, __ATOMIC_RELAXED) != R2CC_NIC_UP)
 		return false;
 	return selftest_spawn(a, "far probes", false, false, true);
+}
+
+int64_t r2cc_selftest_alive_from(const struct r2cc_nic *a)
+{
+	int i = a ? a->index : -1;
+	return i >= 0 && i < R2CC_STALL_MAX_NICS
+		   ? __atomic_load_n(&st_nic[i].alive_from, __ATOMIC_ACQUIRE)
+		   : 0;
 }
 
 void r2cc_selftest_start(struct r2cc_nic *a, const char *why, bool stall)

@@ -105,6 +105,24 @@ static void probe_quiet(struct r2cc_rqp *r, int64_t waited)
 }
 
 /*
+ * A request still waiting after its NIC passed a self-test (r2cc_scan): the peer's
+ * process is asked to test its end (a suspect notice; it tests its NIC within its own
+ * back-off). Not a suspicion of this side: nothing here moves. Repair thread, without
+ * r2cc_eng.mu (far_noticed is the repair thread's).
+ */
+static void ask_far_end(struct r2cc_rqp *r, int64_t waited)
+{
+	static unsigned long logged;
+	r->far_noticed = r->scan_progress;
+	if (__atomic_fetch_add(&logged, 1, __ATOMIC_RELAXED) < 16)
+		R2CC_INFO("repair: qp 0x%x on %s: no progress for %lld ms though the NIC passed a "
+			  "self-test meanwhile; asking rank %d to test its end",
+			  r->qpn, r->cur_nic->name, (long long)(waited / 1000000), r->peer_rank);
+	__atomic_add_fetch(&r2cc_eng.far_ends_asked, 1, __ATOMIC_RELAXED);
+	r2cc_exchange_suspect(r);
+}
+
+/*
  * A NIC another process of this node found dead in the last NODE_DEAD_NS (the
  * ledger): this process's queue pairs on it move now, not when its own scan and
  * self-test find the same (the processes of a node share the NIC; the verdict is
@@ -163,6 +181,10 @@ void r2cc_scan(int64_t t)
 	 * found, and how long it waited) */
 	struct r2cc_rqp *quiet[R2CC_STALL_MAX_NICS] = {NULL};
 	int64_t quiet_wait[R2CC_STALL_MAX_NICS];
+	/* per NIC: the QP that has waited longest since a self-test proved the NIC alive
+	 * (its peer's end is asked to test itself) */
+	struct r2cc_rqp *far[R2CC_STALL_MAX_NICS] = {NULL};
+	int64_t far_wait[R2CC_STALL_MAX_NICS];
 	/* NICs with a connection: their far pairs are made, the node's verdicts read */
 	struct r2cc_nic *nic_seen[R2CC_STALL_MAX_NICS] = {NULL};
 	for (struct r2cc_rqp *r = r2cc_eng.all; r; r = r->next_all) {
@@ -241,6 +263,19 @@ void r2cc_scan(int64_t t)
 			quiet[ni] = r;
 			quiet_wait[ni] = waited;
 		}
+		/* Alive here, stuck there: a self-test of this NIC passed after this
+		 * request's wait began, and the request is still waiting. The other
+		 * end may be the dead one (a NIC whose own process has nothing of its
+		 * own outstanding on it, only what it receives): its process is asked
+		 * to test it now, not once this wait is beyond what the queue explains.
+		 * Once per wait, one QP per NIC per scan. */
+		if (ni >= 0 && ni < R2CC_STALL_MAX_NICS && nic_fast[ni] &&
+		    r->far_noticed != r->scan_progress &&
+		    r2cc_selftest_alive_from(r->cur_nic) > r->scan_progress &&
+		    (!far[ni] || waited > far_wait[ni])) {
+			far[ni] = r;
+			far_wait[ni] = waited;
+		}
 		/* What was queued ahead of this request: at least what the node
 		 * had queued on the NIC when the wait began, or since. */
 		uint64_t q = r2cc_stall_queued(r->cur_nic);
@@ -273,6 +308,8 @@ void r2cc_scan(int64_t t)
 			node_verdict(nic_seen[i], t);
 		if (quiet[i])
 			probe_quiet(quiet[i], quiet_wait[i]);
+		if (far[i])
+			ask_far_end(far[i], far_wait[i]);
 	}
 	pthread_mutex_lock(&r2cc_eng.mu);
 	if (!nsus)

@@ -5,7 +5,12 @@
 # repair spreads its data over NICs NCCL's flush QP is not on.
 # RoCE runs a subnet per rail, routed between rails, with a lossless class that every
 # byte must keep (--link roce); jitter must pass with no repair at all. Prints one row
-# per cell: scenarios passed, detection and migration times (median / max, ms).
+# per cell: scenarios passed, the first incident (fault to the first verdict), every
+# process's detection and migration times (median / max, ms).
+# Detection bound, as tests/drill/stall-matrix.sh: a cell of a black-hole kind fails if
+# its first incident has a median of DETECT_MEDIAN_MS (50) or more or a 99th percentile
+# of DETECT_P99_MS (100) or more; a 4-process cell on fewer than 4 cores (a starved
+# emulation) is held to 150 / 400 and says so.
 #   tests/drill/link-matrix.sh BUILD [SEEDS] [KINDS] [DRILL]
 # SEEDS per cell (default 5: 40 per kind over the 8 cells of a kind); KINDS, a
 # comma-separated list, defaults to every kind (- too); DRILL, the drill program's name
@@ -19,9 +24,12 @@ KINDS=${3:--}
 KINDS=${KINDS//,/ }
 D=$B/bin/${4:-r2cc-verbs-drill}
 [ -x "$D" ] || { echo "link-matrix: $D missing (make)" >&2; exit 2; }
+DMED=${DETECT_MEDIAN_MS:-50}
+DP99=${DETECT_P99_MS:-100}
+CORES=$(nproc)
 fail=0 cell=0
-printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s\n' fault link procs flush scenarios passed \
-	detection_ms migration_ms
+printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s %22s\n' fault link procs flush scenarios passed \
+	first_incident_ms detection_ms migration_ms
 for kind in $KINDS; do
 	for link in ib roce; do
 		for procs in 2 4; do
@@ -39,10 +47,24 @@ for kind in $KINDS; do
 				rc=$?
 				last=$(echo "$out" | tail -1)
 				passed=$(echo "$last" | sed -n 's/.*scenarios \([0-9]*\)\/\([0-9]*\).*/\1/p')
-				det=$(echo "$last" | sed -n 's/.*detection median \([0-9.]*\) ms max \([0-9.]*\) ms.*/\1 \/ \2/p')
+				det=$(echo "$last" | sed -n 's/.* detection median \([0-9.]*\) ms max \([0-9.]*\) ms.*/\1 \/ \2/p')
+				first=$(echo "$last" | sed -n 's/.* first-incident median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3/p')
 				mig=$(echo "$last" | sed -n 's/.*migration median \([0-9.]*\) ms max \([0-9.]*\) ms.*/\1 \/ \2/p')
-				printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s\n' "$kind" "$link" "$procs" \
-					"$flush" "$SEEDS" "${passed:-0}" "${det:--}" "${mig:--}"
+				printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s %22s\n' "$kind" "$link" "$procs" \
+					"$flush" "$SEEDS" "${passed:-0}" "${first:--}" "${det:--}" "${mig:--}"
+				case $kind in blackhole | ackloss | blackhole-tx | blackhole-rx)
+					m=$DMED p=$DP99
+					if [ "$CORES" -lt "$procs" ]; then
+						m=150 p=400
+						echo "    $CORES cores, fewer than its $procs processes: guard bounds only"
+					fi
+					if [ -z "$first" ] || ! awk -v d="$first" -v m="$m" -v p="$p" \
+						'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[2] < p) }'; then
+						fail=1
+						echo "    first incident ${first:-missing} ms (median / p99): bound median < $m, p99 < $p"
+					fi
+					;;
+				esac
 				if [ $rc -ne 0 ]; then
 					fail=1
 					{ echo "$out" | grep -E "FAIL|R2CC WARN" || echo "$out" | tail -3; } |

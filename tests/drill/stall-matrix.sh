@@ -12,12 +12,17 @@
 # status 1 if any row failed. SKIP, a comma-separated list of LOAD/KIND, leaves those
 # rows out (printed as such).
 # Detection bound: a row of a black-hole kind (blackhole, ackloss, blackhole-tx,
-# blackhole-rx) whose load is marked fast fails if its median detection (every process's, fault to incident) is
-# DETECT_MEDIAN_MS or more (default 150), its 99th percentile DETECT_P99_MS or more
-# (default 400) or its longest DETECT_MAX_MS or more (default 400); the column shows
-# median / p99 / longest: a guard against a return of the 100 ms floor and 150 ms test window (290-350 ms
-# medians), set for a loaded 2-core CI machine; logs/stall/detection.md has the figures
-# on a quiet one.
+# blackhole-rx) fails if the fault was found too late: the median over its scenarios of
+# the first incident (fault to the first process's verdict) DETECT_MEDIAN_MS or more
+# (default 50), the 99th percentile DETECT_P99_MS or more (default 100); or if every
+# process's incident (the peers learn it by the repair's request, so this includes the
+# exchange) has a median of ALL_MEDIAN_MS or more (default 150) or a longest of
+# ALL_MAX_MS or more (default 400), a guard against a return of the 100 ms floor and
+# 150 ms test window (290-350 ms medians). The columns show median / p99 / longest of
+# each; logs/stall/detection.md has the figures. A row whose emulation needs more
+# cores than the machine has (the 4-node row: four processes, each with its soft NICs'
+# engine threads, on fewer than 4 cores; there healthy requests wait up to 48 ms with
+# no fault at all) is held to the guard bounds only, and says so.
 # The declared-failure row scales transport timeouts by 0.1 (3.4 s, NCCL's being 34 s)
 # rather than the drill's 0.01: a declared move is an exchange with the peer while its
 # old QP is fenced, and on a loaded 2-core machine that exchange has taken over the
@@ -29,26 +34,27 @@ SCALE=${2:-1}
 KINDS=${3:-none,jitter,blackhole,down,ackloss}
 KINDS=${KINDS//,/ }
 SKIP=",${4:-},"
-DMED=${DETECT_MEDIAN_MS:-150}
-DP99=${DETECT_P99_MS:-400}
-DMAX=${DETECT_MAX_MS:-400}
+DMED=${DETECT_MEDIAN_MS:-50}
+DP99=${DETECT_P99_MS:-100}
+AMED=${ALL_MEDIAN_MS:-150}
+AMAX=${ALL_MAX_MS:-400}
 D=$B/bin/r2cc-verbs-drill
 [ -x "$D" ] || { echo "stall-matrix: $D missing (make)" >&2; exit 2; }
-# load name | drill options | seeds per kind at scale 1 | detection bound (fast: the
-# guard below; -: none, the declared NIC leaves node0's processes one sibling to test
-# through, and such a NIC keeps the timing before the fast test: 5 x the floor, and
-# the transport timeout where that does not decide)
+# load name | drill options | seeds per kind at scale 1 | cores the emulation needs for
+# the detection bound (in the declared row, node0's processes have one sibling left to
+# test a NIC through: its far probes decide)
 LOADS=(
-	"1G|--gbps 1|4|fast"
-	"5G-qps4|--gbps 5 --qps 4|4|fast"
-	"10G-2pernode|--gbps 10 --procs 4 --per-node 2|3|fast"
-	"5G-16M-declared|--gbps 5 --procs 4 --per-node 2 --max-size 16777216 --declare 0:2 --time-scale 0.1|2|-"
-	"5G-qps8-4nodes|--gbps 5 --qps 8 --procs 4|2|fast"
+	"1G|--gbps 1|4|2"
+	"5G-qps4|--gbps 5 --qps 4|4|2"
+	"10G-2pernode|--gbps 10 --procs 4 --per-node 2|3|2"
+	"5G-16M-declared|--gbps 5 --procs 4 --per-node 2 --max-size 16777216 --declare 0:2 --time-scale 0.1|2|2"
+	"5G-qps8-4nodes|--gbps 5 --qps 8 --procs 4|2|4"
 )
+CORES=$(nproc)
 fail=0
-printf '%-18s %-12s %9s %7s %14s %24s\n' load fault scenarios passed false_repairs detection_ms
+printf '%-18s %-12s %9s %7s %14s %24s %24s\n' load fault scenarios passed false_repairs first_incident_ms every_process_ms
 for l in "${LOADS[@]}"; do
-	IFS='|' read -r name opts seeds bound <<<"$l"
+	IFS='|' read -r name opts seeds cores <<<"$l"
 	for kind in $KINDS; do
 		n=$((seeds * SCALE))
 		if [[ $SKIP == *",$name/$kind,"* ]]; then
@@ -64,13 +70,24 @@ for l in "${LOADS[@]}"; do
 		last=$(echo "$out" | tail -1)
 		passed=$(echo "$last" | sed -n 's/.*scenarios \([0-9]*\)\/\([0-9]*\).*/\1/p')
 		falsep=$(echo "$out" | grep -c "false repair")
-		det=$(echo "$last" | sed -n 's/.*detection median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3 \/ \2/p')
-		printf '%-18s %-12s %9s %7s %14s %24s\n' "$name" "$kind" "$n" "${passed:-0}" "$falsep" "${det:--}"
-		case $bound/$kind in fast/blackhole | fast/ackloss | fast/blackhole-tx | fast/blackhole-rx)
-			if [ -z "$det" ] || ! awk -v d="$det" -v m="$DMED" -v p="$DP99" -v x="$DMAX" \
-				'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[2] < p && a[3] < x) }'; then
+		det=$(echo "$last" | sed -n 's/.* detection median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3 \/ \2/p')
+		first=$(echo "$last" | sed -n 's/.* first-incident median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3 \/ \2/p')
+		printf '%-18s %-12s %9s %7s %14s %24s %24s\n' "$name" "$kind" "$n" "${passed:-0}" "$falsep" "${first:--}" "${det:--}"
+		case $kind in blackhole | ackloss | blackhole-tx | blackhole-rx)
+			m=$DMED p=$DP99
+			if [ "$CORES" -lt "$cores" ]; then
+				m=$AMED p=$AMAX
+				echo "    $CORES cores, fewer than the $cores this row's emulation needs: guard bounds only"
+			fi
+			if [ -z "$first" ] || ! awk -v d="$first" -v m="$m" -v p="$p" \
+				'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[2] < p) }'; then
 				fail=1
-				echo "    detection ${det:-missing} ms: bound median < $DMED, p99 < $DP99, max < $DMAX"
+				echo "    first incident ${first:-missing} ms: bound median < $m, p99 < $p"
+			fi
+			if [ -z "$det" ] || ! awk -v d="$det" -v m="$AMED" -v x="$AMAX" \
+				'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[3] < x) }'; then
+				fail=1
+				echo "    every process ${det:-missing} ms: bound median < $AMED, max < $AMAX"
 			fi
 			;;
 		esac

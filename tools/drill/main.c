@@ -338,6 +338,8 @@ int main(int argc, char **argv)
 	       passed == total && total > 0 && !drill_stop ? "PASS" : "FAIL",
 	       (unsigned long long)delivered, (unsigned long long)expected, passed, total);
 	drill_print_times("detection", times.detect, times.ndetect);
+	if (times.nfirst)
+		drill_print_times("first-incident", times.first, times.nfirst);
 	drill_print_times("migration", times.migrate, times.nmigrate);
 	if (o.restore_ms >= 0)
 		drill_print_times("failback", times.back, times.nback);

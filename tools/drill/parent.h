@@ -40,10 +40,13 @@ struct drill_paths {
 	char tmp[PATH_MAX];
 };
 
-/* Detection and migration times (ms) from R2CC's reports, over the whole run, and
+/* Detection and migration times (ms) from R2CC's reports, over the whole run (every
+ * process's incidents; first: each scenario's earliest, the fault found at all), and
  * (--expect clean-error) the times from the fault to the first application error. */
 struct drill_times {
 	double detect[DRILL_MAX_INCIDENT], migrate[DRILL_MAX_INCIDENT], back[DRILL_MAX_INCIDENT];
+	double first[DRILL_MAX_INCIDENT];
+	int nfirst;
 	int nback;
 	double app[DRILL_MAX_INCIDENT];
 	int ndetect, nmigrate, napp;

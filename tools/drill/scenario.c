@@ -376,6 +376,8 @@ void drill_run_scenario(const struct drill_opts *o, const struct drill_paths *p,
 		if (t->detect[i] > s->det_last)
 			s->det_last = t->detect[i];
 	}
+	if (s->det_first >= 0 && t->nfirst < DRILL_MAX_INCIDENT)
+		t->first[t->nfirst++] = s->det_first;
 	/* --fresh-mr: no post waited for the stopped peer (that the new keys were
 	 * fetched at all is judged over the run: main) */
 	for (int r = 0; o->fresh_mr && r < o->procs; r++) {
