@@ -129,7 +129,8 @@ void r2cc_report_stalls(FILE *text, FILE *json)
 	if (text)
 		fprintf(
 		    text,
-		    "stall scan: %llu suspected, %llu node-wide slowdowns ignored, %llu peers asked "
+		    "stall scan: %llu suspected, %llu node-wide slowdowns ignored, %llu peers "
+		    "asked "
 		    "to test their end; self-tests "
 		    "%llu passed (slowest answer %.1f ms), %llu failed, %llu inconclusive, %llu "
 		    "with a far witness\n"
@@ -138,9 +139,10 @@ void r2cc_report_stalls(FILE *text, FILE *json)
 		    "queue pair records: %llu held, %llu of destroyed QPs freed (%llu destroyed "
 		    "during their repair)\n",
 		    (unsigned long long)v[0], (unsigned long long)v[1], asked,
-		    (unsigned long long)v[2], answer_ms, (unsigned long long)v[3], (unsigned long long)v[4], far,
-		    (unsigned long long)v[5], (unsigned long long)v[6], (unsigned long long)recs,
-		    (unsigned long long)freed, (unsigned long long)mid);
+		    (unsigned long long)v[2], answer_ms, (unsigned long long)v[3],
+		    (unsigned long long)v[4], far, (unsigned long long)v[5],
+		    (unsigned long long)v[6], (unsigned long long)recs, (unsigned long long)freed,
+		    (unsigned long long)mid);
 	if (json)
 		fprintf(json,
 			"{\"suspected\":%llu,\"node_wide\":%llu,\"far_ends_asked\":%llu,"

@@ -137,7 +137,7 @@ static struct {
 	 * calib_at: the last test run to learn them (atomic, both) */
 	uint64_t reach;
 	int64_t calib_at;
-	int64_t passed_at; /* the last test that passed (its thread only) */
+	int64_t passed_at;  /* the last test that passed (its thread only) */
 	int64_t alive_from; /* when the writes of the last test that passed went out (atomic) */
 } st_nic[R2CC_STALL_MAX_NICS];
 
@@ -299,7 +299,8 @@ static int64_t selftest_window(const struct selftest *t)
 	bool fast = selftest_fast(t);
 	int64_t w = 0;
 	for (int i = 0; i < t->nb; i++) {
-		int64_t x = fast ? r2cc_stall_turn_ns(t->b[i]) : r2cc_stall_explained_ns(t->b[i], 0, 0);
+		int64_t x =
+		    fast ? r2cc_stall_turn_ns(t->b[i]) : r2cc_stall_explained_ns(t->b[i], 0, 0);
 		w = x > w ? x : w;
 	}
 	int64_t a = fast ? r2cc_stall_turn_ns(t->a) : r2cc_stall_explained_ns(t->a, 0, 0);

@@ -62,8 +62,9 @@ int64_t r2cc_stall_explained_ns(const struct r2cc_nic *nic, uint64_t ahead, int6
 /*
  * How long a write on a QP of its own may wait for its turn on nic: one turn (up
  * to 64 KB, the soft device's slice; a hardware NIC's scheduler interleaves QPs
- * at packet granularity, far less) for each QP with work queued on it, never more
- * than the largest request seen there, at the model's rate. Any thread.
+ * at packet granularity, far less) for each QP with work queued on it, at the
+ * model's rate, and never more than the largest request seen there takes (the
+ * allowance before turns). Any thread.
  */
 int64_t r2cc_stall_turn_ns(const struct r2cc_nic *nic);
 

@@ -31,7 +31,9 @@
  * with 512 queue pairs that is 64 MB queued on one NIC, about 50 ms of it at 10 Gb/s,
  * so every request waits far longer than the stall scan's period and R2CC's NIC
  * self-test runs as often as it may. Printed then: the load's rate, node0's NIC
- * self-tests (passed, failed, inconclusive, from its report) per second of load, and
+ * self-tests (passed, failed, inconclusive, from its report) per second of load, the
+ * peers' (tests their end on node0's asking: a request still waiting after node0's
+ * NIC passed a test), the waits node0 asked a peer about, per second, and
  * the incidents any process detected before the fault (false repairs: there must be
  * none; with --fault none, every incident is one).
  * --fault none leaves the NIC up (the final writes then need no repair).
@@ -641,15 +643,19 @@ static int run_once(const char *self, int q, int peers, double *out)
 	}
 	/* every process's report, read once: detection and repair times; node0's
 	 * self-tests; incidents before the fault (with none injected: any) */
-	double det = 0, done = 0, mig0 = 0, tests[3] = {0, 0, 0};
+	double det = 0, done = 0, mig0 = 0, tests[3] = {0, 0, 0}, peer_tests = 0, asked = 0;
 	int early = 0;
 	for (int r = 0; preload && r < nprocs; r++) {
 		static char buf[65536];
 		report_read(r, buf, sizeof(buf));
 		report_times(buf, &det, &done, r == 0 ? &mig0 : NULL);
 		early += report_early(buf, fault_down ? t_fault : 1e300);
-		if (r == 0)
-			report_tests(buf, tests);
+		double t[3];
+		report_tests(buf, r == 0 ? tests : t);
+		if (r)
+			peer_tests += t[0] + t[1] + t[2];
+		else
+			asked = report_sum(buf, "\"far_ends_asked\":");
 	}
 	out[0] = det ? (det - t_fault) * 1e3 : -1;
 	out[1] = det && done ? (done - det) * 1e3 : -1;
@@ -662,6 +668,8 @@ static int run_once(const char *self, int q, int peers, double *out)
 	out[8] = tests[0];
 	out[9] = tests[1] + tests[2];
 	out[10] = early;
+	out[11] = dn[0].load_s > 0 ? peer_tests / dn[0].load_s : 0;
+	out[12] = dn[0].load_s > 0 ? asked / dn[0].load_s : 0;
 	if (!fault_down)
 		out[0] = out[1] = -1;
 	snprintf(cmd, sizeof(cmd), "%s/bin/softverbs-ctl --fabric %s reset >/dev/null 2>&1; %s %s",
@@ -766,11 +774,13 @@ int main(int argc, char **argv)
 	printf("%6s %6s %9s %10s %10s %12s %10s %10s", "qps", "peers", "detect", "repair", "node0",
 	       "delivered", "node0 RSS", "node0 heap");
 	if (load_ms)
-		printf(" %8s %9s %7s %7s %6s", "load", "tests", "passed", "not", "false");
+		printf(" %8s %9s %7s %7s %6s %9s %9s", "load", "tests", "passed", "not", "false",
+		       "peers'", "asked");
 	printf("\n%6s %6s %9s %10s %10s %12s %10s %10s", "", "", "ms", "ms (all)", "ms", "ms",
 	       "MiB", "MiB");
 	if (load_ms)
-		printf(" %8s %9s %7s %7s %6s", "Gb/s", "per s", "", "passed", "repair");
+		printf(" %8s %9s %7s %7s %6s %9s %9s", "Gb/s", "per s", "", "passed", "repair",
+		       "tests/s", "per s");
 	printf("\n");
 	for (char *t = strtok(qlist, ","); t; t = strtok(NULL, ",")) {
 		int q = atoi(t);
@@ -781,7 +791,7 @@ int main(int argc, char **argv)
 				MAX_QPS);
 			return 2;
 		}
-		double v[16][11];
+		double v[16][13];
 		int got = 0;
 		for (int i = 0; i < reps && i < 16; i++)
 			if (run_once(self, q, p, v[got]) == 0)
@@ -792,8 +802,8 @@ int main(int argc, char **argv)
 			printf("%6d %6d  failed\n", q, p);
 			continue;
 		}
-		double m[11];
-		for (int k = 0; k < 11; k++) {
+		double m[13];
+		for (int k = 0; k < 13; k++) {
 			double col[16];
 			for (int i = 0; i < got; i++)
 				col[i] = v[i][k];
@@ -811,8 +821,8 @@ int main(int argc, char **argv)
 		for (int i = 0; i < got; i++)
 			false_repairs += (int)v[i][10];
 		if (load_ms)
-			printf(" %8.2f %9.1f %7.0f %7.0f %6d", m[6], m[7], m[8], m[9],
-			       false_repairs);
+			printf(" %8.2f %9.1f %7.0f %7.0f %6d %9.1f %9.1f", m[6], m[7], m[8], m[9],
+			       false_repairs, m[11], m[12]);
 		ok = ok && !false_repairs;
 		printf("\n");
 		fflush(stdout);

@@ -137,3 +137,33 @@ Test(stall, idle_time_is_not_measured)
 	cr_assert_float_eq(r2cc_stall_rate(&nics[0]), 1e9, 1); /* still the port's */
 	cr_assert_geq(r2cc_stall_updated(), t + 500 * MS);
 }
+
+/* A self-test's write waits for one turn (64 KB, at most the largest request) of
+ * each QP with work on the NIC, not for a whole request in service. */
+Test(stall, a_turn_per_busy_qp)
+{
+	int64_t t = 1000 * MS;
+	cr_assert_eq(r2cc_stall_turn_ns(&nics[0]), 0); /* nothing queued: no wait */
+	r2cc_stall_scan_begin();
+	for (int i = 0; i < 10; i++) /* ten QPs owe 4 MB each; the largest request 4 MB */
+		r2cc_stall_account(&nics[0], 4u << 20, 0, 4u << 20);
+	r2cc_stall_account(&nics[0], 0, 0, 0); /* an idle QP takes no turn */
+	/* small requests on nic 1: ten turns of a request, but never more than one
+	 * largest request (the allowance before turns) */
+	for (int i = 0; i < 10; i++)
+		r2cc_stall_account(&nics[1], 1000, 0, 1000);
+	r2cc_stall_scan_end(t);
+	/* 10 x 64 KiB at the port's 1 GB/s */
+	cr_assert_eq(r2cc_stall_turn_ns(&nics[0]), 655360);
+	cr_assert_eq(r2cc_stall_turn_ns(&nics[1]), 1000);
+	/* two QPs busy behind 4 MB requests: two turns */
+	r2cc_stall_scan_begin();
+	r2cc_stall_account(&nics[0], 1u << 20, 0, 0);
+	r2cc_stall_account(&nics[0], 1u << 20, 0, 0);
+	r2cc_stall_scan_end(t + 5 * MS);
+	cr_assert_eq(r2cc_stall_turn_ns(&nics[0]), 131072);
+	/* idle again */
+	r2cc_stall_scan_begin();
+	r2cc_stall_scan_end(t + 10 * MS);
+	cr_assert_eq(r2cc_stall_turn_ns(&nics[0]), 0);
+}
