@@ -425,16 +425,20 @@ static bool peer_gone(const struct r2cc_ctl_dir *dir, int rank)
  * the peer is known already (the search is hurried otherwise). */
 void r2cc_exchange_suspect(struct r2cc_rqp *r)
 {
-	if (r->loopback || !r->q || r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote) ||
-	    r2cc_rqp_peer(r))
+	/* r->q goes NULL (atomically, under r->mu) when NCCL destroys the QP meanwhile */
+	if (!__atomic_load_n(&r->q, __ATOMIC_ACQUIRE) || r2cc_rqp_peer(r))
 		return;
 	struct rep_wire m;
 	pthread_mutex_lock(&r->mu);
-	r2cc_wire_fill(&m, OP_SUSPECT, r);
+	bool send = !r->loopback && __atomic_load_n(&r->q, __ATOMIC_ACQUIRE) &&
+		    !r2cc_peer_ep_equal(&r->ep_local, &r->ep_remote);
+	if (send)
+		r2cc_wire_fill(&m, OP_SUSPECT, r);
 	const struct r2cc_ctl_dir *dir = r->dir;
 	int rank = r->peer_rank;
 	pthread_mutex_unlock(&r->mu);
-	r2cc_wire_send(dir, rank, &m, 1, NULL, 0);
+	if (send)
+		r2cc_wire_send(dir, rank, &m, 1, NULL, 0);
 }
 
 /* Responder, one REQ entry, before the fence: true when it is to be fenced

@@ -130,10 +130,8 @@ void r2cc_report_stalls(FILE *text, FILE *json)
 		fprintf(
 		    text,
 		    "stall scan: %llu suspected, %llu node-wide slowdowns ignored, %llu peers "
-		    "asked "
-		    "to test their end; self-tests "
-		    "%llu passed (slowest answer %.1f ms), %llu failed, %llu inconclusive, %llu "
-		    "with a far witness\n"
+		    "asked to test their end; self-tests %llu passed (slowest answer %.1f ms), "
+		    "%llu failed, %llu inconclusive, %llu with a far witness\n"
 		    "sends posted on moved paths: %llu by NCCL's threads, %llu by the repair "
 		    "thread\n"
 		    "queue pair records: %llu held, %llu of destroyed QPs freed (%llu destroyed "
@@ -146,8 +144,8 @@ void r2cc_report_stalls(FILE *text, FILE *json)
 	if (json)
 		fprintf(json,
 			"{\"suspected\":%llu,\"node_wide\":%llu,\"far_ends_asked\":%llu,"
-			"\"selftests_passed\":%llu,"
-			"\"selftests_failed\":%llu,\"selftests_inconclusive\":%llu,"
+			"\"selftests_passed\":%llu,\"selftests_failed\":%llu,"
+			"\"selftests_inconclusive\":%llu,"
 			"\"selftest_answer_max_ms\":%.3f,\"selftests_far\":%llu,"
 			"\"reposts_nccl_thread\":%llu,\"reposts_repair_thread\":%llu,"
 			"\"qp_records\":%llu,\"qp_records_freed\":%llu,\"qp_destroyed_in_repair\":%"
