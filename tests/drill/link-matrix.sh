@@ -24,9 +24,8 @@ KINDS=${3:--}
 KINDS=${KINDS//,/ }
 D=$B/bin/${4:-r2cc-verbs-drill}
 [ -x "$D" ] || { echo "link-matrix: $D missing (make)" >&2; exit 2; }
-DMED=${DETECT_MEDIAN_MS:-50}
-DP99=${DETECT_P99_MS:-100}
-CORES=$(nproc)
+# shellcheck source=tests/drill/bound.sh
+. "$(dirname "$0")/bound.sh"
 fail=0 cell=0
 printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s %22s\n' fault link procs flush scenarios passed \
 	first_incident_ms detection_ms migration_ms
@@ -53,16 +52,7 @@ for kind in $KINDS; do
 				printf '%-13s %-5s %5s %-5s %9s %7s %22s %22s %22s\n' "$kind" "$link" "$procs" \
 					"$flush" "$SEEDS" "${passed:-0}" "${first:--}" "${det:--}" "${mig:--}"
 				case $kind in blackhole | ackloss | blackhole-tx | blackhole-rx)
-					m=$DMED p=$DP99
-					if [ "$CORES" -lt "$procs" ]; then
-						m=150 p=400
-						echo "    $CORES cores, fewer than its $procs processes: guard bounds only"
-					fi
-					if [ -z "$first" ] || ! awk -v d="$first" -v m="$m" -v p="$p" \
-						'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[2] < p) }'; then
-						fail=1
-						echo "    first incident ${first:-missing} ms (median / p99): bound median < $m, p99 < $p"
-					fi
+					first_bound "$first" "$procs" || fail=1
 					;;
 				esac
 				if [ $rc -ne 0 ]; then

@@ -1,6 +1,7 @@
 # tests/drill: the runs of r2cc-verbs-drill (tools/drill, see tools/drill/README.md) that
 # make test and make bench make, and the scripts that run it many times over
-# (stall-matrix.sh, link-matrix.sh, inject-compare.sh, expect-fail.sh, far-witness.sh).
+# (stall-matrix.sh, link-matrix.sh, inject-compare.sh, expect-fail.sh, far-witness.sh;
+# bound.sh, the detection bound the two matrices share).
 
 DRILL_TDIR := tests/drill
 

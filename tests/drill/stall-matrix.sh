@@ -34,8 +34,8 @@ SCALE=${2:-1}
 KINDS=${3:-none,jitter,blackhole,down,ackloss}
 KINDS=${KINDS//,/ }
 SKIP=",${4:-},"
-DMED=${DETECT_MEDIAN_MS:-50}
-DP99=${DETECT_P99_MS:-100}
+# shellcheck source=tests/drill/bound.sh
+. "$(dirname "$0")/bound.sh"
 AMED=${ALL_MEDIAN_MS:-150}
 AMAX=${ALL_MAX_MS:-400}
 D=$B/bin/r2cc-verbs-drill
@@ -50,7 +50,6 @@ LOADS=(
 	"5G-16M-declared|--gbps 5 --procs 4 --per-node 2 --max-size 16777216 --declare 0:2 --time-scale 0.1|2|2"
 	"5G-qps8-4nodes|--gbps 5 --qps 8 --procs 4|2|4"
 )
-CORES=$(nproc)
 fail=0
 printf '%-18s %-12s %9s %7s %14s %24s %24s\n' load fault scenarios passed false_repairs first_incident_ms every_process_ms
 for l in "${LOADS[@]}"; do
@@ -74,16 +73,7 @@ for l in "${LOADS[@]}"; do
 		first=$(echo "$last" | sed -n 's/.* first-incident median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3 \/ \2/p')
 		printf '%-18s %-12s %9s %7s %14s %24s %24s\n' "$name" "$kind" "$n" "${passed:-0}" "$falsep" "${first:--}" "${det:--}"
 		case $kind in blackhole | ackloss | blackhole-tx | blackhole-rx)
-			m=$DMED p=$DP99
-			if [ "$CORES" -lt "$cores" ]; then
-				m=$AMED p=$AMAX
-				echo "    $CORES cores, fewer than the $cores this row's emulation needs: guard bounds only"
-			fi
-			if [ -z "$first" ] || ! awk -v d="$first" -v m="$m" -v p="$p" \
-				'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[2] < p) }'; then
-				fail=1
-				echo "    first incident ${first:-missing} ms: bound median < $m, p99 < $p"
-			fi
+			first_bound "$first" "$cores" || fail=1
 			if [ -z "$det" ] || ! awk -v d="$det" -v m="$AMED" -v x="$AMAX" \
 				'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[3] < x) }'; then
 				fail=1
