@@ -20,9 +20,11 @@
 # ALL_MAX_MS or more (default 400), a guard against a return of the 100 ms floor and
 # 150 ms test window (290-350 ms medians). The columns show median / p99 / longest of
 # each; logs/stall/detection.md has the figures. A row whose emulation needs more
-# cores than the machine has (the 4-node row: four processes, each with its soft NICs'
-# engine threads, on fewer than 4 cores; there healthy requests wait up to 48 ms with
-# no fault at all) is held to the guard bounds only, and says so.
+# cores than the machine has (a core per emulated process: each runs its soft NICs'
+# engine threads and busy-polls; with four processes on 2 cores healthy requests wait up
+# to 48 ms with no fault at all) is held to the guard bounds only, and says so: on the
+# 2-core CI machine the bound is checked on the 1G and 5G-qps4 rows, the others on a
+# machine of 4 cores or more (make bench; logs/stall/detection.md has both).
 # The declared-failure row scales transport timeouts by 0.1 (3.4 s, NCCL's being 34 s)
 # rather than the drill's 0.01: a declared move is an exchange with the peer while its
 # old QP is fenced, and on a loaded 2-core machine that exchange has taken over the
@@ -46,8 +48,8 @@ D=$B/bin/r2cc-verbs-drill
 LOADS=(
 	"1G|--gbps 1|4|2"
 	"5G-qps4|--gbps 5 --qps 4|4|2"
-	"10G-2pernode|--gbps 10 --procs 4 --per-node 2|3|2"
-	"5G-16M-declared|--gbps 5 --procs 4 --per-node 2 --max-size 16777216 --declare 0:2 --time-scale 0.1|2|2"
+	"10G-2pernode|--gbps 10 --procs 4 --per-node 2|3|4"
+	"5G-16M-declared|--gbps 5 --procs 4 --per-node 2 --max-size 16777216 --declare 0:2 --time-scale 0.1|2|4"
 	"5G-qps8-4nodes|--gbps 5 --qps 8 --procs 4|2|4"
 )
 fail=0
