@@ -482,6 +482,18 @@ static inline int64_t now_ns(void)
 	return (int64_t)r2cc_now_ns();
 }
 
+/* A signalled zero-byte RDMA write of R2CC's own on qp, through c's provider op (not
+ * the wrappers): a probe behind NCCL's requests, a fence's send marker, a self-test's
+ * write. 0 when posted. */
+static inline int r2cc_post_zero_write(struct r2cc_ctx *c, struct ibv_qp *qp, uint64_t wr_id)
+{
+	struct ibv_send_wr w = {.wr_id = wr_id,
+				.opcode = IBV_WR_RDMA_WRITE,
+				.send_flags = IBV_SEND_SIGNALED},
+			   *bad;
+	return c->post_send(qp, &w, &bad);
+}
+
 /* A failure is suspected on r's current path: queue it (any thread). */
 /* Only a connected QP is fenced: NCCL still moves one in INIT or RTR to RTS, and
  * a QP in ERR would refuse that. One on a failed NIC moves when it reaches RTS

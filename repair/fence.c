@@ -36,17 +36,13 @@ static void fence_begin(struct r2cc_rqp *r)
 		pthread_mutex_unlock(&r->mu);
 		return;
 	}
-	struct ibv_send_wr sw = {.wr_id = MARK_S,
-				 .opcode = IBV_WR_RDMA_WRITE,
-				 .send_flags = IBV_SEND_SIGNALED},
-			   *sbad;
 	struct ibv_recv_wr rw = {.wr_id = MARK_R}, *rbad;
 	/* A stand-in for a QP the dead device refused (intercept/verbs.c) was never
 	 * given a request: nothing to drain. */
 	if (r->q->stand_in_cq && r->cur_qp == r->q->qp)
 		r->mark_s = r->mark_r = true;
 	/* A queue too full for its marker: the drain ends at what the CQ holds. */
-	else if (r->cur_ctx->post_send(r->cur_qp, &sw, &sbad))
+	else if (r2cc_post_zero_write(r->cur_ctx, r->cur_qp, MARK_S))
 		r->mark_s = true;
 	if (!r->mark_r && r->cur_ctx->post_recv(r->cur_qp, &rw, &rbad))
 		r->mark_r = true;

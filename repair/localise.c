@@ -335,27 +335,19 @@ static bool ok_at(struct selftest *t, int64_t now)
  * fabric routes, and never calls the NIC dead: it runs when the NIC's first QP is
  * connected, idle or not, and must not hold the NIC's next test back for long.
  */
-/* A signalled zero-byte write of the test on qp (c's provider op): true if posted. */
-static bool test_write(struct r2cc_ctx *c, struct ibv_qp *qp, uint64_t wr_id)
-{
-	struct ibv_send_wr w = {.wr_id = wr_id,
-				.opcode = IBV_WR_RDMA_WRITE,
-				.send_flags = IBV_SEND_SIGNALED},
-			   *bad;
-	return qp && c->post_send(qp, &w, &bad) == 0;
-}
-
 static int selftest_run(struct selftest *t)
 {
 	int posted = 0;
 	for (int i = 0; i < t->nb; i++)
-		if (test_write(t->ca, t->qa[i], t->seq << 8 | (uint64_t)(i + 1)))
+		if (t->qa[i] &&
+		    r2cc_post_zero_write(t->ca, t->qa[i], t->seq << 8 | (uint64_t)(i + 1)) == 0)
 			posted |= 1 << i;
 	int far_posted = 0;
 	for (int k = 0; k < t->nfar; k++)
 		for (int j = 0; j < 2; j++)
-			if (test_write(j ? t->cb[0] : t->ca, t->far[k]->qp[j],
-				       t->seq << 8 | (uint64_t)(0x80 | k << 1 | j)))
+			if (t->far[k]->qp[j] &&
+			    r2cc_post_zero_write(j ? t->cb[0] : t->ca, t->far[k]->qp[j],
+						 t->seq << 8 | (uint64_t)(0x80 | k << 1 | j)) == 0)
 				far_posted |= 1 << (2 * k + j);
 	t->far_posted = far_posted;
 	if (far_posted & FAR_WITNESS_BITS)

@@ -23,15 +23,11 @@ int64_t r2cc_scan_floor(void)
  * in its completion. Repair thread; the provider serialises it with NCCL's posts. */
 void r2cc_probe(struct r2cc_rqp *r, int64_t t, uint64_t posted_now)
 {
-	struct ibv_send_wr w = {.wr_id = R2CC_PROBE_WRID,
-				.opcode = IBV_WR_RDMA_WRITE,
-				.send_flags = IBV_SEND_SIGNALED},
-			   *bad;
 	pthread_mutex_lock(&r->mu);
 	int s = load_state(r);
 	if ((s == RQ_HEALTHY || s == RQ_MIGRATED) && !r->dead) {
 		__atomic_store_n(&r->probe_done, 0, __ATOMIC_RELEASE);
-		if (r->cur_ctx->post_send(r->cur_qp, &w, &bad) == 0)
+		if (r2cc_post_zero_write(r->cur_ctx, r->cur_qp, R2CC_PROBE_WRID) == 0)
 			r->probe_at = t;
 		r->probed = posted_now;
 	}
