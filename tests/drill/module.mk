@@ -188,20 +188,21 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 # blackhole-tx, blackhole-rx, ackloss, flap) x {IB, RoCE} x {2 processes, 4 on 2 nodes},
 # the same seeds both ways at time scale 1 (transport timeouts of 34 s: R2CC's own
 # detection finds the fault), per seed the same verdict, evidence classes and queue
-# pairs moved, and every message exactly once: 4 seeds a cell here (16 a kind), 21
+# pairs moved, and every message exactly once: 3 seeds a cell here (12 a kind), 22
 # more in the bench (from seed 1000): 100 a kind. Then the plan's other steps: a second
 # NIC 100 ms later, and every NIC of the node with the clean error (the drill times a
 # queue pair out at its own RTS attributes, unscaled: time scale 1 and NCCL_IB_TIMEOUT
 # 14, 537 ms both ways, or the survivor waits 34 s); and plans that cannot be carried
 # out, which the reports must say: a NIC no node has (its node's reports), a node not
 # in the job, a time after the job's end (every report).
-CPU_TESTS   += 600@$(DRILL_TDIR)/inject-compare.sh:$(BUILD):4:1 \
+INJECT_SEEDS := 3
+CPU_TESTS   += 600@$(DRILL_TDIR)/inject-compare.sh:$(BUILD):$(INJECT_SEEDS):1 \
 	       60@$(DRILL):--fault:blackhole:--inject:--second-fault:100:--seeds:3:--messages:512:--nccl-stub \
 	       90@$(DRILL):--fault:down:--inject:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--time-scale:1:--ib-timeout:14:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node0/mlx5_9=down@0:--expect-drill-problem:mlx5_9:--seeds:2:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node7/mlx5_0=down@0:--expect-drill-problem:job:--seeds:2:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node1/mlx5_1=down@600s:--expect-drill-problem:ended:--seeds:2:--nccl-stub
-BENCHES     += $(DRILL_TDIR)/inject-compare.sh:$(BUILD):21:1000
+BENCHES     += $(DRILL_TDIR)/inject-compare.sh:$(BUILD):22:1000
 # A healthy job is never taken down (tests/drill/stall-matrix.sh): slow NICs, many QPs,
 # several processes per node, large messages with a declared failure; no repair at all
 # without a fault or under jitter, every message exactly once through a black hole, a

@@ -33,7 +33,11 @@ $(FUZZ_DIR)/fuzz_%: $(FUZZ_DIR)/obj/tests/fuzz/fuzz_%.o $(FUZZ_LIB_OBJS)
 
 .PHONY: fuzz
 ifneq ($(FUZZ_HAVE),)
+# make test-asan-ci runs no fuzz target (make test runs them, with ASan + UBSan): it
+# builds none (FUZZ_BUILD=0).
+ifneq ($(FUZZ_BUILD),0)
 TEST_DEPS += $(FUZZ_BINS)
+endif
 CPU_TESTS += 150@tests/fuzz/run.sh:$(FUZZ_DIR):5
 fuzz: deps
 	@$(MAKE) --no-print-directory $(FUZZ_BINS)
