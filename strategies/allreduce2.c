@@ -51,7 +51,10 @@
 #include "shim/log.h"
 
 enum { S_A, S_B, S_R, S_C, NSTREAMS };
+/* EV_R0 + i: after stage 2's Reduce(s) of chunk i; with several degraded nodes
+ * EV_R0 + K + i: after the healthy AllReduce of chunk i. */
 enum { EV_START, EV_A, EV_B, EV_END0, EV_R0 = EV_END0 + NSTREAMS };
+#define NSUBS (2 + R2CC_AR2_MAX_DEGRADED) /* healthy, bcast, aPlusH_j */
 
 enum setup_state { SETUP_NONE, SETUP_READY, SETUP_FAILED };
 
@@ -62,13 +65,21 @@ struct r2cc_ar2_comm {
 	struct r2cc_ar2_cfg cfg;
 	struct r2cc_ar2_layout lay;
 	enum setup_state setup;
-	void *healthy; /* NULL on the degraded node */
-	void *aplush;  /* NULL on healthy ranks other than the helper */
-	void *bcast;   /* schedule 0: every rank, for stage 2's Broadcasts */
+	/* sub[0] healthy (NULL on degraded nodes), sub[1] bcast (one degraded node,
+	 * schedule 0: every rank, for stage 2's Broadcasts), sub[2 + j] aPlusH_j
+	 * (NULL where not a member) */
+	void *sub[NSUBS];
+	bool pinned;	      /* a graph captured a call on these sub-communicators */
+	unsigned long captured; /* calls run during capture, ever */
+	void **kept;	      /* pinned sub-communicators of earlier views */
+	int nkept;
 	void *stream[NSTREAMS];
 	int nevents;
-	void *event[EV_R0 + R2CC_AR2_MAX_CHUNKS];
+	void *event[EV_R0 + 2 * R2CC_AR2_MAX_CHUNKS];
 };
+#define SUB_HEALTHY 0
+#define SUB_BCAST   1
+#define SUB_DEG(j)  (2 + (j))
 
 size_t r2cc_nccl_type_size(int dtype)
 {
@@ -163,9 +174,38 @@ static int number_nodes(const struct r2cc_ar2_view *view, int *idx, int *nnodes_
 	return 0;
 }
 
+/* The helper of each degraded node: the lowest rank of the first healthy node
+ * after it in node order that helps no other degraded node yet, or, when every
+ * healthy node already helps one, of the first healthy node after it. */
+static void pick_helpers(struct r2cc_ar2_layout *lay, int *first_rank)
+{
+	bool *used = calloc((size_t)lay->nnodes, sizeof(bool));
+	int j, t, node, pick;
+
+	for (j = 0; j < lay->ndeg; j++) {
+		pick = -1;
+		for (t = 1; t < lay->nnodes && used; t++) {
+			node = (lay->deg_node[j] + t) % lay->nnodes;
+			if (lay->node_slot[node] < 0 && !used[node]) {
+				pick = node;
+				break;
+			}
+		}
+		for (t = 1; t < lay->nnodes && pick < 0; t++) {
+			node = (lay->deg_node[j] + t) % lay->nnodes;
+			if (lay->node_slot[node] < 0)
+				pick = node;
+		}
+		if (used)
+			used[pick] = true;
+		lay->deg_helper[j] = first_rank[pick];
+	}
+	free(used);
+}
+
 int r2cc_ar2_layout_init(struct r2cc_ar2_layout *lay, const struct r2cc_ar2_view *view)
 {
-	int i, ret, d;
+	int i, j, ret, *first_rank = NULL;
 
 	memset(lay, 0, sizeof(*lay));
 	lay->degraded = -1;
@@ -180,44 +220,74 @@ int r2cc_ar2_layout_init(struct r2cc_ar2_layout *lay, const struct r2cc_ar2_view
 	ret = number_nodes(view, lay->rank_node_idx, &lay->nnodes);
 	if (ret)
 		goto err_free;
+	lay->node_slot = malloc(sizeof(int) * (size_t)lay->nnodes);
+	first_rank = malloc(sizeof(int) * (size_t)lay->nnodes);
+	ret = -ENOMEM;
+	if (!lay->node_slot || !first_rank)
+		goto err_free;
 	for (i = 0; i < lay->nnodes; i++) {
+		lay->node_slot[i] = -1;
+		first_rank[i] = -1;
 		if (view->node_nics[i] < 0 || view->node_failed[i] < 0 ||
 		    view->node_failed[i] > view->node_nics[i]) {
 			ret = -EINVAL;
 			goto err_free;
 		}
-		if (view->node_failed[i] > 0) {
-			if (lay->ndegraded++ == 0)
-				lay->degraded = i;
+		if (view->node_failed[i] == 0) {
+			lay->healthy_nodes++;
+			continue;
+		}
+		/* the tail's share: the largest failed / nics (cross-multiplied) */
+		if (lay->ndegraded++ == 0 ||
+		    (long)view->node_failed[i] * lay->nics > (long)lay->failed * view->node_nics[i]) {
+			lay->nics = view->node_nics[i];
+			lay->failed = view->node_failed[i];
+		}
+		if (lay->ndeg < R2CC_AR2_MAX_DEGRADED) {
+			lay->deg_node[lay->ndeg] = i;
+			lay->deg_nics[lay->ndeg] = view->node_nics[i];
+			lay->deg_failed[lay->ndeg] = view->node_failed[i];
+			lay->node_slot[i] = lay->ndeg++;
 		}
 	}
-	if (lay->ndegraded != 1) {
-		lay->degraded = -1;
+	for (i = lay->nranks - 1; i >= 0; i--)
+		first_rank[lay->rank_node_idx[i]] = i;
+	if (lay->ndegraded == 1)
+		lay->degraded = lay->deg_node[0];
+	if (lay->ndegraded > R2CC_AR2_MAX_DEGRADED || lay->healthy_nodes == 0 || lay->nnodes < 2) {
+		/* no schedule: every rank is a member of nothing */
+		for (i = 0; i < lay->nnodes; i++)
+			lay->node_slot[i] = -1;
+		lay->ndeg = 0;
+		free(first_rank);
 		return 0;
 	}
-	d = lay->degraded;
-	lay->nics = view->node_nics[d];
-	lay->failed = view->node_failed[d];
-	if (lay->nnodes < 2)
-		return 0;
-	for (i = 0; i < lay->nranks; i++)
-		if (lay->rank_node_idx[i] == (d + 1) % lay->nnodes) {
-			lay->helper = i;
-			break;
-		}
+	pick_helpers(lay, first_rank);
+	free(first_rank);
 	for (i = 0; i < lay->nranks; i++) {
-		if (lay->rank_node_idx[i] != d)
+		int slot = lay->node_slot[lay->rank_node_idx[i]];
+
+		if (slot < 0)
 			lay->healthy_size++;
-		if (lay->rank_node_idx[i] == d || i == lay->helper) {
-			if (i < lay->helper)
-				lay->aplush_root++;
-			lay->aplush_size++;
-		}
+		for (j = 0; j < lay->ndeg; j++)
+			if (slot == j || i == lay->deg_helper[j]) {
+				if (i < lay->deg_helper[j])
+					lay->deg_root[j]++;
+				lay->deg_size[j]++;
+			}
+	}
+	if (lay->ndegraded == 1) {
+		lay->helper = lay->deg_helper[0];
+		lay->aplush_size = lay->deg_size[0];
+		lay->aplush_root = lay->deg_root[0];
 	}
 	return 0;
 
 err_free:
+	free(first_rank);
+	free(lay->node_slot);
 	free(lay->rank_node_idx);
+	lay->node_slot = NULL;
 	lay->rank_node_idx = NULL;
 	return ret;
 }
@@ -225,26 +295,39 @@ err_free:
 void r2cc_ar2_layout_fini(struct r2cc_ar2_layout *lay)
 {
 	free(lay->rank_node_idx);
+	free(lay->node_slot);
 	lay->rank_node_idx = NULL;
+	lay->node_slot = NULL;
+}
+
+/* Index into deg_* of r's node, -1 for a healthy node (or no schedule). */
+static int slot_of(const struct r2cc_ar2_layout *lay, int r)
+{
+	return lay->ndeg ? lay->node_slot[lay->rank_node_idx[r]] : -1;
 }
 
 static bool on_degraded(const struct r2cc_ar2_layout *lay, int r)
 {
-	return lay->degraded >= 0 && lay->rank_node_idx[r] == lay->degraded;
+	return slot_of(lay, r) >= 0;
 }
 
 void r2cc_ar2_healthy_color(const struct r2cc_ar2_layout *lay, int r, int *color, int *key)
 {
-	*color = lay->helper >= 0 && !on_degraded(lay, r) ? 0 : R2CC_NCCL_SPLIT_NOCOLOR;
+	*color = lay->ndeg && !on_degraded(lay, r) ? 0 : R2CC_NCCL_SPLIT_NOCOLOR;
+	*key = r;
+}
+
+void r2cc_ar2_deg_color(const struct r2cc_ar2_layout *lay, int j, int r, int *color, int *key)
+{
+	*color = j < lay->ndeg && (slot_of(lay, r) == j || r == lay->deg_helper[j])
+		     ? 0
+		     : R2CC_NCCL_SPLIT_NOCOLOR;
 	*key = r;
 }
 
 void r2cc_ar2_aplush_color(const struct r2cc_ar2_layout *lay, int r, int *color, int *key)
 {
-	*color = lay->helper >= 0 && (on_degraded(lay, r) || r == lay->helper)
-		     ? 0
-		     : R2CC_NCCL_SPLIT_NOCOLOR;
-	*key = r;
+	r2cc_ar2_deg_color(lay, 0, r, color, key);
 }
 
 /* ---- Split of one buffer ---- */
@@ -309,12 +392,14 @@ static const char *const reason_str[R2CC_AR2_NREASONS] = {
     [R2CC_AR2_FB_OP] = "reduction op Avg or PreMulSum",
     [R2CC_AR2_FB_DTYPE] = "unknown datatype",
     [R2CC_AR2_FB_GROUP] = "called inside a user group",
-    [R2CC_AR2_FB_CAPTURE] = "called during CUDA graph capture",
+    [R2CC_AR2_FB_CAPTURE] = "CUDA graph capture before R2CC-AllReduce was set up on this "
+			    "communicator (an eligible AllReduce outside capture sets it up)",
     [R2CC_AR2_FB_NONBLOCKING] = "non-blocking communicator",
     [R2CC_AR2_FB_ONE_NODE] = "communicator spans fewer than two nodes",
     [R2CC_AR2_FB_NO_DEGRADED] = "no degraded node",
-    [R2CC_AR2_FB_MULTI] = "more than one degraded node",
-    [R2CC_AR2_FB_NO_NIC] = "the degraded node has no healthy NIC",
+    [R2CC_AR2_FB_MULTI] = "more than 8 degraded nodes",
+    [R2CC_AR2_FB_NO_NIC] = "a degraded node has no healthy NIC",
+    [R2CC_AR2_FB_NO_HEALTHY] = "every node is degraded: no healthy node to help",
     [R2CC_AR2_FB_SETUP] = "sub-communicator setup failed on some rank",
 };
 
@@ -335,18 +420,18 @@ enum r2cc_ar2_reason r2cc_ar2_check(const struct r2cc_ar2_layout *lay,
 		return R2CC_AR2_FB_OP;
 	if (flags & R2CC_AR2_IN_GROUP)
 		return R2CC_AR2_FB_GROUP;
-	if (flags & R2CC_AR2_CAPTURING)
-		return R2CC_AR2_FB_CAPTURE;
 	if (flags & R2CC_AR2_NONBLOCKING)
 		return R2CC_AR2_FB_NONBLOCKING;
 	if (lay->nnodes < 2)
 		return R2CC_AR2_FB_ONE_NODE;
 	if (lay->ndegraded == 0)
 		return R2CC_AR2_FB_NO_DEGRADED;
-	if (lay->ndegraded > 1)
+	if (lay->ndegraded > R2CC_AR2_MAX_DEGRADED)
 		return R2CC_AR2_FB_MULTI;
 	if (lay->failed >= lay->nics)
 		return R2CC_AR2_FB_NO_NIC;
+	if (lay->healthy_nodes == 0)
+		return R2CC_AR2_FB_NO_HEALTHY;
 	if (count > SIZE_MAX / esize || (uint64_t)(count * esize) < cfg->min_bytes)
 		return R2CC_AR2_FB_SMALL;
 	return R2CC_AR2_RAN;
@@ -397,12 +482,16 @@ static void *sub_abort_main(void *arg)
  */
 static void abort_subs(const struct r2cc_ar2_ops *ops, void **subs, int n)
 {
-	struct sub_abort a[3];
+	struct sub_abort *a = calloc((size_t)(n > 0 ? n : 1), sizeof(*a));
 	int i, k = 0;
 
 	for (i = 0; i < n; i++) {
 		if (!subs[i])
 			continue;
+		if (!a) { /* no memory for threads: one after the other */
+			ops->comm_abort(ops->ctx, subs[i]);
+			continue;
+		}
 		a[k] = (struct sub_abort){.ops = ops, .comm = subs[i]};
 		a[k].started = pthread_create(&a[k].thread, NULL, sub_abort_main, &a[k]) == 0;
 		k++;
@@ -413,26 +502,44 @@ static void abort_subs(const struct r2cc_ar2_ops *ops, void **subs, int n)
 	for (i = 0; i < k; i++)
 		if (a[i].started)
 			pthread_join(a[i].thread, NULL);
+	free(a);
+}
+
+static void free_subs(const struct r2cc_ar2_ops *ops, void **subs, int n, bool abort)
+{
+	if (abort && ops->comm_abort) {
+		abort_subs(ops, subs, n);
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		if (subs[i])
+			ops->comm_destroy(ops->ctx, subs[i]);
 }
 
 /*
- * Sub-communicators first, then the events and streams; CUDA releases those once
- * pending work completes. On destroy, the healthy one before aPlusH since stage
- * 2 waits for it; on abort all at once (abort_subs).
+ * Sub-communicators first (unless keep: then they join c->kept, for a captured
+ * graph), then the events and streams; CUDA releases those once pending work
+ * completes. On destroy, the healthy one before the aPlusH ones since stage 2
+ * waits for it; on abort all at once (abort_subs).
  */
-static void release(struct r2cc_ar2_comm *c, bool abort)
+static void release(struct r2cc_ar2_comm *c, bool abort, bool keep)
 {
 	const struct r2cc_ar2_ops *ops = c->ops;
-	void *subs[3] = {c->healthy, c->aplush, c->bcast};
-	int i;
+	int i, n = 0;
 
-	if (abort && ops->comm_abort) {
-		abort_subs(ops, subs, 3);
-	} else {
-		for (i = 0; i < 3; i++)
-			if (subs[i])
-				ops->comm_destroy(ops->ctx, subs[i]);
+	if (keep) {
+		void **k = realloc(c->kept, sizeof(void *) * (size_t)(c->nkept + NSUBS));
+		if (k) {
+			c->kept = k;
+			for (i = 0; i < NSUBS; i++)
+				if (c->sub[i])
+					c->kept[c->nkept++] = c->sub[i];
+			n = NSUBS;
+		}
+		/* else (no memory): destroyed after all, as before graphs existed */
 	}
+	if (!n)
+		free_subs(ops, c->sub, NSUBS, abort);
 	for (i = 0; i < c->nevents; i++)
 		if (c->event[i])
 			ops->event_destroy(ops->ctx, c->event[i]);
@@ -441,10 +548,9 @@ static void release(struct r2cc_ar2_comm *c, bool abort)
 			ops->stream_destroy(ops->ctx, c->stream[i]);
 	memset(c->event, 0, sizeof(c->event));
 	memset(c->stream, 0, sizeof(c->stream));
+	memset(c->sub, 0, sizeof(c->sub));
 	c->nevents = 0;
-	c->healthy = NULL;
-	c->aplush = NULL;
-	c->bcast = NULL;
+	c->pinned = false;
 }
 
 /* Local part of the setup: 1 when everything this rank needs exists. */
@@ -460,18 +566,34 @@ static int check_sub(struct r2cc_ar2_comm *c, void *sub, int want_size, int want
 	return n == want_size && r == want_rank;
 }
 
-static int sub_rank(const struct r2cc_ar2_layout *lay, int me, bool aplush)
+/* Rank of `me` in the sub-communicator of colour function j (-1: healthy). */
+static int sub_rank(const struct r2cc_ar2_layout *lay, int me, int j)
 {
 	int i, r = 0, color, key;
 
 	for (i = 0; i < me; i++) {
-		if (aplush)
-			r2cc_ar2_aplush_color(lay, i, &color, &key);
+		if (j >= 0)
+			r2cc_ar2_deg_color(lay, j, i, &color, &key);
 		else
 			r2cc_ar2_healthy_color(lay, i, &color, &key);
 		r += color != R2CC_NCCL_SPLIT_NOCOLOR;
 	}
 	return r;
+}
+
+/* One split over the parent into c->sub[idx]; 1 when this rank has what it needs. */
+static int split_one(struct r2cc_ar2_comm *c, int idx, int color, int key, int want_size,
+		     int want_rank)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+
+	if (ops->comm_split(ops->ctx, c->parent, color, key, &c->sub[idx])) {
+		c->sub[idx] = NULL;
+		return 0;
+	}
+	if (color == R2CC_NCCL_SPLIT_NOCOLOR)
+		return 1;
+	return check_sub(c, c->sub[idx], want_size, want_rank);
 }
 
 /*
@@ -482,14 +604,14 @@ static void setup(struct r2cc_ar2_comm *c)
 {
 	const struct r2cc_ar2_ops *ops = c->ops;
 	const struct r2cc_ar2_layout *lay = &c->lay;
-	int ok = 1, all_ok = 0, i, color, key;
+	int ok = 1, all_ok = 0, i, j, color, key;
 
 	for (i = 0; i < NSTREAMS; i++)
 		if (ops->stream_create(ops->ctx, &c->stream[i])) {
 			c->stream[i] = NULL;
 			ok = 0;
 		}
-	c->nevents = EV_R0 + c->cfg.chunks;
+	c->nevents = EV_R0 + (lay->ndeg > 1 ? 2 : 1) * c->cfg.chunks;
 	for (i = 0; i < c->nevents; i++)
 		if (ops->event_create(ops->ctx, &c->event[i])) {
 			c->event[i] = NULL;
@@ -497,42 +619,36 @@ static void setup(struct r2cc_ar2_comm *c)
 		}
 
 	r2cc_ar2_healthy_color(lay, c->rank, &color, &key);
-	if (ops->comm_split(ops->ctx, c->parent, color, key, &c->healthy)) {
-		c->healthy = NULL;
-		ok = 0;
-	} else if (color != R2CC_NCCL_SPLIT_NOCOLOR) {
-		ok &= check_sub(c, c->healthy, lay->healthy_size, sub_rank(lay, c->rank, false));
+	ok &= split_one(c, SUB_HEALTHY, color, key, lay->healthy_size, sub_rank(lay, c->rank, -1));
+	for (j = 0; j < lay->ndeg; j++) {
+		r2cc_ar2_deg_color(lay, j, c->rank, &color, &key);
+		ok &= split_one(c, SUB_DEG(j), color, key, lay->deg_size[j],
+				sub_rank(lay, c->rank, j));
 	}
-	r2cc_ar2_aplush_color(lay, c->rank, &color, &key);
-	if (ops->comm_split(ops->ctx, c->parent, color, key, &c->aplush)) {
-		c->aplush = NULL;
-		ok = 0;
-	} else if (color != R2CC_NCCL_SPLIT_NOCOLOR) {
-		ok &= check_sub(c, c->aplush, lay->aplush_size, sub_rank(lay, c->rank, true));
-	}
-	if (c->cfg.schedule == 0) {
-		if (ops->comm_split(ops->ctx, c->parent, 0, c->rank, &c->bcast)) {
-			c->bcast = NULL;
-			ok = 0;
-		} else {
-			ok &= check_sub(c, c->bcast, lay->nranks, c->rank);
-		}
-	}
+	if (c->cfg.schedule == 0 && lay->ndeg == 1)
+		ok &= split_one(c, SUB_BCAST, 0, c->rank, lay->nranks, c->rank);
 
 	if (ops->agree(ops->ctx, c->parent, ok, &all_ok))
 		all_ok = 0;
 	if (all_ok) {
 		c->setup = SETUP_READY;
-		R2CC_INFO("R2CC-AllReduce: %d ranks on %d nodes, degraded node %d (%d of %d NICs "
-			  "failed), helper rank %d, K=%d, schedule %d",
-			  lay->nranks, lay->nnodes, lay->degraded, lay->failed, lay->nics,
-			  lay->helper, c->cfg.chunks, c->cfg.schedule);
+		if (lay->ndeg == 1)
+			R2CC_INFO("R2CC-AllReduce: %d ranks on %d nodes, degraded node %d (%d of %d "
+				  "NICs failed), helper rank %d, K=%d, schedule %d",
+				  lay->nranks, lay->nnodes, lay->degraded, lay->failed, lay->nics,
+				  lay->helper, c->cfg.chunks, c->cfg.schedule);
+		else
+			R2CC_INFO("R2CC-AllReduce: %d ranks on %d nodes, %d degraded nodes (the "
+				  "largest share %d of %d NICs failed), helpers on %d healthy nodes, "
+				  "K=%d, schedule %d",
+				  lay->nranks, lay->nnodes, lay->ndeg, lay->failed, lay->nics,
+				  lay->healthy_nodes, c->cfg.chunks, c->cfg.schedule);
 		return;
 	}
 	if (!ok)
 		R2CC_WARN("R2CC-AllReduce: sub-communicator or stream setup failed on rank %d",
 			  c->rank);
-	release(c, false);
+	release(c, false, false);
 	c->setup = SETUP_FAILED;
 }
 
@@ -580,6 +696,18 @@ err_free:
 	return ret;
 }
 
+/* Whether two layouts make the same sub-communicators. */
+static bool same_subs(const struct r2cc_ar2_layout *a, const struct r2cc_ar2_layout *b)
+{
+	if (a->ndeg != b->ndeg ||
+	    memcmp(a->rank_node_idx, b->rank_node_idx, sizeof(int) * (size_t)a->nranks))
+		return false;
+	for (int j = 0; j < a->ndeg; j++)
+		if (a->deg_node[j] != b->deg_node[j] || a->deg_helper[j] != b->deg_helper[j])
+			return false;
+	return true;
+}
+
 int r2cc_ar2_comm_set_view(struct r2cc_ar2_comm *c, const struct r2cc_ar2_view *view)
 {
 	struct r2cc_ar2_layout lay;
@@ -592,14 +720,13 @@ int r2cc_ar2_comm_set_view(struct r2cc_ar2_comm *c, const struct r2cc_ar2_view *
 		r2cc_ar2_layout_fini(&lay);
 		return -EINVAL;
 	}
-	if (lay.degraded != c->lay.degraded || lay.helper != c->lay.helper ||
-	    memcmp(lay.rank_node_idx, c->lay.rank_node_idx, sizeof(int) * (size_t)lay.nranks)) {
+	if (!same_subs(&lay, &c->lay)) {
 		/* Sub-communicators that failed are aborted: destroying one waits for
-		 * work that will never complete. */
+		 * work that will never complete. Pinned ones stay for their graphs. */
 		int perr = 0;
 		if (c->ops->comm_async_error)
 			c->ops->comm_async_error(c->ops->ctx, c->parent, &perr);
-		release(c, perr || r2cc_ar2_comm_async_error(c));
+		release(c, perr || r2cc_ar2_comm_async_error(c), c->pinned);
 		c->setup = SETUP_NONE;
 	}
 	r2cc_ar2_layout_fini(&c->lay);
@@ -611,25 +738,40 @@ void r2cc_ar2_comm_destroy(struct r2cc_ar2_comm *c, bool abort)
 {
 	if (!c)
 		return;
-	release(c, abort);
+	if (abort && c->ops->comm_abort) {
+		/* every sub-communicator at once, the kept ones too */
+		void **all = realloc(c->kept, sizeof(void *) * (size_t)(c->nkept + NSUBS));
+		if (all) {
+			c->kept = all;
+			memcpy(all + c->nkept, c->sub, sizeof(c->sub));
+			c->nkept += NSUBS;
+			memset(c->sub, 0, sizeof(c->sub));
+		}
+	}
+	release(c, abort, false);
+	free_subs(c->ops, c->kept, c->nkept, abort);
+	free(c->kept);
 	r2cc_ar2_layout_fini(&c->lay);
 	free(c);
 }
 
 int r2cc_ar2_comm_async_error(const struct r2cc_ar2_comm *c)
 {
-	void *subs[3];
 	int err = 0;
 
 	if (!c || !c->ops->comm_async_error)
 		return 0;
-	subs[0] = c->healthy;
-	subs[1] = c->aplush;
-	subs[2] = c->bcast;
-	for (int i = 0; i < 3; i++)
-		if (subs[i] && c->ops->comm_async_error(c->ops->ctx, subs[i], &err) == 0 && err)
+	for (int i = 0; i < NSUBS + c->nkept; i++) {
+		void *sub = i < NSUBS ? c->sub[i] : c->kept[i - NSUBS];
+		if (sub && c->ops->comm_async_error(c->ops->ctx, sub, &err) == 0 && err)
 			return err;
+	}
 	return 0;
+}
+
+unsigned long r2cc_ar2_comm_captured(const struct r2cc_ar2_comm *c)
+{
+	return c ? c->captured : 0;
 }
 
 const struct r2cc_ar2_layout *r2cc_ar2_comm_layout(const struct r2cc_ar2_comm *c)
@@ -649,6 +791,22 @@ static void *at(const void *buf, size_t elems, size_t esize)
 	return (char *)buf + elems * esize;
 }
 
+/* Join every internal stream back into the user's stream, even after an
+ * error, so that the user's stream covers whatever was issued. */
+static int join(struct r2cc_ar2_comm *c, void *user, int ret)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+
+	for (int i = 0; i < NSTREAMS; i++) {
+		int err = ops->event_record(ops->ctx, c->event[EV_END0 + i], c->stream[i]);
+		if (!err)
+			err = ops->stream_wait_event(ops->ctx, user, c->event[EV_END0 + i]);
+		if (!ret)
+			ret = err;
+	}
+	return ret;
+}
+
 static int run(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size_t count, int dtype,
 	       int op, void *user)
 {
@@ -660,8 +818,8 @@ static int run(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size
 	bool healthy = !on_degraded(lay, c->rank), member = !healthy || c->rank == lay->helper;
 	bool serial = c->cfg.schedule >= 3;
 	void *sc = serial ? s[S_R] : s[S_C];
-	void *bcomm = c->bcast ? c->bcast : c->parent;
-	int ret, err, i;
+	void *bcomm = c->sub[SUB_BCAST] ? c->sub[SUB_BCAST] : c->parent;
+	int ret, i;
 
 	r2cc_ar2_split(count, esize, lay->nics, lay->failed, c->cfg.chunks, &sp);
 	R2CC_TRACE("R2CC-AllReduce: count %zu = main %zu + tail %zu in %d chunks, schedule %d",
@@ -683,7 +841,7 @@ static int run(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size
 	if (!ret && healthy && sp.tail_count)
 		ret = ops->allreduce(ctx, at(sendbuf, sp.tail_offset, esize),
 				     at(recvbuf, sp.tail_offset, esize), sp.tail_count, dtype, op,
-				     c->healthy, s[S_B]);
+				     c->sub[SUB_HEALTHY], s[S_B]);
 	if (!ret)
 		ret = ops->event_record(ctx, ev[EV_B], s[S_B]);
 	if (!ret)
@@ -701,7 +859,7 @@ static int run(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size
 			ret = ops->reduce(
 			    ctx,
 			    c->rank == lay->helper ? rc : at(sendbuf, sp.chunk[i].offset, esize),
-			    rc, n, dtype, op, lay->aplush_root, c->aplush, s[S_R]);
+			    rc, n, dtype, op, lay->aplush_root, c->sub[SUB_DEG(0)], s[S_R]);
 		if (!ret && !serial) {
 			ret = ops->event_record(ctx, ev[EV_R0 + i], s[S_R]);
 			if (!ret)
@@ -711,16 +869,98 @@ static int run(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size
 			ret = ops->broadcast(ctx, rc, rc, n, dtype, lay->helper, bcomm, sc);
 	}
 
-	/* Join every internal stream back into the user's stream, even after an
-	 * error, so that the user's stream covers whatever was issued. */
-	for (i = 0; i < NSTREAMS; i++) {
-		err = ops->event_record(ctx, ev[EV_END0 + i], s[i]);
-		if (!err)
-			err = ops->stream_wait_event(ctx, user, ev[EV_END0 + i]);
-		if (!ret)
-			ret = err;
+	return join(c, user, ret);
+}
+
+/*
+ * Several degraded nodes (allreduce2.h). Streams, after Start:
+ *   SA: main AllReduce (full comm)
+ *   SR: for each chunk i: Reduce_j(i) on aPlusH_j for every j this rank is in
+ *       (a helper of several nodes reduces them one after the other, in place
+ *       from the second on); record EvR[i]
+ *   SB: for each chunk i: wait EvR[i]; AllReduce of chunk i on healthy (a
+ *       helper in place: its chunk holds its nodes' parts); record EvB[i]
+ *   SC: for each chunk i: wait EvB[i]; Broadcast_j(i) on aPlusH_j from helper j
+ * (schedule 3: SB and SC are SR, one chain). Issue order on every rank: main
+ * AllReduce, all Reduces (chunk-major), all tail AllReduces, all Broadcasts;
+ * per communicator every rank issues the same sequence (aPlusH_j: Reduces
+ * then Broadcasts) and every dependency points from an earlier issued call to
+ * a later one, so no cycle of waits can form across ranks. A degraded rank's
+ * Broadcast of chunk i overwrites what its Reduce of chunk i read (in place):
+ * EvR[i] -> SB -> EvB[i] -> SC orders them.
+ */
+static int run_multi(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size_t count,
+		     int dtype, int op, void *user)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+	const struct r2cc_ar2_layout *lay = &c->lay;
+	void *ctx = ops->ctx, **s = c->stream, **ev = c->event;
+	size_t esize = r2cc_nccl_type_size(dtype);
+	struct r2cc_ar2_split sp;
+	int mine = slot_of(lay, c->rank), K, ret, i, j;
+	bool serial = c->cfg.schedule >= 3;
+	void *sb = serial ? s[S_R] : s[S_B], *sc = serial ? s[S_R] : s[S_C];
+
+	r2cc_ar2_split(count, esize, lay->nics, lay->failed, c->cfg.chunks, &sp);
+	K = sp.nchunks;
+	R2CC_TRACE("R2CC-AllReduce: count %zu = main %zu + tail %zu in %d chunks, %d degraded "
+		   "nodes",
+		   count, sp.main_count, sp.tail_count, K, lay->ndeg);
+
+	ret = ops->event_record(ctx, ev[EV_START], user);
+	for (i = 0; i < NSTREAMS && !ret; i++)
+		ret = ops->stream_wait_event(ctx, s[i], ev[EV_START]);
+	if (ret)
+		return ret;
+	if (sp.main_count)
+		ret = ops->allreduce(ctx, sendbuf, recvbuf, sp.main_count, dtype, op, c->parent,
+				     s[S_A]);
+
+	for (i = 0; i < K && !ret; i++) {
+		size_t off = sp.chunk[i].offset, n = sp.chunk[i].count;
+		bool reduced = false; /* this helper's chunk already holds a Reduce's result */
+
+		for (j = 0; j < lay->ndeg && !ret; j++) {
+			bool helper = c->rank == lay->deg_helper[j];
+			if (mine != j && !helper)
+				continue;
+			ret = ops->reduce(ctx,
+					  helper && reduced ? at(recvbuf, off, esize)
+							    : at(sendbuf, off, esize),
+					  at(recvbuf, off, esize), n, dtype, op, lay->deg_root[j],
+					  c->sub[SUB_DEG(j)], s[S_R]);
+			reduced |= helper;
+		}
+		if (!ret && !serial)
+			ret = ops->event_record(ctx, ev[EV_R0 + i], s[S_R]);
 	}
-	return ret;
+	for (i = 0; i < K && !ret; i++) {
+		size_t off = sp.chunk[i].offset, n = sp.chunk[i].count;
+		bool helper = false;
+
+		for (j = 0; j < lay->ndeg; j++)
+			helper |= c->rank == lay->deg_helper[j];
+		if (!serial)
+			ret = ops->stream_wait_event(ctx, sb, ev[EV_R0 + i]);
+		if (!ret && mine < 0)
+			ret = ops->allreduce(ctx,
+					     helper ? at(recvbuf, off, esize) : at(sendbuf, off, esize),
+					     at(recvbuf, off, esize), n, dtype, op, c->sub[SUB_HEALTHY],
+					     sb);
+		if (!ret && !serial)
+			ret = ops->event_record(ctx, ev[EV_R0 + K + i], sb);
+	}
+	for (i = 0; i < K && !ret; i++) {
+		void *rc = at(recvbuf, sp.chunk[i].offset, esize);
+
+		if (!serial)
+			ret = ops->stream_wait_event(ctx, sc, ev[EV_R0 + K + i]);
+		for (j = 0; j < lay->ndeg && !ret; j++)
+			if (mine == j || c->rank == lay->deg_helper[j])
+				ret = ops->broadcast(ctx, rc, rc, sp.chunk[i].count, dtype,
+						     lay->deg_root[j], c->sub[SUB_DEG(j)], sc);
+	}
+	return join(c, user, ret);
 }
 
 int r2cc_ar2_allreduce(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size_t count,
@@ -729,10 +969,15 @@ int r2cc_ar2_allreduce(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvb
 {
 	const struct r2cc_ar2_ops *ops = c->ops;
 	enum r2cc_ar2_reason why;
+	bool capturing = flags & R2CC_AR2_CAPTURING;
+	int ret;
 
 	why = r2cc_ar2_check(&c->lay, &c->cfg, count, dtype, op, flags);
-	if (why == R2CC_AR2_RAN && c->setup == SETUP_NONE)
+	/* Setup is collective and blocking: never during capture. */
+	if (why == R2CC_AR2_RAN && c->setup == SETUP_NONE && !capturing)
 		setup(c);
+	if (why == R2CC_AR2_RAN && c->setup == SETUP_NONE)
+		why = R2CC_AR2_FB_CAPTURE;
 	if (why == R2CC_AR2_RAN && c->setup != SETUP_READY)
 		why = R2CC_AR2_FB_SETUP;
 	if (reason_p)
@@ -742,5 +987,13 @@ int r2cc_ar2_allreduce(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvb
 		return ops->allreduce(ops->ctx, sendbuf, recvbuf, count, dtype, op, c->parent,
 				      stream);
 	}
-	return run(c, sendbuf, recvbuf, count, dtype, op, stream);
+	if (capturing) {
+		c->pinned = true;
+		c->captured++;
+	}
+	if (c->lay.ndeg > 1)
+		ret = run_multi(c, sendbuf, recvbuf, count, dtype, op, stream);
+	else
+		ret = run(c, sendbuf, recvbuf, count, dtype, op, stream);
+	return ret;
 }

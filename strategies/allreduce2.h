@@ -1,8 +1,9 @@
 /*
  * R2CC-AllReduce (docs/architecture.md, R2CC-AllReduce): an AllReduce on a communicator with
- * one degraded node, rewritten into stock NCCL calls so that the degraded node
- * moves less data.
+ * degraded nodes, rewritten into stock NCCL calls so that the degraded nodes
+ * move less data.
  *
+ * One degraded node:
  *   Stage 1: AllReduce of the main part (first 1-X of the buffer) on the full
  *            communicator, and of the tail (last X) on `healthy` (the ranks not
  *            on the degraded node).
@@ -10,6 +11,15 @@
  *            node's ranks + one helper rank) onto the helper, whose input is
  *            its stage-1 result, then a Broadcast of the chunk from the helper
  *            on the full communicator.
+ * Several degraded nodes (up to R2CC_AR2_MAX_DEGRADED), each with a helper of its
+ * own on a healthy node (shared only when there are fewer healthy nodes than
+ * degraded ones); X is the largest failed share among them:
+ *   the main part as above, on the full communicator; the tail in K chunks:
+ *   per degraded node j a Reduce on `aPlusH_j` (node j's ranks + helper j) onto
+ *   helper j, whose input is its own; then an AllReduce of the chunk on
+ *   `healthy` (the helpers now hold every degraded node's part); then a
+ *   Broadcast of the chunk from helper j on aPlusH_j. Each degraded node sends
+ *   and receives the tail once, as with one degraded node.
  *
  * Three layers, each usable on its own:
  *   - the layout (r2cc_ar2_layout_*, r2cc_ar2_split): pure arithmetic, no I/O;
@@ -62,6 +72,7 @@ size_t r2cc_nccl_type_size(int dtype);
 #define R2CC_AR2_ALIGN_BYTES 128 /* the tail and every chunk start on this */
 #define R2CC_AR2_MAX_CHUNKS  64	 /* K is clamped to 1..this */
 #define R2CC_AR2_MAX_RANKS   65536
+#define R2CC_AR2_MAX_DEGRADED 8 /* more degraded nodes: Balance */
 
 /* ---- Layout: who is where, who helps, how the sub-communicators split. ---- */
 
@@ -78,14 +89,25 @@ struct r2cc_ar2_view {
 struct r2cc_ar2_layout {
 	int nranks;
 	int nnodes;
-	int degraded;	    /* node index, -1 when no node has a failed NIC */
+	int degraded;	    /* node index with one degraded node, -1 otherwise */
 	int ndegraded;	    /* nodes with at least one failed NIC */
-	int nics, failed;   /* of the degraded node */
-	int helper;	    /* parent rank of the helper, -1 without a degraded node */
-	int healthy_size;   /* ranks not on the degraded node */
-	int aplush_size;    /* degraded node's ranks + the helper */
+	int nics, failed;   /* of the degraded node with the largest failed share */
+	int helper;	    /* parent rank of the helper with one degraded node, else -1 */
+	int healthy_size;   /* ranks not on a degraded node */
+	int healthy_nodes;  /* nodes without a failed NIC */
+	int aplush_size;    /* one degraded node: its ranks + the helper */
 	int aplush_root;    /* the helper's rank in aPlusH */
+	/* Every degraded node, in node order, when 1 <= ndegraded <=
+	 * R2CC_AR2_MAX_DEGRADED and a healthy node exists (ndeg = ndegraded), else
+	 * ndeg = 0: node index, NICs, failed NICs, helper (parent rank), size of
+	 * aPlusH_j and the helper's rank in it. With one degraded node, entry 0 is
+	 * the node above. */
+	int ndeg;
+	int deg_node[R2CC_AR2_MAX_DEGRADED], deg_nics[R2CC_AR2_MAX_DEGRADED];
+	int deg_failed[R2CC_AR2_MAX_DEGRADED], deg_helper[R2CC_AR2_MAX_DEGRADED];
+	int deg_size[R2CC_AR2_MAX_DEGRADED], deg_root[R2CC_AR2_MAX_DEGRADED];
 	int *rank_node_idx; /* nranks node indices */
+	int *node_slot;	    /* nnodes: index into deg_* of a degraded node, else -1 */
 };
 
 /* Build the layout; 0, -EINVAL for a malformed view, -ENOMEM. */
@@ -96,6 +118,8 @@ void r2cc_ar2_layout_fini(struct r2cc_ar2_layout *lay);
  * member). Keys are parent ranks, so the sub-communicators keep rank order. */
 void r2cc_ar2_healthy_color(const struct r2cc_ar2_layout *lay, int r, int *color, int *key);
 void r2cc_ar2_aplush_color(const struct r2cc_ar2_layout *lay, int r, int *color, int *key);
+/* aPlusH_j of degraded node j (0 <= j < lay->ndeg); j = 0 is aPlusH. */
+void r2cc_ar2_deg_color(const struct r2cc_ar2_layout *lay, int j, int r, int *color, int *key);
 
 /* ---- Split of one buffer. ---- */
 
@@ -198,12 +222,13 @@ enum r2cc_ar2_reason {
 	R2CC_AR2_FB_OP,		 /* Avg or PreMulSum */
 	R2CC_AR2_FB_DTYPE,	 /* unknown datatype */
 	R2CC_AR2_FB_GROUP,	 /* inside a user group */
-	R2CC_AR2_FB_CAPTURE,	 /* CUDA graph capture */
+	R2CC_AR2_FB_CAPTURE,	 /* CUDA graph capture before setup */
 	R2CC_AR2_FB_NONBLOCKING, /* non-blocking communicator */
 	R2CC_AR2_FB_ONE_NODE,	 /* fewer than two nodes */
 	R2CC_AR2_FB_NO_DEGRADED, /* no node has a failed NIC */
-	R2CC_AR2_FB_MULTI,	 /* more than one degraded node */
-	R2CC_AR2_FB_NO_NIC,	 /* the degraded node has no NIC left */
+	R2CC_AR2_FB_MULTI,	 /* more than R2CC_AR2_MAX_DEGRADED degraded nodes */
+	R2CC_AR2_FB_NO_NIC,	 /* a degraded node has no NIC left */
+	R2CC_AR2_FB_NO_HEALTHY,	 /* every node is degraded: no helper */
 	R2CC_AR2_FB_SETUP,	 /* sub-communicator setup failed on some rank */
 	R2CC_AR2_NREASONS
 };
@@ -224,9 +249,12 @@ int r2cc_ar2_comm_create(const struct r2cc_ar2_ops *ops, void *parent,
 /*
  * A new failure view (after a hot repair). Must be called on every rank of
  * the parent between the same two collectives (the repair layer's agreed
- * switch point). Sub-communicators are kept when the degraded node and the
- * helper stay, destroyed and re-made lazily otherwise. 0 or negative errno;
- * on error the old view stays.
+ * switch point). Sub-communicators are kept when the degraded nodes and their
+ * helpers stay, and re-made lazily otherwise: the old ones are destroyed, or,
+ * when a CUDA graph captured a call that used them, kept until
+ * r2cc_ar2_comm_destroy (a replay of that graph still runs on them; its
+ * schedule is right for any view, only its speed was chosen for the old one).
+ * 0 or negative errno; on error the old view stays.
  */
 int r2cc_ar2_comm_set_view(struct r2cc_ar2_comm *c, const struct r2cc_ar2_view *view);
 
@@ -239,7 +267,10 @@ void r2cc_ar2_comm_destroy(struct r2cc_ar2_comm *c, bool abort);
 /* The first asynchronous error (an ncclResult_t) of the sub-communicators, or 0. */
 int r2cc_ar2_comm_async_error(const struct r2cc_ar2_comm *c);
 
-/* Pure eligibility check of one call (no setup state involved). */
+/* Pure eligibility check of one call (no setup state involved). A call during
+ * CUDA graph capture is eligible here; r2cc_ar2_allreduce runs it only when the
+ * sub-communicators already exist (setup is collective and blocking, which
+ * capture forbids), else R2CC_AR2_FB_CAPTURE. */
 enum r2cc_ar2_reason r2cc_ar2_check(const struct r2cc_ar2_layout *lay,
 				    const struct r2cc_ar2_cfg *cfg, size_t count, int dtype, int op,
 				    unsigned flags);
@@ -258,6 +289,9 @@ enum r2cc_ar2_reason r2cc_ar2_check(const struct r2cc_ar2_layout *lay,
 int r2cc_ar2_allreduce(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size_t count,
 		       int dtype, int op, void *stream, unsigned flags,
 		       enum r2cc_ar2_reason *reason_p);
+
+/* Calls that ran R2CC-AllReduce during CUDA graph capture, ever. */
+unsigned long r2cc_ar2_comm_captured(const struct r2cc_ar2_comm *c);
 
 /* For tests and reports: the current layout; NULL until created. */
 const struct r2cc_ar2_layout *r2cc_ar2_comm_layout(const struct r2cc_ar2_comm *c);

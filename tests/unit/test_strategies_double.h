@@ -24,7 +24,7 @@
 
 #include "strategies/allreduce2.h"
 
-#define DBL_MAX_OPS 256
+#define DBL_MAX_OPS 512
 
 struct dbl_world;
 

@@ -18,7 +18,7 @@
 extern int r2cc_test_warnings;
 
 #define MAX_RANKS  16
-#define MAX_COUNTS 8
+#define MAX_COUNTS 48
 #define CANARY	   64
 
 struct shape {
@@ -47,6 +47,12 @@ struct run {
 	bool abort;	  /* destroy with abort */
 	bool abort_waits; /* the double's comm_abort waits for every kernel, as NCCL's */
 	int sub_error;	  /* a sub-communicator's async error before destroy, 0: none */
+	/* per node NICs and failed NICs instead of the shape's (use_failv), of the
+	 * second view (use_failv2); per call flags instead of `flags` (use_call_flags) */
+	bool use_failv, use_failv2, use_call_flags;
+	int nicsv[MAX_RANKS], failv[MAX_RANKS], failv2[MAX_RANKS];
+	unsigned call_flags[MAX_COUNTS];
+	bool types_per_call; /* call n: type n / 4, op n % 4 (instead of dtype, op) */
 	/* filled by the run */
 	struct dbl_world *w;
 	int nranks;
@@ -58,6 +64,8 @@ struct run {
 		int live_comms_before_destroy;
 		int aborts;
 		int async_before, async_after; /* r2cc_ar2_comm_async_error */
+		unsigned long captured;	       /* r2cc_ar2_comm_captured */
+		int live_comms_after_view;     /* sub-communicators after the second view */
 	} res[MAX_RANKS];
 };
 
@@ -69,6 +77,10 @@ static uint64_t mix(uint64_t x)
 	return x ^ (x >> 31);
 }
 
+/* The type and op of call n. */
+#define DT(run, n) ((run)->types_per_call ? (int)(n) / 4 % R2CC_NCCL_NUM_TYPES : (run)->dtype)
+#define OP(run, n) ((run)->types_per_call ? (int)(n) % 4 : (run)->op)
+
 static bool is_fp8(int dtype)
 {
 	return dtype == R2CC_NCCL_FLOAT8E4M3 || dtype == R2CC_NCCL_FLOAT8E5M2;
@@ -79,12 +91,12 @@ static double gen(const struct run *run, int r, size_t i, unsigned call)
 {
 	uint64_t h =
 	    mix(((uint64_t)run->seed << 40) ^ ((uint64_t)call << 32) ^ ((uint64_t)r << 24) ^ i);
-	bool fl = dbl_is_float(run->dtype), sg = dbl_is_signed(run->dtype);
+	bool fl = dbl_is_float(DT(run, call)), sg = dbl_is_signed(DT(run, call));
 	static const double prodf[] = {1, -1, 2, 0.5}, fp8mm[] = {-2, -1, -0.5, 0, 0.5, 1, 2, 3};
 
-	switch (run->op) {
+	switch (OP(run, call)) {
 	case R2CC_NCCL_SUM:
-		if (is_fp8(run->dtype))
+		if (is_fp8(DT(run, call)))
 			return (double)(h % 3) - 1;
 		return fl || sg ? (double)(h % 9) - 4 : (double)(h % 5);
 	case R2CC_NCCL_PROD:
@@ -92,7 +104,7 @@ static double gen(const struct run *run, int r, size_t i, unsigned call)
 			return prodf[h % 4];
 		return sg ? (double)(h % 3) - 1 + (h % 3 == 1 ? 2 : 0) : (double)(h % 3) + 1;
 	default:
-		if (is_fp8(run->dtype))
+		if (is_fp8(DT(run, call)))
 			return fp8mm[h % 8];
 		if (fl)
 			return ((double)(h % 64) - 32) * 0.25;
@@ -119,7 +131,7 @@ static void expect(const struct run *run, size_t i, unsigned call, void *out)
 
 	for (r = 1; r < run->nranks; r++) {
 		v = gen(run, r, i, call);
-		switch (run->op) {
+		switch (OP(run, call)) {
 		case R2CC_NCCL_SUM:
 			acc += v;
 			iacc += (uint64_t)(int64_t)v;
@@ -138,10 +150,10 @@ static void expect(const struct run *run, size_t i, unsigned call, void *out)
 			break;
 		}
 	}
-	if (dbl_is_float(run->dtype))
-		dbl_encode(run->dtype, acc, out);
+	if (dbl_is_float(DT(run, call)))
+		dbl_encode(DT(run, call), acc, out);
 	else
-		memcpy(out, &iacc, r2cc_nccl_type_size(run->dtype));
+		memcpy(out, &iacc, r2cc_nccl_type_size(DT(run, call)));
 }
 
 static void fail_rank(struct result *res, const char *fmt, ...)
@@ -168,7 +180,6 @@ static void *rank_main(void *p)
 	struct targ *t = p;
 	struct run *run = t->run;
 	struct result *res = &run->res[t->rank];
-	size_t esize = r2cc_nccl_type_size(run->dtype);
 	struct r2cc_ar2_view view = {run->nranks, run->map, run->nics, run->failed};
 	struct r2cc_ar2_view view2 = {run->nranks, run->map, run->nics, run->failed2};
 	struct r2cc_ar2_comm *c;
@@ -185,7 +196,9 @@ static void *rank_main(void *p)
 	if (ret)
 		fail_rank(res, "comm_create: %d", ret);
 	for (n = 0; n < run->ncounts && !res->err[0]; n++) {
-		size_t count = run->counts[n], bytes = count * esize, i;
+		int dtype = DT(run, n), op = OP(run, n);
+		size_t esize = r2cc_nccl_type_size(dtype), count = run->counts[n],
+		       bytes = count * esize, i;
 		unsigned char *send = malloc(bytes + CANARY), *recv, *orig = malloc(bytes + 1);
 
 		if (n > 0 && n == run->ncounts - 1 && run->new_degraded >= 0 &&
@@ -195,17 +208,20 @@ static void *rank_main(void *p)
 			free(orig);
 			break;
 		}
+		if (n > 0 && n == run->ncounts - 1 && run->new_degraded >= 0)
+			res->live_comms_after_view = dr->live_subs;
 		recv = run->inplace ? send : malloc(bytes + CANARY);
 		for (i = 0; i < count; i++)
-			store(run->dtype, gen(run, t->rank, i, (unsigned)n), send + i * esize);
+			store(dtype, gen(run, t->rank, i, (unsigned)n), send + i * esize);
 		memset(send + bytes, 0x5a, CANARY);
 		if (!run->inplace)
 			memset(recv, 0xa5, bytes + CANARY);
 		memcpy(orig, send, bytes);
 
 		dbl_begin(dr);
-		ret = r2cc_ar2_allreduce(c, send, recv, count, run->dtype, run->op, &dr->user,
-					 run->flags, &res->why[n]);
+		ret = r2cc_ar2_allreduce(c, send, recv, count, dtype, op, &dr->user,
+					 run->use_call_flags ? run->call_flags[n] : run->flags,
+					 &res->why[n]);
 		res->parent_allreduces[n] = dr->parent_allreduces;
 		res->parent_bcasts[n] = dr->parent_bcasts;
 		memcpy(res->ncalls[n], dr->ncalls, sizeof(dr->ncalls));
@@ -219,10 +235,10 @@ static void *rank_main(void *p)
 				fail_rank(res,
 					  "call %d (count %zu, %s): element %zu is %g, want %g", n,
 					  count, run->inplace ? "in place" : "out of place", i,
-					  dbl_is_float(run->dtype)
-					      ? dbl_decode(run->dtype, recv + i * esize)
+					  dbl_is_float(dtype)
+					      ? dbl_decode(dtype, recv + i * esize)
 					      : (double)recv[i * esize],
-					  dbl_is_float(run->dtype) ? dbl_decode(run->dtype, want)
+					  dbl_is_float(dtype) ? dbl_decode(dtype, want)
 								   : (double)want[0]);
 		}
 		for (i = 0; i < CANARY; i++)
@@ -237,6 +253,7 @@ static void *rank_main(void *p)
 		free(send);
 	}
 	pthread_barrier_wait(&run->before_destroy);
+	res->captured = r2cc_ar2_comm_captured(c);
 	res->live_comms_before_destroy = dbl_live_comms(run->w);
 	res->async_before = r2cc_ar2_comm_async_error(c);
 	dr->async_error = run->sub_error;
@@ -264,9 +281,13 @@ static void run_one(struct run *run)
 	for (r = 0; r < run->nranks; r++)
 		run->map[r] = 100 + 3 * (sh->interleave ? r % sh->nnodes : r / sh->per);
 	for (r = 0; r < sh->nnodes; r++) {
-		run->nics[r] = sh->nics;
-		run->failed[r] = r == sh->degraded || r == sh->degraded2 ? sh->failed : 0;
-		run->failed2[r] = r == run->new_degraded ? sh->failed : 0;
+		run->nics[r] = run->use_failv ? run->nicsv[r] : sh->nics;
+		run->failed[r] = run->use_failv ? run->failv[r]
+			       : r == sh->degraded || r == sh->degraded2 ? sh->failed
+									 : 0;
+		run->failed2[r] = run->use_failv2	   ? run->failv2[r]
+				  : r == run->new_degraded ? sh->failed
+							   : 0;
 	}
 	memset(run->res, 0, sizeof(run->res));
 	run->w = dbl_world_new(run->nranks);
@@ -547,8 +568,9 @@ Test(ar2_exec, fallbacks)
 {
 	static const struct shape one_node = {"1x4", 1, 4, false, 0, 3, 1, -1};
 	static const struct shape healthy = {"2x2 healthy", 2, 2, false, -1, 3, 1, -1};
-	static const struct shape two_bad = {"3x1 two degraded", 3, 1, false, 0, 3, 1, 2};
+	static const struct shape all_bad = {"2x1 both degraded", 2, 1, false, 0, 3, 1, 1};
 	static const struct shape no_nic = {"3x1 no NIC", 3, 1, false, 1, 2, 2, -1};
+	static const struct shape many = {"10x1", 10, 1, false, -1, 4, 1, -1};
 	struct run *run = malloc(sizeof(*run));
 
 	init_run(run, &shapes[0]);
@@ -582,7 +604,14 @@ Test(ar2_exec, fallbacks)
 	expect_fallback_warns(run, R2CC_AR2_FB_ONE_NODE, 0);
 	init_run(run, &healthy); /* a healthy job warns about nothing */
 	expect_fallback_warns(run, R2CC_AR2_FB_NO_DEGRADED, 0);
-	init_run(run, &two_bad);
+	init_run(run, &all_bad);
+	expect_fallback(run, R2CC_AR2_FB_NO_HEALTHY);
+	init_run(run, &many); /* 9 degraded nodes of 10: more than R2CC_AR2_MAX_DEGRADED */
+	run->use_failv = true;
+	for (int i = 0; i < 10; i++) {
+		run->nicsv[i] = 4;
+		run->failv[i] = i < 9;
+	}
 	expect_fallback(run, R2CC_AR2_FB_MULTI);
 	init_run(run, &no_nic);
 	expect_fallback(run, R2CC_AR2_FB_NO_NIC);
@@ -618,6 +647,219 @@ Test(ar2_exec, stream_failure_on_one_rank)
 	expect_fallback_warns(run, R2CC_AR2_FB_SETUP, 2);
 	for (int r = 0; r < run->nranks; r++)
 		cr_assert_eq(run->res[r].live_comms_before_destroy, 0);
+	free(run);
+}
+
+/* ---- several degraded nodes ---- */
+
+static int popcount(unsigned x)
+{
+	return __builtin_popcount(x);
+}
+
+/*
+ * Every set of 1-3 degraded nodes among n nodes (2 ranks a node up to 3 nodes,
+ * interleaved at odd counts), NIC counts 2-8 varying by node, 1..K-1 of them
+ * failed, for every type and op: the result against the reference, and the
+ * schedule that ran (Balance only where every node is degraded). One test per n
+ * (2-8): 245 sets in all, x 48 types and ops.
+ */
+static void every_failure_set(int n)
+{
+	static const int ks[] = {1, 2, 3, 8}; /* K = 64: several_degraded_nodes_issue_their_stages */
+	struct run *run = malloc(sizeof(*run));
+	struct shape sh = {"multi", n, n <= 3 ? 2 : 1, n % 2 == 1, -1, 4, 1, -1};
+	unsigned seed = 7 + 1000u * (unsigned)n;
+	int sets = 0;
+
+	for (unsigned set = 1; set < 1u << n; set++) {
+		bool all = popcount(set) == n;
+
+		if (popcount(set) > 3)
+			continue;
+		sets++;
+		int v = (int)set;
+
+		init_run(run, &sh);
+		run->use_failv = true;
+		for (int i = 0; i < n; i++) {
+			run->nicsv[i] = 2 + (i + v) % 7;
+			run->failv[i] = set >> i & 1 ? 1 + (i * 5 + v) % (run->nicsv[i] - 1) : 0;
+		}
+		/* every type and op, one call each */
+		run->types_per_call = true;
+		run->ncounts = 4 * R2CC_NCCL_NUM_TYPES;
+		for (int c = 0; c < run->ncounts; c++)
+			run->counts[c] = 1021 - (size_t)c;
+		run->inplace = v & 1;
+		run->cfg.schedule = v % 4;
+		run->cfg.chunks = ks[(v / 4) % 4];
+		run->seed = seed++;
+		run_one(run);
+		for (int r = 0; r < run->nranks; r++)
+			for (int c = 0; c < run->ncounts; c++)
+				cr_assert_eq(run->res[r].why[c],
+					     all ? R2CC_AR2_FB_NO_HEALTHY : R2CC_AR2_RAN,
+					     "n %d set %#x rank %d call %d", n, set, r, c);
+	}
+	/* C(n,1) + C(n,2) + C(n,3) */
+	cr_assert_eq(sets, n + n * (n - 1) / 2 + n * (n - 1) * (n - 2) / 6);
+	free(run);
+}
+
+Test(ar2_exec, every_failure_set_of_2)
+{
+	every_failure_set(2);
+}
+Test(ar2_exec, every_failure_set_of_3)
+{
+	every_failure_set(3);
+}
+Test(ar2_exec, every_failure_set_of_4)
+{
+	every_failure_set(4);
+}
+Test(ar2_exec, every_failure_set_of_5)
+{
+	every_failure_set(5);
+}
+Test(ar2_exec, every_failure_set_of_6)
+{
+	every_failure_set(6);
+}
+Test(ar2_exec, every_failure_set_of_7)
+{
+	every_failure_set(7);
+}
+Test(ar2_exec, every_failure_set_of_8, .timeout = 300)
+{
+	every_failure_set(8);
+}
+
+/* Two degraded nodes of 4 x 1: each has a helper of its own; one healthy node of
+ * 3 x 1 helps both. The calls each rank issues, and the sub-communicators. */
+Test(ar2_exec, several_degraded_nodes_issue_their_stages)
+{
+	static const struct shape four = {"4x1 0,2", 4, 1, false, 0, 4, 1, 2};
+	static const struct shape three = {"3x1 0,1", 3, 1, false, 0, 4, 1, 1};
+	struct run *run = malloc(sizeof(*run));
+
+	for (int sched = 0; sched < 4; sched++) {
+		init_run(run, &four);
+		run->counts[0] = 4000;
+		run->cfg.chunks = 3;
+		run->cfg.schedule = sched;
+		run_one(run);
+		for (int r = 0; r < 4; r++) {
+			bool degraded = r == 0 || r == 2; /* helpers: rank 1 for 0, 3 for 2 */
+			int *nc = run->res[r].ncalls[0];
+
+			cr_assert_eq(run->res[r].why[0], R2CC_AR2_RAN);
+			cr_assert_eq(nc[DBL_SPLIT], 3, "rank %d", r); /* healthy, aPlusH_0, _1 */
+			cr_assert_eq(run->res[r].parent_allreduces[0], 1);
+			cr_assert_eq(nc[DBL_ALLREDUCE], degraded ? 1 : 4, "rank %d", r);
+			cr_assert_eq(nc[DBL_REDUCE], 3, "rank %d", r);
+			cr_assert_eq(nc[DBL_BCAST], 3, "rank %d", r);
+			cr_assert_eq(run->res[r].parent_bcasts[0], 0);
+			/* healthy 2 + aPlusH_0 2 + aPlusH_1 2 */
+			cr_assert_eq(run->res[r].live_comms_before_destroy, 6);
+		}
+		init_run(run, &three);
+		run->counts[0] = 4000;
+		run->cfg.chunks = 2;
+		run->cfg.schedule = sched;
+		run_one(run);
+		for (int r = 0; r < 3; r++) {
+			int *nc = run->res[r].ncalls[0];
+
+			cr_assert_eq(run->res[r].why[0], R2CC_AR2_RAN);
+			cr_assert_eq(nc[DBL_ALLREDUCE], r == 2 ? 3 : 1, "rank %d", r);
+			cr_assert_eq(nc[DBL_REDUCE], r == 2 ? 4 : 2, "rank %d", r);
+			cr_assert_eq(nc[DBL_BCAST], r == 2 ? 4 : 2, "rank %d", r);
+			/* healthy 1 + aPlusH_0 2 + aPlusH_1 2 */
+			cr_assert_eq(run->res[r].live_comms_before_destroy, 5);
+		}
+	}
+	for (int inplace = 0; inplace < 2; inplace++) { /* the most chunks, every type */
+		init_run(run, &three);
+		run->cfg.chunks = 64;
+		run->inplace = inplace;
+		run->types_per_call = true;
+		run->ncounts = 4 * R2CC_NCCL_NUM_TYPES;
+		for (int c = 0; c < run->ncounts; c++)
+			run->counts[c] = 20000 + (size_t)c;
+		run_one(run);
+		cr_assert_eq(run->res[2].ncalls[28][DBL_REDUCE], 128); /* float32 */
+	}
+	free(run);
+}
+
+/* A second node degrades while the job runs: the new view's schedule runs from
+ * the next call, on new sub-communicators, results right. */
+Test(ar2_exec, a_second_node_degrades)
+{
+	static const struct shape sh = {"4x2 1", 4, 2, true, 1, 4, 1, -1};
+	struct run *run = malloc(sizeof(*run));
+
+	for (int sched = 0; sched < 4; sched++) {
+		init_run(run, &sh);
+		run->cfg.schedule = sched;
+		run->counts[1] = 2000;
+		run->counts[2] = 3001;
+		run->ncounts = 3;
+		run->new_degraded = 3;
+		run->use_failv2 = true;
+		run->failv2[1] = 1;
+		run->failv2[3] = 2;
+		run_one(run);
+		for (int r = 0; r < 8; r++) {
+			cr_assert_eq(run->res[r].why[2], R2CC_AR2_RAN);
+			cr_assert_eq(run->res[r].ncalls[2][DBL_SPLIT], 3); /* healthy, 2 x aPlusH */
+			/* nodes 1 and 3 (rank % 4), their helpers: ranks 2 and 0 */
+			cr_assert_eq(run->res[r].ncalls[2][DBL_REDUCE] > 0, r % 2 || r < 4,
+				     "rank %d", r);
+		}
+	}
+	free(run);
+}
+
+/*
+ * CUDA graph capture: before setup the call steps aside (setup is collective
+ * and blocking); after an eligible call outside capture, a captured call runs
+ * R2CC-AllReduce, and a later view change keeps the sub-communicators that the
+ * captured graph's replays use, until the state is destroyed.
+ */
+Test(ar2_exec, capture)
+{
+	struct run *run = malloc(sizeof(*run));
+	int before = r2cc_test_warnings;
+
+	for (int cap = 0; cap < 2; cap++) {
+		init_run(run, &shapes[2]); /* 3 x 2, node 1 degraded, helper rank 4 */
+		run->use_call_flags = true;
+		run->call_flags[0] = R2CC_AR2_CAPTURING;
+		run->call_flags[1] = 0;
+		run->call_flags[2] = cap ? R2CC_AR2_CAPTURING : 0;
+		run->call_flags[3] = 0;
+		run->counts[1] = 2000;
+		run->counts[2] = 3001;
+		run->counts[3] = 1500;
+		run->ncounts = 4;
+		run->new_degraded = 2; /* before the last call */
+		run_one(run);
+		for (int r = 0; r < 6; r++) {
+			cr_assert_eq(run->res[r].why[0], R2CC_AR2_FB_CAPTURE);
+			cr_assert_eq(run->res[r].why[1], R2CC_AR2_RAN);
+			cr_assert_eq(run->res[r].why[2], R2CC_AR2_RAN);
+			cr_assert_eq(run->res[r].why[3], R2CC_AR2_RAN);
+			cr_assert_eq(run->res[r].captured, (unsigned long)cap);
+			/* after the new view: the old ones kept (captured) or destroyed */
+			int had = r == 4 ? 3 : 2; /* old view's: bcast + healthy or aPlusH */
+			cr_assert_eq(run->res[r].live_comms_after_view, cap ? had : 0, "rank %d",
+				     r);
+		}
+	}
+	cr_assert_eq(r2cc_test_warnings - before, 1); /* capture before setup, once */
 	free(run);
 }
 

@@ -229,7 +229,9 @@ Test(ar2_layout, eligibility_from_view)
 	cr_assert_eq(check_view(4, two, nics, f1), R2CC_AR2_RAN);
 	cr_assert_eq(check_view(4, one, nics, f1), R2CC_AR2_FB_ONE_NODE);
 	cr_assert_eq(check_view(4, two, nics, f0), R2CC_AR2_FB_NO_DEGRADED);
-	cr_assert_eq(check_view(3, three, nics, f2), R2CC_AR2_FB_MULTI);
+	cr_assert_eq(check_view(3, three, nics, f2), R2CC_AR2_RAN); /* two degraded, one helps */
+	int f3[] = {1, 1, 2};
+	cr_assert_eq(check_view(3, three, nics, f3), R2CC_AR2_FB_NO_HEALTHY);
 	/* k failed of k: the degraded node cannot talk at all; not this strategy's case */
 	cr_assert_eq(check_view(3, three, nics, fall), R2CC_AR2_FB_NO_NIC);
 	cr_assert_eq(check_view(3, three, nics, f1b), R2CC_AR2_RAN);
@@ -257,9 +259,10 @@ Test(ar2_layout, eligibility_of_call)
 	cr_assert_eq(
 	    r2cc_ar2_check(&lay, &c, 250, R2CC_NCCL_FLOAT32, R2CC_NCCL_SUM, R2CC_AR2_IN_GROUP),
 	    R2CC_AR2_FB_GROUP);
+	/* capture: eligible here; the executor runs it once set up (test_strategies_exec) */
 	cr_assert_eq(
 	    r2cc_ar2_check(&lay, &c, 250, R2CC_NCCL_FLOAT32, R2CC_NCCL_SUM, R2CC_AR2_CAPTURING),
-	    R2CC_AR2_FB_CAPTURE);
+	    R2CC_AR2_RAN);
 	cr_assert_eq(
 	    r2cc_ar2_check(&lay, &c, 250, R2CC_NCCL_FLOAT32, R2CC_NCCL_SUM, R2CC_AR2_NONBLOCKING),
 	    R2CC_AR2_FB_NONBLOCKING);
@@ -267,6 +270,60 @@ Test(ar2_layout, eligibility_of_call)
 		     R2CC_AR2_FB_SMALL); /* byte size overflows: never eligible */
 	for (int r = 0; r < R2CC_AR2_NREASONS; r++)
 		cr_assert(r2cc_ar2_reason_str(r)[0] != '?');
+	r2cc_ar2_layout_fini(&lay);
+}
+
+/* Several degraded nodes: each its own helper on a healthy node while there are
+ * enough; the tail's share from the node with the largest failed share;
+ * aPlusH_j = node j's ranks + its helper. */
+Test(ar2_layout, several_degraded_nodes)
+{
+	/* 6 nodes x 2 ranks, nodes 1, 2 and 5 degraded */
+	int map[12], nics[] = {4, 4, 8, 4, 4, 2}, failed[] = {0, 1, 3, 0, 0, 1};
+	struct r2cc_ar2_view v = {12, map, nics, failed};
+	struct r2cc_ar2_layout lay;
+	int color, key;
+
+	for (int r = 0; r < 12; r++)
+		map[r] = 50 + r / 2;
+	cr_assert_eq(r2cc_ar2_layout_init(&lay, &v), 0);
+	cr_assert_eq(lay.ndegraded, 3);
+	cr_assert_eq(lay.ndeg, 3);
+	cr_assert_eq(lay.degraded, -1);
+	cr_assert_eq(lay.helper, -1);
+	cr_assert_eq(lay.healthy_nodes, 3);
+	cr_assert_eq(lay.nics, 2); /* 1 of 2 is the largest share (3 of 8, 1 of 4) */
+	cr_assert_eq(lay.failed, 1);
+	cr_assert_eq(lay.healthy_size, 6);
+	/* node 1 -> node 3; node 2 -> node 4 (3 is taken); node 5 -> node 0 */
+	cr_assert_eq(lay.deg_helper[0], 6);
+	cr_assert_eq(lay.deg_helper[1], 8);
+	cr_assert_eq(lay.deg_helper[2], 0);
+	for (int j = 0; j < 3; j++) {
+		cr_assert_eq(lay.deg_size[j], 3);
+		int members = 0, root = -1;
+		for (int r = 0; r < 12; r++) {
+			r2cc_ar2_deg_color(&lay, j, r, &color, &key);
+			if (color == 0) {
+				if (r == lay.deg_helper[j])
+					root = members;
+				members++;
+			}
+		}
+		cr_assert_eq(members, 3);
+		cr_assert_eq(lay.deg_root[j], root);
+	}
+	r2cc_ar2_layout_fini(&lay);
+
+	/* more degraded nodes than healthy ones: helpers shared, in turn */
+	int map4[] = {0, 1, 2, 3}, nics4[] = {2, 2, 2, 2}, f4[] = {1, 0, 1, 1};
+	struct r2cc_ar2_view v4 = {4, map4, nics4, f4};
+	cr_assert_eq(r2cc_ar2_layout_init(&lay, &v4), 0);
+	cr_assert_eq(lay.ndeg, 3);
+	for (int j = 0; j < 3; j++)
+		cr_assert_eq(lay.deg_helper[j], 1);
+	cr_assert_eq(lay.deg_root[0], 1); /* {0, 1}: rank 1 second */
+	cr_assert_eq(lay.deg_root[1], 0); /* {1, 2} */
 	r2cc_ar2_layout_fini(&lay);
 }
 
