@@ -69,9 +69,9 @@ struct r2cc_ar2_comm {
 	 * schedule 0: every rank, for stage 2's Broadcasts), sub[2 + j] aPlusH_j
 	 * (NULL where not a member) */
 	void *sub[NSUBS];
-	bool pinned;	      /* a graph captured a call on these sub-communicators */
+	bool pinned;		/* a graph captured a call on these sub-communicators */
 	unsigned long captured; /* calls run during capture, ever */
-	void **kept;	      /* pinned sub-communicators of earlier views */
+	void **kept;		/* pinned sub-communicators of earlier views */
 	int nkept;
 	void *stream[NSTREAMS];
 	int nevents;
@@ -238,8 +238,8 @@ int r2cc_ar2_layout_init(struct r2cc_ar2_layout *lay, const struct r2cc_ar2_view
 			continue;
 		}
 		/* the tail's share: the largest failed / nics (cross-multiplied) */
-		if (lay->ndegraded++ == 0 ||
-		    (long)view->node_failed[i] * lay->nics > (long)lay->failed * view->node_nics[i]) {
+		if (lay->ndegraded++ == 0 || (long)view->node_failed[i] * lay->nics >
+						 (long)lay->failed * view->node_nics[i]) {
 			lay->nics = view->node_nics[i];
 			lay->failed = view->node_failed[i];
 		}
@@ -633,16 +633,18 @@ static void setup(struct r2cc_ar2_comm *c)
 	if (all_ok) {
 		c->setup = SETUP_READY;
 		if (lay->ndeg == 1)
-			R2CC_INFO("R2CC-AllReduce: %d ranks on %d nodes, degraded node %d (%d of %d "
-				  "NICs failed), helper rank %d, K=%d, schedule %d",
-				  lay->nranks, lay->nnodes, lay->degraded, lay->failed, lay->nics,
-				  lay->helper, c->cfg.chunks, c->cfg.schedule);
+			R2CC_INFO(
+			    "R2CC-AllReduce: %d ranks on %d nodes, degraded node %d (%d of %d "
+			    "NICs failed), helper rank %d, K=%d, schedule %d",
+			    lay->nranks, lay->nnodes, lay->degraded, lay->failed, lay->nics,
+			    lay->helper, c->cfg.chunks, c->cfg.schedule);
 		else
-			R2CC_INFO("R2CC-AllReduce: %d ranks on %d nodes, %d degraded nodes (the "
-				  "largest share %d of %d NICs failed), helpers on %d healthy nodes, "
-				  "K=%d, schedule %d",
-				  lay->nranks, lay->nnodes, lay->ndeg, lay->failed, lay->nics,
-				  lay->healthy_nodes, c->cfg.chunks, c->cfg.schedule);
+			R2CC_INFO(
+			    "R2CC-AllReduce: %d ranks on %d nodes, %d degraded nodes (the "
+			    "largest share %d of %d NICs failed), helpers on %d healthy nodes, "
+			    "K=%d, schedule %d",
+			    lay->nranks, lay->nnodes, lay->ndeg, lay->failed, lay->nics,
+			    lay->healthy_nodes, c->cfg.chunks, c->cfg.schedule);
 		return;
 	}
 	if (!ok)
@@ -943,10 +945,9 @@ static int run_multi(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf
 		if (!serial)
 			ret = ops->stream_wait_event(ctx, sb, ev[EV_R0 + i]);
 		if (!ret && mine < 0)
-			ret = ops->allreduce(ctx,
-					     helper ? at(recvbuf, off, esize) : at(sendbuf, off, esize),
-					     at(recvbuf, off, esize), n, dtype, op, c->sub[SUB_HEALTHY],
-					     sb);
+			ret = ops->allreduce(
+			    ctx, helper ? at(recvbuf, off, esize) : at(sendbuf, off, esize),
+			    at(recvbuf, off, esize), n, dtype, op, c->sub[SUB_HEALTHY], sb);
 		if (!ret && !serial)
 			ret = ops->event_record(ctx, ev[EV_R0 + K + i], sb);
 	}

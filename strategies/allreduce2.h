@@ -69,9 +69,9 @@ enum {
 /* Bytes per element of an NCCL datatype, 0 for an unknown one. */
 size_t r2cc_nccl_type_size(int dtype);
 
-#define R2CC_AR2_ALIGN_BYTES 128 /* the tail and every chunk start on this */
-#define R2CC_AR2_MAX_CHUNKS  64	 /* K is clamped to 1..this */
-#define R2CC_AR2_MAX_RANKS   65536
+#define R2CC_AR2_ALIGN_BYTES  128 /* the tail and every chunk start on this */
+#define R2CC_AR2_MAX_CHUNKS   64  /* K is clamped to 1..this */
+#define R2CC_AR2_MAX_RANKS    65536
 #define R2CC_AR2_MAX_DEGRADED 8 /* more degraded nodes: Balance */
 
 /* ---- Layout: who is where, who helps, how the sub-communicators split. ---- */
@@ -89,14 +89,14 @@ struct r2cc_ar2_view {
 struct r2cc_ar2_layout {
 	int nranks;
 	int nnodes;
-	int degraded;	    /* node index with one degraded node, -1 otherwise */
-	int ndegraded;	    /* nodes with at least one failed NIC */
-	int nics, failed;   /* of the degraded node with the largest failed share */
-	int helper;	    /* parent rank of the helper with one degraded node, else -1 */
-	int healthy_size;   /* ranks not on a degraded node */
-	int healthy_nodes;  /* nodes without a failed NIC */
-	int aplush_size;    /* one degraded node: its ranks + the helper */
-	int aplush_root;    /* the helper's rank in aPlusH */
+	int degraded;	   /* node index with one degraded node, -1 otherwise */
+	int ndegraded;	   /* nodes with at least one failed NIC */
+	int nics, failed;  /* of the degraded node with the largest failed share */
+	int helper;	   /* parent rank of the helper with one degraded node, else -1 */
+	int healthy_size;  /* ranks not on a degraded node */
+	int healthy_nodes; /* nodes without a failed NIC */
+	int aplush_size;   /* one degraded node: its ranks + the helper */
+	int aplush_root;   /* the helper's rank in aPlusH */
 	/* Every degraded node, in node order, when 1 <= ndegraded <=
 	 * R2CC_AR2_MAX_DEGRADED and a healthy node exists (ndeg = ndegraded), else
 	 * ndeg = 0: node index, NICs, failed NICs, helper (parent rank), size of

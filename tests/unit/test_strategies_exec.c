@@ -235,11 +235,10 @@ static void *rank_main(void *p)
 				fail_rank(res,
 					  "call %d (count %zu, %s): element %zu is %g, want %g", n,
 					  count, run->inplace ? "in place" : "out of place", i,
-					  dbl_is_float(dtype)
-					      ? dbl_decode(dtype, recv + i * esize)
-					      : (double)recv[i * esize],
+					  dbl_is_float(dtype) ? dbl_decode(dtype, recv + i * esize)
+							      : (double)recv[i * esize],
 					  dbl_is_float(dtype) ? dbl_decode(dtype, want)
-								   : (double)want[0]);
+							      : (double)want[0]);
 		}
 		for (i = 0; i < CANARY; i++)
 			if (recv[bytes + i] != (run->inplace ? 0x5a : 0xa5) ||
@@ -282,9 +281,9 @@ static void run_one(struct run *run)
 		run->map[r] = 100 + 3 * (sh->interleave ? r % sh->nnodes : r / sh->per);
 	for (r = 0; r < sh->nnodes; r++) {
 		run->nics[r] = run->use_failv ? run->nicsv[r] : sh->nics;
-		run->failed[r] = run->use_failv ? run->failv[r]
-			       : r == sh->degraded || r == sh->degraded2 ? sh->failed
-									 : 0;
+		run->failed[r] = run->use_failv				   ? run->failv[r]
+				 : r == sh->degraded || r == sh->degraded2 ? sh->failed
+									   : 0;
 		run->failed2[r] = run->use_failv2	   ? run->failv2[r]
 				  : r == run->new_degraded ? sh->failed
 							   : 0;
@@ -666,7 +665,8 @@ static int popcount(unsigned x)
  */
 static void every_failure_set(int n)
 {
-	static const int ks[] = {1, 2, 3, 8}; /* K = 64: several_degraded_nodes_issue_their_stages */
+	/* K = 64: several_degraded_nodes_issue_their_stages */
+	static const int ks[] = {1, 2, 3, 8};
 	struct run *run = malloc(sizeof(*run));
 	struct shape sh = {"multi", n, n <= 3 ? 2 : 1, n % 2 == 1, -1, 4, 1, -1};
 	unsigned seed = 7 + 1000u * (unsigned)n;
