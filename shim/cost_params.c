@@ -11,21 +11,22 @@
 #include <string.h>
 
 /*
- * Fitted by r2cc-fit-cost to 88 verified AllReduces on the software fabric
- * (strategies/fit/fit.csv: 2 and 4 nodes, 3 NICs each at
+ * The physical default (strategies/cost.h): the per-byte terms are 0, that is
+ * the NICs' link rate, which the library reads from the NICs, and the same for
+ * Balance and R2CC-AllReduce (the same bytes on the same wires). Only the fixed
+ * terms are fitted: r2cc-fit-cost --rate 25 on strategies/fit/fit.csv (88
+ * verified AllReduces on the software fabric: 2 and 4 nodes, 3 NICs each at
  * 25 Gb/s, one declared failed, Balance and R2CC-AllReduce, 8 B-4 GiB; ranks
- * sharing a GPU under MPS). RMS error 6 % from 256 MiB up, where `auto`
- * decides; the small sizes' latency regime fits a straight line poorly (45 %)
- * and below R2CC_AR_MIN_BYTES nothing is decided anyway. R2CC-AllReduce's bytes
- * cost 1.075 x Balance's here: `auto` picks it at 4 nodes and more for large
- * messages, never at 2. R2CC_COST_MODEL installs a fit of one's own cluster.
+ * sharing one GPU under MPS, so these latencies hold what sharing the GPU cost
+ * too; strategies/fit/fit.txt). R2CC_COST_MODEL installs a fit of one's own
+ * cluster, per-byte terms included if one wishes.
  */
 const struct r2cc_cost_model r2cc_cost_default = {
-    .alpha_us = 46.6957,
-    .beta_us_per_byte = 0.000339922,
-    .ar2_beta_us_per_byte = 0.000365273,
-    .ar2_stage_us = 131.003,
-    .ar2_chunk_us = 75.5015,
+    .alpha_us = 46.8029,
+    .beta_us_per_byte = 0,
+    .ar2_beta_us_per_byte = 0,
+    .ar2_stage_us = 291.962,
+    .ar2_chunk_us = 155.981,
 };
 
 static const char *const field_name[R2CC_COST_NPARAMS] = {

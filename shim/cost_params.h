@@ -11,8 +11,9 @@
 
 struct r2cc_cost_model {
 	double alpha_us;	     /* fixed cost of one collective call */
-	double beta_us_per_byte;     /* per byte of NIC load: 1 / effective NIC bandwidth */
-	double ar2_beta_us_per_byte; /* the same for R2CC-AllReduce's data movement */
+	/* per byte of NIC load: 1 / effective NIC bandwidth; 0: the link rate's */
+	double beta_us_per_byte;
+	double ar2_beta_us_per_byte; /* the same for R2CC-AllReduce's; 0: beta's */
 	double ar2_stage_us;	     /* fixed cost of each of its two extra stages */
 	double ar2_chunk_us;	     /* fixed cost per stage-2 chunk (Reduce + Broadcast) */
 };

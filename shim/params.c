@@ -338,7 +338,9 @@ static const struct param_def params[] = {
      "NAME=VALUE[,NAME=VALUE...] with NAME one of alpha_us, beta_us_per_byte, "
      "ar2_beta_us_per_byte, ar2_stage_us, ar2_chunk_us and VALUE a number >= 0",
      "R2CC_MODE=auto: the cost model's constants, as r2cc-fit-cost prints them from your "
-     "cluster's measurements (unset: the built-in fit; names left out keep its values)",
+     "cluster's measurements (unset: the built-in model, per-byte costs from the NICs' link "
+     "rate and fitted latencies; names left out keep its values; a per-byte constant of 0 "
+     "is the link rate's)",
      parse_cost_model},
 };
 

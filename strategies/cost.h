@@ -1,10 +1,11 @@
 /*
- * The cost model of AllReduce on a cluster with one degraded server, and the
+ * The cost model of AllReduce on a cluster with degraded servers, and the
  * per-call choice of `R2CC_MODE=auto`.
  *
- * n servers, k NICs per server, f of them failed on the degraded server,
- * X = f / k, message of S bytes. The healthy ring moves L = 2(n-1)/n * S / k
- * bytes through each NIC; a strategy's time is an alpha-beta sum
+ * n servers, k NICs per server, f of them failed on the most degraded server,
+ * X = f / k, m degraded servers, message of S bytes. The healthy ring moves
+ * L = 2(n-1)/n * S / k bytes through each NIC; a strategy's time is an
+ * alpha-beta sum
  *
  *   healthy (T0)     alpha + beta * L
  *   mode 1 backup    alpha + beta * L * (1 + ceil(f / (k - f)))
@@ -12,20 +13,28 @@
  *                    spread round-robin: the most loaded NIC carries that many
  *                    shares; f = 1 gives 2)
  *   mode 2 Balance   alpha + beta * L * 1 / (1 - X)
- *   mode 3 R2CC-AR   alpha + 2 * ar2_stage + K * ar2_chunk
- *                    + ar2_beta * L * (1 + n X / (2 (n-1) (1-X)))
+ *   mode 3 R2CC-AR   alpha + s * ar2_stage + K * ar2_chunk + ar2_beta * L * F
+ *                    one degraded server (s = 2):
+ *                      F = 1 + n X / (2 (n-1) (1-X))
+ *                    m >= 2 (s = 3; allreduce2.h): the most loaded server, of
+ *                      the degraded ones, 1 + n X / (2 (n-1) (1-X)) as above,
+ *                      and of the helpers (c = ceil(m / (n-m)) degraded servers
+ *                      each), (1-X) + X n / (2(n-1)) * (2(h-1)/h + c), h = n-m
  *
  * so that for large S, T/T0 tends to the closed forms of docs/architecture.md (Cost model)
  * (equal for Balance and R2CC-AllReduce at n = 2; 1.5 vs 1.375 at n = 3,
  * X = 1/3), while the fixed terms make Balance win for small messages.
  *
- * The constants are fitted, not guessed: r2cc_cost_fit() (and the tool
- * build/bin/r2cc-fit-cost) fits them by least squares on relative error from
- * measurements in CSV rows "strategy,n,k,f,bytes,time_us[,chunks]" (strategy:
- * healthy|backup|balance|ar2, or the mode numbers 0..3; chunks = K of the ar2
- * rows, default 4), e.g. all_reduce_perf runs of the three modes on a GPU
- * cluster. r2cc_cost_default holds placeholder values (100 Gb/s NICs, NCCL's
- * usual small-message latency) until a fit replaces them.
+ * The per-byte terms are physical: beta = ar2_beta = 8 / (1000 * rate) us per
+ * byte for NICs of `rate` Gb/s (struct r2cc_cost_case's gbps, from the NICs
+ * themselves), the same for both strategies, whose bytes cross the same wires.
+ * A model whose beta_us_per_byte / ar2_beta_us_per_byte is 0 (the built-in
+ * one) uses that; a nonzero one (R2CC_COST_MODEL, a fit) replaces it. The
+ * fixed terms (alpha, ar2_stage, ar2_chunk) are latencies, fitted by
+ * r2cc_cost_fit() (and the tool build/bin/r2cc-fit-cost) by least squares on
+ * relative error from measurements in CSV rows
+ * "strategy,n,k,f,bytes,time_us[,chunks]" (strategy: healthy|backup|balance|ar2,
+ * or the mode numbers 0..3; chunks = K of the ar2 rows, default 4).
  */
 #ifndef R2CC_STRATEGIES_COST_H
 #define R2CC_STRATEGIES_COST_H
@@ -45,10 +54,13 @@ enum r2cc_strategy {
 const char *r2cc_strategy_name(enum r2cc_strategy s);
 
 struct r2cc_cost_case {
-	int nodes, nics, failed; /* n, k, f */
+	int nodes, nics, failed; /* n, k, f (of the most degraded server) */
 	double bytes;		 /* S */
 	int chunks;		 /* K of R2CC-AllReduce, <= 0: 4 */
+	int degraded;		 /* m, degraded servers; <= 0: 1 when f > 0 */
+	double gbps;		 /* NIC link rate, for a model without beta; <= 0: 100 */
 };
+#define R2CC_COST_DEFAULT_GBPS 100.0
 
 /* Bytes through each NIC of the healthy ring (0 for one node); K or its default. */
 double r2cc_cost_nic_load(const struct r2cc_cost_case *c);
@@ -60,6 +72,11 @@ double r2cc_cost_factor_backup(int nics, int failed);
 double r2cc_cost_factor_balance(int nics, int failed);
 /* n < 2: no inter-node traffic to save, same as Balance. */
 double r2cc_cost_factor_ar2(int nodes, int nics, int failed);
+/* m degraded servers (m <= 1: the above); HUGE_VAL when none is healthy. */
+double r2cc_cost_factor_ar2_multi(int nodes, int nics, int failed, int degraded);
+/* The per-byte costs the model uses for c: its own, or the link rate's. */
+double r2cc_cost_beta(const struct r2cc_cost_model *m, const struct r2cc_cost_case *c);
+double r2cc_cost_ar2_beta(const struct r2cc_cost_model *m, const struct r2cc_cost_case *c);
 
 /* Predicted time in microseconds; HUGE_VAL when the strategy cannot run. */
 double r2cc_cost_time(const struct r2cc_cost_model *m, enum r2cc_strategy s,
@@ -78,7 +95,10 @@ double r2cc_cost_relative(const struct r2cc_cost_model *m, enum r2cc_strategy s,
 enum r2cc_strategy r2cc_cost_choose(const struct r2cc_cost_model *m, const struct r2cc_cost_case *c,
 				    char *reason, size_t len);
 
-/* Smallest message (bytes) for which R2CC-AllReduce wins; HUGE_VAL if never. */
+/* Smallest message (bytes) for which R2CC-AllReduce wins in case c (its bytes
+ * ignored); HUGE_VAL if never. */
+double r2cc_cost_crossover(const struct r2cc_cost_model *m, const struct r2cc_cost_case *c);
+/* The same with one degraded server and no link rate (the model's own beta). */
 double r2cc_cost_crossover_bytes(const struct r2cc_cost_model *m, int nodes, int nics, int failed,
 				 int chunks);
 
@@ -100,6 +120,12 @@ struct r2cc_cost_sample {
  */
 int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, int n,
 		  double *rms_rel_p);
+
+/* The same for the fixed terms only (alpha, ar2_stage, ar2_chunk), the per-byte
+ * ones being the link rate's (gbps > 0): *m gets beta_us_per_byte =
+ * ar2_beta_us_per_byte = 0, the physical default. */
+int r2cc_cost_fit_latency(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, int n,
+			  double gbps, double *rms_rel_p);
 
 /* Parse one CSV line into *s: 1 = a sample, 0 = blank, comment (#) or the
  * header, -EINVAL = malformed (a message in err). */

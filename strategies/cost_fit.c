@@ -16,7 +16,7 @@
 /* Design row of one sample: time = row . p with p in struct order. */
 static void design_row(const struct r2cc_cost_sample *s, double *row)
 {
-	struct r2cc_cost_case c = {s->nodes, s->nics, s->failed, s->bytes, s->chunks};
+	struct r2cc_cost_case c = {s->nodes, s->nics, s->failed, s->bytes, s->chunks, 1, 0};
 	double load = r2cc_cost_nic_load(&c);
 
 	memset(row, 0, sizeof(double) * R2CC_COST_NPARAMS);
@@ -92,15 +92,23 @@ static int solve(double *a, double *b, int n)
  * above the latency terms cannot see them, and noise then pushes them anywhere)
  * is held at zero and the others are fitted again, until none is negative.
  */
-int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, int n,
-		  double *rms_rel_p)
+/* gbps > 0: the per-byte constants are the link rate's, not fitted (columns 1, 2
+ * known: their part of each time is subtracted, the model keeps them at 0). */
+static int fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, int n, double gbps,
+	       double *rms_rel_p)
 {
 	enum { P = R2CC_COST_NPARAMS };
+	double known_beta = gbps > 0 ? 8.0 / (1000.0 * gbps) : 0, y;
 	double p0[P] = {m->alpha_us, m->beta_us_per_byte, m->ar2_beta_us_per_byte, m->ar2_stage_us,
 			m->ar2_chunk_us};
 	double scale[P] = {0}, ata[P * P], atb[P], row[P], q[P], lambda, e, sse = 0;
 	bool zero[P] = {false};
 	int i, j, k, used = 0, round;
+
+	if (gbps > 0) {
+		zero[1] = zero[2] = true;
+		p0[1] = p0[2] = 0;
+	}
 
 	for (i = 0; i < n; i++) {
 		if (!sample_usable(&s[i]))
@@ -130,10 +138,11 @@ int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, i
 			if (!sample_usable(&s[i]))
 				continue;
 			design_row(&s[i], row);
+			y = 1.0 - known_beta * (row[1] + row[2]) / s[i].time_us;
 			for (j = 0; j < P; j++)
 				row[j] = zero[j] ? 0 : row[j] / (s[i].time_us * scale[j]);
 			for (j = 0; j < P; j++) {
-				atb[j] += row[j];
+				atb[j] += row[j] * y;
 				for (k = 0; k < P; k++)
 					ata[j * P + k] += row[j] * row[k];
 			}
@@ -164,7 +173,7 @@ int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, i
 			if (!sample_usable(&s[i]))
 				continue;
 			design_row(&s[i], row);
-			e = -s[i].time_us;
+			e = -s[i].time_us + known_beta * (row[1] + row[2]);
 			for (j = 0; j < P; j++)
 				e += row[j] * q[j];
 			e /= s[i].time_us;
@@ -173,6 +182,18 @@ int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, i
 		*rms_rel_p = sqrt(sse / used);
 	}
 	return 0;
+}
+
+int r2cc_cost_fit(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, int n,
+		  double *rms_rel_p)
+{
+	return fit(m, s, n, 0, rms_rel_p);
+}
+
+int r2cc_cost_fit_latency(struct r2cc_cost_model *m, const struct r2cc_cost_sample *s, int n,
+			  double gbps, double *rms_rel_p)
+{
+	return gbps > 0 ? fit(m, s, n, gbps, rms_rel_p) : -EINVAL;
 }
 
 static int csv_fail(char *err, size_t errlen, const char *what, const char *line)

@@ -50,7 +50,11 @@ struct comm_strategy {
 	int state;
 	struct r2cc_ar2_ops ops; /* must outlive ar2 */
 	struct r2cc_ar2_comm *ar2;
-	int nnodes, nics, failed;     /* of the degraded node, for the cost model */
+	int nnodes, nics, failed;     /* of the most degraded node, for the cost model */
+	int ndeg;		      /* degraded nodes */
+	double gbps;		      /* the slowest NIC's link rate, 0 unknown */
+	bool said[R2CC_STRAT_COUNT];  /* auto's choice said at INFO, per view */
+	bool capture_said;	      /* capture before the view: said once */
 	unsigned long ran, fell_back; /* calls, for the log at destruction */
 	bool switched;		      /* R2CC_AR_AFTER_REPAIR applies from now on */
 	struct watch {		      /* R2CC_AR_AFTER_REPAIR: the check for repairs */
@@ -61,6 +65,7 @@ struct comm_strategy {
 		void *stream, *event;
 		unsigned long long dbuf; /* nranks ints on the GPU */
 		int *hbuf;		 /* nranks ints, pinned */
+		int *seen;		 /* the last check's answer: repaired NICs per rank */
 	} w;
 };
 
@@ -295,37 +300,46 @@ static struct r2cc_ar2_ops ops_for(struct r2cc_comm *c)
 	return ops;
 }
 
-/* The view of c, agreed by all ranks; builds the strategy state. */
+/* The view of c, agreed by all ranks; builds the strategy state, or gives the
+ * existing one the new view (a NIC repaired or back since). */
 static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 {
 	int n = c->nranks;
 	char buf[256];
 	const char *key = r2cc_node_key(buf, sizeof(buf));
-	int mine[2] = {(int)(r2cc_hash32(key) & 0x7fffffff), r2cc_nic_count()};
-	int *all = calloc((size_t)n * 2, sizeof(int));
+	int mine[3] = {(int)(r2cc_hash32(key) & 0x7fffffff), r2cc_nic_count(), 0};
+	int *all = calloc((size_t)n * 3, sizeof(int));
 	int *rank_node = calloc((size_t)n, sizeof(int));
 	int *node_nics = calloc((size_t)n, sizeof(int));
 	int *node_failed = calloc((size_t)n, sizeof(int));
 	int rc = -ENOMEM;
 	if (!all || !rank_node || !node_nics || !node_failed)
 		goto out;
-	rc = gather_ints(c, c->comm, n, mine, 2, all);
+	/* the slowest NIC's link rate, for the cost model's per-byte terms */
+	for (int i = 0; i < mine[1]; i++) {
+		int g = r2cc_nic_by_index(i)->speed_gbps;
+		if (g > 0 && (mine[2] == 0 || g < mine[2]))
+			mine[2] = g;
+	}
+	rc = gather_ints(c, c->comm, n, mine, 3, all);
 	if (rc)
 		goto out;
 	/* Nodes numbered in order of first appearance in rank order. */
-	int nnodes = 0, my_node = -1;
+	int nnodes = 0, my_node = -1, gbps = 0;
 	for (int r = 0; r < n; r++) {
 		int node = -1;
 		for (int q = 0; q < r && node < 0; q++)
-			if (all[2 * q] == all[2 * r])
+			if (all[3 * q] == all[3 * r])
 				node = rank_node[q];
 		if (node < 0) {
 			node = nnodes++;
-			node_nics[node] = all[2 * r + 1];
+			node_nics[node] = all[3 * r + 1];
 		}
 		rank_node[r] = node;
 		if (r == c->rank)
 			my_node = node;
+		if (all[3 * r + 2] > 0 && (gbps == 0 || all[3 * r + 2] < gbps))
+			gbps = all[3 * r + 2];
 	}
 	int f = r2cc_nic_mark_declared(&spec, my_node, key) + nics_down_here();
 	int *fails = all; /* reuse: n ints */
@@ -344,6 +358,10 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 			    "order's first",
 			    node, node_failed[node], fails[r]);
 	}
+	/* more failed than NICs cannot be; a node whose ranks count more is clamped */
+	for (int node = 0; node < nnodes; node++)
+		if (node_failed[node] > node_nics[node])
+			node_failed[node] = node_nics[node];
 	r2cc_comm_set_nodes(c->comm, rank_node, n, 0);
 	struct r2cc_ar2_view view = {.nranks = n,
 				     .rank_node = rank_node,
@@ -352,28 +370,39 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 	struct r2cc_ar2_cfg cfg = {.chunks = r2cc_param.ar_stage2_chunks,
 				   .schedule = r2cc_param.ar_schedule,
 				   .min_bytes = r2cc_param.ar_min_bytes};
-	st->ops = ops_for(c);
-	rc = r2cc_ar2_comm_create(&st->ops, c->comm, &cfg, &view, &st->ar2);
+	if (st->ar2) {
+		rc = r2cc_ar2_comm_set_view(st->ar2, &view);
+	} else {
+		st->ops = ops_for(c);
+		rc = r2cc_ar2_comm_create(&st->ops, c->comm, &cfg, &view, &st->ar2);
+	}
 	if (rc)
 		goto out;
 	st->nnodes = nnodes;
+	st->gbps = gbps;
+	st->ndeg = 0;
+	st->nics = node_nics[0];
+	st->failed = 0;
+	memset(st->said, 0, sizeof(st->said));
 	for (int node = 0; node < nnodes; node++) {
-		if (node_failed[node] > 0) {
+		if (node_failed[node] <= 0)
+			continue;
+		if (st->ndeg++ == 0 ||
+		    (long)node_failed[node] * st->nics > (long)st->failed * node_nics[node]) {
 			st->nics = node_nics[node];
 			st->failed = node_failed[node];
 		}
 	}
 	if (c->rank == 0) {
-		int deg = -1;
-		for (int node = 0; node < nnodes; node++)
-			if (node_failed[node] > 0 && deg < 0)
-				deg = node;
 		R2CC_INFO("comm %p: failure view: %d nodes, %s", c->comm, nnodes,
-			  deg < 0 ? "no degraded node" : "degraded node found");
-		if (deg >= 0)
-			R2CC_INFO("comm %p: node %d has %d of %d NICs failed (declared or "
-				  "repaired)",
-				  c->comm, deg, node_failed[deg], node_nics[deg]);
+			  st->ndeg == 0	  ? "no degraded node"
+			  : st->ndeg == 1 ? "one degraded node"
+					  : "several degraded nodes");
+		for (int node = 0; node < nnodes; node++)
+			if (node_failed[node] > 0)
+				R2CC_INFO("comm %p: node %d has %d of %d NICs failed (declared or "
+					  "repaired)",
+					  c->comm, node, node_failed[node], node_nics[node]);
 	}
 out:
 	free(all);
@@ -436,6 +465,7 @@ static void watch_free(struct watch *w, bool abort)
 		cu->MemFree(w->dbuf);
 	if (w->hbuf && !abort)
 		cu->MemFreeHost(w->hbuf);
+	free(w->seen);
 	memset(w, 0, sizeof(*w));
 }
 
@@ -447,10 +477,13 @@ static bool watch_make(struct watch *w, int nranks)
 		  !cu->EventCreate(&w->event, R2CC_CU_EVENT_DISABLE_TIMING) &&
 		  !cu->MemAlloc(&w->dbuf, bytes) && !cu->MemAllocHost(&h, bytes);
 	w->hbuf = h;
-	return ok;
+	w->seen = calloc((size_t)nranks, sizeof(int));
+	return ok && w->seen;
 }
 
-/* One eligible call: issue or read the check. True when a repair was seen. */
+/* One eligible call: issue or read the check. True when the ranks' counts of
+ * repaired NICs differ from the last check's (all zero before the first): a
+ * repair, a second one, or a NIC back. */
 static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t bytes)
 {
 	struct watch *w = &st->w;
@@ -475,10 +508,11 @@ static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t b
 	w->bytes += (double)bytes;
 	if (w->pending && (w->calls >= WATCH_LAG || w->bytes >= WATCH_BYTES)) {
 		w->pending = false;
-		if (gpu_wait(c, NULL, w->event) == 0)
-			for (int r = 0; r < c->nranks; r++)
-				if (w->hbuf[r] > 0)
-					return true;
+		if (gpu_wait(c, NULL, w->event) == 0 &&
+		    memcmp(w->hbuf, w->seen, sizeof(int) * (size_t)c->nranks)) {
+			memcpy(w->seen, w->hbuf, sizeof(int) * (size_t)c->nranks);
+			return true;
+		}
 		/* (an error here is the same on every rank: none switches) */
 	}
 	if (w->pending || (w->calls < WATCH_EVERY && w->bytes < WATCH_BYTES))
@@ -553,17 +587,32 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 	}
 	bool base_ar2 = r2cc_param.mode == R2CC_MODE_AR2 || r2cc_param.mode == R2CC_MODE_AUTO;
 	int after = after_repair();
-	if (after && !st->switched && !flags && c->nranks > 0 && c->rank >= 0 &&
+	size_t bytes = count * (size_t)r2cc_nccl_type_size(dtype);
+	/* A repair, a second one, a NIC back: every rank learns it at the same call
+	 * (watch_repair) and takes the new view there. The R2CC-AllReduce state is
+	 * kept: sub-communicators a captured graph uses must outlive the switch. */
+	if (after && !flags && c->nranks > 0 && c->rank >= 0 &&
 	    (double)count * (double)r2cc_nccl_type_size(dtype) >= (double)r2cc_param.ar_min_bytes &&
-	    watch_repair(c, st, count * (size_t)r2cc_nccl_type_size(dtype))) {
+	    watch_repair(c, st, bytes)) {
+		bool first = !st->switched;
 		st->switched = true;
-		st->state = VIEW_UNKNOWN; /* rebuilt with the repaired NICs */
-		r2cc_ar2_comm_destroy(st->ar2, false);
-		st->ar2 = NULL;
-		if (c->rank == 0)
+		if (after == 3 && st->state == VIEW_READY) {
+			int rc = build_view(c, st);
+			if (rc) {
+				st->state = VIEW_NONE;
+				R2CC_WARN("comm %p: no new failure view (%d); AllReduce runs as "
+					  "Balance",
+					  c->comm, rc);
+			}
+		}
+		if (c->rank == 0 && first)
 			R2CC_INFO("comm %p: a NIC was repaired; AllReduce runs as %s from now on "
 				  "(R2CC_AR_AFTER_REPAIR=%d)",
 				  c->comm, after == 3 ? "R2CC-AllReduce" : "Balance", after);
+		else if (c->rank == 0)
+			R2CC_INFO("comm %p: the repaired NICs changed; AllReduce takes the new "
+				  "failure view",
+				  c->comm);
 	}
 	bool ar2_now = st->switched ? after == 3 : base_ar2;
 	if (!ar2_now)
@@ -575,23 +624,41 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 			R2CC_WARN("comm %p: no failure view (%d); AllReduce runs as Balance",
 				  c->comm, rc);
 	}
+	if (st->state == VIEW_UNKNOWN && (flags & R2CC_AR2_CAPTURING) && !st->capture_said) {
+		/* The view is agreed at an AllReduce outside capture (blocking
+		 * all-gathers). Said as a warning only where there is something to
+		 * protect: a declared failure, or a NIC of this node repaired. */
+		st->capture_said = true;
+		if (spec.nentries || nics_down_here())
+			R2CC_WARN("comm %p: an AllReduce captured into a CUDA graph before the "
+				  "communicator's first AllReduce outside capture: it runs as "
+				  "Balance (R2CC-AllReduce needs that first call to agree on the "
+				  "failure view)",
+				  c->comm);
+	}
 	if (st->state != VIEW_READY)
 		return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
 	if (r2cc_param.mode == R2CC_MODE_AUTO && st->failed > 0) {
 		struct r2cc_cost_case cc = {.nodes = st->nnodes,
 					    .nics = st->nics,
 					    .failed = st->failed,
-					    .bytes =
-						(double)count * (double)r2cc_nccl_type_size(dtype),
-					    .chunks = r2cc_param.ar_stage2_chunks};
-		char why[256];
-		if (r2cc_cost_choose(&r2cc_param.cost_model, &cc, why, sizeof(why)) !=
-		    R2CC_STRAT_AR2) {
+					    .bytes = (double)bytes,
+					    .chunks = r2cc_param.ar_stage2_chunks,
+					    .degraded = st->ndeg,
+					    .gbps = st->gbps};
+		char why[320];
+		enum r2cc_strategy pick =
+		    r2cc_cost_choose(&r2cc_param.cost_model, &cc, why, sizeof(why));
+		/* each choice said once per view, at INFO, with the model's numbers */
+		if (!st->said[pick]) {
+			st->said[pick] = true;
+			R2CC_INFO("comm %p: auto: %s: %s", c->comm, r2cc_strategy_name(pick), why);
+		} else {
 			R2CC_TRACE("auto: %s", why);
+		}
+		if (pick != R2CC_STRAT_AR2)
 			return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm,
 					    stream);
-		}
-		R2CC_TRACE("auto: %s", why);
 	}
 	enum r2cc_ar2_reason why = R2CC_AR2_RAN;
 	int rc =
@@ -610,10 +677,11 @@ static void release_hook(struct r2cc_comm *c, bool abort)
 		return;
 	c->strategy = NULL;
 	watch_free(&st->w, abort);
-	if (st->state == VIEW_READY)
-		R2CC_INFO(
-		    "comm %p rank %d: R2CC-AllReduce ran %lu times, %lu AllReduces ran as Balance",
-		    c->comm, c->rank, st->ran, st->fell_back);
+	if (st->state == VIEW_READY || st->ar2)
+		R2CC_INFO("comm %p rank %d: R2CC-AllReduce ran %lu times (%lu of them captured "
+			  "into CUDA graphs), %lu AllReduces ran as Balance",
+			  c->comm, c->rank, st->ran, r2cc_ar2_comm_captured(st->ar2),
+			  st->fell_back);
 	r2cc_ar2_comm_destroy(st->ar2, abort);
 	free(st);
 }

@@ -13,21 +13,26 @@
 #include "strategies/cost.h"
 
 static const char usage[] =
-    "usage: r2cc-plan --nodes N --nics K --failed F --bytes B [--chunks C] [--model SPEC]\n"
+    "usage: r2cc-plan --nodes N --nics K[,K...] --failed F[,F...] --bytes B [--chunks C]\n"
+    "                 [--rate GBPS] [--min-bytes M] [--model SPEC]\n"
     "\n"
     "Predicted AllReduce time relative to a healthy ring, on N servers with K NICs\n"
-    "each, F of them failed on one server, for a message of B bytes.\n"
+    "each, for a message of B bytes, and what R2CC would run: with R2CC_MODE=3 and\n"
+    "with R2CC_MODE=auto.\n"
     "\n"
-    "  --nodes N     servers, 1..65536\n"
-    "  --nics K      NICs per server, 1..64\n"
-    "  --failed F    failed NICs on the degraded server, 0..K\n"
-    "  --bytes B     message size: a number with an optional K, M, G or T suffix\n"
-    "                (powers of 1024; KiB/KB also accepted), e.g. 256M, 4G\n"
-    "  --chunks C    R2CC_AR_STAGE2_CHUNKS for mode 3, 1..64 (default 4)\n"
-    "  --model SPEC  cost constants, e.g. as printed by r2cc-fit-cost:\n"
-    "                alpha_us=..,beta_us_per_byte=..,ar2_beta_us_per_byte=..,\n"
-    "                ar2_stage_us=..,ar2_chunk_us=..\n"
-    "  --help        this text\n";
+    "  --nodes N      servers, 1..65536\n"
+    "  --nics K       NICs per server, 1..64; or one count per server (N of them)\n"
+    "  --failed F     failed NICs: one number (one degraded server), or one count\n"
+    "                 per server (N of them, 0 for a healthy one), e.g. 1,0,2,0\n"
+    "  --bytes B      message size: a number with an optional K, M, G or T suffix\n"
+    "                 (powers of 1024; KiB/KB also accepted), e.g. 256M, 4G\n"
+    "  --chunks C     R2CC_AR_STAGE2_CHUNKS for mode 3, 1..64 (default 4)\n"
+    "  --rate GBPS    NIC link rate in Gb/s for the per-byte terms (default 400)\n"
+    "  --min-bytes M  R2CC_AR_MIN_BYTES (default 16M)\n"
+    "  --model SPEC   cost constants, e.g. as printed by r2cc-fit-cost:\n"
+    "                 alpha_us=..,beta_us_per_byte=..,ar2_beta_us_per_byte=..,\n"
+    "                 ar2_stage_us=..,ar2_chunk_us=.. (per-byte 0: the link rate's)\n"
+    "  --help         this text\n";
 
 static int bad(const char *fmt, const char *arg)
 {
@@ -91,35 +96,70 @@ static const char *human(double bytes, char *buf, size_t len)
 	return buf;
 }
 
+#define MAX_NODES 65536
+
+/* "K" or "K0,K1,..." into v (1 or up to max entries); the count, or -1. */
+static int parse_list(const char *s, long lo, long hi, int *v, int max)
+{
+	char tok[16];
+	int n = 0;
+
+	for (;;) {
+		size_t len = strcspn(s, ",");
+
+		if (!len || len >= sizeof(tok) || n == max)
+			return -1;
+		memcpy(tok, s, len);
+		tok[len] = '\0';
+		if (parse_int(tok, lo, hi, &v[n++]))
+			return -1;
+		if (!s[len])
+			return n;
+		s += len + 1;
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
 	    {"nodes", required_argument, NULL, 'n'},  {"nics", required_argument, NULL, 'k'},
 	    {"failed", required_argument, NULL, 'f'}, {"bytes", required_argument, NULL, 'b'},
 	    {"chunks", required_argument, NULL, 'c'}, {"model", required_argument, NULL, 'm'},
+	    {"rate", required_argument, NULL, 'r'},   {"min-bytes", required_argument, NULL, 'x'},
 	    {"help", no_argument, NULL, 'h'},	      {NULL, 0, NULL, 0},
 	};
 	struct r2cc_cost_model model = r2cc_cost_default;
-	struct r2cc_cost_case c = {-1, -1, -1, -1, 4};
-	char reason[256], err[256], buf[32], mstr[256];
+	struct r2cc_cost_case c = {-1, -1, -1, -1, 4, 1, 400};
+	char reason[320], err[256], buf[32], mstr[256];
 	enum r2cc_strategy s, pick;
-	int opt;
-	double t, t0, cross;
+	int opt, nk = 0, nf = 0, *kv = calloc(MAX_NODES, sizeof(int)),
+		 *fv = calloc(MAX_NODES, sizeof(int)), worst = -1, ndeg = 0;
+	double t, t0, cross, min_bytes = 16.0 * 1024 * 1024;
+	char *end;
 
+	if (!kv || !fv) {
+		fprintf(stderr, "r2cc-plan: out of memory\n");
+		return 1;
+	}
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (opt) {
 		case 'n':
-			if (parse_int(optarg, 1, 65536, &c.nodes))
+			if (parse_int(optarg, 1, MAX_NODES, &c.nodes))
 				return bad("--nodes needs an integer 1..65536, not \"%s\"", optarg);
 			break;
 		case 'k':
-			if (parse_int(optarg, 1, 64, &c.nics))
-				return bad("--nics needs an integer 1..64, not \"%s\"", optarg);
+			if ((nk = parse_list(optarg, 1, 64, kv, MAX_NODES)) < 0)
+				return bad(
+				    "--nics needs an integer 1..64 or a comma-separated list "
+				    "of them, one per node, not \"%s\"",
+				    optarg);
 			break;
 		case 'f':
-			if (parse_int(optarg, 0, 64, &c.failed))
-				return bad("--failed needs an integer 0..64, not \"%s\"", optarg);
+			if ((nf = parse_list(optarg, 0, 64, fv, MAX_NODES)) < 0)
+				return bad("--failed needs an integer 0..64 or a comma-separated "
+					   "list of them, one per node, not \"%s\"",
+					   optarg);
 			break;
 		case 'b':
 			if (parse_bytes(optarg, &c.bytes))
@@ -127,9 +167,20 @@ int main(int argc, char **argv)
 					   "\"%s\"",
 					   optarg);
 			break;
+		case 'x':
+			if (parse_bytes(optarg, &min_bytes))
+				return bad("--min-bytes needs a size > 0 such as 16M, not \"%s\"",
+					   optarg);
+			break;
 		case 'c':
 			if (parse_int(optarg, 1, 64, &c.chunks))
 				return bad("--chunks needs an integer 1..64, not \"%s\"", optarg);
+			break;
+		case 'r':
+			c.gbps = strtod(optarg, &end);
+			if (*end || !(c.gbps > 0) || c.gbps > 1e6)
+				return bad("--rate needs Gb/s > 0, such as 400, not \"%s\"",
+					   optarg);
 			break;
 		case 'm':
 			if (r2cc_cost_model_parse(optarg, &model, err, sizeof(err)))
@@ -144,16 +195,41 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc)
 		return bad("unexpected argument \"%s\"", argv[optind]);
-	if (c.nodes < 0 || c.nics < 0 || c.failed < 0 || c.bytes < 0)
+	if (c.nodes < 0 || !nk || !nf || c.bytes < 0)
 		return bad("%s", "--nodes, --nics, --failed and --bytes are all required");
-	if (c.failed > c.nics)
-		return bad("%s", "--failed cannot exceed --nics");
+	if (nk != 1 && nk != c.nodes)
+		return bad("%s", "--nics needs one count, or one per node (--nodes of them)");
+	if (nf != 1 && nf != c.nodes)
+		return bad("%s", "--failed needs one count (one degraded node), or one per node "
+				 "(--nodes of them)");
+	for (int i = 1; i < c.nodes && nk == 1; i++)
+		kv[i] = kv[0];
+	if (nf == 1) /* one count: node 0 is the degraded one */
+		for (int i = 1; i < c.nodes; i++)
+			fv[i] = 0;
+	for (int i = 0; i < c.nodes; i++) {
+		if (fv[i] > kv[i])
+			return bad("%s", "--failed cannot exceed --nics on a node");
+		if (fv[i] == 0)
+			continue;
+		ndeg++;
+		if (worst < 0 || (long)fv[i] * kv[worst] > (long)fv[worst] * kv[i])
+			worst = i;
+	}
+	c.nics = worst >= 0 ? kv[worst] : kv[0];
+	c.failed = worst >= 0 ? fv[worst] : 0;
+	c.degraded = ndeg;
 
 	r2cc_cost_model_format(&model, mstr, sizeof(mstr));
-	printf("cluster: %d nodes x %d NICs, %d failed on the degraded node (X = %.3f)\n", c.nodes,
-	       c.nics, c.failed, (double)c.failed / c.nics);
-	printf("message: %.0f bytes (%s), K = %d\n", c.bytes, human(c.bytes, buf, sizeof(buf)),
-	       c.chunks);
+	if (ndeg <= 1)
+		printf("cluster: %d nodes x %d NICs, %d failed on the degraded node (X = %.3f)\n",
+		       c.nodes, c.nics, c.failed, (double)c.failed / c.nics);
+	else
+		printf("cluster: %d nodes, %d degraded; the largest failed share: %d of %d NICs "
+		       "on node %d (X = %.3f)\n",
+		       c.nodes, ndeg, c.failed, c.nics, worst, (double)c.failed / c.nics);
+	printf("message: %.0f bytes (%s), K = %d, NICs at %g Gb/s\n", c.bytes,
+	       human(c.bytes, buf, sizeof(buf)), c.chunks, c.gbps);
 	printf("model: %s\n", mstr);
 	printf("%-24s %10s %14s\n", "strategy", "T/T0", "time_us");
 	t0 = r2cc_cost_time(&model, R2CC_STRAT_HEALTHY, &c);
@@ -164,13 +240,35 @@ int main(int argc, char **argv)
 		else
 			printf("%-24s %10.3f %14.1f\n", r2cc_strategy_name(s), t / t0, t);
 	}
-	pick = r2cc_cost_choose(&model, &c, reason, sizeof(reason));
-	printf("auto: %s (%s)\n", r2cc_strategy_name(pick), reason);
-	cross = r2cc_cost_crossover_bytes(&model, c.nodes, c.nics, c.failed, c.chunks);
+	/* R2CC_MODE=3: R2CC-AllReduce wherever it can run (strategies/allreduce2.c) */
+	const char *why3 = NULL;
+	if (ndeg == 0)
+		why3 = "no degraded node";
+	else if (c.nodes < 2)
+		why3 = "the communicator spans fewer than two nodes";
+	else if (ndeg > 8)
+		why3 = "more than 8 degraded nodes";
+	else if (c.failed >= c.nics)
+		why3 = "a degraded node has no healthy NIC";
+	else if (ndeg >= c.nodes)
+		why3 = "every node is degraded: no healthy node to help";
+	else if (c.bytes < min_bytes)
+		why3 = "message below R2CC_AR_MIN_BYTES";
+	if (why3)
+		printf("R2CC_MODE=3: %s (%s)\n", r2cc_strategy_name(R2CC_STRAT_BALANCE), why3);
+	else
+		printf("R2CC_MODE=3: %s (%d degraded node%s, %s)\n",
+		       r2cc_strategy_name(R2CC_STRAT_AR2), ndeg, ndeg == 1 ? "" : "s",
+		       ndeg == 1 ? "one helper" : "a helper each");
+	pick = why3 ? R2CC_STRAT_BALANCE : r2cc_cost_choose(&model, &c, reason, sizeof(reason));
+	printf("auto: %s (%s)\n", r2cc_strategy_name(pick), why3 ? why3 : reason);
+	cross = r2cc_cost_crossover(&model, &c);
 	if (cross == HUGE_VAL)
 		printf("crossover: none (R2CC-AllReduce never wins here)\n");
 	else
 		printf("crossover: R2CC-AllReduce wins above %.0f bytes (%s)\n", cross,
 		       human(cross, buf, sizeof(buf)));
+	free(kv);
+	free(fv);
 	return 0;
 }

@@ -48,7 +48,7 @@ Test(cost, closed_forms)
 
 Test(cost, large_messages_tend_to_closed_forms)
 {
-	struct r2cc_cost_case c = {3, 3, 1, 1e13, 4};
+	struct r2cc_cost_case c = {3, 3, 1, 1e13, 4, 1, 0};
 
 	cr_assert_float_eq(r2cc_cost_relative(&design, R2CC_STRAT_BALANCE, &c), 1.5, 1e-6);
 	cr_assert_float_eq(r2cc_cost_relative(&design, R2CC_STRAT_AR2, &c), 1.375, 1e-6);
@@ -80,7 +80,7 @@ Test(cost, monotonic)
 	double prev = HUGE_VAL;
 
 	for (double s = 1024; s < 1e12; s *= 4) {
-		struct r2cc_cost_case c = {4, 4, 1, s, 4};
+		struct r2cc_cost_case c = {4, 4, 1, s, 4, 1, 0};
 		double r = r2cc_cost_time(&design, R2CC_STRAT_AR2, &c) /
 			   r2cc_cost_time(&design, R2CC_STRAT_BALANCE, &c);
 
@@ -92,7 +92,7 @@ Test(cost, monotonic)
 Test(cost, auto_choice)
 {
 	char why[256];
-	struct r2cc_cost_case c = {3, 3, 1, 4.0 * (1 << 30), 4};
+	struct r2cc_cost_case c = {3, 3, 1, 4.0 * (1 << 30), 4, 1, 0};
 	double x;
 
 	cr_assert_eq(r2cc_cost_choose(&design, &c, why, sizeof(why)), R2CC_STRAT_AR2);
@@ -116,7 +116,7 @@ Test(cost, auto_choice)
 	/* the crossover is where the choice flips */
 	x = r2cc_cost_crossover_bytes(&design, 4, 4, 1, 4);
 	cr_assert(x > 0 && x < HUGE_VAL);
-	c = (struct r2cc_cost_case){4, 4, 1, x * 0.99, 4};
+	c = (struct r2cc_cost_case){4, 4, 1, x * 0.99, 4, 1, 0};
 	cr_assert_eq(r2cc_cost_choose(&design, &c, NULL, 0), R2CC_STRAT_BALANCE);
 	c.bytes = x * 1.01;
 	cr_assert_eq(r2cc_cost_choose(&design, &c, NULL, 0), R2CC_STRAT_AR2);
@@ -125,27 +125,75 @@ Test(cost, auto_choice)
 	cr_assert_gt(r2cc_cost_crossover_bytes(&design, 4, 4, 1, 16), x);
 }
 
-/* The installed fit (strategies/cost.c, strategies/fit/fit.txt):
- * constants that R2CC_COST_MODEL would accept, R2CC-AllReduce's bytes dearer
- * than Balance's as measured, and the choices the README states. */
-Test(cost, fitted_defaults)
+/* The built-in model (shim/cost_params.c, strategies/fit/fit.txt): per-byte
+ * costs from the link rate, the same for both strategies; fitted latencies that
+ * R2CC_COST_MODEL would accept; the choices the README states. */
+Test(cost, physical_defaults)
 {
 	const struct r2cc_cost_model *m = &r2cc_cost_default;
-	struct r2cc_cost_case c = {2, 3, 1, 4.0 * (1 << 30), 4};
+	struct r2cc_cost_case c = {2, 3, 1, 4.0 * (1 << 30), 4, 1, 25};
 	char spec[256], err[128];
 	struct r2cc_cost_model back = design;
 
-	cr_assert(m->alpha_us >= 0 && m->beta_us_per_byte > 0 && m->ar2_beta_us_per_byte > 0 &&
-		  m->ar2_stage_us >= 0 && m->ar2_chunk_us >= 0);
+	cr_assert(m->alpha_us >= 0 && m->ar2_stage_us >= 0 && m->ar2_chunk_us >= 0);
+	cr_assert(m->beta_us_per_byte == 0 && m->ar2_beta_us_per_byte == 0);
 	r2cc_cost_model_format(m, spec, sizeof(spec));
 	cr_assert_eq(r2cc_cost_model_parse(spec, &back, err, sizeof(err)), 0, "%s", err);
-	cr_assert_gt(m->ar2_beta_us_per_byte / m->beta_us_per_byte, 1.0);
+	cr_assert_float_eq(r2cc_cost_beta(m, &c), 8.0 / 25000.0, EPS); /* 25 Gb/s */
+	cr_assert_float_eq(r2cc_cost_ar2_beta(m, &c), 8.0 / 25000.0, EPS);
+	c.gbps = 0;
+	cr_assert_float_eq(r2cc_cost_beta(m, &c), 8.0 / 100000.0, EPS); /* unknown: 100 */
+	c.gbps = 25;
 	cr_assert_eq(r2cc_cost_choose(m, &c, NULL, 0), R2CC_STRAT_BALANCE); /* 2 nodes */
 	c.nodes = 4;
 	c.bytes = 1 << 30;
 	cr_assert_eq(r2cc_cost_choose(m, &c, NULL, 0), R2CC_STRAT_AR2); /* 4 nodes, 1 GiB */
 	c.bytes = 1 << 20;
 	cr_assert_eq(r2cc_cost_choose(m, &c, NULL, 0), R2CC_STRAT_BALANCE); /* 1 MiB */
+	/* a faster link: the same latencies weigh more, the crossover moves up */
+	c.gbps = 400;
+	struct r2cc_cost_case slow = c;
+	slow.gbps = 25;
+	cr_assert_gt(r2cc_cost_crossover(m, &c), 8 * r2cc_cost_crossover(m, &slow));
+	/* a model with its own per-byte constant ignores the link rate */
+	cr_assert_float_eq(r2cc_cost_beta(&design, &c), design.beta_us_per_byte, EPS);
+}
+
+/* Several degraded nodes: the most loaded node, degraded or helper. */
+Test(cost, several_degraded_nodes)
+{
+	/* m <= 1 is the one-node form */
+	cr_assert_float_eq(r2cc_cost_factor_ar2_multi(4, 4, 1, 1), r2cc_cost_factor_ar2(4, 4, 1),
+			   EPS);
+	/* n = 4, m = 2, X = 1/4: degraded 1 + 4/4/(2*3*3/4) = 1.2222, helpers (one each)
+	 * 3/4 + 1/4 * 4/6 * (1 + 1) = 1.0833 */
+	cr_assert_float_eq(r2cc_cost_factor_ar2_multi(4, 4, 1, 2), 1 + 1.0 / 4.5, EPS);
+	/* n = 3, m = 2, X = 1/4: one helper for both: 3/4 + 1/4 * 3/4 * (0 + 2) = 1.125;
+	 * degraded 1 + 3/4/(2*2*3/4) = 1.25 */
+	cr_assert_float_eq(r2cc_cost_factor_ar2_multi(3, 4, 1, 2), 1.25, EPS);
+	/* n = 5, m = 4, X = 1/8: the one helper of four is the busiest:
+	 * 7/8 + 1/8 * 5/8 * (0 + 4) = 1.1875 > 1 + 5/8 / (8 * 7/8) */
+	cr_assert_float_eq(r2cc_cost_factor_ar2_multi(5, 8, 1, 4), 1.1875, EPS);
+	cr_assert_gt(r2cc_cost_factor_ar2_multi(5, 8, 1, 4), 1 + 5.0 / 8 / (8 * 7.0 / 8));
+	/* nobody healthy, or a node without NICs: cannot run */
+	cr_assert_eq(r2cc_cost_factor_ar2_multi(3, 4, 1, 3), HUGE_VAL);
+	cr_assert_eq(r2cc_cost_factor_ar2_multi(4, 4, 4, 2), HUGE_VAL);
+
+	struct r2cc_cost_case c = {4, 4, 1, 1e13, 4, 2, 0};
+	char why[320];
+	cr_assert_float_eq(r2cc_cost_relative(&design, R2CC_STRAT_AR2, &c), 1 + 1.0 / 4.5, 1e-6);
+	cr_assert_eq(r2cc_cost_choose(&design, &c, why, sizeof(why)), R2CC_STRAT_AR2);
+	cr_assert(strstr(why, "2 degraded"), "%s", why);
+	c.degraded = 4;
+	cr_assert_eq(r2cc_cost_choose(&design, &c, why, sizeof(why)), R2CC_STRAT_BALANCE);
+	cr_assert(strstr(why, "every node is degraded"), "%s", why);
+	cr_assert_eq(r2cc_cost_crossover(&design, &c), HUGE_VAL);
+	/* three stages, not two: a larger crossover than one degraded node's */
+	c.degraded = 2;
+	struct r2cc_cost_case one = c;
+	one.degraded = 1;
+	cr_assert_gt(r2cc_cost_crossover(&design, &c), 0);
+	cr_assert_lt(r2cc_cost_crossover(&design, &one), HUGE_VAL);
 }
 
 static const struct r2cc_cost_model truth = {
@@ -170,7 +218,7 @@ static int synth(struct r2cc_cost_sample *s, bool ar2, bool vary_k, double noise
 						for (size_t k = 0; k < (vary_k ? 3u : 1u); k++) {
 							struct r2cc_cost_case c = {
 							    nodes[a], nics[b], f, bytes,
-							    vary_k ? ks[k] : 4};
+							    vary_k ? ks[k] : 4, 1, 0};
 							double e =
 							    noise * (2.0 * rand() / RAND_MAX - 1);
 
@@ -230,7 +278,7 @@ Test(cost_fit, undetermined_constants_keep_their_values)
 {
 	struct r2cc_cost_sample *s = malloc(sizeof(*s) * 20000);
 	struct r2cc_cost_model m = r2cc_cost_default;
-	struct r2cc_cost_case c = {4, 4, 1, 1 << 20, 4};
+	struct r2cc_cost_case c = {4, 4, 1, 1 << 20, 4, 1, 0};
 	int n = synth(s, false, false, 0);
 
 	/* no R2CC-AllReduce rows: its constants stay */
@@ -268,7 +316,7 @@ Test(cost_fit, constants_never_negative)
 	for (int nodes = 2; nodes <= 4; nodes += 2)
 		for (double bytes = 256e6; bytes <= 4.3e9; bytes *= 2)
 			for (int st = R2CC_STRAT_BALANCE; st <= R2CC_STRAT_AR2; st++) {
-				struct r2cc_cost_case c = {nodes, 3, 1, bytes, 4};
+				struct r2cc_cost_case c = {nodes, 3, 1, bytes, 4, 1, 0};
 				double e = 0.03 * (2.0 * rand() / RAND_MAX - 1);
 				s[n++] = (struct r2cc_cost_sample){
 				    st,
@@ -337,3 +385,30 @@ Test(cost, model_string_round_trip)
 	cr_assert_eq(r2cc_cost_model_parse("alpha_us=1x", &m, err, sizeof(err)), -EINVAL);
 	cr_assert_float_eq(m.alpha_us, 5.0, 0); /* unchanged on error */
 }
+
+/* The latency-only fit: the per-byte terms stay the link rate's. */
+Test(cost_fit, latency_only)
+{
+	struct r2cc_cost_sample *s = malloc(sizeof(*s) * 4000);
+	struct r2cc_cost_model phys = {12.0, 0, 0, 30.0, 7.0}, m = r2cc_cost_default;
+	int n = 0;
+	double rms;
+
+	for (int nodes = 2; nodes <= 8; nodes *= 2)
+		for (double bytes = 1024; bytes <= 4e9; bytes *= 8)
+			for (int st = 0; st < R2CC_STRAT_COUNT; st++)
+				for (int k = 2; k <= 8; k *= 2) {
+					struct r2cc_cost_case c = {nodes, 4, 1, bytes, k, 1, 50};
+					s[n++] = (struct r2cc_cost_sample){
+					    st, nodes, 4, 1, k, bytes, r2cc_cost_time(&phys, st, &c)};
+				}
+	cr_assert_eq(r2cc_cost_fit_latency(&m, s, n, 50, &rms), 0);
+	cr_assert_lt(rms, 1e-6);
+	cr_assert(m.beta_us_per_byte == 0 && m.ar2_beta_us_per_byte == 0);
+	expect_close(m.alpha_us, 12.0, 1e-4, "alpha");
+	expect_close(m.ar2_stage_us, 30.0, 1e-3, "stage");
+	expect_close(m.ar2_chunk_us, 7.0, 1e-3, "chunk");
+	cr_assert_eq(r2cc_cost_fit_latency(&m, s, n, 0, NULL), -EINVAL);
+	free(s);
+}
+
