@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# GPU check of R2CC-AllReduce with several degraded nodes and inside CUDA graphs (GPU
+# machine only; run it under scripts/gpu/with-mps.sh: up to 4 emulated nodes share the
+# GPU). Over the software fabric, 3 soft NICs a node, R2CC_MODE=3:
+#   nt-*        NVIDIA's nccl-tests (NCCL_TESTS_DIR) all_reduce_perf -d all -o all with two
+#               nodes declared degraded (different NICs), at 4 x 1 and 3 x 1 (one healthy
+#               node then helps both); every row's #wrong must be 0
+#   ntbh-*      one node declared, a second degraded by a black hole (R2CC_DRILL, the
+#               library cutting the NIC) while the job runs: the ranks take the new view
+#               together, R2CC-AllReduce runs on both degraded nodes; #wrong 0
+#   graph-*     tests/gpu/torch_graph.py check: all_reduce captured into CUDA graphs,
+#               replayed through a black hole that changes the view, every replay checked;
+#               with a declared failure (the graph captured degraded) and without (a healthy
+#               job's graph, then one captured after the repair)
+#   quiet       a healthy mode-3 job with graphs: its log must hold no R2CC WARN
+#   cost-*      tests/gpu/torch_graph.py cost: graph replay and eager time, plain NCCL
+#               against R2CC healthy, R2CC Balance (mode 2) and R2CC-AllReduce (mode 3)
+#               with a declared failure
+# Prints one line per run, and the R2CC lines that count (views, what ran); the logs go
+# to LOGDIR. R2CC_LIB names the library (default BUILD/lib/libr2cc.so).
+#   scripts/gpu/with-mps.sh scripts/gpu/gpu-ar2-multi.sh LOGDIR [PARTS]
+# PARTS: a comma list of nt, ntbh, graph, quiet, cost (default all).
+set -u
+cd "$(dirname "$0")/../.."
+export R2CC_ROOT=$PWD
+B=${BUILD:-build}
+LIB=${R2CC_LIB:-$PWD/$B/lib/libr2cc.so}
+LOG=${1:-logs/local}
+PARTS=,${2:-nt,ntbh,graph,quiet,cost},
+mkdir -p "$LOG"
+. scripts/softfabric.sh
+fail=0
+NICS=mlx5_0:100,mlx5_2:100,mlx5_3:100
+
+# The R2CC lines that say what ran, counted.
+r2cc_lines() {
+	grep -hoE "R2CC (WARN .*|INFO (comm .*R2CC-AllReduce ran.*|comm .*failure view.*|comm .*node [0-9]+ has .*|comm .*repaired.*|comm .*auto: .*|R2CC-AllReduce: [0-9]+ ranks on .*))" "$1" |
+		sed -E 's/comm 0x[0-9a-f]+( rank [0-9]+)?/comm/; s/helper rank [0-9]+/helper rank N/' |
+		sort | uniq -c | sed 's/^/    /'
+}
+
+# nccl-tests' rows: how many have a nonzero #wrong (out of place, in place)
+nt_wrong() {
+	awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9]+ +[a-z]+ +-?[0-9]+ / {
+		rows++; if ($9 != "0" && $9 != "N/A") bad++; if ($13 != "0" && $13 != "N/A") bad++ }
+		END { printf "%d rows, %d with wrong results", rows, bad }' "$1"
+}
+
+nt() { # name np VAR=VALUE... -- all_reduce_perf args
+	local name=$1 np=$2 t0=$SECONDS rc
+	shift 2
+	local -a env=()
+	while [ "$1" != -- ]; do env+=("$1"); shift; done
+	shift
+	softfabric_env $NICS "ar2m-$name-$$"
+	softfabric_mpirun "$np" LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO "${env[@]}"
+	echo "=== $name: ${np}x1 ${env[*]} all_reduce_perf $*"
+	timeout 300 "${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/all_reduce_perf" -g 1 -c 1 "$@" >"$LOG/$name.log" 2>&1
+	rc=$?
+	local w
+	w=$(nt_wrong "$LOG/$name.log")
+	if [ $rc = 0 ] && grep -q ' 0 with wrong' <<<"$w" && ! grep -q ' 0 rows' <<<"$w"; then
+		echo "    ok ($((SECONDS - t0)) s): $w"
+	else
+		echo "    FAILED rc=$rc ($((SECONDS - t0)) s): $w"
+		fail=1
+	fi
+	grep -E "Out of bounds|Avg bus" "$LOG/$name.log" | sed 's/^/    /'
+	r2cc_lines "$LOG/$name.log"
+	softfabric_reset
+}
+
+torch_run() { # name np VAR=VALUE... -- torch_graph.py args
+	local name=$1 np=$2 t0=$SECONDS rc
+	shift 2
+	local -a env=()
+	while [ "$1" != -- ]; do env+=("$1"); shift; done
+	shift
+	softfabric_env $NICS "ar2m-$name-$$"
+	echo "=== $name: ${np}x1 ${env[*]} torch_graph.py $*"
+	env "${env[@]}" timeout 300 python3 tests/gpu/torch_graph.py "$1" "$np" "${@:2}" >"$LOG/$name.log" 2>&1
+	rc=$?
+	if [ $rc = 0 ] && grep -q '^torch_graph .*: PASS' "$LOG/$name.log"; then
+		echo "    ok ($((SECONDS - t0)) s)"
+	else
+		echo "    FAILED rc=$rc ($((SECONDS - t0)) s)"
+		fail=1
+	fi
+	grep -E "^(torch |cost: |t=)" "$LOG/$name.log" | sed 's/^/    /'
+	r2cc_lines "$LOG/$name.log"
+	softfabric_reset
+}
+
+if [[ $PARTS == *,nt,* ]]; then
+	nt nt-4x1-two-declared 4 'R2CC_FAILED_HCA=0:mlx5_2;2:mlx5_0' -- \
+		-b 16M -e 64M -f 4 -n 2 -w 1 -d all -o all
+	nt nt-3x1-two-declared 3 'R2CC_FAILED_HCA=0:mlx5_2;1:mlx5_3' -- \
+		-b 16M -e 64M -f 4 -n 2 -w 1 -d all -o all
+fi
+if [[ $PARTS == *,ntbh,* ]]; then
+	nt ntbh-4x1-declared-blackhole 4 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
+		R2CC_DRILL=node2/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 30 -w 2 -d float -o sum
+	nt ntbh-3x1-declared-blackhole 3 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
+		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 30 -w 2 -d float -o sum
+fi
+if [[ $PARTS == *,graph,* ]]; then
+	torch_run graph-3x1-declared-blackhole 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \
+		R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 R2CC_DRILL=node1/mlx5_0=blackhole@3s -- check 14
+	torch_run graph-3x1-healthy-blackhole 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \
+		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- check 14
+fi
+if [[ $PARTS == *,quiet,* ]]; then
+	torch_run quiet-3x1-healthy 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO -- check 4
+	n=$(grep -c 'R2CC WARN' "$LOG/quiet-3x1-healthy.log")
+	echo "    R2CC WARN lines in the healthy mode-3 job: $n"
+	[ "$n" = 0 ] || fail=1
+fi
+if [[ $PARTS == *,cost,* ]]; then
+	sizes="$((1 << 18)) $((16 << 20))"
+	# shellcheck disable=SC2086
+	torch_run cost-3x1-plain 3 R2CC_NONE=1 -- cost 40 $sizes
+	# shellcheck disable=SC2086
+	torch_run cost-3x1-r2cc-healthy 3 LD_PRELOAD="$LIB" R2CC_MODE=3 -- cost 40 $sizes
+	# shellcheck disable=SC2086
+	torch_run cost-3x1-r2cc-declared-balance 3 LD_PRELOAD="$LIB" R2CC_MODE=2 \
+		R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 -- cost 40 $sizes
+	# shellcheck disable=SC2086
+	torch_run cost-3x1-r2cc-declared-ar2 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \
+		R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 -- cost 40 $sizes
+fi
+exit $fail
