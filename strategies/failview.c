@@ -31,6 +31,7 @@
 #include "strategies/allreduce2.h"
 #include "strategies/cost.h"
 #include "strategies/cuda.h"
+#include "strategies/watch.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -59,9 +60,7 @@ struct comm_strategy {
 	bool switched;		      /* R2CC_AR_AFTER_REPAIR applies from now on */
 	struct watch {		      /* R2CC_AR_AFTER_REPAIR: the check for repairs */
 		bool made, broken;    /* resources below made; could not be made */
-		bool pending;	      /* a check is in flight */
-		unsigned long calls;  /* eligible calls since the last check was issued/read */
-		double bytes;	      /* their bytes */
+		struct r2cc_watch_clock clock;
 		void *stream, *event;
 		unsigned long long dbuf; /* nranks ints on the GPU */
 		int *hbuf;		 /* nranks ints, pinned */
@@ -425,27 +424,18 @@ static int after_repair(void)
 }
 
 /*
- * R2CC_AR_AFTER_REPAIR: have the ranks seen a repair? Every rank must switch at
- * the same call, and ranks learn of a repair at different times, so the answer
- * comes from the ranks themselves, at AllReduce calls every rank makes in the
- * same order and decides on identically (over R2CC_AR_MIN_BYTES, outside groups
- * and capture): a 4-byte all-gather of each rank's count of repaired NICs.
- *
- * Without stalling the job while nothing has failed: the check is issued on a
- * private stream after WATCH_EVERY such calls or WATCH_BYTES of them, and read
- * after WATCH_LAG more calls or WATCH_BYTES more, by which time the GPU has
- * normally run it (reading waits on its event only when the host is further
- * ahead than that, and then only until the AllReduce before the check ends,
- * with the next one already queued). Issue and read happen at the same call on
- * every rank, so every rank reads the same answer and switches at the same
- * call: with AllReduces of 1 GiB or more (each reads the check the one before
- * issued, then issues the next), at the second call after the repair; with
- * small ones, at most WATCH_EVERY + WATCH_LAG eligible calls after it. The
- * buffers are made, and agreed on, at the first eligible call.
+ * R2CC_AR_AFTER_REPAIR: have the ranks' repaired NICs changed? Every rank must switch
+ * at the same call, and ranks learn of a repair at different times, so the answer
+ * comes from the ranks themselves, at AllReduce calls every rank makes in the same
+ * order and decides on identically (over R2CC_AR_MIN_BYTES, outside groups and
+ * capture): a 4-byte all-gather of each rank's count of repaired NICs, issued and read
+ * on the clock of strategies/watch.h, never stalling the job while nothing has
+ * failed. Every rank reads the same answer at the same call and compares it with the
+ * last one: with AllReduces of 1 GiB or more the switch comes at the second call
+ * after the repair; with small ones, at most R2CC_WATCH_EVERY + R2CC_WATCH_LAG
+ * eligible calls after it. The buffers are made, and agreed on, at the first eligible
+ * call.
  */
-#define WATCH_EVERY 16
-#define WATCH_BYTES (1024.0 * 1024 * 1024)
-#define WATCH_LAG   4
 
 /* abort: never wait on the GPU. The check may sit behind a collective that will
  * never end, and the communicators are aborted only after this returns: an
@@ -455,7 +445,7 @@ static int after_repair(void)
  * CUDA once their work is done. */
 static void watch_free(struct watch *w, bool abort)
 {
-	if (w->pending && w->event && !abort)
+	if (w->clock.pending && w->event && !abort)
 		cu->EventSynchronize(w->event);
 	if (w->event)
 		cu->EventDestroy(w->event);
@@ -504,18 +494,13 @@ static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t b
 	}
 	if (w->broken)
 		return false;
-	w->calls++;
-	w->bytes += (double)bytes;
-	if (w->pending && (w->calls >= WATCH_LAG || w->bytes >= WATCH_BYTES)) {
-		w->pending = false;
+	if (r2cc_watch_read_due(&w->clock, (double)bytes)) {
 		if (gpu_wait(c, NULL, w->event) == 0 &&
-		    memcmp(w->hbuf, w->seen, sizeof(int) * (size_t)c->nranks)) {
-			memcpy(w->seen, w->hbuf, sizeof(int) * (size_t)c->nranks);
+		    r2cc_watch_changed(w->seen, w->hbuf, c->nranks))
 			return true;
-		}
 		/* (an error here is the same on every rank: none switches) */
 	}
-	if (w->pending || (w->calls < WATCH_EVERY && w->bytes < WATCH_BYTES))
+	if (!r2cc_watch_issue_due(&w->clock))
 		return false;
 	/* Every rank issues the all-gather here, whatever fails locally around it,
 	 * or the others would wait in it. */
@@ -528,8 +513,6 @@ static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t b
 					 w->stream);
 	if (!rc)
 		rc = cu->EventRecord(w->event, w->stream);
-	w->calls = 0;
-	w->bytes = 0;
 	if (rc || nrc) {
 		/* Read at the same call as everywhere else all the same: a rank that
 		 * stopped issuing checks would leave the others waiting in theirs. With
@@ -539,7 +522,6 @@ static bool watch_repair(struct r2cc_comm *c, struct comm_strategy *st, size_t b
 			R2CC_WARN("comm %p: the check for repairs failed (CUDA %d, NCCL %d)",
 				  c->comm, rc, nrc);
 	}
-	w->pending = true;
 	return false;
 }
 

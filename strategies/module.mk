@@ -3,9 +3,11 @@
 STRAT_LIB_SRCS := strategies/allreduce2.c strategies/cost.c strategies/failview.c strategies/cuda.c
 LIBR2CC_SRCS += $(STRAT_LIB_SRCS)
 
-STRAT_HDRS := strategies/allreduce2.h strategies/cost.h shim/cost_params.h shim/failspec.h shim/log.h
+STRAT_HDRS := strategies/allreduce2.h strategies/cost.h strategies/watch.h shim/cost_params.h \
+	      shim/failspec.h shim/log.h
 STRAT_TDIR := $(BUILD)/tests/unit
-STRAT_TESTS := test_failspec test_strategies_split test_strategies_exec test_strategies_cost
+STRAT_TESTS := test_failspec test_strategies_split test_strategies_exec test_strategies_cost \
+	       test_strategies_watch
 R2CC_PLAN := $(BUILD)/bin/r2cc-plan
 R2CC_FIT_COST := $(BUILD)/bin/r2cc-fit-cost
 
@@ -13,7 +15,7 @@ ALL_TARGETS += $(R2CC_PLAN) $(R2CC_FIT_COST)
 TEST_DEPS += $(STRAT_TESTS:%=$(STRAT_TDIR)/%) $(R2CC_PLAN) $(R2CC_FIT_COST)
 CPU_TESTS += $(STRAT_TESTS:%=60@$(STRAT_TDIR)/%:--jobs=2) \
 	30@strategies/plan_test.sh:$(R2CC_PLAN):$(R2CC_FIT_COST)
-FORMAT_SRCS += $(STRAT_LIB_SRCS) strategies/allreduce2.h strategies/cost.h \
+FORMAT_SRCS += $(STRAT_LIB_SRCS) strategies/allreduce2.h strategies/cost.h strategies/watch.h \
 	strategies/cost_fit.c strategies/plan_main.c strategies/fit_cost_main.c \
 	tests/unit/test_failspec.c \
 	$(wildcard tests/unit/test_strategies_*.c tests/unit/test_strategies_*.h)
@@ -51,3 +53,7 @@ $(STRAT_TDIR)/test_strategies_cost: tests/unit/test_strategies_cost.c strategies
 	@mkdir -p $(@D)
 	$(CC) $(BIN_CFLAGS) -o $@ tests/unit/test_strategies_cost.c strategies/cost.c \
 		strategies/cost_fit.c shim/cost_params.c -lcriterion -lm
+
+$(STRAT_TDIR)/test_strategies_watch: tests/unit/test_strategies_watch.c strategies/watch.h
+	@mkdir -p $(@D)
+	$(CC) $(BIN_CFLAGS) -o $@ tests/unit/test_strategies_watch.c -lcriterion
