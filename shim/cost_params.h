@@ -10,7 +10,7 @@
 #include <stddef.h>
 
 struct r2cc_cost_model {
-	double alpha_us;	     /* fixed cost of one collective call */
+	double alpha_us; /* fixed cost of one collective call */
 	/* per byte of NIC load: 1 / effective NIC bandwidth; 0: the link rate's */
 	double beta_us_per_byte;
 	double ar2_beta_us_per_byte; /* the same for R2CC-AllReduce's; 0: beta's */

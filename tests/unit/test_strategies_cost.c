@@ -217,8 +217,8 @@ static int synth(struct r2cc_cost_sample *s, bool ar2, bool vary_k, double noise
 					for (int st = 0; st < R2CC_STRAT_COUNT; st++)
 						for (size_t k = 0; k < (vary_k ? 3u : 1u); k++) {
 							struct r2cc_cost_case c = {
-							    nodes[a], nics[b], f, bytes,
-							    vary_k ? ks[k] : 4, 1, 0};
+							    nodes[a],		nics[b], f, bytes,
+							    vary_k ? ks[k] : 4, 1,	 0};
 							double e =
 							    noise * (2.0 * rand() / RAND_MAX - 1);
 
@@ -400,7 +400,13 @@ Test(cost_fit, latency_only)
 				for (int k = 2; k <= 8; k *= 2) {
 					struct r2cc_cost_case c = {nodes, 4, 1, bytes, k, 1, 50};
 					s[n++] = (struct r2cc_cost_sample){
-					    st, nodes, 4, 1, k, bytes, r2cc_cost_time(&phys, st, &c)};
+					    st,
+					    nodes,
+					    4,
+					    1,
+					    k,
+					    bytes,
+					    r2cc_cost_time(&phys, st, &c)};
 				}
 	cr_assert_eq(r2cc_cost_fit_latency(&m, s, n, 50, &rms), 0);
 	cr_assert_lt(rms, 1e-6);
@@ -411,4 +417,3 @@ Test(cost_fit, latency_only)
 	cr_assert_eq(r2cc_cost_fit_latency(&m, s, n, 0, NULL), -EINVAL);
 	free(s);
 }
-
