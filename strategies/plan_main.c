@@ -259,7 +259,9 @@ int main(int argc, char **argv)
 	else
 		printf("R2CC_MODE=3: %s (%d degraded node%s, %s)\n",
 		       r2cc_strategy_name(R2CC_STRAT_AR2), ndeg, ndeg == 1 ? "" : "s",
-		       ndeg == 1 ? "one helper" : "a helper each");
+		       ndeg == 1		? "one helper"
+		       : c.nodes - ndeg >= ndeg ? "a helper each"
+						: "helpers shared: fewer healthy nodes");
 	pick = why3 ? R2CC_STRAT_BALANCE : r2cc_cost_choose(&model, &c, reason, sizeof(reason));
 	printf("auto: %s (%s)\n", r2cc_strategy_name(pick), why3 ? why3 : reason);
 	cross = r2cc_cost_crossover(&model, &c);
