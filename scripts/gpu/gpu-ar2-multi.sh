@@ -46,50 +46,43 @@ nt_wrong() {
 		END { printf "%d rows, %d with wrong results", rows, bad }' "$1"
 }
 
-nt() { # name np VAR=VALUE... -- all_reduce_perf args
-	local name=$1 np=$2 t0=$SECONDS rc
-	shift 2
+# one KIND NAME NP VAR=VALUE... -- ARGS: KIND nt (all_reduce_perf ARGS under mpirun, R2CC
+# preloaded in mode 3) or torch (tests/gpu/torch_graph.py ARGS, the environment as given)
+one() {
+	local kind=$1 name=$2 np=$3 t0=$SECONDS rc ok=0 note='' rows
+	shift 3
 	local -a env=()
 	while [ "$1" != -- ]; do env+=("$1"); shift; done
 	shift
 	softfabric_env $NICS "ar2m-$name-$$"
-	softfabric_mpirun "$np" LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO "${env[@]}"
-	echo "=== $name: ${np}x1 ${env[*]} all_reduce_perf $*"
-	timeout 300 "${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/all_reduce_perf" -g 1 -c 1 "$@" >"$LOG/$name.log" 2>&1
-	rc=$?
-	local w
-	w=$(nt_wrong "$LOG/$name.log")
-	if [ $rc = 0 ] && grep -q ' 0 with wrong' <<<"$w" && ! grep -q ' 0 rows' <<<"$w"; then
-		echo "    ok ($((SECONDS - t0)) s): $w"
+	echo "=== $name: ${np}x1 ${env[*]} $kind $*"
+	if [ "$kind" = nt ]; then
+		softfabric_mpirun "$np" LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO "${env[@]}"
+		timeout 300 "${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/all_reduce_perf" -g 1 -c 1 "$@" \
+			>"$LOG/$name.log" 2>&1
+		rc=$?
+		note=": $(nt_wrong "$LOG/$name.log")"
+		[ $rc = 0 ] && grep -q ' 0 with wrong' <<<"$note" && ! grep -q ' 0 rows' <<<"$note" && ok=1
+		rows="Out of bounds|Avg bus"
 	else
-		echo "    FAILED rc=$rc ($((SECONDS - t0)) s): $w"
+		env "${env[@]}" timeout 300 python3 tests/gpu/torch_graph.py "$1" "$np" "${@:2}" \
+			>"$LOG/$name.log" 2>&1
+		rc=$?
+		[ $rc = 0 ] && grep -q '^torch_graph .*: PASS' "$LOG/$name.log" && ok=1
+		rows="^(torch |cost: |t=)"
+	fi
+	if [ $ok = 1 ]; then
+		echo "    ok ($((SECONDS - t0)) s)$note"
+	else
+		echo "    FAILED rc=$rc ($((SECONDS - t0)) s)$note"
 		fail=1
 	fi
-	grep -E "Out of bounds|Avg bus" "$LOG/$name.log" | sed 's/^/    /'
+	grep -E "$rows" "$LOG/$name.log" | sed 's/^/    /'
 	r2cc_lines "$LOG/$name.log"
 	softfabric_reset
 }
-
-torch_run() { # name np VAR=VALUE... -- torch_graph.py args
-	local name=$1 np=$2 t0=$SECONDS rc
-	shift 2
-	local -a env=()
-	while [ "$1" != -- ]; do env+=("$1"); shift; done
-	shift
-	softfabric_env $NICS "ar2m-$name-$$"
-	echo "=== $name: ${np}x1 ${env[*]} torch_graph.py $*"
-	env "${env[@]}" timeout 300 python3 tests/gpu/torch_graph.py "$1" "$np" "${@:2}" >"$LOG/$name.log" 2>&1
-	rc=$?
-	if [ $rc = 0 ] && grep -q '^torch_graph .*: PASS' "$LOG/$name.log"; then
-		echo "    ok ($((SECONDS - t0)) s)"
-	else
-		echo "    FAILED rc=$rc ($((SECONDS - t0)) s)"
-		fail=1
-	fi
-	grep -E "^(torch |cost: |t=)" "$LOG/$name.log" | sed 's/^/    /'
-	r2cc_lines "$LOG/$name.log"
-	softfabric_reset
-}
+nt() { one nt "$@"; }
+torch_run() { one torch "$@"; }
 
 if [[ $PARTS == *,nt,* ]]; then
 	nt nt-4x1-two-declared 4 'R2CC_FAILED_HCA=0:mlx5_2;2:mlx5_0' -- \
