@@ -86,9 +86,9 @@ torch_run() { one torch "$@"; }
 
 if [[ $PARTS == *,nt,* ]]; then
 	nt nt-4x1-two-declared 4 'R2CC_FAILED_HCA=0:mlx5_2;2:mlx5_0' -- \
-		-b 16M -e 64M -f 4 -n 2 -w 1 -d all -o all
+		-b 16M -e 32M -f 2 -n 2 -w 1 -d all -o all
 	nt nt-3x1-two-declared 3 'R2CC_FAILED_HCA=0:mlx5_2;1:mlx5_3' -- \
-		-b 16M -e 64M -f 4 -n 2 -w 1 -d all -o all
+		-b 16M -e 32M -f 2 -n 2 -w 1 -d all -o all
 fi
 if [[ $PARTS == *,ntbh,* ]]; then
 	nt ntbh-4x1-declared-blackhole 4 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
