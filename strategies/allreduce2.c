@@ -392,8 +392,8 @@ static const char *const reason_str[R2CC_AR2_NREASONS] = {
     [R2CC_AR2_FB_OP] = "reduction op Avg or PreMulSum",
     [R2CC_AR2_FB_DTYPE] = "unknown datatype",
     [R2CC_AR2_FB_GROUP] = "called inside a user group",
-    [R2CC_AR2_FB_CAPTURE] = "CUDA graph capture before R2CC-AllReduce was set up on this "
-			    "communicator (an eligible AllReduce outside capture sets it up)",
+    [R2CC_AR2_FB_CAPTURE] = ("CUDA graph capture before R2CC-AllReduce was set up on this "
+			     "communicator (an eligible AllReduce outside capture sets it up)"),
     [R2CC_AR2_FB_NONBLOCKING] = "non-blocking communicator",
     [R2CC_AR2_FB_ONE_NODE] = "communicator spans fewer than two nodes",
     [R2CC_AR2_FB_NO_DEGRADED] = "no degraded node",
