@@ -16,17 +16,20 @@
 #   cost-*      tests/gpu/torch_graph.py cost: graph replay and eager time, plain NCCL
 #               against R2CC healthy, R2CC Balance (mode 2) and R2CC-AllReduce (mode 3)
 #               with a declared failure
+# RUN_T: the time limit of each run, seconds (default 300). GRAPH_S: how long the graph
+# runs replay (default 14).
 # Prints one line per run, and the R2CC lines that count (views, what ran); the logs go
 # to LOGDIR. R2CC_LIB names the library (default BUILD/lib/libr2cc.so).
 #   scripts/gpu/with-mps.sh scripts/gpu/gpu-ar2-multi.sh LOGDIR [PARTS]
-# PARTS: a comma list of nt, ntbh, graph, quiet, cost (default all).
+# PARTS: a comma list of nt, ntbh, graph, graph-healthy, quiet, cost, cost-balance (default
+# all).
 set -u
 cd "$(dirname "$0")/../.."
 export R2CC_ROOT=$PWD
 B=${BUILD:-build}
 LIB=${R2CC_LIB:-$PWD/$B/lib/libr2cc.so}
 LOG=${1:-logs/local}
-PARTS=,${2:-nt,ntbh,graph,quiet,cost},
+PARTS=,${2:-nt,ntbh,graph,graph-healthy,quiet,cost,cost-balance},
 mkdir -p "$LOG"
 . scripts/softfabric.sh
 fail=0
@@ -57,15 +60,16 @@ one() {
 	softfabric_env $NICS "ar2m-$name-$$"
 	echo "=== $name: ${np}x1 ${env[*]} $kind $*"
 	if [ "$kind" = nt ]; then
+		export NCCL_TESTS_DEVICE=0 # every rank on GPU 0 (the ranks share it)
 		softfabric_mpirun "$np" LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO "${env[@]}"
-		timeout 300 "${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/all_reduce_perf" -g 1 -c 1 "$@" \
+		timeout "${RUN_T:-300}" "${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/all_reduce_perf" -g 1 -c 1 "$@" \
 			>"$LOG/$name.log" 2>&1
 		rc=$?
 		note=": $(nt_wrong "$LOG/$name.log")"
 		[ $rc = 0 ] && grep -q ' 0 with wrong' <<<"$note" && ! grep -q ' 0 rows' <<<"$note" && ok=1
 		rows="Out of bounds|Avg bus"
 	else
-		env "${env[@]}" timeout 300 python3 tests/gpu/torch_graph.py "$1" "$np" "${@:2}" \
+		env "${env[@]}" timeout "${RUN_T:-300}" python3 tests/gpu/torch_graph.py "$1" "$np" "${@:2}" \
 			>"$LOG/$name.log" 2>&1
 		rc=$?
 		[ $rc = 0 ] && grep -q '^torch_graph .*: PASS' "$LOG/$name.log" && ok=1
@@ -92,14 +96,14 @@ if [[ $PARTS == *,nt,* ]]; then
 fi
 if [[ $PARTS == *,ntbh,* ]]; then
 	nt ntbh-4x1-declared-blackhole 4 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
-		R2CC_DRILL=node2/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 30 -w 2 -d float -o sum
+		R2CC_DRILL=node2/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 20 -w 2 -d float -o sum
 	nt ntbh-3x1-declared-blackhole 3 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
-		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 30 -w 2 -d float -o sum
+		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 20 -w 2 -d float -o sum
 fi
 if [[ $PARTS == *,graph,* ]]; then
 	torch_run graph-3x1-declared-blackhole 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \
-		R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 R2CC_DRILL=node1/mlx5_0=blackhole@3s -- check 14
-	torch_run graph-3x1-healthy-blackhole 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \
+		R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 R2CC_DRILL=node1/mlx5_0=blackhole@3s -- check ${GRAPH_S:-14}
+	[[ $PARTS == *,graph-healthy,* ]] && torch_run graph-3x1-healthy-blackhole 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \
 		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- check 14
 fi
 if [[ $PARTS == *,quiet,* ]]; then
@@ -115,7 +119,7 @@ if [[ $PARTS == *,cost,* ]]; then
 	# shellcheck disable=SC2086
 	torch_run cost-3x1-r2cc-healthy 3 LD_PRELOAD="$LIB" R2CC_MODE=3 -- cost 40 $sizes
 	# shellcheck disable=SC2086
-	torch_run cost-3x1-r2cc-declared-balance 3 LD_PRELOAD="$LIB" R2CC_MODE=2 \
+	[[ $PARTS == *,cost-balance,* ]] && torch_run cost-3x1-r2cc-declared-balance 3 LD_PRELOAD="$LIB" R2CC_MODE=2 \
 		R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 -- cost 40 $sizes
 	# shellcheck disable=SC2086
 	torch_run cost-3x1-r2cc-declared-ar2 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \

@@ -107,6 +107,10 @@ def check_worker(rank, world, seconds, elems, port, result):
               f"{world} ranks, {elems * 4 >> 20} MiB float32: replays of A {counts['A']}, of B "
               f"{counts['B']}, eager {counts['eager']}, every one checked: {wrong} wrong",
               flush=True)
+    # the graphs go before the communicators they captured (NCCL keeps a
+    # communicator that a live graph references)
+    del ga, gb
+    torch.cuda.synchronize()
     dist.destroy_process_group()
     result[rank] = wrong
 
