@@ -131,8 +131,8 @@ def cost_worker(rank, world, replays, sizes, port, result):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         x.fill_(rank + 1)
         torch.cuda.synchronize()
-        # sum of n replays of an in-place all_reduce of (rank+1): want * world^(n-1) grows;
-        # refill between replays instead (a fill kernel per replay in both timings)
+        # the all_reduce is in place: each replay (and each eager call) starts from a
+        # fresh fill, one fill kernel per iteration in both timings
         start.record()
         for _ in range(replays):
             x.fill_(rank + 1)
