@@ -860,6 +860,25 @@ Test(ar2_exec, capture)
 		}
 	}
 	cr_assert_eq(r2cc_test_warnings - before, 1); /* capture before setup, once */
+
+	/* the parent aborted: the kept sub-communicators are aborted with the current
+	 * ones, all at once (NCCL's abort waits for every kernel of the process) */
+	init_run(run, &shapes[2]);
+	run->use_call_flags = true;
+	run->call_flags[1] = R2CC_AR2_CAPTURING; /* call 0 sets up, call 1 is captured */
+	run->counts[1] = 2000;
+	run->counts[2] = 3001;
+	run->ncounts = 3;
+	run->new_degraded = 2;
+	run->abort = true;
+	run->abort_waits = true;
+	run_one(run);
+	/* old view: bcast + healthy (aPlusH too for helper rank 4, only aPlusH on node 1);
+	 * new: node 2 (ranks 4, 5) degraded, helper rank 0 */
+	static const int aborts[6] = {2 + 3, 2 + 2, 2 + 2, 2 + 2, 3 + 2, 2 + 2};
+	for (int r = 0; r < 6; r++)
+		cr_assert_eq(run->res[r].aborts, aborts[r], "rank %d: %d aborts", r,
+			     run->res[r].aborts);
 	free(run);
 }
 
