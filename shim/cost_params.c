@@ -1,5 +1,5 @@
 /*
- * The cost model's constants: the built-in fit and their text form (see
+ * The cost model's constants: the built-in model and their text form (see
  * cost_params.h). No allocation, no logging, no libm calls.
  */
 #include "shim/cost_params.h"

@@ -261,7 +261,7 @@ static int parse_mr_mirror(struct r2cc_params *p, const char *v)
 	return 0;
 }
 
-/* Names not given keep the built-in fit's values. */
+/* Names not given keep the built-in model's values. */
 static int parse_cost_model(struct r2cc_params *p, const char *v)
 {
 	struct r2cc_cost_model m = r2cc_cost_default;

@@ -163,7 +163,7 @@ Test(params, strings)
 	cr_expect_eq(set("R2CC_REPORT", "/tmp/r2cc.txt"), 0);
 }
 
-/* The cost model: the built-in fit by default; names given replace its values. */
+/* The cost model: the built-in model by default; names given replace its values. */
 Test(params, cost_model)
 {
 	cr_expect(!memcmp(&p.cost_model, &r2cc_cost_default, sizeof(p.cost_model)));
