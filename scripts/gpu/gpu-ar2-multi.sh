@@ -85,6 +85,16 @@ one() {
 	r2cc_lines "$LOG/$name.log"
 	softfabric_reset
 }
+# expect NAME REGEX WHAT / expect_not NAME REGEX WHAT: a line of NAME's log that must
+# (must not) be there, or the run fails with WHAT
+expect() {
+	grep -qE "$2" "$LOG/$1.log" || { echo "    FAILED: $3"; fail=1; }
+}
+expect_not() {
+	! grep -qE "$2" "$LOG/$1.log" || { echo "    FAILED: $3: $(grep -m1 -E "$2" "$LOG/$1.log")"; fail=1; }
+}
+STEP_ASIDE='R2CC WARN R2CC-AllReduce: running Balance instead \((called|CUDA graph|more than|every node|a degraded|sub-comm)'
+
 nt() { one nt "$@"; }
 torch_run() { one torch "$@"; }
 
@@ -93,16 +103,31 @@ if [[ $PARTS == *,nt,* ]]; then
 		-b 16M -e 32M -f 2 -n 2 -w 1 -d all -o all
 	nt nt-3x1-two-declared 3 'R2CC_FAILED_HCA=0:mlx5_2;1:mlx5_3' -- \
 		-b 16M -e 32M -f 2 -n 2 -w 1 -d all -o all
+	for n in nt-4x1-two-declared nt-3x1-two-declared; do
+		expect $n 'R2CC-AllReduce: [0-9]+ ranks on [0-9]+ nodes, 2 degraded nodes' \
+			"$n: the two-node schedule was never set up"
+		expect_not $n "$STEP_ASIDE" "$n: R2CC-AllReduce stepped aside"
+	done
 fi
 if [[ $PARTS == *,ntbh,* ]]; then
 	nt ntbh-4x1-declared-blackhole 4 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
 		R2CC_DRILL=node2/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 20 -w 2 -d float -o sum
 	nt ntbh-3x1-declared-blackhole 3 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
 		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 20 -w 2 -d float -o sum
+	for n in ntbh-4x1-declared-blackhole ntbh-3x1-declared-blackhole; do
+		expect $n 'failure view: [0-9]+ nodes, several degraded nodes' \
+			"$n: the view never held the second degraded node"
+		expect_not $n "$STEP_ASIDE" "$n: R2CC-AllReduce stepped aside"
+	done
 fi
 if [[ $PARTS == *,graph,* ]]; then
 	torch_run graph-3x1-declared-blackhole 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \
-		R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 R2CC_DRILL=node1/mlx5_0=blackhole@3s -- check ${GRAPH_S:-14}
+		R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 R2CC_DRILL=node1/mlx5_0=blackhole@3s -- check "${GRAPH_S:-14}"
+	expect graph-3x1-declared-blackhole 'R2CC-AllReduce ran [0-9]+ times \([1-9][0-9]* of them captured' \
+		"graph-3x1-declared-blackhole: no captured R2CC-AllReduce counted"
+	expect graph-3x1-declared-blackhole 'failure view: [0-9]+ nodes, several degraded nodes' \
+		"graph-3x1-declared-blackhole: the view never held the repaired node"
+	expect_not graph-3x1-declared-blackhole "$STEP_ASIDE" "R2CC-AllReduce stepped aside"
 	[[ $PARTS == *,graph-healthy,* ]] && torch_run graph-3x1-healthy-blackhole 3 LD_PRELOAD="$LIB" R2CC_MODE=3 R2CC_DEBUG=INFO \
 		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- check 14
 fi
