@@ -210,6 +210,7 @@ int r2cc_ar2_layout_init(struct r2cc_ar2_layout *lay, const struct r2cc_ar2_view
 	memset(lay, 0, sizeof(*lay));
 	lay->degraded = -1;
 	lay->helper = -1;
+	lay->share_node = -1;
 	if (!view || view->nranks < 1 || view->nranks > R2CC_AR2_MAX_RANKS || !view->rank_node ||
 	    !view->node_nics || !view->node_failed)
 		return -EINVAL;
@@ -242,6 +243,7 @@ int r2cc_ar2_layout_init(struct r2cc_ar2_layout *lay, const struct r2cc_ar2_view
 						 (long)lay->failed * view->node_nics[i]) {
 			lay->nics = view->node_nics[i];
 			lay->failed = view->node_failed[i];
+			lay->share_node = i;
 		}
 		if (lay->ndeg < R2CC_AR2_MAX_DEGRADED) {
 			lay->deg_node[lay->ndeg] = i;
@@ -793,6 +795,17 @@ static void *at(const void *buf, size_t elems, size_t esize)
 	return (char *)buf + elems * esize;
 }
 
+/* Every internal stream waits for the work enqueued on the user's stream so far. */
+static int fork_from(struct r2cc_ar2_comm *c, void *user)
+{
+	const struct r2cc_ar2_ops *ops = c->ops;
+	int ret = ops->event_record(ops->ctx, c->event[EV_START], user);
+
+	for (int i = 0; i < NSTREAMS && !ret; i++)
+		ret = ops->stream_wait_event(ops->ctx, c->stream[i], c->event[EV_START]);
+	return ret;
+}
+
 /* Join every internal stream back into the user's stream, even after an
  * error, so that the user's stream covers whatever was issued. */
 static int join(struct r2cc_ar2_comm *c, void *user, int ret)
@@ -827,9 +840,7 @@ static int run(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf, size
 	R2CC_TRACE("R2CC-AllReduce: count %zu = main %zu + tail %zu in %d chunks, schedule %d",
 		   count, sp.main_count, sp.tail_count, sp.nchunks, c->cfg.schedule);
 
-	ret = ops->event_record(ctx, ev[EV_START], user);
-	for (i = 0; i < NSTREAMS && !ret; i++)
-		ret = ops->stream_wait_event(ctx, s[i], ev[EV_START]);
+	ret = fork_from(c, user);
 	if (ret)
 		return ret; /* nothing issued yet */
 
@@ -900,7 +911,7 @@ static int run_multi(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf
 	size_t esize = r2cc_nccl_type_size(dtype);
 	struct r2cc_ar2_split sp;
 	int mine = slot_of(lay, c->rank), K, ret, i, j;
-	bool serial = c->cfg.schedule >= 3;
+	bool serial = c->cfg.schedule >= 3, helper = false; /* of any degraded node */
 	void *sb = serial ? s[S_R] : s[S_B], *sc = serial ? s[S_R] : s[S_C];
 
 	r2cc_ar2_split(count, esize, lay->nics, lay->failed, c->cfg.chunks, &sp);
@@ -909,11 +920,9 @@ static int run_multi(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf
 		   "nodes",
 		   count, sp.main_count, sp.tail_count, K, lay->ndeg);
 
-	ret = ops->event_record(ctx, ev[EV_START], user);
-	for (i = 0; i < NSTREAMS && !ret; i++)
-		ret = ops->stream_wait_event(ctx, s[i], ev[EV_START]);
+	ret = fork_from(c, user);
 	if (ret)
-		return ret;
+		return ret; /* nothing issued yet */
 	if (sp.main_count)
 		ret = ops->allreduce(ctx, sendbuf, recvbuf, sp.main_count, dtype, op, c->parent,
 				     s[S_A]);
@@ -923,25 +932,24 @@ static int run_multi(struct r2cc_ar2_comm *c, const void *sendbuf, void *recvbuf
 		bool reduced = false; /* this helper's chunk already holds a Reduce's result */
 
 		for (j = 0; j < lay->ndeg && !ret; j++) {
-			bool helper = c->rank == lay->deg_helper[j];
-			if (mine != j && !helper)
+			bool helps = c->rank == lay->deg_helper[j];
+			if (mine != j && !helps)
 				continue;
 			ret = ops->reduce(ctx,
-					  helper && reduced ? at(recvbuf, off, esize)
-							    : at(sendbuf, off, esize),
+					  helps && reduced ? at(recvbuf, off, esize)
+							   : at(sendbuf, off, esize),
 					  at(recvbuf, off, esize), n, dtype, op, lay->deg_root[j],
 					  c->sub[SUB_DEG(j)], s[S_R]);
-			reduced |= helper;
+			reduced |= helps;
 		}
 		if (!ret && !serial)
 			ret = ops->event_record(ctx, ev[EV_R0 + i], s[S_R]);
 	}
+	for (j = 0; j < lay->ndeg; j++)
+		helper |= c->rank == lay->deg_helper[j];
 	for (i = 0; i < K && !ret; i++) {
 		size_t off = sp.chunk[i].offset, n = sp.chunk[i].count;
-		bool helper = false;
 
-		for (j = 0; j < lay->ndeg; j++)
-			helper |= c->rank == lay->deg_helper[j];
 		if (!serial)
 			ret = ops->stream_wait_event(ctx, sb, ev[EV_R0 + i]);
 		if (!ret && mine < 0)

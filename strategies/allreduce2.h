@@ -92,6 +92,7 @@ struct r2cc_ar2_layout {
 	int degraded;	   /* node index with one degraded node, -1 otherwise */
 	int ndegraded;	   /* nodes with at least one failed NIC */
 	int nics, failed;  /* of the degraded node with the largest failed share */
+	int share_node;	   /* that node's index (the first such), -1 without one */
 	int helper;	   /* parent rank of the helper with one degraded node, else -1 */
 	int healthy_size;  /* ranks not on a degraded node */
 	int healthy_nodes; /* nodes without a failed NIC */

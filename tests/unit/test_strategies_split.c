@@ -294,6 +294,7 @@ Test(ar2_layout, several_degraded_nodes)
 	cr_assert_eq(lay.healthy_nodes, 3);
 	cr_assert_eq(lay.nics, 2); /* 1 of 2 is the largest share (3 of 8, 1 of 4) */
 	cr_assert_eq(lay.failed, 1);
+	cr_assert_eq(lay.share_node, 5);
 	cr_assert_eq(lay.healthy_size, 6);
 	/* node 1 -> node 3; node 2 -> node 4 (3 is taken); node 5 -> node 0 */
 	cr_assert_eq(lay.deg_helper[0], 6);
