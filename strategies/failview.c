@@ -51,8 +51,6 @@ struct comm_strategy {
 	int state;
 	struct r2cc_ar2_ops ops; /* must outlive ar2 */
 	struct r2cc_ar2_comm *ar2;
-	int nnodes, nics, failed;     /* of the most degraded node, for the cost model */
-	int ndeg;		      /* degraded nodes */
 	double gbps;		      /* the slowest NIC's link rate, 0 unknown */
 	bool said[R2CC_STRAT_COUNT];  /* auto's choice said at INFO, per view */
 	bool capture_said;	      /* capture before the view: said once */
@@ -377,26 +375,14 @@ static int build_view(struct r2cc_comm *c, struct comm_strategy *st)
 	}
 	if (rc)
 		goto out;
-	st->nnodes = nnodes;
 	st->gbps = gbps;
-	st->ndeg = 0;
-	st->nics = node_nics[0];
-	st->failed = 0;
 	memset(st->said, 0, sizeof(st->said));
-	for (int node = 0; node < nnodes; node++) {
-		if (node_failed[node] <= 0)
-			continue;
-		if (st->ndeg++ == 0 ||
-		    (long)node_failed[node] * st->nics > (long)st->failed * node_nics[node]) {
-			st->nics = node_nics[node];
-			st->failed = node_failed[node];
-		}
-	}
 	if (c->rank == 0) {
+		int ndeg = r2cc_ar2_comm_layout(st->ar2)->ndegraded;
 		R2CC_INFO("comm %p: failure view: %d nodes, %s", c->comm, nnodes,
-			  st->ndeg == 0	  ? "no degraded node"
-			  : st->ndeg == 1 ? "one degraded node"
-					  : "several degraded nodes");
+			  ndeg == 0   ? "no degraded node"
+			  : ndeg == 1 ? "one degraded node"
+				      : "several degraded nodes");
 		for (int node = 0; node < nnodes; node++)
 			if (node_failed[node] > 0)
 				R2CC_INFO("comm %p: node %d has %d of %d NICs failed (declared or "
@@ -620,13 +606,16 @@ static int allreduce_hook(struct r2cc_comm *c, const void *sendbuf, void *recvbu
 	}
 	if (st->state != VIEW_READY)
 		return op_allreduce(NULL, sendbuf, recvbuf, count, dtype, op, c->comm, stream);
-	if (r2cc_param.mode == R2CC_MODE_AUTO && st->failed > 0) {
-		struct r2cc_cost_case cc = {.nodes = st->nnodes,
-					    .nics = st->nics,
-					    .failed = st->failed,
+	/* the cost model's case from the agreed layout: nodes, degraded nodes, the
+	 * largest failed share */
+	const struct r2cc_ar2_layout *lay = r2cc_ar2_comm_layout(st->ar2);
+	if (r2cc_param.mode == R2CC_MODE_AUTO && lay->failed > 0) {
+		struct r2cc_cost_case cc = {.nodes = lay->nnodes,
+					    .nics = lay->nics,
+					    .failed = lay->failed,
 					    .bytes = (double)bytes,
 					    .chunks = r2cc_param.ar_stage2_chunks,
-					    .degraded = st->ndeg,
+					    .degraded = lay->ndegraded,
 					    .gbps = st->gbps};
 		char why[320];
 		enum r2cc_strategy pick =
