@@ -20,9 +20,11 @@ FORMAT_SRCS += $(STRAT_LIB_SRCS) strategies/allreduce2.h strategies/cost.h strat
 	tests/unit/test_failspec.c \
 	$(wildcard tests/unit/test_strategies_*.c tests/unit/test_strategies_*.h)
 
-$(R2CC_PLAN): strategies/plan_main.c strategies/cost.c shim/cost_params.c $(STRAT_HDRS)
+$(R2CC_PLAN): strategies/plan_main.c strategies/cost.c strategies/allreduce2.c shim/cost_params.c \
+		$(STRAT_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(BIN_CFLAGS) -o $@ strategies/plan_main.c strategies/cost.c shim/cost_params.c -lm
+	$(CC) $(BIN_CFLAGS) -o $@ strategies/plan_main.c strategies/cost.c strategies/allreduce2.c \
+		shim/cost_params.c -lm
 
 $(R2CC_FIT_COST): strategies/fit_cost_main.c strategies/cost.c strategies/cost_fit.c \
 		shim/cost_params.c $(STRAT_HDRS)

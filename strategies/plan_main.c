@@ -10,7 +10,19 @@
 #include <string.h>
 #include <strings.h>
 
+#include "shim/log.h"
+#include "strategies/allreduce2.h"
 #include "strategies/cost.h"
+
+/* strategies/allreduce2.c logs through these; nothing r2cc-plan calls logs */
+int r2cc_log_level = R2CC_LOG_WARN;
+
+void r2cc_log_write(int level, int dev, const char *fmt, ...)
+{
+	(void)level;
+	(void)dev;
+	(void)fmt;
+}
 
 static const char usage[] =
     "usage: r2cc-plan --nodes N --nics K[,K...] --failed F[,F...] --bytes B [--chunks C]\n"
@@ -133,11 +145,11 @@ int main(int argc, char **argv)
 	char reason[320], err[256], buf[32], mstr[256];
 	enum r2cc_strategy s, pick;
 	int opt, nk = 0, nf = 0, *kv = calloc(MAX_NODES, sizeof(int)),
-		 *fv = calloc(MAX_NODES, sizeof(int)), worst = -1, ndeg = 0;
+		 *fv = calloc(MAX_NODES, sizeof(int)), *ranks = calloc(MAX_NODES, sizeof(int));
 	double t, t0, cross, min_bytes = 16.0 * 1024 * 1024;
 	char *end;
 
-	if (!kv || !fv) {
+	if (!kv || !fv || !ranks) {
 		fprintf(stderr, "r2cc-plan: out of memory\n");
 		return 1;
 	}
@@ -207,17 +219,22 @@ int main(int argc, char **argv)
 	if (nf == 1) /* one count: node 0 is the degraded one */
 		for (int i = 1; i < c.nodes; i++)
 			fv[i] = 0;
-	for (int i = 0; i < c.nodes; i++) {
+	for (int i = 0; i < c.nodes; i++)
 		if (fv[i] > kv[i])
 			return bad("%s", "--failed cannot exceed --nics on a node");
-		if (fv[i] == 0)
-			continue;
-		ndeg++;
-		if (worst < 0 || (long)fv[i] * kv[worst] > (long)fv[worst] * kv[i])
-			worst = i;
+	/* The library's own layout and eligibility check: one rank a node. */
+	for (int i = 0; i < c.nodes; i++)
+		ranks[i] = i;
+	struct r2cc_ar2_view view = {c.nodes, ranks, kv, fv};
+	struct r2cc_ar2_layout lay;
+	struct r2cc_ar2_cfg cfg = {c.chunks, 0, (uint64_t)min_bytes};
+	if (r2cc_ar2_layout_init(&lay, &view)) {
+		fprintf(stderr, "r2cc-plan: out of memory\n");
+		return 1;
 	}
-	c.nics = worst >= 0 ? kv[worst] : kv[0];
-	c.failed = worst >= 0 ? fv[worst] : 0;
+	int ndeg = lay.ndegraded;
+	c.nics = ndeg ? lay.nics : kv[0];
+	c.failed = lay.failed;
 	c.degraded = ndeg;
 
 	r2cc_cost_model_format(&model, mstr, sizeof(mstr));
@@ -227,7 +244,7 @@ int main(int argc, char **argv)
 	else
 		printf("cluster: %d nodes, %d degraded; the largest failed share: %d of %d NICs "
 		       "on node %d (X = %.3f)\n",
-		       c.nodes, ndeg, c.failed, c.nics, worst, (double)c.failed / c.nics);
+		       c.nodes, ndeg, c.failed, c.nics, lay.share_node, (double)c.failed / c.nics);
 	printf("message: %.0f bytes (%s), K = %d, NICs at %g Gb/s\n", c.bytes,
 	       human(c.bytes, buf, sizeof(buf)), c.chunks, c.gbps);
 	printf("model: %s\n", mstr);
@@ -241,36 +258,30 @@ int main(int argc, char **argv)
 			printf("%-24s %10.3f %14.1f\n", r2cc_strategy_name(s), t / t0, t);
 	}
 	/* R2CC_MODE=3: R2CC-AllReduce wherever it can run (strategies/allreduce2.c) */
-	const char *why3 = NULL;
-	if (ndeg == 0)
-		why3 = "no degraded node";
-	else if (c.nodes < 2)
-		why3 = "the communicator spans fewer than two nodes";
-	else if (ndeg > 8)
-		why3 = "more than 8 degraded nodes";
-	else if (c.failed >= c.nics)
-		why3 = "a degraded node has no healthy NIC";
-	else if (ndeg >= c.nodes)
-		why3 = "every node is degraded: no healthy node to help";
-	else if (c.bytes < min_bytes)
-		why3 = "message below R2CC_AR_MIN_BYTES";
-	if (why3)
-		printf("R2CC_MODE=3: %s (%s)\n", r2cc_strategy_name(R2CC_STRAT_BALANCE), why3);
+	enum r2cc_ar2_reason why3 =
+	    r2cc_ar2_check(&lay, &cfg, (size_t)c.bytes, R2CC_NCCL_INT8, R2CC_NCCL_SUM, 0);
+	if (why3 != R2CC_AR2_RAN)
+		printf("R2CC_MODE=3: %s (%s)\n", r2cc_strategy_name(R2CC_STRAT_BALANCE),
+		       r2cc_ar2_reason_str(why3));
 	else
 		printf("R2CC_MODE=3: %s (%d degraded node%s, %s)\n",
 		       r2cc_strategy_name(R2CC_STRAT_AR2), ndeg, ndeg == 1 ? "" : "s",
-		       ndeg == 1		? "one helper"
-		       : c.nodes - ndeg >= ndeg ? "a helper each"
-						: "helpers shared: fewer healthy nodes");
-	pick = why3 ? R2CC_STRAT_BALANCE : r2cc_cost_choose(&model, &c, reason, sizeof(reason));
-	printf("auto: %s (%s)\n", r2cc_strategy_name(pick), why3 ? why3 : reason);
+		       ndeg == 1		   ? "one helper"
+		       : lay.healthy_nodes >= ndeg ? "a helper each"
+						   : "helpers shared: fewer healthy nodes");
+	pick = why3 != R2CC_AR2_RAN ? R2CC_STRAT_BALANCE
+				    : r2cc_cost_choose(&model, &c, reason, sizeof(reason));
+	printf("auto: %s (%s)\n", r2cc_strategy_name(pick),
+	       why3 != R2CC_AR2_RAN ? r2cc_ar2_reason_str(why3) : reason);
 	cross = r2cc_cost_crossover(&model, &c);
 	if (cross == HUGE_VAL)
 		printf("crossover: none (R2CC-AllReduce never wins here)\n");
 	else
 		printf("crossover: R2CC-AllReduce wins above %.0f bytes (%s)\n", cross,
 		       human(cross, buf, sizeof(buf)));
+	r2cc_ar2_layout_fini(&lay);
 	free(kv);
 	free(fv);
+	free(ranks);
 	return 0;
 }
