@@ -4,12 +4,12 @@
 # why, when the first incident (fault to the first verdict) has a median of
 # DETECT_MEDIAN_MS (50) or more or a 99th percentile of DETECT_P99_MS (100) or more; on a
 # machine with fewer than CORES cores (the row's emulation starves there) the guard
-# bounds, 150 and 400, and a line saying so.
+# bounds, ALL_MEDIAN_MS (150) and ALL_MAX_MS (400), and a line saying so.
 first_bound() {
 	local first=$1 need=$2 have m=${DETECT_MEDIAN_MS:-50} p=${DETECT_P99_MS:-100}
 	have=$(nproc)
 	if [ "$have" -lt "$need" ]; then
-		m=150 p=400
+		m=${ALL_MEDIAN_MS:-150} p=${ALL_MAX_MS:-400}
 		echo "    $have cores, fewer than the $need this row's emulation needs: guard bounds only"
 	fi
 	if [ -z "$first" ] || ! awk -v d="$first" -v m="$m" -v p="$p" \
