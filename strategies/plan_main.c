@@ -144,15 +144,11 @@ int main(int argc, char **argv)
 	struct r2cc_cost_case c = {-1, -1, -1, -1, 4, 1, 400};
 	char reason[320], err[256], buf[32], mstr[256];
 	enum r2cc_strategy s, pick;
-	int opt, nk = 0, nf = 0, *kv = calloc(MAX_NODES, sizeof(int)),
-		 *fv = calloc(MAX_NODES, sizeof(int)), *ranks = calloc(MAX_NODES, sizeof(int));
+	static int kv[MAX_NODES], fv[MAX_NODES], ranks[MAX_NODES]; /* per node */
+	int opt, nk = 0, nf = 0;
 	double t, t0, cross, min_bytes = 16.0 * 1024 * 1024;
 	char *end;
 
-	if (!kv || !fv || !ranks) {
-		fprintf(stderr, "r2cc-plan: out of memory\n");
-		return 1;
-	}
 	opterr = 0;
 	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (opt) {
@@ -280,8 +276,5 @@ int main(int argc, char **argv)
 		printf("crossover: R2CC-AllReduce wins above %.0f bytes (%s)\n", cross,
 		       human(cross, buf, sizeof(buf)));
 	r2cc_ar2_layout_fini(&lay);
-	free(kv);
-	free(fv);
-	free(ranks);
 	return 0;
 }
