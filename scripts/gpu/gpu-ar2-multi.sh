@@ -6,8 +6,9 @@
 #               nodes declared degraded (different NICs), at 4 x 1 and 3 x 1 (one healthy
 #               node then helps both); every row's #wrong must be 0
 #   ntbh-*      one node declared, a second degraded by a black hole (R2CC_DRILL, the
-#               library cutting the NIC) while the job runs: the ranks take the new view
-#               together, R2CC-AllReduce runs on both degraded nodes; #wrong 0
+#               library cutting the NIC) while the job runs (-d all -o all, as nt-*): the
+#               ranks take the new view together, R2CC-AllReduce runs on both degraded
+#               nodes for the types that follow; #wrong 0
 #   graph-*     tests/gpu/torch_graph.py check: all_reduce captured into CUDA graphs,
 #               replayed through a black hole that changes the view, every replay checked;
 #               with a declared failure (the graph captured degraded) and without (a healthy
@@ -112,9 +113,9 @@ if [[ $PARTS == *,nt,* ]]; then
 fi
 if [[ $PARTS == *,ntbh,* ]]; then
 	nt ntbh-4x1-declared-blackhole 4 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
-		R2CC_DRILL=node2/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 20 -w 2 -d float -o sum
+		R2CC_DRILL=node2/mlx5_0=blackhole@3s -- -b 16M -e 32M -f 2 -n 4 -w 1 -d all -o all
 	nt ntbh-3x1-declared-blackhole 3 R2CC_FAILED_NODE=0 R2CC_FAILED_HCA=mlx5_2 \
-		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- -b 64M -e 256M -f 2 -n 20 -w 2 -d float -o sum
+		R2CC_DRILL=node1/mlx5_0=blackhole@3s -- -b 16M -e 32M -f 2 -n 4 -w 1 -d all -o all
 	for n in ntbh-4x1-declared-blackhole ntbh-3x1-declared-blackhole; do
 		expect $n 'failure view: [0-9]+ nodes, several degraded nodes' \
 			"$n: the view never held the second degraded node"
