@@ -10,7 +10,9 @@
 # a first untimed sweep (-N 2: the second is reported), so that no size is measured while
 # a process is still starting up. The ratio is taken per round (the variants of one round
 # run back to back), then its median over the rounds is printed with its range.
-# MAX_BYTES=4M stops the sweep there (more rounds of the latency-bound sizes in less time).
+# MAX_BYTES=4M stops the sweep there (more rounds of the latency-bound sizes in less time);
+# MIN_BYTES=1M starts it there (MIN_BYTES=1M MAX_BYTES=1M ITERS=2000: one size, timed over
+# about a second a run, so that a round's figure is not a few milliseconds' worth).
 # MODE=auto (or 1, 3) measures that R2CC_MODE instead of 2.
 set -u
 cd "$(dirname "$0")/../.."
@@ -21,7 +23,7 @@ ROUNDS=${2:-3}
 SHAPE=${3:-2x1}
 mkdir -p "$LOG"
 . scripts/softfabric.sh
-args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b 256K -e "${MAX_BYTES:-256M}" -f 4
+args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b "${MIN_BYTES:-256K}" -e "${MAX_BYTES:-256M}" -f 4
 	-n "${ITERS:-40}" -w 5 -N 2 -c 1 -d float -o sum)
 # Variants: plain (no R2CC), r2cc (R2CC_MODE=2, hot repair armed, nothing failed) and,
 # with MODE0=1, r2cc-mode0 (the library loaded, R2CC_MODE=0: pure pass-through), a control
@@ -50,9 +52,10 @@ for r in $(seq "$ROUNDS"); do
 done
 echo "healthy-path cost, ${SHAPE} over 3 soft NICs per node${GBPS:+ shaped to $GBPS Gb/s each}, AllReduce float sum, $ROUNDS rounds, order rotated every round"
 echo "(busbw GB/s out-of-place of the second sweep, median of rounds; ratio = with R2CC / without,"
-echo " taken per round, median of rounds [lowest, highest])"
+echo " taken per round, median of rounds [lowest, highest]; gm = geometric mean of the"
+echo " per-round ratios with its 95 % bootstrap interval, 2,000 resamples of the rounds)"
 python3 - "$LOG" "$ROUNDS" <<'PY'
-import sys, statistics
+import sys, statistics, math, random
 sys.path.insert(0, "scripts/scenarios")
 from results import last_rows
 log, rounds = sys.argv[1], int(sys.argv[2])
@@ -73,7 +76,14 @@ for v in variants:
 def ratio(v, size):
     rs = [data[v][r][size] / data["plain"][r][size] for r in data["plain"]
           if r in data[v] and size in data[v][r] and data["plain"][r].get(size)]
-    return (statistics.median(rs), min(rs), max(rs)) if rs else None
+    return (statistics.median(rs), min(rs), max(rs), rs) if rs else None
+def gm(rs):
+    """geometric mean of rs and its 95 % bootstrap interval (fixed seed: reproducible)"""
+    logs = [math.log(x) for x in rs]
+    g = math.exp(sum(logs) / len(logs))
+    rng = random.Random(1)
+    boots = sorted(math.exp(sum(rng.choice(logs) for _ in logs) / len(logs)) for _ in range(2000))
+    return g, boots[49], boots[1949]
 def med(v, size):
     xs = [data[v][r][size] for r in data[v] if size in data[v][r]]
     return statistics.median(xs) if xs else float("nan")
@@ -88,4 +98,10 @@ for size in sizes:
         cell = f"{q[0]:.3f} [{q[1]:.3f}, {q[2]:.3f}]" if q else "-"
         line += f" {med(v, size):>8.2f} {cell:>22}"
     print(line)
+for size in sizes:
+    for v in ("r2cc",) + extra:
+        q = ratio(v, size)
+        if q and len(q[3]) >= 3:
+            g, lo, hi = gm(q[3])
+            print(f"{size:>12} {v} / plain: gm {g:.3f} (95 % {lo:.3f}-{hi:.3f}) over {len(q[3])} rounds")
 PY
