@@ -107,9 +107,11 @@ def check_worker(rank, world, seconds, elems, port, result):
               f"{world} ranks, {elems * 4 >> 20} MiB float32: replays of A {counts['A']}, of B "
               f"{counts['B']}, eager {counts['eager']}, every one checked: {wrong} wrong",
               flush=True)
-    # the graphs go before the communicators they captured (NCCL keeps a
-    # communicator that a live graph references)
-    del ga, gb
+    # the graphs go before the communicators they captured: NCCL's destroy waits
+    # until no live graph references the communicator. Every name bound to one
+    # goes, the loop's `g` too (left holding the last graph replayed, it kept
+    # destroy_process_group waiting for ever)
+    g = ga = gb = None
     torch.cuda.synchronize()
     dist.destroy_process_group()
     result[rank] = wrong
