@@ -19,6 +19,7 @@ the network transport (the soft NICs).
 """
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -32,6 +33,21 @@ def setup(rank, world, port):
     os.environ["NCCL_HOSTID"] = f"node{rank}"
     torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group("nccl", rank=rank, world_size=world)
+
+
+def teardown(rank):
+    """destroy_process_group, bounded: NCCL's destroy waits for every live graph that
+    captured the communicator, so a graph still referenced would hang the run until its
+    time limit; after 30 s the rank says so and exits (the run then fails)."""
+    def hung():
+        print(f"rank {rank}: destroy_process_group still waiting after 30 s "
+              "(a CUDA graph that captured the communicator still alive?)", flush=True)
+        os._exit(3)
+    watch = threading.Timer(30, hung)
+    watch.daemon = True
+    watch.start()
+    dist.destroy_process_group()
+    watch.cancel()
 
 
 def capture(static):
@@ -113,7 +129,7 @@ def check_worker(rank, world, seconds, elems, port, result):
     # destroy_process_group waiting for ever)
     g = ga = gb = None
     torch.cuda.synchronize()
-    dist.destroy_process_group()
+    teardown(rank)
     result[rank] = wrong
 
 
@@ -157,7 +173,7 @@ def cost_worker(rank, world, replays, sizes, port, result):
         del g
     if rank == 0:
         print(f"cost: {wrong} wrong", flush=True)
-    dist.destroy_process_group()
+    teardown(rank)
     result[rank] = wrong
 
 
