@@ -52,10 +52,9 @@ for r in $(seq "$ROUNDS"); do
 done
 echo "healthy-path cost, ${SHAPE} over 3 soft NICs per node${GBPS:+ shaped to $GBPS Gb/s each}, AllReduce float sum, $ROUNDS rounds, order rotated every round"
 echo "(busbw GB/s out-of-place of the second sweep, median of rounds; ratio = with R2CC / without,"
-echo " taken per round, median of rounds [lowest, highest]; gm = geometric mean of the"
-echo " per-round ratios with its 95 % bootstrap interval, 2,000 resamples of the rounds)"
+echo " taken per round, median of rounds [lowest, highest])"
 python3 - "$LOG" "$ROUNDS" <<'PY'
-import sys, statistics, math, random
+import sys, statistics
 sys.path.insert(0, "scripts/scenarios")
 from results import last_rows
 log, rounds = sys.argv[1], int(sys.argv[2])
@@ -76,14 +75,7 @@ for v in variants:
 def ratio(v, size):
     rs = [data[v][r][size] / data["plain"][r][size] for r in data["plain"]
           if r in data[v] and size in data[v][r] and data["plain"][r].get(size)]
-    return (statistics.median(rs), min(rs), max(rs), rs) if rs else None
-def gm(rs):
-    """geometric mean of rs and its 95 % bootstrap interval (fixed seed: reproducible)"""
-    logs = [math.log(x) for x in rs]
-    g = math.exp(sum(logs) / len(logs))
-    rng = random.Random(1)
-    boots = sorted(math.exp(sum(rng.choice(logs) for _ in logs) / len(logs)) for _ in range(2000))
-    return g, boots[49], boots[1949]
+    return (statistics.median(rs), min(rs), max(rs)) if rs else None
 def med(v, size):
     xs = [data[v][r][size] for r in data[v] if size in data[v][r]]
     return statistics.median(xs) if xs else float("nan")
@@ -98,10 +90,6 @@ for size in sizes:
         cell = f"{q[0]:.3f} [{q[1]:.3f}, {q[2]:.3f}]" if q else "-"
         line += f" {med(v, size):>8.2f} {cell:>22}"
     print(line)
-for size in sizes:
-    for v in ("r2cc",) + extra:
-        q = ratio(v, size)
-        if q and len(q[3]) >= 3:
-            g, lo, hi = gm(q[3])
-            print(f"{size:>12} {v} / plain: gm {g:.3f} (95 % {lo:.3f}-{hi:.3f}) over {len(q[3])} rounds")
 PY
+# the same rounds' ratios: their geometric mean and its bootstrap interval
+python3 scripts/gpu/overhead-pool.py "$LOG"

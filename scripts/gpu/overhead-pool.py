@@ -6,9 +6,10 @@
 Each round of each run gives one paired ratio per message size (busbw with R2CC /
 without, the two measured back to back); this prints, per size, how many rounds,
 their median, their geometric mean and its 95 % bootstrap interval (4000 resamples,
-fixed seed), for R2CC (R2CC_MODE=2) and, where the runs have it, the pass-through
-control (R2CC_MODE=0: the library loaded, doing nothing). The control shows how far
-the fabric alone moves the ratio at that size.
+fixed seed), for R2CC (R2CC_MODE=2) and, where the runs have them, the pass-through
+control (R2CC_MODE=0: the library loaded, doing nothing) and another build of the
+library (R2CC_LIB_B, "r2cc-b"). The control shows how far the fabric alone moves the
+ratio at that size.
 """
 import glob
 import math
@@ -35,7 +36,7 @@ def main(dirs):
         for plain in glob.glob(f"{d}/overhead-plain-*.log"):
             r = re.search(r"-(\d+)\.log$", plain).group(1)
             base = rows(plain)
-            for v in ("r2cc", "r2cc-mode0"):
+            for v in ("r2cc", "r2cc-mode0", "r2cc-b"):
                 try:
                     other = rows(f"{d}/overhead-{v}-{r}.log")
                 except FileNotFoundError:
