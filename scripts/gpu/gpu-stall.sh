@@ -28,6 +28,14 @@
 # (instead of FAULT_AFTER_S; with ITERS_TABLE, N iterations); ITERS_TABLE=1 (r2cc-perf
 # only): every iteration verified and timed (--iters-table), and the failover stall
 # reported: the slowest iteration but the first, minus the mean of the three on each side.
+# With nccl-tests, ITERS_TABLE=1 times every iteration (-I 1, the times from its -J
+# report), and FAULT_AFTER_HEADER_S=S cuts S seconds after its table's header, inside the
+# first timed run when that is long enough (nccl-tests times neither its warm-up nor the
+# collective before each timed run nor its check).
+# nccl-tests with ITERS "-n N -w 2 -N C" (C cycles, a row each): the same stall, over the
+# rows' out-of-place and in-place timed runs in turn (N iterations each). The fault comes
+# right after the row (polled every 10 ms): at the start of the next cycle's timed
+# iterations, not in the check that follows them (nccl-tests does not time its check).
 # One line per run in LOGDIR/summary.txt: PASS/FAIL, exit status, #wrong, incidents that
 # were not declared (false repairs when nothing was injected), what R2CC's stall scan
 # suspected, the detection time of an injected fault, the busbw of the largest size.
@@ -84,6 +92,7 @@ one() { # RUN
 	if [ -n "${NCCL_TESTS_DIR:-}" ]; then
 		softfabric_mpirun "$nodes" ${env[@]+"${env[@]}"}
 		launch=("${SOFTFABRIC_MPIRUN[@]}" "$NCCL_TESTS_DIR/${COLL:-all_reduce}_perf" $BYTES -f 2 -g 1 -c 1 $ITERS)
+		[ "${ITERS_TABLE:-0}" = 1 ] && launch+=(-I 1 -J "$dir/iters.json")
 	else
 		launch=(env "${env[@]}" "$B/bin/r2cc-perf" --nodes "$nodes" --gpus-per-node 1 --coll allreduce
 			$BYTES -f 2 -c 1 $ITERS -T $((TIMEOUT_S - 10)))
@@ -96,15 +105,22 @@ one() { # RUN
 	local pid=$!
 	if [ "$fault" = drill ]; then
 		: # the library cuts it (R2CC_DRILL); its reports say when
+	elif [ -n "$fault" ] && [ -n "${FAULT_AFTER_HEADER_S:-}" ]; then
+		# inside the timed iterations: that long after nccl-tests printed its table's
+		# header (its ranks are up; the warm-up and the first timed run follow)
+		while kill -0 $pid 2>/dev/null && ! grep -qE '^# +\(B\)' "$dir/console.txt"; do
+			sleep 0.01
+		done
+		sleep "$FAULT_AFTER_HEADER_S"
 	elif [ -n "$fault" ] && [ -n "${FAULT_AT_ROW:-}" ]; then
 		# in traffic for sure: once the program printed that many result rows
 		while kill -0 $pid 2>/dev/null &&
 			[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +float |Iter [0-9]+/[0-9]+ END' "$dir/console.txt")" -lt "$FAULT_AT_ROW" ]; do
-			sleep 0.1
+			sleep 0.01
 		done
 	fi
 	if [ -n "$fault" ] && [ "$fault" != drill ]; then
-		[ -n "${FAULT_AT_ROW:-}" ] || sleep "$FAULT_AFTER_S"
+		[ -n "${FAULT_AT_ROW:-}${FAULT_AFTER_HEADER_S:-}" ] || sleep "$FAULT_AFTER_S"
 		local ok=1 nic p
 		if ! kill -0 $pid 2>/dev/null; then
 			ok=0
@@ -177,12 +193,16 @@ one() { # RUN
 	fi
 	# the verdict, from the program's rows and R2CC's reports
 	local v
-	v=$(python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" "$TIMEOUT_S" "$lossy" "${COLL:-all_reduce}" "${LINK:-ib}" <<'PY'
+	v=$(ITERS="$ITERS" python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" "$TIMEOUT_S" "$lossy" "${COLL:-all_reduce}" "${LINK:-ib}" <<'PY'
 import glob, json, re, sys
 d, rc, bh, t_fault, secs, spec, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
 limit, lossy, coll, link = float(sys.argv[8]), int(sys.argv[9]), sys.argv[10], sys.argv[11]
 txt = open(d + "/console.txt", errors="replace").read()
 rows = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+\S+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)", txt, re.M)
+# nccl-tests -I 1 (ITERS_TABLE=1): four per-iteration columns after each #wrong
+rows_i = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+\S+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)(?:\s+[\d.]+){4}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)(?:\s+[\d.]+){4}\s*$", txt, re.M)
+if rows_i:
+    rows = rows_i
 # #wrong, out of place and in place; nccl-tests checks no in-place sendrecv ("N/A")
 cnt = lambda v: int(v) if v.isdigit() else 0
 wrong = sum(cnt(r[4]) + cnt(r[8]) for r in rows)
@@ -194,6 +214,31 @@ busbw = rows[-1][3] if rows else "-"
 its = [(int(a), float(b)) for a, b in re.findall(r"Iter (\d+)/\d+ END: OK \(elapsed (\d+) ms\)", txt)]
 its_wrong = len(re.findall(r"Iter \d+/\d+ END: WRONG", txt))
 wrong += its_wrong
+# nccl-tests run cycle by cycle (ITERS "-n N -w W -N C"): a row per cycle, each the mean
+# time of N out-of-place then N in-place iterations (us); the series is each half's whole
+# timed run (N x the mean, ms), so that the stall is what the failover added to one
+import os
+# nccl-tests -I 1 -J (ITERS_TABLE=1): each timed iteration's time (us; the slowest
+# rank's), out-of-place then in-place, from its JSON report
+def per_iter(o):
+    if isinstance(o, dict):
+        for k in ("out_of_place_per_iter", "in_place_per_iter"):
+            if isinstance(o.get(k), dict):
+                yield from o[k].get("times_us", [])
+        for v in o.values():
+            if isinstance(v, (dict, list)):
+                yield from per_iter(v)
+    elif isinstance(o, list):
+        for v in o:
+            yield from per_iter(v)
+try:
+    its = its or [(0, t / 1e3) for t in per_iter(json.load(open(d + "/iters.json")))]
+except (OSError, ValueError):
+    pass
+if not its and len(rows) > 2:
+    m = re.search(r"-n\s+(\d+)", os.environ.get("ITERS", ""))
+    n = int(m.group(1)) if m else 1
+    its = [(0, n * float(t) / 1e3) for r in rows for t in (r[1], r[5])]
 stall = "-"
 if its and bh:
     k = max(range(1, len(its)), key=lambda j: its[j][1]) if len(its) > 2 else None
