@@ -716,7 +716,10 @@ void r2cc_wire_on_msg(void *arg, int from_rank, const void *payload, size_t len,
 /* repair/exchange.c */
 struct inbox *r2cc_inbox_pop_locked(void);
 void r2cc_exchange_initiate(struct batch *b);
-void r2cc_exchange_suspect(struct r2cc_rqp *r);
+/* The peer's process asked to test its end of r's path: the rank asked, or -EAGAIN
+ * while the peer is still being searched, another negative errno when there is
+ * nobody to ask or the notice could not be sent. */
+int r2cc_exchange_suspect(struct r2cc_rqp *r);
 void r2cc_exchange_handle(struct inbox *in);
 void r2cc_exchange_tick(int64_t t);
 void r2cc_exchange_peer_found(void *cookie);

@@ -423,11 +423,14 @@ static bool peer_gone(const struct r2cc_ctl_dir *dir, int rank)
 /* A stall this side suspects: the peer's NIC may be the dead one, and only the
  * peer can test it. A notice, not a request: nothing is fenced. Sent only when
  * the peer is known already (the search is hurried otherwise). */
-void r2cc_exchange_suspect(struct r2cc_rqp *r)
+int r2cc_exchange_suspect(struct r2cc_rqp *r)
 {
 	/* r->q goes NULL (atomically, under r->mu) when NCCL destroys the QP meanwhile */
-	if (!__atomic_load_n(&r->q, __ATOMIC_ACQUIRE) || r2cc_rqp_peer(r))
-		return;
+	if (!__atomic_load_n(&r->q, __ATOMIC_ACQUIRE))
+		return -ENOENT;
+	int rc = r2cc_rqp_peer(r);
+	if (rc)
+		return rc;
 	struct rep_wire m;
 	pthread_mutex_lock(&r->mu);
 	bool send = !r->loopback && __atomic_load_n(&r->q, __ATOMIC_ACQUIRE) &&
@@ -437,8 +440,10 @@ void r2cc_exchange_suspect(struct r2cc_rqp *r)
 	const struct r2cc_ctl_dir *dir = r->dir;
 	int rank = r->peer_rank;
 	pthread_mutex_unlock(&r->mu);
-	if (send)
-		r2cc_wire_send(dir, rank, &m, 1, NULL, 0);
+	if (!send)
+		return -ENOENT;
+	rc = r2cc_wire_send(dir, rank, &m, 1, NULL, 0);
+	return rc ? rc : rank;
 }
 
 /* Responder, one REQ entry, before the fence: true when it is to be fenced

@@ -109,16 +109,20 @@ static void probe_quiet(struct r2cc_rqp *r, int64_t waited)
 static void ask_far_end(struct r2cc_rqp *r, int64_t waited)
 {
 	static unsigned long logged;
+	int rank = r2cc_exchange_suspect(r);
+	if (rank == -EAGAIN)
+		return; /* the peer is still being searched (hurried): asked at a later scan */
 	r->far_noticed = r->scan_progress;
+	if (rank < 0)
+		return;
 	if (__atomic_fetch_add(&logged, 1, __ATOMIC_RELAXED) < 16) {
 		pthread_mutex_lock(&r->mu);
 		R2CC_INFO("repair: qp 0x%x on %s: no progress for %lld ms though the NIC passed a "
-			  "self-test meanwhile; asking rank %d to test its end",
-			  r->qpn, r->cur_nic->name, (long long)(waited / 1000000), r->peer_rank);
+			  "self-test meanwhile; asked rank %d to test its end",
+			  r->qpn, r->cur_nic->name, (long long)(waited / 1000000), rank);
 		pthread_mutex_unlock(&r->mu);
 	}
 	__atomic_add_fetch(&r2cc_eng.far_ends_asked, 1, __ATOMIC_RELAXED);
-	r2cc_exchange_suspect(r);
 }
 
 /*
