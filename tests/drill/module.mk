@@ -49,8 +49,10 @@ CPU_TESTS   += 60@$(DRILL):--fault:down:--churn:--seeds:3:--messages:512:--nccl-
 # R2CC stands them in on a sibling; 0 of 4 seeds passed with 4 processes and --flush
 # before, IB and RoCE), a second NIC failing during the repair (a dead device's: the
 # exchange begins again from another NIC when the initiator's new path is refused after
-# the REP; 18 of 24 seeds passed before, at 2 ms); then the faults R2CC
-# cannot repair, which must end in a clean application error, never a hang.
+# the REP; 18 of 24 seeds passed before, at 2 ms; a black hole's second NIC 100 ms
+# after the first, with 1,024 messages a connection so that it still meets traffic: at
+# 512 the first fault of seed 1 comes 62 % in and the traffic can end first); then the
+# faults R2CC cannot repair, which must end in a clean application error, never a hang.
 CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       180@$(DRILL):--fault:blackhole:--seeds:100:--nccl-stub \
 	       120@$(DRILL):--fault:flap:--seeds:100:--nccl-stub \
@@ -64,7 +66,7 @@ CPU_TESTS   += 120@$(DRILL):--fault:down:--seeds:100:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:4:--fault-phase:connect:--procs:4:--flush:--link:roce:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:3:--fault-phase:connect:--churn:--messages:512:--nccl-stub \
 	       60@$(DRILL):--fault:down:--seeds:5:--second-fault:2:--nccl-stub \
-	       60@$(DRILL):--fault:blackhole:--seeds:5:--second-fault:100:--messages:512:--nccl-stub \
+	       60@$(DRILL):--fault:blackhole:--seeds:5:--second-fault:100:--messages:1024:--nccl-stub \
 	       90@$(DRILL):--fault:fatal:--seeds:24:--second-fault:2:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:8:--second-fault:0:--link:roce:--nccl-stub \
 	       60@$(DRILL):--fault:fatal:--seeds:24:--second-fault:0:--flush:--nccl-stub \
@@ -197,7 +199,7 @@ CPU_TESTS   += 60@$(DRILL):--fault:none:--seeds:2:--nccl-version:2.18:--procs:4 
 # in the job, a time after the job's end (every report).
 INJECT_SEEDS := 3
 CPU_TESTS   += 600@$(DRILL_TDIR)/inject-compare.sh:$(BUILD):$(INJECT_SEEDS):1 \
-	       60@$(DRILL):--fault:blackhole:--inject:--second-fault:100:--seeds:3:--messages:512:--nccl-stub \
+	       60@$(DRILL):--fault:blackhole:--inject:--second-fault:100:--seeds:3:--messages:1024:--nccl-stub \
 	       90@$(DRILL):--fault:down:--inject:--fault-nics:all:--expect:clean-error:--seeds:2:--nics:2:--time-scale:1:--ib-timeout:14:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node0/mlx5_9=down@0:--expect-drill-problem:mlx5_9:--seeds:2:--nccl-stub \
 	       60@$(DRILL):--drill-plan:node7/mlx5_0=down@0:--expect-drill-problem:job:--seeds:2:--nccl-stub \
