@@ -190,7 +190,8 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 		}
 		return c->post_send(qp, wr, bad);
 	}
-	if (r2cc_unlikely(!r2cc_gate_enter(&q->gate)))
+	int door = r2cc_cq_gate_enter(&q->gate);
+	if (r2cc_unlikely(door == R2CC_DOOR_SLOW))
 		return r2cc_to_verbs(r2cc_repair_post_send(q, wr, bad));
 	struct r2cc_ctx *c = q->ctx;
 	struct r2cc_qp_shadow *sh = q->shadow;
@@ -209,9 +210,8 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 	struct r2cc_nic *nic = c->nic;
 	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
 	r2cc_counter_add(&nic->cnt.tx_wrs, n);
-	r2cc_counter_add(&q->tx_bytes, bytes);
-	r2cc_counter_add(&q->tx_wrs, n);
-	r2cc_gate_exit(&q->gate);
+	r2cc_counter_add_door(&q->tx_wrs, n, door);
+	r2cc_cq_gate_exit(&q->gate, door);
 	if (r2cc_unlikely(rc != 0) && q->rep)
 		rc = r2cc_to_verbs(r2cc_repair_send_refused(q, r2cc_from_verbs(rc), bad));
 	return rc;
@@ -229,7 +229,8 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 		}
 		return c->post_recv(qp, wr, bad);
 	}
-	if (r2cc_unlikely(!r2cc_gate_enter(&q->gate)))
+	int door = r2cc_cq_gate_enter(&q->gate);
+	if (r2cc_unlikely(door == R2CC_DOOR_SLOW))
 		return r2cc_to_verbs(r2cc_repair_post_recv(q, wr, bad));
 	struct r2cc_ctx *c = q->ctx;
 	struct r2cc_qp_shadow *sh = q->shadow;
@@ -243,8 +244,8 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 	for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next)
 		n++;
 	r2cc_counter_add(&c->nic->cnt.recv_posted, n);
-	r2cc_counter_add(&q->rx_wrs, n);
-	r2cc_gate_exit(&q->gate);
+	r2cc_counter_add_door(&q->rx_wrs, n, door);
+	r2cc_cq_gate_exit(&q->gate, door);
 	if (r2cc_unlikely(rc != 0) && q->rep)
 		rc = r2cc_to_verbs(r2cc_repair_recv_refused(q, r2cc_from_verbs(rc), bad));
 	return rc;

@@ -190,7 +190,7 @@ static void declared_move(struct r2cc_rqp *r)
 		     load_state(r) == RQ_HEALTHY;
 	if (fresh) {
 		r->declared_pending = true;
-		gate_close(&r->q->gate);
+		r2cc_cq_gate_close(&r->q->gate);
 	}
 	pthread_mutex_unlock(&r->mu);
 	if (!fresh)

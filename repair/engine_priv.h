@@ -509,13 +509,6 @@ static inline bool connected(const struct r2cc_rqp *r)
 	       __atomic_load_n(&r->ready, __ATOMIC_SEQ_CST);
 }
 
-static inline void gate_close(uint32_t *g)
-{
-	__atomic_or_fetch(g, R2CC_GATE_SLOW, __ATOMIC_SEQ_CST);
-	while (__atomic_load_n(g, __ATOMIC_ACQUIRE) & ~R2CC_GATE_SLOW)
-		sched_yield();
-}
-
 /* The engine of this process. */
 struct r2cc_engine {
 	pthread_mutex_t mu;

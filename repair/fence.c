@@ -19,8 +19,7 @@
  */
 static void fence_begin(struct r2cc_rqp *r)
 {
-	gate_close(&r->q->gate);
-	r2cc_cq_gate_close(&r->vcq->gate);
+	r2cc_cq_gates_close(&r->q->gate, &r->vcq->gate);
 	pthread_mutex_lock(&r->mu);
 	set_state(r, RQ_FENCING);
 	r->mark_s = r->mark_r = r->fence_broken = false;

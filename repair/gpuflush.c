@@ -202,7 +202,7 @@ int r2cc_gflush_cover(struct r2cc_rqp *r, struct r2cc_nic *nic)
 		pthread_mutex_unlock(&l->mu);
 		/* its posts from now on through repair_post_send (r2cc_gflush_take) */
 		if (g && l->q)
-			gate_close(&l->q->gate);
+			r2cc_cq_gate_close(&l->q->gate);
 	}
 	r2cc_rqp_collect_done(ls);
 	return dead ? dead : failed ? -ENOMEM : 0;

@@ -358,8 +358,7 @@ void r2cc_rqp_fail(struct r2cc_rqp *r, const char *why)
 		return;
 	/* NCCL's posts and polls on this QP and its CQ go through R2CC from now on:
 	 * the error below waits in the CQ's stash. */
-	gate_close(&r->q->gate);
-	r2cc_cq_gate_close(&r->vcq->gate);
+	r2cc_cq_gates_close(&r->q->gate, &r->vcq->gate);
 	pthread_mutex_lock(&r->mu);
 	if (load_state(r) == RQ_FAILED || r->dead) {
 		pthread_mutex_unlock(&r->mu);

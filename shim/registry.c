@@ -58,22 +58,34 @@ void r2cc_cq_gate_init(void)
 	__atomic_store_n(&r2cc_cq_gate_solo_ok, true, __ATOMIC_RELEASE);
 }
 
-void r2cc_cq_gate_close(struct r2cc_cq_gate *g)
+void r2cc_cq_gates_close(struct r2cc_cq_gate *a, struct r2cc_cq_gate *b)
 {
-	__atomic_or_fetch(&g->n, R2CC_GATE_SLOW, __ATOMIC_SEQ_CST);
-	if (__atomic_load_n(&g->owner, __ATOMIC_SEQ_CST) &&
-	    membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
+	struct r2cc_cq_gate *g[2] = {a, b};
+	bool owned = false;
+	for (int i = 0; i < 2; i++) {
+		if (!g[i])
+			continue;
+		__atomic_or_fetch(&g[i]->n, R2CC_GATE_SLOW, __ATOMIC_SEQ_CST);
+		owned |= __atomic_load_n(&g[i]->owner, __ATOMIC_SEQ_CST) != NULL;
+	}
+	if (owned && membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
 		/* Registered at start-up, so this does not happen; if it did, the
 		 * owner's store is still seen within a scheduling quantum on every
 		 * architecture R2CC builds for, and waiting on it below is what is left. */
 		static int told;
 		if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
-			R2CC_WARN("membarrier(2) failed (%s) while closing a CQ's gate",
+			R2CC_WARN("membarrier(2) failed (%s) while closing a data-path gate",
 				  strerror(errno));
 	}
-	while ((__atomic_load_n(&g->n, __ATOMIC_ACQUIRE) & ~R2CC_GATE_SLOW) ||
-	       __atomic_load_n(&g->solo_in, __ATOMIC_ACQUIRE))
-		sched_yield();
+	for (int i = 0; i < 2; i++)
+		while (g[i] && ((__atomic_load_n(&g[i]->n, __ATOMIC_ACQUIRE) & ~R2CC_GATE_SLOW) ||
+				__atomic_load_n(&g[i]->solo_in, __ATOMIC_ACQUIRE)))
+			sched_yield();
+}
+
+void r2cc_cq_gate_close(struct r2cc_cq_gate *g)
+{
+	r2cc_cq_gates_close(g, NULL);
 }
 
 int r2cc_registry_init(void)

@@ -105,15 +105,16 @@ struct r2cc_mr {
 struct r2cc_vcq; /* repair/vcq.c: the CQ's virtual side after a failure */
 
 /*
- * A CQ's gate has a second door for the one thread that polls it (NCCL's proxy
- * thread, as a rule): that thread marks itself inside with a plain store and reads
- * the gate word, no atomic read-modify-write at all (two of those were most of the
- * wrapper's cost on an empty poll). r2cc_cq_gate_close() pays instead, once per
- * repair: after setting R2CC_GATE_SLOW it runs membarrier(2), which orders every
- * running thread's accesses, so either the poller sees the flag or the closer sees
- * the poller inside (the asymmetric fence of user-space RCU). The first thread to
- * poll owns the door; any other thread takes the counting door. Without
- * membarrier (an old kernel, a seccomp filter) nobody owns it.
+ * A CQ's gate, and a QP's, has a second door for the one thread that polls the CQ
+ * or posts to the QP (NCCL's proxy thread, as a rule): that thread marks itself
+ * inside with a plain store and reads the gate word, no atomic read-modify-write at
+ * all (two of those were most of the wrapper's cost on an empty poll). The closer
+ * (r2cc_cq_gate_close()) pays instead, once per repair: after setting
+ * R2CC_GATE_SLOW it runs membarrier(2), which orders every running thread's
+ * accesses, so either the user sees the flag or the closer sees the user inside (the
+ * asymmetric fence of user-space RCU). The first thread to come owns the door; any
+ * other thread takes the counting door. Without membarrier (an old kernel, a
+ * seccomp filter) nobody owns it.
  */
 struct r2cc_cq_gate {
 	uint32_t n;	   /* counting door: users | R2CC_GATE_SLOW */
@@ -167,8 +168,8 @@ struct r2cc_qp {
 	int access;	       /* qp_access_flags as set at INIT */
 	struct ibv_qp_cap cap; /* as the provider returned it */
 	bool sq_sig_all;
-	uint64_t tx_bytes, tx_wrs, rx_wrs;
-	uint32_t gate;
+	uint64_t tx_wrs, rx_wrs; /* posted; an owner-door poster adds without a lock */
+	struct r2cc_cq_gate gate; /* its posts' gate (the CQ's kind of gate) */
 	struct r2cc_qp_shadow *shadow; /* hot repair on: what is posted and not retired */
 	struct r2cc_rqp *rep;	       /* hot repair's record of this QP */
 	/* A stand-in (the dead device refused NCCL the QP): qp is R2CC's, in RESET on
@@ -312,9 +313,22 @@ static inline void r2cc_cq_gate_exit(struct r2cc_cq_gate *g, int door)
 		r2cc_gate_exit(&g->n);
 }
 
-/* Hand a CQ's data path to hot repair: R2CC_GATE_SLOW set, and back once no
- * poller is inside through either door (yields while one is; repair thread only). */
+/* Hand a CQ's (or QP's) data path to hot repair: R2CC_GATE_SLOW set, and back once
+ * no user is inside through either door (yields while one is; repair thread only).
+ * r2cc_cq_gates_close() closes two (a QP's and its CQ's) with one membarrier(2). */
 void r2cc_cq_gate_close(struct r2cc_cq_gate *g);
+void r2cc_cq_gates_close(struct r2cc_cq_gate *a, struct r2cc_cq_gate *b);
+
+/* A counter of one object that its owner-door user adds to without a lock (door
+ * R2CC_DOOR_SOLO) and others atomically. A lost add needs two threads posting to one
+ * QP at once; the counters it is used for are only ever tested against zero. */
+static inline void r2cc_counter_add_door(uint64_t *c, uint64_t v, int door)
+{
+	if (r2cc_likely(door == R2CC_DOOR_SOLO))
+		__atomic_store_n(c, __atomic_load_n(c, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
+	else
+		__atomic_fetch_add(c, v, __ATOMIC_RELAXED);
+}
 /* Called once at start-up: registers the process for membarrier(2) and sets
  * r2cc_cq_gate_solo_ok where that works. */
 void r2cc_cq_gate_init(void);

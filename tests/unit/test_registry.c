@@ -392,3 +392,39 @@ Test(registry, cq_gate_two_pollers)
 	for (int i = 0; i < 500; i++)
 		gate_round(2, 2 + rand_r(&seed) % 500, i);
 }
+
+/* A QP's gate and its CQ's closed together (r2cc_cq_gates_close: one membarrier for
+ * both), each with its owner inside: neither moves after the close returns. */
+Test(registry, cq_gates_close_two_owners)
+{
+	r2cc_cq_gate_init();
+	unsigned seed = 13;
+	for (int i = 0; i < 1500; i++) {
+		struct r2cc_cq_gate g[2];
+		struct gate_poller p[2];
+		pthread_t t[2];
+		memset(g, 0, sizeof(g));
+		memset(p, 0, sizeof(p));
+		long wait_for = 2 + rand_r(&seed) % 1000;
+		for (int k = 0; k < 2; k++) {
+			p[k].g = &g[k];
+			cr_assert_eq(pthread_create(&t[k], NULL, gate_poll, &p[k]), 0);
+			while (__atomic_load_n(&p[k].progress, __ATOMIC_RELAXED) < wait_for)
+				;
+		}
+		r2cc_cq_gates_close(&g[0], &g[1]);
+		long at_close[2] = {p[0].inside, p[1].inside};
+		for (volatile int spin = 0; spin < 2000; spin++)
+			;
+		for (int k = 0; k < 2; k++) {
+			cr_assert_eq(p[k].inside, at_close[k],
+				     "round %d: user %d in the fast path after the close", i, k);
+			pthread_join(t[k], NULL);
+			cr_assert_eq(p[k].inside, at_close[k], "round %d: user %d ran after the close",
+				     i, k);
+			cr_assert_eq(p[k].doors[R2CC_DOOR_SLOW], 1);
+			if (r2cc_cq_gate_solo_ok)
+				cr_assert_eq(g[k].owner, p[k].me, "round %d: each gate its owner", i);
+		}
+	}
+}
