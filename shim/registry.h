@@ -168,8 +168,8 @@ struct r2cc_qp {
 	int access;	       /* qp_access_flags as set at INIT */
 	struct ibv_qp_cap cap; /* as the provider returned it */
 	bool sq_sig_all;
-	uint64_t tx_wrs, rx_wrs; /* posted; an owner-door poster adds without a lock */
-	struct r2cc_cq_gate gate; /* its posts' gate (the CQ's kind of gate) */
+	uint64_t tx_wrs, rx_wrs;       /* posted; an owner-door poster adds without a lock */
+	struct r2cc_cq_gate gate;      /* its posts' gate (the CQ's kind of gate) */
 	struct r2cc_qp_shadow *shadow; /* hot repair on: what is posted and not retired */
 	struct r2cc_rqp *rep;	       /* hot repair's record of this QP */
 	/* A stand-in (the dead device refused NCCL the QP): qp is R2CC's, in RESET on

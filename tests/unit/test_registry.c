@@ -420,11 +420,12 @@ Test(registry, cq_gates_close_two_owners)
 			cr_assert_eq(p[k].inside, at_close[k],
 				     "round %d: user %d in the fast path after the close", i, k);
 			pthread_join(t[k], NULL);
-			cr_assert_eq(p[k].inside, at_close[k], "round %d: user %d ran after the close",
-				     i, k);
+			cr_assert_eq(p[k].inside, at_close[k],
+				     "round %d: user %d ran after the close", i, k);
 			cr_assert_eq(p[k].doors[R2CC_DOOR_SLOW], 1);
 			if (r2cc_cq_gate_solo_ok)
-				cr_assert_eq(g[k].owner, p[k].me, "round %d: each gate its owner", i);
+				cr_assert_eq(g[k].owner, p[k].me, "round %d: each gate its owner",
+					     i);
 		}
 	}
 }
