@@ -50,6 +50,12 @@ LIB=${R2CC_LIB:-$PWD/$B/lib/libr2cc.so}
 BYTES=${BYTES:--b 256M -e 512M}
 ITERS=${ITERS:--n 3 -w 1}
 FAULT_AFTER_S=${FAULT_AFTER_S:-12}
+case ${FAULT_AFTER_HEADER_S:-0} in
+*[!0-9.]* | '' | *.*.*)
+	echo "gpu-stall: FAULT_AFTER_HEADER_S='$FAULT_AFTER_HEADER_S': accepts seconds (e.g. 0.5)" >&2
+	exit 2
+	;;
+esac
 TIMEOUT_S=${TIMEOUT_S:-150}
 mkdir -p "$LOG"
 . scripts/softfabric.sh
@@ -194,15 +200,17 @@ one() { # RUN
 	# the verdict, from the program's rows and R2CC's reports
 	local v
 	v=$(ITERS="$ITERS" python3 - "$dir" "$rc" "$bh" "${t_fault:-0}" "$secs" "$spec" "$fault" "$TIMEOUT_S" "$lossy" "${COLL:-all_reduce}" "${LINK:-ib}" <<'PY'
-import glob, json, re, sys
+import glob, json, os, re, sys
 d, rc, bh, t_fault, secs, spec, fault = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", float(sys.argv[4]), sys.argv[5], sys.argv[6], sys.argv[7]
 limit, lossy, coll, link = float(sys.argv[8]), int(sys.argv[9]), sys.argv[10], sys.argv[11]
 txt = open(d + "/console.txt", errors="replace").read()
-rows = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+\S+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)", txt, re.M)
+# a result row: size, then out-of-place and in-place time, algbw, busbw, #wrong
+row_head = r"^\s+(\d+)\s+\d+\s+float\s+\S+\s+-?\d+"
+half = r"\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)"
 # nccl-tests -I 1 (ITERS_TABLE=1): four per-iteration columns after each #wrong
-rows_i = re.findall(r"^\s+(\d+)\s+\d+\s+float\s+\S+\s+-?\d+\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)(?:\s+[\d.]+){4}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(\S+)(?:\s+[\d.]+){4}\s*$", txt, re.M)
-if rows_i:
-    rows = rows_i
+per_iter_cols = r"(?:\s+[\d.]+){4}"
+rows = (re.findall(row_head + half + per_iter_cols + half + per_iter_cols + r"\s*$", txt, re.M)
+        or re.findall(row_head + half + half, txt, re.M))
 # #wrong, out of place and in place; nccl-tests checks no in-place sendrecv ("N/A")
 cnt = lambda v: int(v) if v.isdigit() else 0
 wrong = sum(cnt(r[4]) + cnt(r[8]) for r in rows)
@@ -214,10 +222,6 @@ busbw = rows[-1][3] if rows else "-"
 its = [(int(a), float(b)) for a, b in re.findall(r"Iter (\d+)/\d+ END: OK \(elapsed (\d+) ms\)", txt)]
 its_wrong = len(re.findall(r"Iter \d+/\d+ END: WRONG", txt))
 wrong += its_wrong
-# nccl-tests run cycle by cycle (ITERS "-n N -w W -N C"): a row per cycle, each the mean
-# time of N out-of-place then N in-place iterations (us); the series is each half's whole
-# timed run (N x the mean, ms), so that the stall is what the failover added to one
-import os
 # nccl-tests -I 1 -J (ITERS_TABLE=1): each timed iteration's time (us; the slowest
 # rank's), out-of-place then in-place, from its JSON report
 def per_iter(o):
@@ -235,6 +239,9 @@ try:
     its = its or [(0, t / 1e3) for t in per_iter(json.load(open(d + "/iters.json")))]
 except (OSError, ValueError):
     pass
+# nccl-tests run cycle by cycle (ITERS "-n N -w W -N C"): a row per cycle, each the mean
+# time of N out-of-place then N in-place iterations (us); the series is each half's whole
+# timed run (N x the mean, ms), so that the stall is what the failover added to one
 if not its and len(rows) > 2:
     m = re.search(r"-n\s+(\d+)", os.environ.get("ITERS", ""))
     n = int(m.group(1)) if m else 1
