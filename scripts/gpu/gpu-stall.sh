@@ -235,8 +235,13 @@ def per_iter(o):
     elif isinstance(o, list):
         for v in o:
             yield from per_iter(v)
+# (the first iteration counts: its warm-up iterations are apart and untimed; r2cc-perf's
+# first iteration and the first cycle's row carry the start-up, and are left out)
+first = 1
 try:
-    its = its or [(0, t / 1e3) for t in per_iter(json.load(open(d + "/iters.json")))]
+    if not its:
+        its = [(0, t / 1e3) for t in per_iter(json.load(open(d + "/iters.json")))]
+        first = 0
 except (OSError, ValueError):
     pass
 # nccl-tests run cycle by cycle (ITERS "-n N -w W -N C"): a row per cycle, each the mean
@@ -246,13 +251,17 @@ if not its and len(rows) > 2:
     m = re.search(r"-n\s+(\d+)", os.environ.get("ITERS", ""))
     n = int(m.group(1)) if m else 1
     its = [(0, n * float(t) / 1e3) for r in rows for t in (r[1], r[5])]
-stall = "-"
+stall = slowest = typical = "-"
 if its and bh:
-    k = max(range(1, len(its)), key=lambda j: its[j][1]) if len(its) > 2 else None
+    k = max(range(first, len(its)), key=lambda j: its[j][1]) if len(its) > 2 else None
     if k is not None:
-        around = [m for j, (_, m) in enumerate(its) if j and j != k and abs(j - k) <= 3]
+        around = [m for j, (_, m) in enumerate(its) if j >= first and j != k and abs(j - k) <= 3]
         if around:
             stall = f"{its[k][1] - sum(around) / len(around):.0f}"
+            # the slowest iteration and the median one: a slowest one near the median
+            # says the fault came outside the timed iterations
+            slowest = f"{its[k][1]:.1f}"
+            typical = f"{sorted(m for _, m in its[first:])[(len(its) - first) // 2]:.1f}"
 inc = decl = sus = synth = undrilled = 0
 det = []
 if fault == "drill":
@@ -292,7 +301,7 @@ detect = f"{min(det):.0f}" if det else "-"
 print(f"{'PASS' if ok else 'FAIL'} {spec} coll={coll} link={link} rc={rc} rows={len(rows)} "
       f"wrong={wrong} repairs={inc} synthesised={synth} declared_incidents={decl} "
       f"suspected={sus} detect_ms={detect} lossy_bytes={lossy} busbw={busbw} secs={secs}"
-      + (f" iters={len(its)} failover_stall_ms={stall}" if its else "")
+      + (f" iters={len(its)} failover_stall_ms={stall} slowest_iter_ms={slowest} median_iter_ms={typical}" if its else "")
       + (f" drill_applied={'yes' if t_fault > 0 else 'NO'} not_marked_drill={undrilled}" if fault == "drill" else ""))
 PY
 )
