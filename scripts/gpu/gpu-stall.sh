@@ -25,13 +25,15 @@
 # preloaded, default build/lib/libr2cc.so; 'none' runs plain NCCL), BYTES ("-b 256M -e
 # 512M"), ITERS ("-n 3 -w 1"), FAULT_AFTER_S (seconds into the run, default 12),
 # TIMEOUT_S (per run, default 150); FAULT_AT_ROW=N: the fault once N result rows are out
-# (instead of FAULT_AFTER_S; with ITERS_TABLE, N iterations); ITERS_TABLE=1 (r2cc-perf
-# only): every iteration verified and timed (--iters-table), and the failover stall
-# reported: the slowest iteration but the first, minus the mean of the three on each side.
+# (instead of FAULT_AFTER_S; with ITERS_TABLE, N iterations); ITERS_TABLE=1 with
+# r2cc-perf: every iteration verified and timed (--iters-table), and the failover stall
+# reported: the slowest iteration but the first (it carries the start-up), minus the mean
+# of the three on each side, with the slowest and the median iteration.
 # With nccl-tests, ITERS_TABLE=1 times every iteration (-I 1, the times from its -J
-# report), and FAULT_AFTER_HEADER_S=S cuts S seconds after its table's header, inside the
-# first timed run when that is long enough (nccl-tests times neither its warm-up nor the
-# collective before each timed run nor its check).
+# report; the first counts, its warm-up being apart), and FAULT_AFTER_HEADER_S=S cuts S
+# seconds after its table's header, inside the first timed run when that is long enough
+# (nccl-tests times neither its warm-up nor the collective before each timed run nor its
+# check).
 # nccl-tests with ITERS "-n N -w 2 -N C" (C cycles, a row each): the same stall, over the
 # rows' out-of-place and in-place timed runs in turn (N iterations each). The fault comes
 # right after the row (polled every 10 ms): at the start of the next cycle's timed
@@ -235,8 +237,7 @@ def per_iter(o):
     elif isinstance(o, list):
         for v in o:
             yield from per_iter(v)
-# (the first iteration counts: its warm-up iterations are apart and untimed; r2cc-perf's
-# first iteration and the first cycle's row carry the start-up, and are left out)
+# (nccl-tests' first iteration counts; r2cc-perf's and the first cycle's carry the start-up)
 first = 1
 try:
     if not its:
