@@ -9,7 +9,8 @@
 # SEEDS_SCALE multiplies the seeds of every row (make test runs 4, the bench more);
 # KINDS, a comma-separated list, defaults to none,jitter,blackhole,down,ackloss: no fault
 # and congestion (jitter) must pass with no repair, the failures must repair. Exit
-# status 1 if any row failed. SKIP, a comma-separated list of LOAD/KIND, leaves those
+# status 1 if any row failed (a row whose scenarios all passed but whose detection times
+# missed a bound below runs once more, and the second run decides). SKIP, a comma-separated list of LOAD/KIND, leaves those
 # rows out (printed as such).
 # Detection bound: a row of a black-hole kind (blackhole, ackloss, blackhole-tx,
 # blackhole-rx) fails if the fault was found too late: the median over its scenarios of
@@ -54,6 +55,38 @@ LOADS=(
 )
 fail=0
 printf '%-18s %-12s %9s %7s %14s %24s %24s\n' load fault scenarios passed false_repairs first_incident_ms every_process_ms
+# One row: prints it; status 0 passed, 1 only a detection bound missed, 2 a scenario
+# failed (a message lost or doubled, a false repair, the drill's own verdict).
+run_row() {
+	local name=$1 opts=$2 cores=$3 kind=$4 n=$5 out rc last passed falsep det first st=0
+	local args=(--fault "$kind" --seeds "$n" --nccl-stub --timeout 60)
+	[ "$kind" = none ] && args+=(--expect no-repair)
+	[ "$kind" = jitter ] && args+=(--expect no-repair)
+	# shellcheck disable=SC2086 # opts is a word list
+	out=$("$D" "${args[@]}" $opts 2>&1)
+	rc=$?
+	last=$(echo "$out" | tail -1)
+	passed=$(echo "$last" | sed -n 's/.*scenarios \([0-9]*\)\/\([0-9]*\).*/\1/p')
+	falsep=$(echo "$out" | grep -c "false repair")
+	det=$(echo "$last" | sed -n 's/.* detection median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3 \/ \2/p')
+	first=$(echo "$last" | sed -n 's/.* first-incident median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3 \/ \2/p')
+	printf '%-18s %-12s %9s %7s %14s %24s %24s\n' "$name" "$kind" "$n" "${passed:-0}" "$falsep" "${first:--}" "${det:--}"
+	case $kind in blackhole | ackloss | blackhole-tx | blackhole-rx)
+		first_bound "$first" "$cores" || st=1
+		if [ -z "$det" ] || ! awk -v d="$det" -v m="$AMED" -v x="$AMAX" \
+			'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[3] < x) }'; then
+			st=1
+			echo "    every process ${det:-missing} ms: bound median < $AMED, max < $AMAX"
+		fi
+		;;
+	esac
+	if [ $rc -ne 0 ]; then
+		st=2
+		echo "$out" | grep -E "FAIL" | head -5 | sed 's/^/    /'
+	fi
+	return $st
+}
+
 for l in "${LOADS[@]}"; do
 	IFS='|' read -r name opts seeds cores <<<"$l"
 	for kind in $KINDS; do
@@ -62,31 +95,18 @@ for l in "${LOADS[@]}"; do
 			printf '%-18s %-12s %9s %7s %14s %24s\n' "$name" "$kind" "$n" - - "left out (SKIP)"
 			continue
 		fi
-		args=(--fault "$kind" --seeds "$n" --nccl-stub --timeout 60)
-		[ "$kind" = none ] && args+=(--expect no-repair)
-		[ "$kind" = jitter ] && args+=(--expect no-repair)
-		# shellcheck disable=SC2086 # opts is a word list
-		out=$("$D" "${args[@]}" $opts 2>&1)
-		rc=$?
-		last=$(echo "$out" | tail -1)
-		passed=$(echo "$last" | sed -n 's/.*scenarios \([0-9]*\)\/\([0-9]*\).*/\1/p')
-		falsep=$(echo "$out" | grep -c "false repair")
-		det=$(echo "$last" | sed -n 's/.* detection median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3 \/ \2/p')
-		first=$(echo "$last" | sed -n 's/.* first-incident median \([0-9.]*\) ms max \([0-9.]*\) ms p99 \([0-9.]*\) ms.*/\1 \/ \3 \/ \2/p')
-		printf '%-18s %-12s %9s %7s %14s %24s %24s\n' "$name" "$kind" "$n" "${passed:-0}" "$falsep" "${first:--}" "${det:--}"
-		case $kind in blackhole | ackloss | blackhole-tx | blackhole-rx)
-			first_bound "$first" "$cores" || fail=1
-			if [ -z "$det" ] || ! awk -v d="$det" -v m="$AMED" -v x="$AMAX" \
-				'BEGIN { split(d, a, " / "); exit !(a[1] < m && a[3] < x) }'; then
-				fail=1
-				echo "    every process ${det:-missing} ms: bound median < $AMED, max < $AMAX"
-			fi
-			;;
-		esac
-		if [ $rc -ne 0 ]; then
-			fail=1
-			echo "$out" | grep -E "FAIL" | head -5 | sed 's/^/    /'
+		run_row "$name" "$opts" "$cores" "$kind" "$n"
+		st=$?
+		if [ $st -eq 1 ]; then
+			# Every scenario passed but the row's detection times missed a bound: a
+			# scheduling stall of a shared machine can hold one scenario's verdict (with
+			# 16 seeds the p99 is the longest). The row runs once more and that decides;
+			# a detection that is slow by design misses both.
+			echo "    a detection bound missed; the row runs once more and that decides"
+			run_row "$name" "$opts" "$cores" "$kind" "$n"
+			st=$?
 		fi
+		[ $st -ne 0 ] && fail=1
 	done
 done
 exit $fail
