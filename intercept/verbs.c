@@ -196,17 +196,23 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 	struct r2cc_ctx *c = q->ctx;
 	struct r2cc_qp_shadow *sh = q->shadow;
 	/* Recorded before the real post: its completion can never be polled first. A
-	 * refused record breaks the shadow (that QP then cannot be repaired). */
-	if (sh)
-		r2cc_qp_shadow_post_send(sh, wr, NULL);
-	int rc = c->post_send(qp, wr, bad);
-	if (r2cc_unlikely(rc != 0) && sh)
-		r2cc_qp_shadow_unpost_send(sh, wr, *bad);
+	 * refused record breaks the shadow (that QP then cannot be repaired); the
+	 * record's sums are the counters' unless the post or the record fails. */
 	uint64_t bytes = 0, n = 0;
-	const struct ibv_send_wr *stop = rc ? *bad : NULL;
-	for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next, n++)
-		for (int i = 0; i < w->num_sge; i++)
-			bytes += w->sg_list[i].length;
+	bool summed = sh && r2cc_qp_shadow_post_send_all(sh, wr, &n, &bytes) == 0;
+	int rc = c->post_send(qp, wr, bad);
+	if (r2cc_unlikely(rc != 0)) {
+		if (sh)
+			r2cc_qp_shadow_unpost_send(sh, wr, *bad);
+		summed = false;
+	}
+	if (r2cc_unlikely(!summed)) {
+		bytes = n = 0;
+		const struct ibv_send_wr *stop = rc ? *bad : NULL;
+		for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next, n++)
+			for (int i = 0; i < w->num_sge; i++)
+				bytes += w->sg_list[i].length;
+	}
 	struct r2cc_nic *nic = c->nic;
 	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
 	r2cc_counter_add(&nic->cnt.tx_wrs, n);

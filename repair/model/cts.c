@@ -17,20 +17,24 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+/* An element size, refused by the compiler above R2CC_CTS_ELEM_MAX (r2cc_cts_tag()
+ * turns away longer writes before it looks a layout up). */
+#define ELEM(n) ((n) + 0 * sizeof(char[(n) <= R2CC_CTS_ELEM_MAX ? 1 : -1]))
+
 /* docs/nccl-versions.md section 3: struct ncclIbSendFifo by release. */
 static const struct cts_release {
 	int from, to;
 	struct r2cc_cts_layout l;
 } releases[] = {
     /* addr, int size, rkey, nreqs, tag, idx */
-    {21800, 22000, {32, 24, 16, 64, true, "NCCL 2.18-2.19"}},
+    {21800, 22000, {ELEM(32), 24, 16, 64, true, "NCCL 2.18-2.19"}},
     /* addr, int size, rkeys[2], nreqs, tag, idx */
-    {22000, 22400, {64, 32, 20, 256, true, "NCCL 2.20-2.23"}},
+    {22000, 22400, {ELEM(64), 32, 20, 256, true, "NCCL 2.20-2.23"}},
     /* addr, uint64_t size, rkeys[4], ... */
-    {22400, 22900, {64, 40, 32, 256, true, "NCCL 2.24-2.28"}},
-    {22900, 23000, {64, 40, 32, 256, false, "NCCL 2.29"}},
+    {22400, 22900, {ELEM(64), 40, 32, 256, true, "NCCL 2.24-2.28"}},
+    {22900, 23000, {ELEM(64), 40, 32, 256, false, "NCCL 2.29"}},
     /* addr, uint64_t size, rkeys[8], ... */
-    {23000, 23300, {64, 56, 48, 256, false, "NCCL 2.30-2.32"}},
+    {23000, 23300, {ELEM(64), 56, 48, 256, false, "NCCL 2.30-2.32"}},
 };
 
 /*
@@ -41,7 +45,8 @@ static const struct cts_release {
  * 32-byte or rkeys[2] elements that the exported API alone does not tell apart:
  * R2CC does not guess.
  */
-static const struct r2cc_cts_layout ibext_224 = {64, 40, 32, 64, true, "IBext (net API v9-v11)"};
+static const struct r2cc_cts_layout ibext_224 = {ELEM(64), 40,	 32,
+						 64,	   true, "IBext (net API v9-v11)"};
 
 const struct r2cc_cts_layout *r2cc_cts_nccl_layout(int code)
 {
@@ -113,15 +118,21 @@ bool r2cc_cts_host_readable(uint64_t addr, uint64_t len)
 
 uint64_t r2cc_cts_tag(void *ctx, const struct ibv_send_wr *w)
 {
+	/* Every request NCCL posts comes through here: the tests that turn away its data
+	 * writes (a length no clear-to-send write has) come before the layout's lookup. */
+	if (w->opcode != IBV_WR_RDMA_WRITE || w->num_sge != 1)
+		return 0;
+	uint32_t len = w->sg_list[0].length;
+	if (!len || len > R2CC_CTS_MAX_ELEMS * R2CC_CTS_ELEM_MAX)
+		return 0;
 	const struct r2cc_qp *q = ctx;
 	const struct r2cc_cts_layout *l = r2cc_cts_of(q);
-	if (w->opcode != IBV_WR_RDMA_WRITE || w->num_sge != 1 || !l)
+	if (!l)
 		return 0;
 	uint8_t elem = l->elem, off = l->idx, noff = l->nreqs;
 	uint64_t a = w->sg_list[0].addr;
-	uint32_t len = w->sg_list[0].length;
-	if (!len || len % elem || len > R2CC_CTS_MAX_ELEMS * elem ||
-	    w->wr.rdma.remote_addr % elem || (a + off) % 8)
+	if (len % elem || len > R2CC_CTS_MAX_ELEMS * elem || w->wr.rdma.remote_addr % elem ||
+	    (a + off) % 8)
 		return 0;
 	struct r2cc_mr *m = r2cc_mr_by_lkey(q->ctx->nic, w->sg_list[0].lkey);
 	if (!m || !__atomic_load_n(&m->host_ok, __ATOMIC_ACQUIRE) || a < m->addr ||

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #define R2CC_CTS_MAX_ELEMS 8   /* NCCL_NET_IB_MAX_RECVS */
+#define R2CC_CTS_ELEM_MAX 64   /* the largest element of the layouts below */
 #define R2CC_CTS_MAX_QUERY 512 /* queries per queue pair and message */
 
 /* nccl-rdma-sharp-plugins' releases whose clear-to-send layout R2CC knows: those that

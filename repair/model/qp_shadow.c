@@ -137,11 +137,6 @@ void r2cc_qp_shadow_destroy(struct r2cc_qp_shadow *sh)
 	free(sh);
 }
 
-static bool is_atomic(enum ibv_wr_opcode op)
-{
-	return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
-}
-
 static bool is_consumer(enum ibv_wr_opcode op)
 {
 	return op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
@@ -152,75 +147,56 @@ static bool is_supported(enum ibv_wr_opcode op)
 	return op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_READ || is_consumer(op);
 }
 
-static uint32_t inline_bytes(const struct ibv_send_wr *w)
-{
-	uint64_t n = 0;
-	for (int i = 0; i < w->num_sge; i++)
-		n += w->sg_list[i].length;
-	return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
-}
-
-int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *list,
-			     const struct ibv_send_wr *bad)
+/* One pass over the list, each request checked as it is recorded: the records become
+ * visible only with the head's store at the end, so one refused leaves the shadow broken
+ * with nothing of the list recorded (all or nothing, as before a separate check pass). */
+static int record_sends(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *list,
+			const struct ibv_send_wr *bad, uint64_t *wrs, uint64_t *bytes_p)
 {
 	if (!sh)
 		return -EINVAL;
 	if (__atomic_load_n(&sh->error, __ATOMIC_RELAXED))
 		return -EINVAL;
-	/* Validate the whole accepted prefix first: all or nothing. */
-	uint32_t n = 0;
+	uint64_t head = sh->sq.head, room = load_acq(&sh->sq.tail) + sh->sq.mask + 1;
+	uint64_t bytes_all = 0, sig = 0;
+	uint32_t big = 0;
+	/* what a refusal puts back (the loop keeps these in the shadow: fewer registers
+	 * live across the tag function's call) */
+	uint64_t msgs0 = sh->msgs_posted, tag_last0 = sh->tag_last, tag_step0 = sh->tag_step;
 	const struct ibv_send_wr *w;
-	for (w = list; w && w != bad; w = w->next, n++) {
-		if (is_atomic(w->opcode))
-			return set_broken(sh, -EOPNOTSUPP);
-		if (!is_supported(w->opcode))
-			return set_broken(sh, -EOPNOTSUPP);
-		if (w->num_sge < 0)
-			return set_broken(sh, -EINVAL);
-		if ((uint32_t)w->num_sge > sh->sq.max_sge)
-			return set_broken(sh, -E2BIG);
-		if ((w->send_flags & IBV_SEND_INLINE) && inline_bytes(w) > sh->max_inline)
-			return set_broken(sh, -E2BIG);
-	}
-	if (bad && !w)
-		return set_broken(sh, -EINVAL);
-	uint64_t head = sh->sq.head;
-	if (head + n - load_acq(&sh->sq.tail) > (uint64_t)sh->sq.mask + 1)
-		return set_broken(sh, -ENOSPC);
-
-	uint64_t bytes_all = 0;
-	for (w = list; w != bad; w = w->next) {
+	int err;
+	for (w = list; w && w != bad; w = w->next) {
+		enum ibv_wr_opcode op = w->opcode;
+		if (!is_supported(op)) { /* an atomic, or an opcode NCCL never posts */
+			err = -EOPNOTSUPP;
+			goto refused;
+		}
+		if (w->num_sge < 0 || (uint32_t)w->num_sge > sh->sq.max_sge) {
+			err = w->num_sge < 0 ? -EINVAL : -E2BIG;
+			goto refused;
+		}
 		uint64_t seq = ++head;
+		if (seq > room) {
+			err = -ENOSPC;
+			goto refused;
+		}
 		size_t slot = seq & sh->sq.mask;
 		struct r2cc_shadow_send *e = &sh->sends[slot];
-		e->seq = seq;
-		e->wr_id = w->wr_id;
-		e->opcode = w->opcode;
-		e->send_flags = w->send_flags | (sh->sq_sig_all ? IBV_SEND_SIGNALED : 0);
-		bool send = w->opcode == IBV_WR_SEND || w->opcode == IBV_WR_SEND_WITH_IMM;
-		e->imm_data = is_consumer(w->opcode) && w->opcode != IBV_WR_SEND ? w->imm_data : 0;
-		e->remote_addr = send ? 0 : w->wr.rdma.remote_addr;
-		e->rkey = send ? 0 : w->wr.rdma.rkey;
-		if (is_consumer(w->opcode))
-			sh->msgs_posted++;
-		e->msgs = sh->msgs_posted;
-		e->num_sge = w->num_sge;
-		e->sge = &sh->sq.sge[slot * sh->sq.max_sge];
-		e->hollow = false;
+		struct r2cc_shadow_sge *sge = &sh->sq.sge[slot * sh->sq.max_sge];
 		uint64_t bytes = 0;
 		for (int i = 0; i < w->num_sge; i++) {
-			e->sge[i].addr = w->sg_list[i].addr;
-			e->sge[i].length = w->sg_list[i].length;
-			e->sge[i].lkey = w->sg_list[i].lkey;
+			sge[i].addr = w->sg_list[i].addr;
+			sge[i].length = w->sg_list[i].length;
+			sge[i].lkey = w->sg_list[i].lkey;
 			bytes += w->sg_list[i].length;
 		}
-		e->byte_len = (uint32_t)bytes;
-		e->bytes_upto = sh->send_bytes_posted + bytes_all + bytes;
-		if (e->byte_len > sh->max_request)
-			__atomic_store_n(&sh->max_request, e->byte_len, __ATOMIC_RELAXED);
 		e->inline_len = 0;
 		e->inline_data = NULL;
 		if (w->send_flags & IBV_SEND_INLINE) {
+			if (bytes > sh->max_inline) {
+				err = -E2BIG;
+				goto refused;
+			}
 			uint8_t *dst = &sh->inline_buf[slot * sh->max_inline];
 			for (int i = 0; i < w->num_sge; i++) {
 				memcpy(dst + e->inline_len,
@@ -230,20 +206,68 @@ int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr
 			}
 			e->inline_data = dst;
 		}
+		bool consumer = is_consumer(op),
+		     send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
+		e->seq = seq;
+		e->wr_id = w->wr_id;
+		e->opcode = op;
+		e->send_flags = w->send_flags | (sh->sq_sig_all ? IBV_SEND_SIGNALED : 0);
+		e->imm_data = consumer && op != IBV_WR_SEND ? w->imm_data : 0;
+		e->remote_addr = send ? 0 : w->wr.rdma.remote_addr;
+		e->rkey = send ? 0 : w->wr.rdma.rkey;
+		sh->msgs_posted += consumer;
+		e->msgs = sh->msgs_posted;
+		e->num_sge = w->num_sge;
+		e->sge = sge;
+		e->hollow = false;
+		e->byte_len = (uint32_t)bytes;
+		bytes_all += bytes;
+		e->bytes_upto = sh->send_bytes_posted + bytes_all;
+		if (e->byte_len > big)
+			big = e->byte_len;
 		e->tag = sh->tag_fn ? sh->tag_fn(sh->tag_ctx, w) : 0;
 		if (e->tag) {
 			if (e->tag > sh->tag_last && sh->tag_last)
 				sh->tag_step = e->tag - sh->tag_last;
 			sh->tag_last = e->tag;
 		}
-		bytes_all += bytes;
-		if (e->send_flags & IBV_SEND_SIGNALED)
-			store_rel(&sh->sig_posted, sh->sig_posted + 1);
+		sig += (e->send_flags & IBV_SEND_SIGNALED) != 0;
 	}
+	if (bad && !w) {
+		err = -EINVAL;
+		goto refused;
+	}
+	uint64_t n = head - sh->sq.head;
+	if (big > sh->max_request)
+		__atomic_store_n(&sh->max_request, big, __ATOMIC_RELAXED);
+	if (sig)
+		store_rel(&sh->sig_posted, sh->sig_posted + sig);
 	stat_add(&sh->send_posted, n);
 	stat_add(&sh->send_bytes_posted, bytes_all);
 	store_rel(&sh->sq.head, head);
+	if (wrs)
+		*wrs = n;
+	if (bytes_p)
+		*bytes_p = bytes_all;
 	return 0;
+
+refused:
+	sh->msgs_posted = msgs0;
+	sh->tag_last = tag_last0;
+	sh->tag_step = tag_step0;
+	return set_broken(sh, err);
+}
+
+int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *list,
+			     const struct ibv_send_wr *bad)
+{
+	return record_sends(sh, list, bad, NULL, NULL);
+}
+
+int r2cc_qp_shadow_post_send_all(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *list,
+				 uint64_t *wrs, uint64_t *bytes)
+{
+	return record_sends(sh, list, NULL, wrs, bytes);
 }
 
 int r2cc_qp_shadow_post_recv(struct r2cc_qp_shadow *sh, const struct ibv_recv_wr *list,

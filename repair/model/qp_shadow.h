@@ -201,6 +201,10 @@ void r2cc_qp_shadow_destroy(struct r2cc_qp_shadow *sh);
  */
 int r2cc_qp_shadow_post_send(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *list,
 			     const struct ibv_send_wr *bad);
+/* The same for a whole list (the post wrapper's), with how many requests and bytes it
+ * recorded (wrs, bytes: the wrapper's counters, summed once). */
+int r2cc_qp_shadow_post_send_all(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *list,
+				 uint64_t *wrs, uint64_t *bytes);
 int r2cc_qp_shadow_post_recv(struct r2cc_qp_shadow *sh, const struct ibv_recv_wr *list,
 			     const struct ibv_recv_wr *bad);
 /*

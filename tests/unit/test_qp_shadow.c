@@ -763,3 +763,41 @@ Test(qp_shadow, receive_completions_a_dead_device_lost)
 	r2cc_qp_shadow_destroy(tx);
 	r2cc_qp_shadow_destroy(rx);
 }
+
+Test(qp_shadow, whole_list_sums_and_one_refused_records_none)
+{
+	struct r2cc_qp_shadow *sh = mk(4, 4, false, 0);
+	struct ibv_send_wr w[3];
+	struct ibv_sge s[3];
+	mkwr(&w[0], &s[0], IBV_WR_RDMA_WRITE, 0, 1, 0, 1, 0, 100, 2);
+	mkwr(&w[1], &s[1], IBV_WR_RDMA_WRITE, 0, 2, 0, 1, 0, 20, 2);
+	mkwr(&w[2], &s[2], IBV_WR_RDMA_WRITE_WITH_IMM, IBV_SEND_SIGNALED, 3, 0, 1, 0, 3, 2);
+	w[0].next = &w[1];
+	w[1].next = &w[2];
+	uint64_t n = 0, bytes = 0;
+	cr_assert_eq(r2cc_qp_shadow_post_send_all(sh, w, &n, &bytes), 0);
+	cr_assert_eq(n, 3);
+	cr_assert_eq(bytes, 123);
+	struct r2cc_qp_shadow_stats st;
+	r2cc_qp_shadow_get_stats(sh, &st);
+	cr_assert_eq(st.send_posted, 3);
+	cr_assert_eq(st.send_bytes_posted, 123);
+	uint64_t sig, ret;
+	r2cc_qp_shadow_signalled(sh, &sig, &ret);
+	cr_assert_eq(sig, 1);
+	/* One slot left: the list's second request does not fit, and none of it is kept. */
+	n = bytes = 7;
+	cr_assert_eq(r2cc_qp_shadow_post_send_all(sh, w, &n, &bytes), -ENOSPC);
+	cr_assert_eq(n, 7); /* untouched when refused */
+	cr_assert_eq(r2cc_qp_shadow_send_outstanding(sh), 3);
+	r2cc_qp_shadow_signalled(sh, &sig, &ret);
+	cr_assert_eq(sig, 1);
+	r2cc_qp_shadow_destroy(sh);
+
+	/* An inline payload over the limit, last in its list: nothing of the list kept. */
+	sh = mk(16, 16, false, 0);
+	w[2].send_flags |= IBV_SEND_INLINE;
+	cr_assert_eq(r2cc_qp_shadow_post_send(sh, w, NULL), -E2BIG);
+	cr_assert_eq(r2cc_qp_shadow_send_outstanding(sh), 0);
+	r2cc_qp_shadow_destroy(sh);
+}
