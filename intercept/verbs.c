@@ -180,7 +180,7 @@ static struct r2cc_ctx *ctx_of(const struct ibv_context *ctx)
 
 static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
-	struct r2cc_qp *q = r2cc_qp_find(qp);
+	struct r2cc_qp *q = r2cc_qp_find_hot(qp);
 	if (r2cc_unlikely(!q)) {
 		struct r2cc_ctx *c = ctx_of(qp->context);
 		if (r2cc_unlikely(!c)) {
@@ -225,7 +225,7 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 
 static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
-	struct r2cc_qp *q = r2cc_qp_find(qp);
+	struct r2cc_qp *q = r2cc_qp_find_hot(qp);
 	if (r2cc_unlikely(!q)) {
 		struct r2cc_ctx *c = ctx_of(qp->context);
 		if (r2cc_unlikely(!c)) {
@@ -275,7 +275,7 @@ static unsigned err_qpn(const struct ibv_wc *wc, int n)
 
 static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 {
-	struct r2cc_cq *rc = r2cc_cq_find(cq);
+	struct r2cc_cq *rc = r2cc_cq_find_hot(cq);
 	if (r2cc_unlikely(!rc)) {
 		struct r2cc_ctx *c = ctx_of(cq->context);
 		if (r2cc_unlikely(!c)) {
@@ -304,7 +304,7 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 				wc[kept] = wc[i];
 			kept++;
 			if (shadows) {
-				struct r2cc_qp *q = r2cc_qp_by_num(nic, wc[i].qp_num);
+				struct r2cc_qp *q = r2cc_qp_by_num_hot(nic, wc[i].qp_num);
 				if (q && q->shadow)
 					r2cc_qp_shadow_wc(q->shadow, &wc[i]);
 			}

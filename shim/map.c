@@ -145,6 +145,8 @@ void *r2cc_map_remove(struct r2cc_map *m, uint64_t key)
 		if (v != R2CC_MAP_TOMBSTONE && t->slots[i].key == key) {
 			out = v;
 			__atomic_store_n(&t->slots[i].val, R2CC_MAP_TOMBSTONE, __ATOMIC_RELEASE);
+			/* after the tombstone: a cache that sees the new count looks it up */
+			__atomic_fetch_add(&m->gen, 1, __ATOMIC_RELEASE);
 			m->live--;
 			break;
 		}

@@ -38,6 +38,7 @@ struct r2cc_map {
 	size_t live, used; /* used: live + tombstones; writers only */
 	size_t max_capacity;
 	pthread_mutex_t lock;
+	uint64_t gen; /* removals so far (a thread's cache of lookups holds while it stands) */
 };
 
 #define R2CC_MAP_TOMBSTONE ((void *)1)
@@ -107,6 +108,43 @@ static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
 		return v;
 	}
 	return NULL;
+}
+
+/*
+ * A thread's cache of its last lookups in one map (thread-local, initial-exec: the
+ * data path's wrappers keep one per map they look up in). A value is taken from it
+ * only while the map has had no removal since it was cached: a removed key, and a
+ * new object at a freed one's address, are always looked up afresh. A concurrent
+ * removal of the very key looked up races as the lookup itself does (the object's
+ * owner destroys it while using it).
+ */
+#define R2CC_MAP_CACHE_WAYS 4 /* the way: the top 2 bits of a multiplicative hash */
+_Static_assert(R2CC_MAP_CACHE_WAYS == 4, "r2cc_map_get_cached() takes 2 bits for the way");
+
+struct r2cc_map_cache {
+	uint64_t gen;
+	uint64_t key[R2CC_MAP_CACHE_WAYS];
+	void *val[R2CC_MAP_CACHE_WAYS]; /* NULL: nothing cached in that way */
+};
+
+static inline void *r2cc_map_get_cached(const struct r2cc_map *m, struct r2cc_map_cache *c,
+					uint64_t key)
+{
+	uint64_t g = __atomic_load_n(&m->gen, __ATOMIC_ACQUIRE);
+	unsigned w = (unsigned)((key * 0x9e3779b97f4a7c15ULL) >> 62);
+	if (__builtin_expect(c->gen == g && c->key[w] == key && c->val[w], 1))
+		return c->val[w];
+	if (c->gen != g) {
+		for (int i = 0; i < R2CC_MAP_CACHE_WAYS; i++)
+			c->val[i] = NULL;
+		c->gen = g;
+	}
+	void *v = r2cc_map_get(m, key);
+	if (v) {
+		c->key[w] = key;
+		c->val[w] = v;
+	}
+	return v;
 }
 
 #endif

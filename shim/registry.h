@@ -224,6 +224,8 @@ void r2cc_cq_remove(struct ibv_cq *cq);
 struct r2cc_qp *r2cc_qp_add(struct ibv_qp *qp, struct r2cc_ctx *ctx, struct r2cc_cq *send_cq,
 			    struct r2cc_cq *recv_cq, uint32_t qpn, int qp_type);
 struct r2cc_qp *r2cc_qp_by_num(const struct r2cc_nic *nic, uint32_t qpn);
+/* The same through the calling thread's cache (the poll wrapper's, per completion). */
+struct r2cc_qp *r2cc_qp_by_num_hot(const struct r2cc_nic *nic, uint32_t qpn);
 void r2cc_qp_remove(struct ibv_qp *qp);
 /* Out of the lookups without being freed (its owner frees it later), and the free. */
 struct r2cc_qp *r2cc_qp_unlink(struct ibv_qp *qp);
@@ -249,6 +251,23 @@ static inline struct r2cc_qp *r2cc_qp_find(const struct ibv_qp *qp)
 static inline struct r2cc_cq *r2cc_cq_find(const struct ibv_cq *cq)
 {
 	return (struct r2cc_cq *)r2cc_map_get(&r2cc_cq_map, (uint64_t)(uintptr_t)cq);
+}
+
+/* The same for the data path's wrappers, through the calling thread's cache of its
+ * last lookups (shim/map.h): a few loads while nothing was removed. */
+extern __thread struct r2cc_map_cache r2cc_qp_cache __attribute__((tls_model("initial-exec")));
+extern __thread struct r2cc_map_cache r2cc_cq_cache __attribute__((tls_model("initial-exec")));
+
+static inline struct r2cc_qp *r2cc_qp_find_hot(const struct ibv_qp *qp)
+{
+	return (struct r2cc_qp *)r2cc_map_get_cached(&r2cc_qp_map, &r2cc_qp_cache,
+						     (uint64_t)(uintptr_t)qp);
+}
+
+static inline struct r2cc_cq *r2cc_cq_find_hot(const struct ibv_cq *cq)
+{
+	return (struct r2cc_cq *)r2cc_map_get_cached(&r2cc_cq_map, &r2cc_cq_cache,
+						     (uint64_t)(uintptr_t)cq);
 }
 
 /* Enter an object's fast data path: false once hot repair owns it (then take

@@ -151,3 +151,37 @@ Test(map_race, stress_same_slot)
 	cr_expect_geq(s.hits, 1000, "the readers ran");
 	r2cc_map_fini(&m);
 }
+
+Test(map_cache, hits_until_a_removal_then_looks_up_afresh)
+{
+	struct r2cc_map m;
+	cr_assert_eq(r2cc_map_init(&m, 16), 0);
+	struct r2cc_map_cache c = {0};
+	int a, b, other;
+	const uint64_t k = 0x7f00deadbee0, k2 = 0x7f00deadbf00;
+	cr_assert_null(r2cc_map_get_cached(&m, &c, k)); /* a miss is never cached */
+	cr_assert_eq(r2cc_map_insert(&m, k, &a), 0);
+	cr_assert_eq(r2cc_map_get_cached(&m, &c, k), &a);
+	cr_assert_eq(r2cc_map_insert(&m, k2, &other), 0);
+	cr_assert_eq(r2cc_map_get_cached(&m, &c, k2), &other);
+	cr_assert_eq(r2cc_map_get_cached(&m, &c, k), &a);
+	/* The object at k goes and a new one comes at the same address: the cache must
+	 * not hand out the old one, nor keep a removed key. */
+	cr_assert_eq(r2cc_map_remove(&m, k), &a);
+	cr_assert_null(r2cc_map_get_cached(&m, &c, k));
+	cr_assert_eq(r2cc_map_insert(&m, k, &b), 0);
+	cr_assert_eq(r2cc_map_get_cached(&m, &c, k), &b);
+	/* A removal of another key also ends what was cached before it. */
+	cr_assert_eq(r2cc_map_remove(&m, k2), &other);
+	cr_assert_null(r2cc_map_get_cached(&m, &c, k2));
+	cr_assert_eq(r2cc_map_get_cached(&m, &c, k), &b);
+	/* Many keys through four ways: every answer is the map's. */
+	int vals[64];
+	for (int i = 0; i < 64; i++)
+		cr_assert_eq(r2cc_map_insert(&m, 0x1000 + 16 * (uint64_t)i, &vals[i]), 0);
+	for (int round = 0; round < 3; round++)
+		for (int i = 0; i < 64; i++)
+			cr_assert_eq(r2cc_map_get_cached(&m, &c, 0x1000 + 16 * (uint64_t)i),
+				     &vals[i]);
+	r2cc_map_fini(&m);
+}
