@@ -31,6 +31,7 @@ struct r2cc_qp_shadow {
 	bool sq_sig_all;
 	r2cc_qp_shadow_tag_fn tag_fn;
 	void *tag_ctx;
+	uint64_t tag_min, tag_max; /* tag_fn for requests of tag_min to tag_max bytes */
 	/* poster */
 	uint64_t msgs_posted;
 	uint64_t
@@ -117,6 +118,8 @@ int r2cc_qp_shadow_create(const struct r2cc_qp_shadow_attr *attr, struct r2cc_qp
 	sh->sq_sig_all = attr->sq_sig_all;
 	sh->tag_fn = attr->tag_fn;
 	sh->tag_ctx = attr->tag_ctx;
+	sh->tag_min = attr->tag_max_bytes ? 1 : 0;
+	sh->tag_max = attr->tag_max_bytes ? attr->tag_max_bytes : UINT64_MAX;
 	*shadow_p = sh;
 	return 0;
 
@@ -225,7 +228,9 @@ static int record_sends(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *lis
 		e->bytes_upto = sh->send_bytes_posted + bytes_all;
 		if (e->byte_len > big)
 			big = e->byte_len;
-		e->tag = sh->tag_fn ? sh->tag_fn(sh->tag_ctx, w) : 0;
+		e->tag = sh->tag_fn && bytes >= sh->tag_min && bytes <= sh->tag_max
+			     ? sh->tag_fn(sh->tag_ctx, w)
+			     : 0;
 		if (e->tag) {
 			if (e->tag > sh->tag_last && sh->tag_last)
 				sh->tag_step = e->tag - sh->tag_last;

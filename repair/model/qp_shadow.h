@@ -178,6 +178,9 @@ struct r2cc_qp_shadow_attr {
 	bool sq_sig_all;
 	r2cc_qp_shadow_tag_fn tag_fn; /* optional */
 	void *tag_ctx;
+	/* tag_fn is called only for requests of 1 to tag_max_bytes bytes (0: for every
+	 * request); the others' tag is 0 (NCCL's data writes: no call on their way) */
+	uint32_t tag_max_bytes;
 };
 
 /* Counters; the poster writes the first group, the poller the second. */

@@ -801,3 +801,41 @@ Test(qp_shadow, whole_list_sums_and_one_refused_records_none)
 	cr_assert_eq(r2cc_qp_shadow_send_outstanding(sh), 0);
 	r2cc_qp_shadow_destroy(sh);
 }
+
+static int tag_calls;
+static uint64_t tag_len(void *ctx, const struct ibv_send_wr *w)
+{
+	(void)ctx;
+	tag_calls++;
+	return w->sg_list[0].length;
+}
+
+Test(qp_shadow, tag_function_sees_only_requests_up_to_its_bound)
+{
+	struct r2cc_qp_shadow_attr a = {.max_send_wr = 16,
+					.max_recv_wr = 16,
+					.max_send_sge = 1,
+					.max_recv_sge = 1,
+					.tag_fn = tag_len,
+					.tag_max_bytes = 512};
+	struct r2cc_qp_shadow *sh = NULL;
+	cr_assert_eq(r2cc_qp_shadow_create(&a, &sh), 0);
+	tag_calls = 0;
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, 0, 1, 0, 0), 0);
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, 0, 2, 0, 1), 0);
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, 0, 3, 0, 512), 0);
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, 0, 4, 0, 513), 0);
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, 0, 5, 0, 1 << 20), 0);
+	cr_assert_eq(tag_calls, 2, "called %d times", tag_calls);
+	/* the tags recorded: 1, then 512 (a rise of 511); 0-byte and longer ones have none */
+	cr_assert_eq(r2cc_qp_shadow_tag_step(sh), 511);
+	r2cc_qp_shadow_destroy(sh);
+
+	a.tag_max_bytes = 0; /* every request */
+	cr_assert_eq(r2cc_qp_shadow_create(&a, &sh), 0);
+	tag_calls = 0;
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, 0, 1, 0, 0), 0);
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, 0, 2, 0, 1 << 20), 0);
+	cr_assert_eq(tag_calls, 2);
+	r2cc_qp_shadow_destroy(sh);
+}
