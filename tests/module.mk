@@ -75,7 +75,7 @@ $(BUILD)/tests/bench/wrap_cost: tests/bench/wrap_cost.c $(BUILD)/tests/bench/ncc
 		-Wl,-rpath,'$$ORIGIN/nccl_null' -ldl
 
 BENCH_TARGETS += $(BUILD)/tests/bench/wrap_cost
-BENCHES += tests/bench/wrap_cost.sh
+BENCHES += tests/bench/wrap_cost.sh tests/bench/wrap_instr.sh
 FORMAT_SRCS += tests/bench/wrap_cost.c tests/bench/nccl_null.c
 
 # Scale (docs/scale.md): repair time of many QPs on one NIC over the soft device, and the

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The instructions R2CC's verbs wrappers execute per call, counted by valgrind's
+# callgrind over tests/bench/wrap_cost's verbs loops on the software device (make
+# bench, when valgrind is installed). Unlike wrap_cost's nanoseconds, which move by
+# +- 10 ns between runs of the same build, the counts are the same run after run: a
+# change to the wrappers shows in them exactly. What they leave out is what an
+# instruction costs (cache misses, locked instructions); wrap_cost has that.
+#   tests/bench/wrap_instr.sh [LIB]   (LIB: a libr2cc.so, default BUILD's)
+# Prints, per call: the post wrapper's own instructions (the provider's post left
+# out), the poll wrapper's (most polls find nothing; the provider's poll left out),
+# and per completion the shadow's retirement and the QP lookup by number.
+set -eu
+B=${BUILD:-build}
+LIB=${1:-$PWD/$B/lib/libr2cc.so}
+command -v valgrind >/dev/null || {
+	echo "wrap_instr: no valgrind (apt-get install valgrind): left out"
+	exit 0
+}
+export LD_LIBRARY_PATH=$PWD/$B/softverbs SOFTVERBS_FABRIC=r2cc-instr-$$ SOFTVERBS_NODE=n0
+export SOFTVERBS_NICS=mlx5_0:100
+out=$(mktemp)
+trap '"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" reset >/dev/null 2>&1 || true; rm -f "$out"' EXIT
+LD_PRELOAD=$LIB valgrind --tool=callgrind --callgrind-out-file="$out" \
+	"$B"/tests/bench/wrap_cost verbs >/dev/null 2>&1
+{
+	callgrind_annotate --auto=no --threshold=100 "$out"
+	echo "== calls"
+	callgrind_annotate --auto=no --tree=calling --threshold=100 "$out"
+} 2>/dev/null | python3 -c '
+import re, sys
+# Own instructions (callgrind self cost) of the functions each wrapper runs, summed over
+# every source file their code came from (inlined headers show as entries of their
+# own); divided by the calls of the provider function the wrapper called.
+POST = {"wrap_post_send", "record_sends", "r2cc_qp_shadow_post_send_all",
+        "r2cc_qp_shadow_post_send", "r2cc_qp_shadow_unpost_send", "r2cc_cts_tag"}
+POLL = {"wrap_poll_cq", "r2cc_qp_shadow_wc", "r2cc_qp_shadow_send_completed",
+        "r2cc_qp_shadow_recv_completed", "r2cc_qp_by_num", "r2cc_qp_by_num_hot",
+        "r2cc_repair_probe_done"}
+own, calls, cur, tree = {}, {}, None, False
+for line in sys.stdin:
+    if line.startswith("== calls"):
+        tree = True
+        continue
+    if not tree:
+        m = re.match(r"\s*([\d,]+) \([^)]*\)\s+(\S+?):(\S+)", line)
+        if m:
+            fn = m.group(3)
+            own[fn] = own.get(fn, 0) + int(m.group(1).replace(",", ""))
+        continue
+    m = re.match(r"\s*[\d,]+ \([^)]*\)\s+(\*|>)\s+\S+?:(\S+)(?: \(([\d,]+)x\))?", line)
+    if not m:
+        continue
+    if m.group(1) == "*":
+        cur = m.group(2)
+    elif cur and m.group(3):
+        calls[(cur, m.group(2))] = calls.get((cur, m.group(2)), 0) + int(m.group(3).replace(",", ""))
+def per(fns, n):
+    return sum(own.get(f, 0) for f in fns) / n if n else float("nan")
+nposts = calls.get(("wrap_post_send", "sv_post_send"), 0)
+npolls = calls.get(("wrap_poll_cq", "sv_poll_cq"), 0)
+nwc = calls.get(("wrap_poll_cq", "r2cc_qp_shadow_wc"), 0)
+print("R2CC instructions: %.0f a post (%d posts), %.1f a poll call (%d calls, %d completions); "
+      "a completion: %.0f in the shadow retirement, %.0f in the QP lookup by number"
+      % (per(POST, nposts), nposts, per(POLL, npolls), npolls, nwc,
+         per({"r2cc_qp_shadow_wc", "r2cc_qp_shadow_send_completed", "r2cc_qp_shadow_recv_completed"}, nwc),
+         per({"r2cc_qp_by_num", "r2cc_qp_by_num_hot"}, nwc)))
+'
