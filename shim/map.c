@@ -45,6 +45,7 @@ void r2cc_map_fini(struct r2cc_map *m)
 		t = next;
 	}
 	m->t = NULL;
+	__atomic_fetch_add(&m->gen, 1, __ATOMIC_RELEASE); /* nothing cached holds past it */
 	pthread_mutex_destroy(&m->lock);
 }
 
