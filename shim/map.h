@@ -111,38 +111,43 @@ static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
 }
 
 /*
- * A thread's cache of its last lookups in one map (thread-local, initial-exec: the
- * data path's wrappers keep one per map they look up in). A value is taken from it
- * only while the map has had no removal since it was cached: a removed key, and a
- * new object at a freed one's address, are always looked up afresh. A concurrent
- * removal of the very key looked up races as the lookup itself does (the object's
- * owner destroys it while using it).
+ * A thread's cache of its lookups in one map (thread-local, initial-exec: the data
+ * path's wrappers keep one per map they look up in; libr2cc.so is preloaded, so they
+ * sit in the static TLS block): direct-mapped, R2CC_MAP_CACHE_WAYS entries. A value is
+ * taken from it only while the map has had no removal since it was cached: a removed
+ * key, and a new object at a freed one's address, are always looked up afresh. A
+ * concurrent removal of the very key looked up races as the lookup itself does (the
+ * object's owner destroys it while using it). A hit is about a dozen instructions, a
+ * lookup in the map about 40, a miss a few more than that: NCCL's proxy thread turns
+ * over tens of QPs, hence 64 ways (two keys in one way take turns missing).
  */
-#define R2CC_MAP_CACHE_WAYS 4 /* the way: the top 2 bits of a multiplicative hash */
-_Static_assert(R2CC_MAP_CACHE_WAYS == 4, "r2cc_map_get_cached() takes 2 bits for the way");
+#define R2CC_MAP_CACHE_BITS 6
+#define R2CC_MAP_CACHE_WAYS (1 << R2CC_MAP_CACHE_BITS)
 
 struct r2cc_map_cache {
 	uint64_t gen;
-	uint64_t key[R2CC_MAP_CACHE_WAYS];
-	void *val[R2CC_MAP_CACHE_WAYS]; /* NULL: nothing cached in that way */
+	struct {
+		uint64_t key;
+		void *val; /* NULL: nothing cached in that way */
+	} way[R2CC_MAP_CACHE_WAYS];
 };
 
 static inline void *r2cc_map_get_cached(const struct r2cc_map *m, struct r2cc_map_cache *c,
 					uint64_t key)
 {
 	uint64_t g = __atomic_load_n(&m->gen, __ATOMIC_ACQUIRE);
-	unsigned w = (unsigned)((key * 0x9e3779b97f4a7c15ULL) >> 62);
-	if (__builtin_expect(c->gen == g && c->key[w] == key && c->val[w], 1))
-		return c->val[w];
+	unsigned w = (unsigned)((key * 0x9e3779b97f4a7c15ULL) >> (64 - R2CC_MAP_CACHE_BITS));
+	if (__builtin_expect(c->gen == g && c->way[w].key == key && c->way[w].val, 1))
+		return c->way[w].val;
 	if (c->gen != g) {
 		for (int i = 0; i < R2CC_MAP_CACHE_WAYS; i++)
-			c->val[i] = NULL;
+			c->way[i].val = NULL;
 		c->gen = g;
 	}
 	void *v = r2cc_map_get(m, key);
 	if (v) {
-		c->key[w] = key;
-		c->val[w] = v;
+		c->way[w].key = key;
+		c->way[w].val = v;
 	}
 	return v;
 }
