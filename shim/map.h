@@ -118,10 +118,12 @@ static inline void *r2cc_map_get(const struct r2cc_map *m, uint64_t key)
  * key, and a new object at a freed one's address, are always looked up afresh. A
  * concurrent removal of the very key looked up races as the lookup itself does (the
  * object's owner destroys it while using it). A hit is about a dozen instructions, a
- * lookup in the map about 40, a miss a few more than that: NCCL's proxy thread turns
- * over tens of QPs, hence 64 ways (two keys in one way take turns missing).
+ * lookup in the map about 40, a miss 20 or so more: NCCL's proxy thread turns over tens
+ * of QPs, hence 128 ways (its keys, heap addresses and QP numbers, spread over the
+ * ways without collisions while there are fewer than that; past it, they take turns
+ * missing). 2 KiB a map and thread.
  */
-#define R2CC_MAP_CACHE_BITS 6
+#define R2CC_MAP_CACHE_BITS 7
 #define R2CC_MAP_CACHE_WAYS (1 << R2CC_MAP_CACHE_BITS)
 
 struct r2cc_map_cache {
