@@ -9,7 +9,7 @@
  *    context ops, over the software device; run once with and once without the
  *    preload, the difference is the wrappers' cost.
  * Prints ns per call (best of 5 rounds).
- *   wrap_cost nccl | verbs
+ *   wrap_cost nccl | verbs [QPS]   (QPS: the round turns over that many QPs, default 1)
  */
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
@@ -30,7 +30,8 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-#define ROUNDS 5
+#define ROUNDS		  5
+#define WRAP_COST_MAX_QPS 256
 
 #define TIME_LOOP(n, best, body)                                                                   \
 	do {                                                                                       \
@@ -82,7 +83,7 @@ static int reap_one(struct ibv_context *ctx, struct ibv_cq *cq)
 	}
 }
 
-static int bench_verbs(void)
+static int bench_verbs(int nqps)
 {
 	void *h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (!h)
@@ -110,37 +111,46 @@ static int bench_verbs(void)
 	static char buf[64];
 	struct ibv_mr *mr =
 	    ibv_reg_mr_p(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	struct ibv_qp_init_attr qa = {
-	    .send_cq = cq,
-	    .recv_cq = cq,
-	    .qp_type = IBV_QPT_RC,
-	    .cap = {.max_send_wr = 512, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1}};
-	struct ibv_qp *qp = ibv_create_qp_p(pd, &qa);
-	struct ibv_qp_attr a = {
-	    .qp_state = IBV_QPS_INIT, .port_num = 1, .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
-	ibv_modify_qp_p(qp, &a,
-			IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_4096;
-	a.dest_qp_num = qp->qp_num;
-	a.ah_attr.dlid = pa.lid;
-	a.ah_attr.port_num = 1;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	ibv_modify_qp_p(qp, &a,
-			IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-			    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.max_rd_atomic = 1;
-	if (ibv_modify_qp_p(qp, &a,
-			    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-				IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
-		return fprintf(stderr, "cannot bring the QP up\n"), 1;
+	struct ibv_qp *qps[WRAP_COST_MAX_QPS];
+	for (int k = 0; k < nqps; k++) {
+		struct ibv_qp_init_attr qa = {.send_cq = cq,
+					      .recv_cq = cq,
+					      .qp_type = IBV_QPT_RC,
+					      .cap = {.max_send_wr = 512,
+						      .max_recv_wr = 16,
+						      .max_send_sge = 1,
+						      .max_recv_sge = 1}};
+		struct ibv_qp *qp = ibv_create_qp_p(pd, &qa);
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+					.port_num = 1,
+					.qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+		ibv_modify_qp_p(
+		    qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+		memset(&a, 0, sizeof(a));
+		a.qp_state = IBV_QPS_RTR;
+		a.path_mtu = IBV_MTU_4096;
+		a.dest_qp_num = qp->qp_num;
+		a.ah_attr.dlid = pa.lid;
+		a.ah_attr.port_num = 1;
+		a.max_dest_rd_atomic = 1;
+		a.min_rnr_timer = 12;
+		ibv_modify_qp_p(qp, &a,
+				IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+				    IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				    IBV_QP_MIN_RNR_TIMER);
+		memset(&a, 0, sizeof(a));
+		a.qp_state = IBV_QPS_RTS;
+		a.timeout = 14;
+		a.retry_cnt = 7;
+		a.rnr_retry = 7;
+		a.max_rd_atomic = 1;
+		if (ibv_modify_qp_p(qp, &a,
+				    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+			return fprintf(stderr, "cannot bring the QP up\n"), 1;
+		qps[k] = qp;
+	}
+	struct ibv_qp *qp = qps[0];
 	struct ibv_wc wc[16];
 	double poll_ns, post_ns;
 	TIME_LOOP(5 * 1000 * 1000, poll_ns, ctx->ops.poll_cq(cq, 16, wc));
@@ -158,11 +168,12 @@ static int bench_verbs(void)
 		else if (i_ % 64 == 63 && reap_one(ctx, cq))
 			failed++;
 	});
-	/* Every write signalled and its completion reaped before the next. */
+	/* Every write signalled and its completion reaped before the next, on the QPs in
+	 * turn (one QP unless asked for more: a proxy thread turns over many). */
 	double reap_ns;
 	TIME_LOOP(100 * 1000, reap_ns, {
 		wr.send_flags = IBV_SEND_SIGNALED;
-		if (ctx->ops.post_send(qp, &wr, &bad) || reap_one(ctx, cq))
+		if (ctx->ops.post_send(qps[i_ % nqps], &wr, &bad) || reap_one(ctx, cq))
 			failed++;
 	});
 	Dl_info info;
@@ -170,8 +181,9 @@ static int bench_verbs(void)
 	const char *who =
 	    strrchr(info.dli_fname, '/') ? strrchr(info.dli_fname, '/') + 1 : info.dli_fname;
 	printf("verbs (ops from %s): poll_cq empty %.1f ns/call, post_send zero-byte write %.1f "
-	       "ns/call, signalled write posted and reaped %.1f ns%s\n",
-	       who, poll_ns, post_ns, reap_ns, failed ? " (some posts or completions failed)" : "");
+	       "ns/call, signalled write posted and reaped %.1f ns (%d QP%s in turn)%s\n",
+	       who, poll_ns, post_ns, reap_ns, nqps, nqps > 1 ? "s" : "",
+	       failed ? " (some posts or completions failed)" : "");
 	return failed ? 1 : 0;
 }
 
@@ -179,8 +191,12 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && !strcmp(argv[1], "nccl"))
 		return bench_nccl();
-	if (argc > 1 && !strcmp(argv[1], "verbs"))
-		return bench_verbs();
-	fprintf(stderr, "usage: %s nccl|verbs\n", argv[0]);
+	if (argc > 1 && !strcmp(argv[1], "verbs")) {
+		int nqps = argc > 2 ? atoi(argv[2]) : 1;
+		if (nqps < 1 || nqps > WRAP_COST_MAX_QPS)
+			return fprintf(stderr, "QPs: 1 to %d\n", WRAP_COST_MAX_QPS), 2;
+		return bench_verbs(nqps);
+	}
+	fprintf(stderr, "usage: %s nccl | verbs [QPS]\n", argv[0]);
 	return 2;
 }

@@ -5,13 +5,15 @@
 # +- 10 ns between runs of the same build, the counts are the same run after run: a
 # change to the wrappers shows in them exactly. What they leave out is what an
 # instruction costs (cache misses, locked instructions); wrap_cost has that.
-#   tests/bench/wrap_instr.sh [LIB]   (LIB: a libr2cc.so, default BUILD's)
+#   tests/bench/wrap_instr.sh [LIB] [QPS]   (LIB: a libr2cc.so, default BUILD's; QPS:
+#   how many QPs wrap_cost's round turns over, default 1)
 # Prints, per call: the post wrapper's own instructions (the provider's post left
 # out), the poll wrapper's (most polls find nothing; the provider's poll left out),
 # and per completion the shadow's retirement and the QP lookup by number.
 set -eu
 B=${BUILD:-build}
 LIB=${1:-$PWD/$B/lib/libr2cc.so}
+QPS=${2:-1}
 command -v valgrind >/dev/null || {
 	echo "wrap_instr: no valgrind (apt-get install valgrind): left out"
 	exit 0
@@ -21,13 +23,13 @@ export SOFTVERBS_NICS=mlx5_0:100
 out=$(mktemp)
 trap '"$B"/bin/softverbs-ctl --fabric "$SOFTVERBS_FABRIC" reset >/dev/null 2>&1 || true; rm -f "$out"' EXIT
 LD_PRELOAD=$LIB valgrind --tool=callgrind --callgrind-out-file="$out" \
-	"$B"/tests/bench/wrap_cost verbs >/dev/null 2>&1
+	"$B"/tests/bench/wrap_cost verbs "$QPS" >/dev/null 2>&1
 {
 	callgrind_annotate --auto=no --threshold=100 "$out"
 	echo "== calls"
 	callgrind_annotate --auto=no --tree=calling --threshold=100 "$out"
-} 2>/dev/null | python3 -c '
-import re, sys
+} 2>/dev/null | QPS=$QPS python3 -c '
+import os, re, sys
 # Own instructions (callgrind self cost) of the functions each wrapper runs, summed over
 # every source file their code came from (inlined headers show as entries of their
 # own); divided by the calls of the provider function the wrapper called.
@@ -59,9 +61,9 @@ def per(fns, n):
 nposts = calls.get(("wrap_post_send", "sv_post_send"), 0)
 npolls = calls.get(("wrap_poll_cq", "sv_poll_cq"), 0)
 nwc = calls.get(("wrap_poll_cq", "r2cc_qp_shadow_wc"), 0)
-print("R2CC instructions: %.0f a post (%d posts), %.1f a poll call (%d calls, %d completions); "
+print("R2CC instructions (round over %s QPs): %.0f a post (%d posts), %.1f a poll call (%d calls, %d completions); "
       "a completion: %.0f in the shadow retirement, %.0f in the QP lookup by number"
-      % (per(POST, nposts), nposts, per(POLL, npolls), npolls, nwc,
+      % (os.environ["QPS"], per(POST, nposts), nposts, per(POLL, npolls), npolls, nwc,
          per({"r2cc_qp_shadow_wc", "r2cc_qp_shadow_send_completed", "r2cc_qp_shadow_recv_completed"}, nwc),
          per({"r2cc_qp_by_num", "r2cc_qp_by_num_hot"}, nwc)))
 '
