@@ -352,7 +352,7 @@ int r2cc_path_new(struct r2cc_rqp *r, struct r2cc_nic *nic)
 	    .sq_sig_all = r->sq_sig_all,
 	    .tag_fn = r2cc_cts_tag, /* NCCL's keys, as the shadow records them */
 	    .tag_ctx = r->q,
-	    .tag_max_bytes = R2CC_CTS_MAX_ELEMS * R2CC_CTS_ELEM_MAX, /* longer: data */
+	    .tag_max_bytes = R2CC_CTS_MAX_BYTES, /* longer: data */
 	};
 	struct r2cc_qp_shadow *sh = NULL;
 	if (!rc)

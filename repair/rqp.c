@@ -59,7 +59,7 @@ void r2cc_repair_qp_created(struct r2cc_qp *q, const struct ibv_qp_init_attr *at
 	    .sq_sig_all = attr->sq_sig_all,
 	    .tag_fn = r2cc_cts_tag, /* NCCL's keys are those of its NIC */
 	    .tag_ctx = q,
-	    .tag_max_bytes = R2CC_CTS_MAX_ELEMS * R2CC_CTS_ELEM_MAX, /* longer: data */
+	    .tag_max_bytes = R2CC_CTS_MAX_BYTES, /* longer: data */
 	};
 	struct r2cc_rqp *r = calloc(1, sizeof(*r));
 	if (!r || r2cc_qp_shadow_create(&sa, &q->shadow)) {

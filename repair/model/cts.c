@@ -17,8 +17,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-/* An element size, refused by the compiler above R2CC_CTS_ELEM_MAX (r2cc_cts_tag()
- * turns away longer writes before it looks a layout up). */
+/* An element size, refused by the compiler above R2CC_CTS_ELEM_MAX (the shadow does
+ * not call r2cc_cts_tag() for a write longer than R2CC_CTS_MAX_BYTES). */
 #define ELEM(n) ((n) + 0 * sizeof(char[(n) <= R2CC_CTS_ELEM_MAX ? 1 : -1]))
 
 /* docs/nccl-versions.md section 3: struct ncclIbSendFifo by release. */
@@ -118,12 +118,9 @@ bool r2cc_cts_host_readable(uint64_t addr, uint64_t len)
 
 uint64_t r2cc_cts_tag(void *ctx, const struct ibv_send_wr *w)
 {
-	/* Every request NCCL posts comes through here: the tests that turn away its data
-	 * writes (a length no clear-to-send write has) come before the layout's lookup. */
+	/* the opcode's test before the layout's lookup: the shadow's requests of up to
+	 * R2CC_CTS_MAX_BYTES come here, plain writes or not */
 	if (w->opcode != IBV_WR_RDMA_WRITE || w->num_sge != 1)
-		return 0;
-	uint32_t len = w->sg_list[0].length;
-	if (!len || len > R2CC_CTS_MAX_ELEMS * R2CC_CTS_ELEM_MAX)
 		return 0;
 	const struct r2cc_qp *q = ctx;
 	const struct r2cc_cts_layout *l = r2cc_cts_of(q);
@@ -131,8 +128,9 @@ uint64_t r2cc_cts_tag(void *ctx, const struct ibv_send_wr *w)
 		return 0;
 	uint8_t elem = l->elem, off = l->idx, noff = l->nreqs;
 	uint64_t a = w->sg_list[0].addr;
-	if (len % elem || len > R2CC_CTS_MAX_ELEMS * elem || w->wr.rdma.remote_addr % elem ||
-	    (a + off) % 8)
+	uint32_t len = w->sg_list[0].length;
+	if (!len || len % elem || len > R2CC_CTS_MAX_ELEMS * elem ||
+	    w->wr.rdma.remote_addr % elem || (a + off) % 8)
 		return 0;
 	struct r2cc_mr *m = r2cc_mr_by_lkey(q->ctx->nic, w->sg_list[0].lkey);
 	if (!m || !__atomic_load_n(&m->host_ok, __ATOMIC_ACQUIRE) || a < m->addr ||

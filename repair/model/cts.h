@@ -36,8 +36,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define R2CC_CTS_MAX_ELEMS 8   /* NCCL_NET_IB_MAX_RECVS */
-#define R2CC_CTS_ELEM_MAX 64   /* the largest element of the layouts below */
+#define R2CC_CTS_MAX_ELEMS 8  /* NCCL_NET_IB_MAX_RECVS */
+#define R2CC_CTS_ELEM_MAX  64 /* the largest element of the layouts below */
+/* The longest clear-to-send write of any layout: the shadow calls r2cc_cts_tag() for no
+ * longer request (its tag_max_bytes), so NCCL's data writes never reach it. */
+#define R2CC_CTS_MAX_BYTES (R2CC_CTS_MAX_ELEMS * R2CC_CTS_ELEM_MAX)
 #define R2CC_CTS_MAX_QUERY 512 /* queries per queue pair and message */
 
 /* nccl-rdma-sharp-plugins' releases whose clear-to-send layout R2CC knows: those that

@@ -10,8 +10,8 @@
 # KINDS, a comma-separated list, defaults to none,jitter,blackhole,down,ackloss: no fault
 # and congestion (jitter) must pass with no repair, the failures must repair. Exit
 # status 1 if any row failed (a row whose scenarios all passed but whose detection times
-# missed a bound below runs once more, and the second run decides). SKIP, a comma-separated list of LOAD/KIND, leaves those
-# rows out (printed as such).
+# missed a bound below runs once more, and the second run decides). SKIP, a
+# comma-separated list of LOAD/KIND, leaves those rows out (printed as such).
 # Detection bound: a row of a black-hole kind (blackhole, ackloss, blackhole-tx,
 # blackhole-rx) fails if the fault was found too late: the median over its scenarios of
 # the first incident (fault to the first process's verdict) DETECT_MEDIAN_MS or more
