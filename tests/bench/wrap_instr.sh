@@ -14,6 +14,11 @@ set -eu
 B=${BUILD:-build}
 LIB=${1:-$PWD/$B/lib/libr2cc.so}
 QPS=${2:-1}
+case $QPS in '' | *[!0-9]*) QPS=0 ;; esac
+if [ "$QPS" -lt 1 ] || [ "$QPS" -gt 256 ]; then
+	echo "wrap_instr: QPS: a number of QPs from 1 to 256 (wrap_cost's limit), not '${2:-}'" >&2
+	exit 2
+fi
 command -v valgrind >/dev/null || {
 	echo "wrap_instr: no valgrind (apt-get install valgrind): left out"
 	exit 0
