@@ -30,10 +30,19 @@ args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b "$
 # for effects of loading anything at all. The order rotates every round, so that no variant
 # always runs first (a fixed order showed up as a bias of several per cent at 1 MiB).
 # R2CC_LIB_B=PATH adds r2cc-b, another build of the library (an earlier commit, say),
-# in the same rounds.
+# in the same rounds; R2CC_LIBS="NAME=PATH ..." adds one variant r2cc-NAME a build (NAME:
+# letters, digits and dashes).
 variants=(plain r2cc)
 [ "${MODE0:-0}" = 1 ] && variants+=(r2cc-mode0)
-[ -n "${R2CC_LIB_B:-}" ] && variants+=(r2cc-b)
+declare -A libs=()
+[ -n "${R2CC_LIB_B:-}" ] && libs[r2cc-b]=$R2CC_LIB_B
+for nl in ${R2CC_LIBS:-}; do
+	n=${nl%%=*}
+	[[ $nl == *=* && $n =~ ^[A-Za-z0-9-]+$ ]] || { echo "R2CC_LIBS: '$nl' is not NAME=PATH"; exit 2; }
+	[ -f "${nl#*=}" ] || { echo "R2CC_LIBS: ${nl#*=}: no such file"; exit 2; }
+	libs[r2cc-$n]=${nl#*=}
+done
+for v in $(printf '%s\n' "${!libs[@]}" | sort); do variants+=("$v"); done
 nv=${#variants[@]}
 for r in $(seq "$ROUNDS"); do
 	for k in $(seq 0 $((nv - 1))); do
@@ -44,7 +53,7 @@ for r in $(seq "$ROUNDS"); do
 		pre= mode=${MODE:-2}
 		[ $v != plain ] && pre=$PWD/$B/lib/libr2cc.so
 		[ $v = r2cc-mode0 ] && mode=0
-		[ $v = r2cc-b ] && pre=$R2CC_LIB_B
+		[ -n "${libs[$v]:-}" ] && pre=${libs[$v]}
 		LD_PRELOAD=$pre R2CC_MODE=$mode timeout 300 "$B"/bin/r2cc-perf "${args[@]}" >"$LOG/overhead-$v-$r.log" 2>&1 ||
 			echo "round $r $v failed (rc=$?)"
 		softfabric_reset
@@ -61,7 +70,10 @@ log, rounds = sys.argv[1], int(sys.argv[2])
 def rows(path):
     """size -> (busbw, #wrong) of the last sweep in the log (-N 2 prints two)."""
     return {size: (r["oop_bw"], r["oop_wrong"]) for size, r in last_rows(path).items()}
-variants = ("plain", "r2cc", "r2cc-mode0", "r2cc-b")
+import glob, re
+variants = sorted({re.search(r"overhead-(.+)-\d+\.log$", f).group(1)
+                   for f in glob.glob(f"{log}/overhead-*-*.log")} | {"plain", "r2cc"},
+                  key=lambda v: (v not in ("plain", "r2cc", "r2cc-mode0"), v))
 data = {v: {} for v in variants}  # variant -> round -> size -> busbw
 for v in variants:
     for r in range(1, rounds + 1):
@@ -79,7 +91,7 @@ def ratio(v, size):
 def med(v, size):
     xs = [data[v][r][size] for r in data[v] if size in data[v][r]]
     return statistics.median(xs) if xs else float("nan")
-extra = tuple(v for v in ("r2cc-mode0", "r2cc-b") if data[v])
+extra = tuple(v for v in variants[2:] if data[v])
 sizes = sorted({s for r in data["plain"].values() for s in r})
 print(f"{'bytes':>12} {'plain':>8} {'r2cc':>8} {'ratio [range]':>22}" +
       "".join(f" {v.replace('r2cc-', ''):>8} {'ratio [range]':>22}" for v in extra))
