@@ -178,10 +178,58 @@ static struct r2cc_ctx *ctx_of(const struct ibv_context *ctx)
 	return r2cc_ctx_find(ctx);
 }
 
-static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+/* A post the provider refused, or whose record the shadow refused: the counters
+ * count what the provider took; a refused post goes to hot repair. Inside the gate. */
+static __attribute__((noinline)) int post_send_mended(struct r2cc_qp *q, struct ibv_send_wr *wr,
+						      struct ibv_send_wr **bad, int rc, int door)
+{
+	struct r2cc_qp_shadow *sh = q->shadow;
+	if (rc != 0 && sh)
+		r2cc_qp_shadow_unpost_send(sh, wr, *bad);
+	uint64_t bytes = 0, n = 0;
+	const struct ibv_send_wr *stop = rc ? *bad : NULL;
+	for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next, n++)
+		for (int i = 0; i < w->num_sge; i++)
+			bytes += w->sg_list[i].length;
+	struct r2cc_nic *nic = q->ctx->nic;
+	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
+	r2cc_counter_add(&nic->cnt.tx_wrs, n);
+	r2cc_counter_add_door(&q->tx_wrs, n, door);
+	r2cc_cq_gate_exit(&q->gate, door);
+	if (rc != 0 && q->rep)
+		rc = r2cc_to_verbs(r2cc_repair_send_refused(q, r2cc_from_verbs(rc), bad));
+	return rc;
+}
+
+/* A post inside q's gate (door): recorded before the real post, so that its completion
+ * can never be polled first. A refused record breaks the shadow (that QP then cannot
+ * be repaired); the record's sums are the counters' unless the post or the record
+ * fails. */
+static inline __attribute__((always_inline)) int post_send_in(struct r2cc_qp *q, struct ibv_qp *qp,
+							       struct ibv_send_wr *wr,
+							       struct ibv_send_wr **bad, int door)
+{
+	struct r2cc_qp_shadow *sh = q->shadow;
+	uint64_t bytes = 0, n = 0;
+	bool summed = sh && r2cc_qp_shadow_post_send_all(sh, wr, &n, &bytes) == 0;
+	int rc = q->ctx->post_send(qp, wr, bad);
+	if (r2cc_unlikely(rc != 0 || !summed))
+		return post_send_mended(q, wr, bad, rc, door);
+	struct r2cc_nic *nic = q->ctx->nic;
+	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
+	r2cc_counter_add(&nic->cnt.tx_wrs, n);
+	r2cc_counter_add_door(&q->tx_wrs, n, door);
+	r2cc_cq_gate_exit(&q->gate, door);
+	return 0;
+}
+
+/* A post that does not come in through the owner door with a cached QP (as
+ * poll_slow). */
+static __attribute__((noinline)) int post_send_slow(struct ibv_qp *qp, struct ibv_send_wr *wr,
+						    struct ibv_send_wr **bad)
 {
 	struct r2cc_qp *q = r2cc_qp_find_hot(qp);
-	if (r2cc_unlikely(!q)) {
+	if (!q) {
 		struct r2cc_ctx *c = ctx_of(qp->context);
 		if (r2cc_unlikely(!c)) {
 			r2cc_disable("post_send on a context R2CC has no record of");
@@ -191,36 +239,17 @@ static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_
 		return c->post_send(qp, wr, bad);
 	}
 	int door = r2cc_cq_gate_enter(&q->gate);
-	if (r2cc_unlikely(door == R2CC_DOOR_SLOW))
+	if (door == R2CC_DOOR_SLOW)
 		return r2cc_to_verbs(r2cc_repair_post_send(q, wr, bad));
-	struct r2cc_ctx *c = q->ctx;
-	struct r2cc_qp_shadow *sh = q->shadow;
-	/* Recorded before the real post: its completion can never be polled first. A
-	 * refused record breaks the shadow (that QP then cannot be repaired); the
-	 * record's sums are the counters' unless the post or the record fails. */
-	uint64_t bytes = 0, n = 0;
-	bool summed = sh && r2cc_qp_shadow_post_send_all(sh, wr, &n, &bytes) == 0;
-	int rc = c->post_send(qp, wr, bad);
-	if (r2cc_unlikely(rc != 0)) {
-		if (sh)
-			r2cc_qp_shadow_unpost_send(sh, wr, *bad);
-		summed = false;
-	}
-	if (r2cc_unlikely(!summed)) {
-		bytes = n = 0;
-		const struct ibv_send_wr *stop = rc ? *bad : NULL;
-		for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next, n++)
-			for (int i = 0; i < w->num_sge; i++)
-				bytes += w->sg_list[i].length;
-	}
-	struct r2cc_nic *nic = c->nic;
-	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
-	r2cc_counter_add(&nic->cnt.tx_wrs, n);
-	r2cc_counter_add_door(&q->tx_wrs, n, door);
-	r2cc_cq_gate_exit(&q->gate, door);
-	if (r2cc_unlikely(rc != 0) && q->rep)
-		rc = r2cc_to_verbs(r2cc_repair_send_refused(q, r2cc_from_verbs(rc), bad));
-	return rc;
+	return post_send_in(q, qp, wr, bad, door);
+}
+
+static int wrap_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct r2cc_qp *q = r2cc_qp_peek_hot(qp);
+	if (r2cc_unlikely(!q || !r2cc_cq_gate_solo_enter(&q->gate)))
+		return post_send_slow(qp, wr, bad);
+	return post_send_in(q, qp, wr, bad, R2CC_DOOR_SOLO);
 }
 
 static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
@@ -273,10 +302,71 @@ static unsigned err_qpn(const struct ibv_wc *wc, int n)
 	return 0;
 }
 
-static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
+/* A poll that found completions: probes taken out, shadows retired, counters; errors
+ * to hot repair. Out of line, so that the empty poll (most of NCCL's polls) keeps few
+ * registers live and saves few. Inside the CQ's gate. */
+static __attribute__((noinline)) int poll_got(struct r2cc_cq *rc, int got, struct ibv_wc *wc)
+{
+	struct r2cc_nic *nic = rc->ctx->nic;
+	uint64_t rx_bytes = 0, rx = 0, tx = 0, err = 0;
+	bool shadows = rc->v != NULL;
+	int kept = 0;
+	for (int i = 0; i < got; i++) {
+		if (r2cc_unlikely(wc[i].wr_id == R2CC_PROBE_WRID) &&
+		    wc[i].status == IBV_WC_SUCCESS && shadows) {
+			r2cc_repair_probe_done(rc, &wc[i]);
+			continue;
+		}
+		if (r2cc_unlikely(kept != i))
+			wc[kept] = wc[i];
+		kept++;
+		if (shadows) {
+			struct r2cc_qp *q = r2cc_qp_by_num_hot(nic, wc[i].qp_num);
+			if (q && q->shadow)
+				r2cc_qp_shadow_wc(q->shadow, &wc[i]);
+		}
+		if (r2cc_unlikely(wc[i].status != IBV_WC_SUCCESS))
+			err++;
+		else if (wc[i].opcode & IBV_WC_RECV) {
+			rx++;
+			rx_bytes += wc[i].byte_len;
+		} else {
+			tx++;
+		}
+	}
+	got = kept;
+	if (rx) {
+		r2cc_counter_add(&nic->cnt.rx_wrs, rx);
+		r2cc_counter_add(&nic->cnt.rx_bytes, rx_bytes);
+	}
+	if (tx)
+		r2cc_counter_add(&nic->cnt.tx_cqes, tx);
+	if (r2cc_unlikely(err)) {
+		r2cc_counter_add(&nic->cnt.err_cqes, err);
+		int left = shadows ? r2cc_repair_poll_errors(rc, wc, got) : got;
+		/* The first few, then one in a thousand: a dying path can
+		 * flush hundreds of work requests. */
+		static unsigned long reports;
+		if ((uint64_t)(got - left) < err) {
+			unsigned long n = __atomic_fetch_add(&reports, 1, __ATOMIC_RELAXED);
+			if (n < 8 || n % 1000 == 0)
+				R2CC_WARN("%s: %llu completion(s) with an error status "
+					  "reach NCCL, first status %d on qp 0x%x",
+					  nic->name, (unsigned long long)(err - (got - left)),
+					  err_status(wc, left), err_qpn(wc, left));
+		}
+		got = left;
+	}
+	return got;
+}
+
+/* A poll that does not come in through the owner door with a cached CQ: a lookup
+ * the thread's cache missed, a CQ R2CC has no record of (made before R2CC wrapped
+ * its context), another thread's poll, or hot repair's. */
+static __attribute__((noinline)) int poll_slow(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 {
 	struct r2cc_cq *rc = r2cc_cq_find_hot(cq);
-	if (r2cc_unlikely(!rc)) {
+	if (!rc) {
 		struct r2cc_ctx *c = ctx_of(cq->context);
 		if (r2cc_unlikely(!c)) {
 			r2cc_disable("poll_cq on a context R2CC has no record of");
@@ -285,64 +375,26 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 		return c->poll_cq(cq, num, wc);
 	}
 	int door = r2cc_cq_gate_enter(&rc->gate);
-	if (r2cc_unlikely(door == R2CC_DOOR_SLOW))
+	if (door == R2CC_DOOR_SLOW)
 		return r2cc_repair_poll(rc, num, wc);
-	struct r2cc_ctx *c = rc->ctx;
-	int got = c->poll_cq(cq, num, wc);
-	if (got > 0) {
-		struct r2cc_nic *nic = c->nic;
-		uint64_t rx_bytes = 0, rx = 0, tx = 0, err = 0;
-		bool shadows = rc->v != NULL;
-		int kept = 0;
-		for (int i = 0; i < got; i++) {
-			if (r2cc_unlikely(wc[i].wr_id == R2CC_PROBE_WRID) &&
-			    wc[i].status == IBV_WC_SUCCESS && shadows) {
-				r2cc_repair_probe_done(rc, &wc[i]);
-				continue;
-			}
-			if (r2cc_unlikely(kept != i))
-				wc[kept] = wc[i];
-			kept++;
-			if (shadows) {
-				struct r2cc_qp *q = r2cc_qp_by_num_hot(nic, wc[i].qp_num);
-				if (q && q->shadow)
-					r2cc_qp_shadow_wc(q->shadow, &wc[i]);
-			}
-			if (r2cc_unlikely(wc[i].status != IBV_WC_SUCCESS))
-				err++;
-			else if (wc[i].opcode & IBV_WC_RECV) {
-				rx++;
-				rx_bytes += wc[i].byte_len;
-			} else {
-				tx++;
-			}
-		}
-		got = kept;
-		if (rx) {
-			r2cc_counter_add(&nic->cnt.rx_wrs, rx);
-			r2cc_counter_add(&nic->cnt.rx_bytes, rx_bytes);
-		}
-		if (tx)
-			r2cc_counter_add(&nic->cnt.tx_cqes, tx);
-		if (r2cc_unlikely(err)) {
-			r2cc_counter_add(&nic->cnt.err_cqes, err);
-			int left = shadows ? r2cc_repair_poll_errors(rc, wc, got) : got;
-			/* The first few, then one in a thousand: a dying path can
-			 * flush hundreds of work requests. */
-			static unsigned long reports;
-			if ((uint64_t)(got - left) < err) {
-				unsigned long n = __atomic_fetch_add(&reports, 1, __ATOMIC_RELAXED);
-				if (n < 8 || n % 1000 == 0)
-					R2CC_WARN("%s: %llu completion(s) with an error status "
-						  "reach NCCL, first status %d on qp 0x%x",
-						  nic->name,
-						  (unsigned long long)(err - (got - left)),
-						  err_status(wc, left), err_qpn(wc, left));
-			}
-			got = left;
-		}
-	}
+	int got = rc->ctx->poll_cq(cq, num, wc);
+	if (got > 0)
+		got = poll_got(rc, got, wc);
 	r2cc_cq_gate_exit(&rc->gate, door);
+	return got;
+}
+
+/* The fast path: a CQ in the thread's cache, whose gate the thread owns, and nothing
+ * failed. */
+static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
+{
+	struct r2cc_cq *rc = r2cc_cq_peek_hot(cq);
+	if (r2cc_unlikely(!rc || !r2cc_cq_gate_solo_enter(&rc->gate)))
+		return poll_slow(cq, num, wc);
+	int got = rc->ctx->poll_cq(cq, num, wc);
+	if (got > 0)
+		got = poll_got(rc, got, wc);
+	r2cc_cq_gate_solo_exit(&rc->gate);
 	return got;
 }
 

@@ -155,3 +155,21 @@ void *r2cc_map_remove(struct r2cc_map *m, uint64_t key)
 	pthread_mutex_unlock(&m->lock);
 	return out;
 }
+
+__attribute__((noinline)) void *r2cc_map_get_miss(const struct r2cc_map *m,
+						  struct r2cc_map_cache *c, uint64_t key,
+						  uint64_t gen)
+{
+	unsigned w = r2cc_map_cache_way(key);
+	if (c->gen != gen) {
+		for (int i = 0; i < R2CC_MAP_CACHE_WAYS; i++)
+			c->way[i].val = NULL;
+		c->gen = gen;
+	}
+	void *v = r2cc_map_get(m, key);
+	if (v) {
+		c->way[w].key = key;
+		c->way[w].val = v;
+	}
+	return v;
+}

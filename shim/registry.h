@@ -264,10 +264,24 @@ static inline struct r2cc_qp *r2cc_qp_find_hot(const struct ibv_qp *qp)
 						     (uint64_t)(uintptr_t)qp);
 }
 
+/* The calling thread's cache alone: NULL on a miss (then r2cc_qp_find_hot). */
+static inline struct r2cc_qp *r2cc_qp_peek_hot(const struct ibv_qp *qp)
+{
+	return (struct r2cc_qp *)r2cc_map_peek_cached(&r2cc_qp_map, &r2cc_qp_cache,
+						      (uint64_t)(uintptr_t)qp);
+}
+
 static inline struct r2cc_cq *r2cc_cq_find_hot(const struct ibv_cq *cq)
 {
 	return (struct r2cc_cq *)r2cc_map_get_cached(&r2cc_cq_map, &r2cc_cq_cache,
 						     (uint64_t)(uintptr_t)cq);
+}
+
+/* The calling thread's cache alone: NULL on a miss (then r2cc_cq_find_hot). */
+static inline struct r2cc_cq *r2cc_cq_peek_hot(const struct ibv_cq *cq)
+{
+	return (struct r2cc_cq *)r2cc_map_peek_cached(&r2cc_cq_map, &r2cc_cq_cache,
+						      (uint64_t)(uintptr_t)cq);
 }
 
 /* Enter an object's fast data path: false once hot repair owns it (then take
@@ -298,24 +312,41 @@ extern bool r2cc_cq_gate_solo_ok;
 
 enum { R2CC_DOOR_SLOW = 0, R2CC_DOOR_SHARED = 1, R2CC_DOOR_SOLO = 2 };
 
+/* The owner door alone: true when the calling thread owns the gate and came in (leave
+ * with r2cc_cq_gate_solo_exit); false for anything else (nothing stays marked), which
+ * then takes r2cc_cq_gate_enter. The wrappers' fast path: fewer registers live than
+ * with the whole of r2cc_cq_gate_enter. */
+static inline bool r2cc_cq_gate_solo_enter(struct r2cc_cq_gate *g)
+{
+	if (r2cc_unlikely(__atomic_load_n(&g->owner, __ATOMIC_RELAXED) != r2cc_self()))
+		return false;
+	__atomic_store_n(&g->solo_in, 1, __ATOMIC_RELAXED);
+	/* Only the compiler is kept from moving the store past the load: the closer's
+	 * membarrier(2) orders the CPU (r2cc_cq_gate_close). */
+	__atomic_signal_fence(__ATOMIC_SEQ_CST);
+	if (r2cc_likely(!(__atomic_load_n(&g->n, __ATOMIC_ACQUIRE) & R2CC_GATE_SLOW)))
+		return true;
+	__atomic_store_n(&g->solo_in, 0, __ATOMIC_RELEASE);
+	return false;
+}
+
+static inline void r2cc_cq_gate_solo_exit(struct r2cc_cq_gate *g)
+{
+	__atomic_store_n(&g->solo_in, 0, __ATOMIC_RELEASE);
+}
+
 /* Enter a CQ's fast path: R2CC_DOOR_SLOW once hot repair owns it (take the slow
  * path, without exiting), else the door to pass to r2cc_cq_gate_exit(). The
  * first poller claims the owner door and comes in through the counting one that
  * time. Never blocks. */
 static inline int r2cc_cq_gate_enter(struct r2cc_cq_gate *g)
 {
+	if (r2cc_likely(r2cc_cq_gate_solo_enter(g)))
+		return R2CC_DOOR_SOLO;
 	const void *me = r2cc_self();
 	const void *owner = __atomic_load_n(&g->owner, __ATOMIC_RELAXED);
-	if (r2cc_likely(owner == me)) {
-		__atomic_store_n(&g->solo_in, 1, __ATOMIC_RELAXED);
-		/* Only the compiler is kept from moving the store past the load: the
-		 * closer's membarrier(2) orders the CPU (r2cc_cq_gate_close). */
-		__atomic_signal_fence(__ATOMIC_SEQ_CST);
-		if (r2cc_likely(!(__atomic_load_n(&g->n, __ATOMIC_ACQUIRE) & R2CC_GATE_SLOW)))
-			return R2CC_DOOR_SOLO;
-		__atomic_store_n(&g->solo_in, 0, __ATOMIC_RELEASE);
+	if (owner == me) /* the owner, and hot repair has the gate */
 		return R2CC_DOOR_SLOW;
-	}
 	if (r2cc_unlikely(!owner) && r2cc_cq_gate_solo_ok) {
 		const void *none = NULL;
 		__atomic_compare_exchange_n(&g->owner, &none, me, false, __ATOMIC_SEQ_CST,
@@ -327,7 +358,7 @@ static inline int r2cc_cq_gate_enter(struct r2cc_cq_gate *g)
 static inline void r2cc_cq_gate_exit(struct r2cc_cq_gate *g, int door)
 {
 	if (door == R2CC_DOOR_SOLO)
-		__atomic_store_n(&g->solo_in, 0, __ATOMIC_RELEASE);
+		r2cc_cq_gate_solo_exit(g);
 	else
 		r2cc_gate_exit(&g->n);
 }

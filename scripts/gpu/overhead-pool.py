@@ -39,7 +39,10 @@ def main(args):
     ratios = {}  # (variant, size) -> [ratio per round]
     for d in dirs:
         for plain in glob.glob(f"{d}/overhead-{base_v}-*.log"):
-            r = re.search(r"-(\d+)\.log$", plain).group(1)
+            m = re.fullmatch(rf".*/overhead-{re.escape(base_v)}-(\d+)\.log", plain)
+            if not m:  # r2cc-mode0's logs when the base is r2cc
+                continue
+            r = m.group(1)
             base = rows(plain)
             for other_log in glob.glob(f"{d}/overhead-*-{r}.log"):
                 v = re.search(r"overhead-(.+)-\d+\.log$", other_log).group(1)
