@@ -206,8 +206,8 @@ static __attribute__((noinline)) int post_send_mended(struct r2cc_qp *q, struct 
  * be repaired); the record's sums are the counters' unless the post or the record
  * fails. */
 static inline __attribute__((always_inline)) int post_send_in(struct r2cc_qp *q, struct ibv_qp *qp,
-							       struct ibv_send_wr *wr,
-							       struct ibv_send_wr **bad, int door)
+							      struct ibv_send_wr *wr,
+							      struct ibv_send_wr **bad, int door)
 {
 	struct r2cc_qp_shadow *sh = q->shadow;
 	uint64_t bytes = 0, n = 0;

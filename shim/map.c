@@ -156,9 +156,8 @@ void *r2cc_map_remove(struct r2cc_map *m, uint64_t key)
 	return out;
 }
 
-__attribute__((noinline)) void *r2cc_map_get_miss(const struct r2cc_map *m,
-						  struct r2cc_map_cache *c, uint64_t key,
-						  uint64_t gen)
+__attribute__((noinline)) void *
+r2cc_map_get_miss(const struct r2cc_map *m, struct r2cc_map_cache *c, uint64_t key, uint64_t gen)
 {
 	unsigned w = r2cc_map_cache_way(key);
 	if (c->gen != gen) {

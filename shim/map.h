@@ -155,8 +155,8 @@ static inline void *r2cc_map_get_cached(const struct r2cc_map *m, struct r2cc_ma
 }
 
 /* The cache alone: the value of a hit, NULL on a miss (then r2cc_map_get_cached). */
-static inline void *r2cc_map_peek_cached(const struct r2cc_map *m,
-					 const struct r2cc_map_cache *c, uint64_t key)
+static inline void *r2cc_map_peek_cached(const struct r2cc_map *m, const struct r2cc_map_cache *c,
+					 uint64_t key)
 {
 	uint64_t g = __atomic_load_n(&m->gen, __ATOMIC_ACQUIRE);
 	unsigned w = r2cc_map_cache_way(key);
