@@ -178,6 +178,16 @@ static struct r2cc_ctx *ctx_of(const struct ibv_context *ctx)
 	return r2cc_ctx_find(ctx);
 }
 
+/* What a post handed the provider, counted; out of q's gate. */
+static inline void post_send_counted(struct r2cc_qp *q, uint64_t n, uint64_t bytes, int door)
+{
+	struct r2cc_nic *nic = q->ctx->nic;
+	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
+	r2cc_counter_add(&nic->cnt.tx_wrs, n);
+	r2cc_counter_add_door(&q->tx_wrs, n, door);
+	r2cc_cq_gate_exit(&q->gate, door);
+}
+
 /* A post the provider refused, or whose record the shadow refused: the counters
  * count what the provider took; a refused post goes to hot repair. Inside the gate. */
 static __attribute__((noinline)) int post_send_mended(struct r2cc_qp *q, struct ibv_send_wr *wr,
@@ -191,11 +201,7 @@ static __attribute__((noinline)) int post_send_mended(struct r2cc_qp *q, struct 
 	for (const struct ibv_send_wr *w = wr; w && w != stop; w = w->next, n++)
 		for (int i = 0; i < w->num_sge; i++)
 			bytes += w->sg_list[i].length;
-	struct r2cc_nic *nic = q->ctx->nic;
-	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
-	r2cc_counter_add(&nic->cnt.tx_wrs, n);
-	r2cc_counter_add_door(&q->tx_wrs, n, door);
-	r2cc_cq_gate_exit(&q->gate, door);
+	post_send_counted(q, n, bytes, door);
 	if (rc != 0 && q->rep)
 		rc = r2cc_to_verbs(r2cc_repair_send_refused(q, r2cc_from_verbs(rc), bad));
 	return rc;
@@ -215,11 +221,7 @@ static inline __attribute__((always_inline)) int post_send_in(struct r2cc_qp *q,
 	int rc = q->ctx->post_send(qp, wr, bad);
 	if (r2cc_unlikely(rc != 0 || !summed))
 		return post_send_mended(q, wr, bad, rc, door);
-	struct r2cc_nic *nic = q->ctx->nic;
-	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
-	r2cc_counter_add(&nic->cnt.tx_wrs, n);
-	r2cc_counter_add_door(&q->tx_wrs, n, door);
-	r2cc_cq_gate_exit(&q->gate, door);
+	post_send_counted(q, n, bytes, door);
 	return 0;
 }
 

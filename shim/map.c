@@ -156,9 +156,11 @@ void *r2cc_map_remove(struct r2cc_map *m, uint64_t key)
 	return out;
 }
 
-__attribute__((noinline)) void *
-r2cc_map_get_miss(const struct r2cc_map *m, struct r2cc_map_cache *c, uint64_t key, uint64_t gen)
+__attribute__((noinline)) void *r2cc_map_get_miss(const struct r2cc_map *m,
+						  struct r2cc_map_cache *c, uint64_t key)
 {
+	/* the count before the lookup: a removal after it makes the cache look again */
+	uint64_t gen = __atomic_load_n(&m->gen, __ATOMIC_ACQUIRE);
 	unsigned w = r2cc_map_cache_way(key);
 	if (c->gen != gen) {
 		for (int i = 0; i < R2CC_MAP_CACHE_WAYS; i++)

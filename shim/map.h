@@ -139,21 +139,6 @@ static inline unsigned r2cc_map_cache_way(uint64_t key)
 	return (unsigned)((key * 0x9e3779b97f4a7c15ULL) >> (64 - R2CC_MAP_CACHE_BITS));
 }
 
-/* A miss of r2cc_map_get_cached (out of line: the wrappers' hit path keeps fewer
- * registers live, and so saves and restores fewer of them a call). */
-void *r2cc_map_get_miss(const struct r2cc_map *m, struct r2cc_map_cache *c, uint64_t key,
-			uint64_t gen);
-
-static inline void *r2cc_map_get_cached(const struct r2cc_map *m, struct r2cc_map_cache *c,
-					uint64_t key)
-{
-	uint64_t g = __atomic_load_n(&m->gen, __ATOMIC_ACQUIRE);
-	unsigned w = r2cc_map_cache_way(key);
-	if (__builtin_expect(c->gen == g && c->way[w].key == key && c->way[w].val, 1))
-		return c->way[w].val;
-	return r2cc_map_get_miss(m, c, key, g);
-}
-
 /* The cache alone: the value of a hit, NULL on a miss (then r2cc_map_get_cached). */
 static inline void *r2cc_map_peek_cached(const struct r2cc_map *m, const struct r2cc_map_cache *c,
 					 uint64_t key)
@@ -161,6 +146,17 @@ static inline void *r2cc_map_peek_cached(const struct r2cc_map *m, const struct 
 	uint64_t g = __atomic_load_n(&m->gen, __ATOMIC_ACQUIRE);
 	unsigned w = r2cc_map_cache_way(key);
 	return c->gen == g && c->way[w].key == key ? c->way[w].val : NULL;
+}
+
+/* A miss: the lookup in the map, kept in the cache (out of line: the wrappers' hit
+ * path keeps fewer registers live, and so saves and restores fewer of them a call). */
+void *r2cc_map_get_miss(const struct r2cc_map *m, struct r2cc_map_cache *c, uint64_t key);
+
+static inline void *r2cc_map_get_cached(const struct r2cc_map *m, struct r2cc_map_cache *c,
+					uint64_t key)
+{
+	void *v = r2cc_map_peek_cached(m, c, key);
+	return __builtin_expect(v != NULL, 1) ? v : r2cc_map_get_miss(m, c, key);
 }
 
 #endif

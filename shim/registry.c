@@ -290,11 +290,13 @@ struct r2cc_qp *r2cc_qp_by_num(const struct r2cc_nic *nic, uint32_t qpn)
 
 __thread struct r2cc_map_cache r2cc_qp_cache __attribute__((tls_model("initial-exec")));
 __thread struct r2cc_map_cache r2cc_cq_cache __attribute__((tls_model("initial-exec")));
-static __thread struct r2cc_map_cache qpnum_cache __attribute__((tls_model("initial-exec")));
+/* Not static, as the two above: GCC 12 took a static one for never written (the miss
+ * that fills it is in another file) and left every lookup to the miss. */
+__thread struct r2cc_map_cache r2cc_qpnum_cache __attribute__((tls_model("initial-exec")));
 
 struct r2cc_qp *r2cc_qp_by_num_hot(const struct r2cc_nic *nic, uint32_t qpn)
 {
-	return r2cc_map_get_cached(&qpnum_map, &qpnum_cache, nic_key(nic, qpn));
+	return r2cc_map_get_cached(&qpnum_map, &r2cc_qpnum_cache, nic_key(nic, qpn));
 }
 
 struct r2cc_qp *r2cc_qp_unlink(struct ibv_qp *qp)

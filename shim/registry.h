@@ -257,6 +257,7 @@ static inline struct r2cc_cq *r2cc_cq_find(const struct ibv_cq *cq)
  * last lookups (shim/map.h): a few loads while nothing was removed. */
 extern __thread struct r2cc_map_cache r2cc_qp_cache __attribute__((tls_model("initial-exec")));
 extern __thread struct r2cc_map_cache r2cc_cq_cache __attribute__((tls_model("initial-exec")));
+extern __thread struct r2cc_map_cache r2cc_qpnum_cache __attribute__((tls_model("initial-exec")));
 
 static inline struct r2cc_qp *r2cc_qp_find_hot(const struct ibv_qp *qp)
 {
