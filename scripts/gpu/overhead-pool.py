@@ -37,6 +37,11 @@ def main(args):
     if not dirs:
         sys.exit(__doc__.strip())
     ratios = {}  # (variant, size) -> [ratio per round]
+    if not any(re.fullmatch(rf"overhead-{re.escape(base_v)}-\d+\.log", os.path.basename(f))
+               for d in dirs for f in glob.glob(f"{d}/overhead-*.log")):
+        sys.exit(f"overhead-pool.py: --base {base_v}: no overhead-{base_v}-N.log in "
+                 f"{' '.join(dirs)} (a variant of gpu-overhead.sh's logs: plain, r2cc, "
+                 "r2cc-mode0, r2cc-b or r2cc-NAME)")
     for d in dirs:
         for plain in glob.glob(f"{d}/overhead-{base_v}-*.log"):
             m = re.fullmatch(rf".*/overhead-{re.escape(base_v)}-(\d+)\.log", plain)
