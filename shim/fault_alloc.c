@@ -13,9 +13,11 @@
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t k, size_t n);
 void *__real_realloc(void *p, size_t n);
+void *__real_aligned_alloc(size_t align, size_t n);
 void *__wrap_malloc(size_t n);
 void *__wrap_calloc(size_t k, size_t n);
 void *__wrap_realloc(void *p, size_t n);
+void *__wrap_aligned_alloc(size_t align, size_t n);
 
 void *__wrap_malloc(size_t n)
 {
@@ -42,4 +44,13 @@ void *__wrap_realloc(void *p, size_t n)
 		return NULL;
 	}
 	return __real_realloc(p, n);
+}
+
+void *__wrap_aligned_alloc(size_t align, size_t n)
+{
+	if (r2cc_fault_fire(R2CC_FAULT_ALLOC)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_aligned_alloc(align, n);
 }

@@ -146,8 +146,14 @@ struct r2cc_qp_peer {
 struct r2cc_cts_layout; /* repair/model/cts.h */
 
 struct r2cc_qp {
-	struct ibv_qp *qp;
+	/* The data path's, first (one cache line: a post reads and writes no other of
+	 * this record) */
 	struct r2cc_ctx *ctx;
+	struct r2cc_cq_gate gate;      /* its posts' gate (the CQ's kind of gate) */
+	struct r2cc_qp_shadow *shadow; /* hot repair on: what is posted and not retired */
+	uint64_t tx_wrs, rx_wrs;       /* posted; an owner-door poster adds without a lock */
+	struct r2cc_rqp *rep;	       /* hot repair's record of this QP */
+	struct ibv_qp *qp;
 	struct r2cc_cq *send_cq, *recv_cq;
 	uint32_t qpn;
 	int state; /* enum ibv_qp_state, as last set through ibv_modify_qp */
@@ -168,10 +174,6 @@ struct r2cc_qp {
 	int access;	       /* qp_access_flags as set at INIT */
 	struct ibv_qp_cap cap; /* as the provider returned it */
 	bool sq_sig_all;
-	uint64_t tx_wrs, rx_wrs;       /* posted; an owner-door poster adds without a lock */
-	struct r2cc_cq_gate gate;      /* its posts' gate (the CQ's kind of gate) */
-	struct r2cc_qp_shadow *shadow; /* hot repair on: what is posted and not retired */
-	struct r2cc_rqp *rep;	       /* hot repair's record of this QP */
 	/* A stand-in (the dead device refused NCCL the QP): qp is R2CC's, in RESET on
 	 * a sibling NIC, with this CQ of its own; ctx is still the dead NIC's */
 	struct ibv_cq *stand_in_cq;

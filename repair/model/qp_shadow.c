@@ -11,6 +11,7 @@
 #include "repair/model/qp_shadow.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,31 +23,40 @@ struct shadow_ring {
 	struct r2cc_shadow_sge *sge; /* (mask + 1) * max_sge */
 };
 
+/* Laid out by who touches what: a post reads and writes the first two cache lines
+ * (with its record), a completion the first and the poller's. */
 struct r2cc_qp_shadow {
-	struct shadow_ring sq, rq;
+	/* line 0: the send ring and what every post reads */
+	struct shadow_ring sq;
 	struct r2cc_shadow_send *sends;
-	struct r2cc_shadow_recv *recvs;
-	uint8_t *inline_buf; /* (sq.mask + 1) * max_inline */
-	uint32_t max_inline;
-	bool sq_sig_all;
 	r2cc_qp_shadow_tag_fn tag_fn;
+	int error;		/* sticky, written by either side */
+	uint32_t max_request;	/* atomic: the largest request recorded */
+	uint32_t tag_max_bytes; /* tag_fn for requests of 1 to this many bytes (0: all) */
+	bool sq_sig_all;
+	/* line 1: the poster's */
 	void *tag_ctx;
-	uint64_t tag_min, tag_max; /* tag_fn for requests of tag_min to tag_max bytes */
-	/* poster */
 	uint64_t msgs_posted;
 	uint64_t
 	    sig_posted; /* signalled send requests recorded (atomic: the stall scan reads it) */
-	uint64_t send_posted, recv_posted, send_bytes_posted;
+	uint64_t send_posted, send_bytes_posted;
 	uint64_t tag_last, tag_step; /* the last tag recorded, and its rise over the one before */
-	/* poller */
-	uint64_t msgs_retired;
+	uint32_t max_inline;
+	/* the poller's */
+	uint64_t msgs_retired __attribute__((aligned(64)));
 	uint64_t send_retired, recv_imm;
 	uint64_t sig_retired;	     /* signalled send requests retired */
 	uint64_t send_bytes_retired; /* atomic: bytes_upto of the last retired request */
-	uint32_t max_request;	     /* atomic: the largest request recorded */
 	struct r2cc_shadow_msg done[R2CC_SHADOW_LOST_MAX]; /* the last messages retired */
-	int error;					   /* sticky, written by either side */
+	/* the receive side, and the rest */
+	struct shadow_ring rq __attribute__((aligned(64)));
+	struct r2cc_shadow_recv *recvs;
+	uint64_t recv_posted;
+	uint8_t *inline_buf; /* (sq.mask + 1) * max_inline */
 };
+
+_Static_assert(offsetof(struct r2cc_qp_shadow, tag_ctx) == 64, "a post's fields: two lines");
+_Static_assert(offsetof(struct r2cc_qp_shadow, max_inline) < 128, "a post's fields: two lines");
 
 static uint64_t load_acq(const uint64_t *p)
 {
@@ -99,9 +109,10 @@ int r2cc_qp_shadow_create(const struct r2cc_qp_shadow_attr *attr, struct r2cc_qp
 {
 	if (!attr || !shadow_p)
 		return -EINVAL;
-	struct r2cc_qp_shadow *sh = calloc(1, sizeof(*sh));
+	struct r2cc_qp_shadow *sh = aligned_alloc(64, sizeof(*sh));
 	if (!sh)
 		return -ENOMEM;
+	memset(sh, 0, sizeof(*sh));
 	if (ring_init(&sh->sq, attr->max_send_wr, attr->max_send_sge) ||
 	    ring_init(&sh->rq, attr->max_recv_wr, attr->max_recv_sge))
 		goto err_free;
@@ -118,8 +129,7 @@ int r2cc_qp_shadow_create(const struct r2cc_qp_shadow_attr *attr, struct r2cc_qp
 	sh->sq_sig_all = attr->sq_sig_all;
 	sh->tag_fn = attr->tag_fn;
 	sh->tag_ctx = attr->tag_ctx;
-	sh->tag_min = attr->tag_max_bytes ? 1 : 0;
-	sh->tag_max = attr->tag_max_bytes ? attr->tag_max_bytes : UINT64_MAX;
+	sh->tag_max_bytes = attr->tag_max_bytes;
 	*shadow_p = sh;
 	return 0;
 
@@ -228,7 +238,7 @@ static int record_sends(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *lis
 		e->bytes_upto = sh->send_bytes_posted + bytes_all;
 		if (e->byte_len > big)
 			big = e->byte_len;
-		e->tag = sh->tag_fn && bytes >= sh->tag_min && bytes <= sh->tag_max
+		e->tag = sh->tag_fn && (!sh->tag_max_bytes || bytes - 1 < sh->tag_max_bytes)
 			     ? sh->tag_fn(sh->tag_ctx, w)
 			     : 0;
 		if (e->tag) {
