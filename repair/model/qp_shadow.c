@@ -23,12 +23,34 @@ struct shadow_ring {
 	struct r2cc_shadow_sge *sge; /* (mask + 1) * max_sge */
 };
 
+/*
+ * A send request in the ring: one cache line, which is all a post writes of it (and a
+ * completion reads) when it has at most one SGE. More SGEs go to the ring's side array,
+ * all of them; an inline payload to the inline buffer. Its sequence number is its
+ * place; its inline length its byte_len (r2cc_shadow_send is the full form).
+ */
+struct shadow_rec {
+	uint64_t wr_id;
+	uint64_t remote_addr;
+	uint64_t tag;
+	uint64_t msgs;
+	struct r2cc_shadow_sge sge0; /* the SGE when num_sge is 1 */
+	uint32_t rkey;
+	uint32_t imm_data;
+	uint32_t byte_len;
+	uint16_t send_flags;
+	uint8_t opcode;
+	uint8_t num_sge;
+};
+
+_Static_assert(sizeof(struct shadow_rec) == 64, "a send record: one cache line");
+
 /* Laid out by who touches what: a post reads and writes the first two cache lines
  * (with its record), a completion the first and the poller's. */
 struct r2cc_qp_shadow {
 	/* line 0: the send ring and what every post reads */
 	struct shadow_ring sq;
-	struct r2cc_shadow_send *sends;
+	struct shadow_rec *sends;
 	r2cc_qp_shadow_tag_fn tag_fn;
 	int error;		/* sticky, written by either side */
 	uint32_t max_request;	/* atomic: the largest request recorded */
@@ -46,7 +68,7 @@ struct r2cc_qp_shadow {
 	uint64_t msgs_retired __attribute__((aligned(64)));
 	uint64_t send_retired, recv_imm;
 	uint64_t sig_retired;	     /* signalled send requests retired */
-	uint64_t send_bytes_retired; /* atomic: bytes_upto of the last retired request */
+	uint64_t send_bytes_retired; /* atomic: bytes of the requests retired */
 	struct r2cc_shadow_msg done[R2CC_SHADOW_LOST_MAX]; /* the last messages retired */
 	/* the receive side, and the rest */
 	struct shadow_ring rq __attribute__((aligned(64)));
@@ -88,6 +110,32 @@ static int set_broken(struct r2cc_qp_shadow *sh, int err)
 	return err;
 }
 
+/* The full form of the send record of seq: its SGEs and inline payload where the
+ * ring keeps them (valid while the record stands). */
+static void rec_expand(const struct r2cc_qp_shadow *sh, uint64_t seq, struct r2cc_shadow_send *d)
+{
+	size_t slot = seq & sh->sq.mask;
+	const struct shadow_rec *e = &sh->sends[slot];
+	memset(d, 0, sizeof(*d));
+	d->seq = seq;
+	d->msgs = e->msgs;
+	d->wr_id = e->wr_id;
+	d->remote_addr = e->remote_addr;
+	d->tag = e->tag;
+	d->rkey = e->rkey;
+	d->imm_data = e->imm_data;
+	d->byte_len = e->byte_len;
+	d->opcode = (enum ibv_wr_opcode)e->opcode;
+	d->send_flags = e->send_flags;
+	d->num_sge = e->num_sge;
+	d->sge = e->num_sge == 1 ? (struct r2cc_shadow_sge *)&e->sge0
+				 : &sh->sq.sge[slot * sh->sq.max_sge];
+	if (e->send_flags & IBV_SEND_INLINE) {
+		d->inline_len = e->byte_len;
+		d->inline_data = &sh->inline_buf[slot * sh->max_inline];
+	}
+}
+
 static uint32_t pow2_at_least(uint32_t n)
 {
 	uint32_t p = 1;
@@ -113,13 +161,18 @@ int r2cc_qp_shadow_create(const struct r2cc_qp_shadow_attr *attr, struct r2cc_qp
 	if (!sh)
 		return -ENOMEM;
 	memset(sh, 0, sizeof(*sh));
+	if (attr->max_send_sge > UINT8_MAX) { /* a send record counts its SGEs in a byte */
+		free(sh);
+		return -EINVAL;
+	}
 	if (ring_init(&sh->sq, attr->max_send_wr, attr->max_send_sge) ||
 	    ring_init(&sh->rq, attr->max_recv_wr, attr->max_recv_sge))
 		goto err_free;
-	sh->sends = calloc((size_t)sh->sq.mask + 1, sizeof(*sh->sends));
+	sh->sends = aligned_alloc(64, ((size_t)sh->sq.mask + 1) * sizeof(*sh->sends));
 	sh->recvs = calloc((size_t)sh->rq.mask + 1, sizeof(*sh->recvs));
 	if (!sh->sends || !sh->recvs)
 		goto err_free;
+	memset(sh->sends, 0, ((size_t)sh->sq.mask + 1) * sizeof(*sh->sends));
 	sh->max_inline = attr->max_inline_data;
 	if (sh->max_inline) {
 		sh->inline_buf = malloc(((size_t)sh->sq.mask + 1) * sh->max_inline);
@@ -194,17 +247,27 @@ static int record_sends(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *lis
 			goto refused;
 		}
 		size_t slot = seq & sh->sq.mask;
-		struct r2cc_shadow_send *e = &sh->sends[slot];
-		struct r2cc_shadow_sge *sge = &sh->sq.sge[slot * sh->sq.max_sge];
-		uint64_t bytes = 0;
-		for (int i = 0; i < w->num_sge; i++) {
-			sge[i].addr = w->sg_list[i].addr;
-			sge[i].length = w->sg_list[i].length;
-			sge[i].lkey = w->sg_list[i].lkey;
-			bytes += w->sg_list[i].length;
+		struct shadow_rec *e = &sh->sends[slot];
+		unsigned int flags = w->send_flags | (sh->sq_sig_all ? IBV_SEND_SIGNALED : 0);
+		if (flags > UINT16_MAX) { /* no flag verbs.h knows */
+			err = -EOPNOTSUPP;
+			goto refused;
 		}
-		e->inline_len = 0;
-		e->inline_data = NULL;
+		uint64_t bytes = 0;
+		if (w->num_sge == 1) {
+			e->sge0.addr = w->sg_list[0].addr;
+			e->sge0.length = w->sg_list[0].length;
+			e->sge0.lkey = w->sg_list[0].lkey;
+			bytes = w->sg_list[0].length;
+		} else {
+			struct r2cc_shadow_sge *sge = &sh->sq.sge[slot * sh->sq.max_sge];
+			for (int i = 0; i < w->num_sge; i++) {
+				sge[i].addr = w->sg_list[i].addr;
+				sge[i].length = w->sg_list[i].length;
+				sge[i].lkey = w->sg_list[i].lkey;
+				bytes += w->sg_list[i].length;
+			}
+		}
 		if (w->send_flags & IBV_SEND_INLINE) {
 			if (bytes > sh->max_inline) {
 				err = -E2BIG;
@@ -212,30 +275,24 @@ static int record_sends(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *lis
 			}
 			uint8_t *dst = &sh->inline_buf[slot * sh->max_inline];
 			for (int i = 0; i < w->num_sge; i++) {
-				memcpy(dst + e->inline_len,
-				       (const void *)(uintptr_t)w->sg_list[i].addr,
+				memcpy(dst, (const void *)(uintptr_t)w->sg_list[i].addr,
 				       w->sg_list[i].length);
-				e->inline_len += w->sg_list[i].length;
+				dst += w->sg_list[i].length;
 			}
-			e->inline_data = dst;
 		}
 		bool consumer = is_consumer(op),
 		     send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
-		e->seq = seq;
 		e->wr_id = w->wr_id;
-		e->opcode = op;
-		e->send_flags = w->send_flags | (sh->sq_sig_all ? IBV_SEND_SIGNALED : 0);
+		e->opcode = (uint8_t)op;
+		e->send_flags = (uint16_t)flags;
 		e->imm_data = consumer && op != IBV_WR_SEND ? w->imm_data : 0;
 		e->remote_addr = send ? 0 : w->wr.rdma.remote_addr;
 		e->rkey = send ? 0 : w->wr.rdma.rkey;
 		sh->msgs_posted += consumer;
 		e->msgs = sh->msgs_posted;
-		e->num_sge = w->num_sge;
-		e->sge = sge;
-		e->hollow = false;
+		e->num_sge = (uint8_t)w->num_sge;
 		e->byte_len = (uint32_t)bytes;
 		bytes_all += bytes;
-		e->bytes_upto = sh->send_bytes_posted + bytes_all;
 		if (e->byte_len > big)
 			big = e->byte_len;
 		e->tag = sh->tag_fn && (!sh->tag_max_bytes || bytes - 1 < sh->tag_max_bytes)
@@ -357,7 +414,7 @@ int r2cc_qp_shadow_unpost_send(struct r2cc_qp_shadow *sh, const struct ibv_send_
 	if (m < 0 || head - load_acq(&sh->sq.tail) < (uint64_t)m)
 		return set_broken(sh, -EINVAL);
 	for (uint64_t seq = head - (uint64_t)m + 1; seq <= head; seq++) {
-		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
+		const struct shadow_rec *e = &sh->sends[seq & sh->sq.mask];
 		stat_add(&sh->send_bytes_posted, -(uint64_t)e->byte_len);
 		sh->msgs_posted -= is_consumer(e->opcode);
 		if (e->send_flags & IBV_SEND_SIGNALED)
@@ -389,22 +446,23 @@ int r2cc_qp_shadow_send_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 		return -EINVAL;
 	if (wc->status != IBV_WC_SUCCESS)
 		return 0;
-	uint64_t head = load_acq(&sh->sq.head);
+	uint64_t head = load_acq(&sh->sq.head), bytes = 0;
 	for (uint64_t seq = sh->sq.tail + 1; seq <= head; seq++) {
-		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
+		const struct shadow_rec *e = &sh->sends[seq & sh->sq.mask];
+		bytes += e->byte_len;
 		/* the record of retired messages, on the way (one written for a message
 		 * that then does not retire, the shadow breaking, is not read back:
 		 * r2cc_qp_shadow_retired_msgs() checks each record's number) */
 		if (is_consumer(e->opcode))
-			sh->done[e->msgs % R2CC_SHADOW_LOST_MAX] =
-			    (struct r2cc_shadow_msg){e->msgs, e->imm_data, e->byte_len, e->opcode};
+			sh->done[e->msgs % R2CC_SHADOW_LOST_MAX] = (struct r2cc_shadow_msg){
+			    e->msgs, e->imm_data, e->byte_len, (enum ibv_wr_opcode)e->opcode};
 		if (!(e->send_flags & IBV_SEND_SIGNALED))
 			continue;
 		if (e->wr_id != wc->wr_id)
 			return set_broken(sh, -EPROTO);
 		sh->msgs_retired = e->msgs;
 		stat_add(&sh->send_retired, seq - sh->sq.tail);
-		store_rel(&sh->send_bytes_retired, e->bytes_upto);
+		store_rel(&sh->send_bytes_retired, sh->send_bytes_retired + bytes);
 		store_rel(&sh->sig_retired, sh->sig_retired + 1);
 		store_rel(&sh->sq.tail, seq);
 		return 0;
@@ -546,14 +604,14 @@ static bool is_barrier(const struct r2cc_shadow_send *e)
 }
 
 /* A later plain WRITE covers e's whole target (same rkey), no barrier between. */
-static bool superseded(const struct r2cc_shadow_send *const *cand, size_t i, size_t n)
+static bool superseded(const struct r2cc_shadow_send *cand, size_t i, size_t n)
 {
-	const struct r2cc_shadow_send *e = cand[i];
+	const struct r2cc_shadow_send *e = &cand[i];
 	if (e->opcode != IBV_WR_RDMA_WRITE || e->byte_len == 0)
 		return false;
 	uint64_t lo = e->remote_addr, hi = lo + e->byte_len;
 	for (size_t j = i + 1; j < n; j++) {
-		const struct r2cc_shadow_send *l = cand[j];
+		const struct r2cc_shadow_send *l = &cand[j];
 		if (is_barrier(l))
 			return false;
 		if (l->rkey == e->rkey && l->remote_addr <= lo &&
@@ -630,14 +688,14 @@ int r2cc_qp_shadow_plan_build(const struct r2cc_qp_shadow *sh,
 	size_t ns = (size_t)(s_head - s_tail), nr = (size_t)(r_head - r_tail);
 	size_t sges = 0, inl = 0;
 	for (uint64_t seq = s_tail + 1; seq <= s_head; seq++) {
-		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
+		const struct shadow_rec *e = &sh->sends[seq & sh->sq.mask];
 		sges += (size_t)e->num_sge;
-		inl += e->inline_len;
+		inl += e->send_flags & IBV_SEND_INLINE ? e->byte_len : 0;
 	}
 	for (uint64_t seq = r_tail + 1; seq <= r_head; seq++)
 		sges += (size_t)sh->recvs[seq & sh->rq.mask].num_sge;
 
-	const struct r2cc_shadow_send **cand = calloc(ns + 1, sizeof(*cand));
+	struct r2cc_shadow_send *cand = calloc(ns + 1, sizeof(*cand));
 	plan->synth = calloc(ns + 1, sizeof(*plan->synth));
 	plan->send = calloc(ns + 1, sizeof(*plan->send));
 	plan->recv = calloc(nr + 1, sizeof(*plan->recv));
@@ -654,11 +712,12 @@ int r2cc_qp_shadow_plan_build(const struct r2cc_qp_shadow *sh,
 	size_t sge_used = 0, inline_used = 0, nc = 0;
 	bool read_before = false;
 	for (uint64_t seq = s_tail + 1; seq <= s_head; seq++) {
-		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
+		struct r2cc_shadow_send *e = &cand[nc];
+		rec_expand(sh, seq, e);
 		/* At or before the k-th consuming request: landed. */
 		bool landed = e->msgs < k || (e->msgs == k && is_consumer(e->opcode));
 		if (!landed) {
-			cand[nc++] = e;
+			nc++;
 			continue;
 		}
 		if (e->opcode == IBV_WR_RDMA_READ) {
@@ -677,7 +736,7 @@ int r2cc_qp_shadow_plan_build(const struct r2cc_qp_shadow *sh,
 
 	/* (b): after the boundary, in order. */
 	for (size_t i = 0; i < nc; i++) {
-		const struct r2cc_shadow_send *e = cand[i];
+		const struct r2cc_shadow_send *e = &cand[i];
 		bool skip = false;
 		if (e->opcode == IBV_WR_RDMA_WRITE) {
 			if (superseded(cand, i, nc)) {
@@ -721,9 +780,12 @@ void r2cc_qp_shadow_tagged_writes(const struct r2cc_qp_shadow *sh,
 				  void *ctx)
 {
 	for (uint64_t seq = sh->sq.tail + 1; seq <= sh->sq.head; seq++) {
-		const struct r2cc_shadow_send *e = &sh->sends[seq & sh->sq.mask];
-		if (e->opcode == IBV_WR_RDMA_WRITE && e->tag)
-			fn(ctx, e);
+		const struct shadow_rec *e = &sh->sends[seq & sh->sq.mask];
+		if (e->opcode == IBV_WR_RDMA_WRITE && e->tag) {
+			struct r2cc_shadow_send w;
+			rec_expand(sh, seq, &w);
+			fn(ctx, &w);
+		}
 	}
 }
 

@@ -137,7 +137,8 @@ struct r2cc_shadow_sge {
 	uint32_t lkey;
 };
 
-/* One recorded send request. sge points into the shadow (or the plan). */
+/* One recorded send request, as the plan and its callers see it (the ring keeps a
+ * compact form of it, one cache line). sge points into the shadow (or the plan). */
 struct r2cc_shadow_send {
 	uint64_t seq;  /* 1, 2, ... per QP */
 	uint64_t msgs; /* receive-consuming requests up to and including this one */
@@ -147,7 +148,6 @@ struct r2cc_shadow_send {
 	uint32_t rkey;
 	uint32_t imm_data;   /* as posted (network order) */
 	uint32_t byte_len;   /* sum of the SGE lengths */
-	uint64_t bytes_upto; /* bytes of this QP's requests up to and including this one */
 	uint32_t inline_len; /* bytes held in inline_data when IBV_SEND_INLINE */
 	enum ibv_wr_opcode opcode;
 	unsigned int send_flags;

@@ -839,3 +839,62 @@ Test(qp_shadow, tag_function_sees_only_requests_up_to_its_bound)
 	cr_assert_eq(tag_calls, 2);
 	r2cc_qp_shadow_destroy(sh);
 }
+
+/* The ring's one-line record: the first SGE in it, more in the side array; the retired
+ * bytes summed at retirement; the limits of its narrow fields refused, not cut. */
+Test(qp_shadow, compact_record_keeps_sges_bytes_and_its_limits)
+{
+	struct r2cc_qp_shadow_attr a = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 256};
+	struct r2cc_qp_shadow *sh = NULL;
+	cr_assert_eq(r2cc_qp_shadow_create(&a, &sh), -EINVAL);
+	a.max_send_sge = 3;
+	cr_assert_eq(r2cc_qp_shadow_create(&a, &sh), 0);
+
+	struct ibv_send_wr w[3];
+	struct ibv_sge s[3];
+	struct ibv_sge three[3] = {{0x100, 8, 11}, {0x200, 16, 12}, {0x300, 4, 13}};
+	mkwr(&w[0], &s[0], IBV_WR_RDMA_WRITE, 0, 1, 0x9000, 5, 0, 8, 2);
+	w[0].sg_list = three;
+	w[0].num_sge = 3;
+	mkwr(&w[1], &s[1], IBV_WR_RDMA_WRITE, 0, 2, 0x9100, 5, 0x400, 32, 14);
+	mkwr(&w[2], &s[2], IBV_WR_RDMA_WRITE_WITH_IMM, IBV_SEND_SIGNALED, 3, 0x9200, 5, 0x500, 64,
+	     15);
+	w[0].next = &w[1];
+	w[1].next = &w[2];
+	cr_assert_eq(r2cc_qp_shadow_post_send(sh, w, NULL), 0);
+
+	struct r2cc_qp_shadow_plan p = plan_k(sh, 0);
+	cr_assert_eq(p.n_send, 3);
+	cr_assert_eq(p.send[0].num_sge, 3);
+	for (int i = 0; i < 3; i++) {
+		cr_assert_eq(p.send[0].sge[i].addr, three[i].addr);
+		cr_assert_eq(p.send[0].sge[i].length, three[i].length);
+		cr_assert_eq(p.send[0].sge[i].lkey, three[i].lkey);
+	}
+	cr_assert_eq(p.send[0].byte_len, 28);
+	cr_assert_eq(p.send[1].num_sge, 1);
+	cr_assert_eq(p.send[1].sge[0].addr, 0x400);
+	cr_assert_eq(p.send[1].sge[0].lkey, 14);
+	cr_assert_eq(p.send[2].seq, 3);
+	cr_assert_eq(p.send[2].remote_addr, 0x9200);
+	r2cc_qp_shadow_plan_free(&p);
+
+	uint64_t posted, retired;
+	uint32_t max_request;
+	struct ibv_wc wc = wc_of(3, IBV_WC_RDMA_WRITE);
+	cr_assert_eq(r2cc_qp_shadow_wc(sh, &wc), 0);
+	r2cc_qp_shadow_bytes(sh, &posted, &retired, &max_request);
+	cr_assert_eq(posted, 28 + 32 + 64);
+	cr_assert_eq(retired, 28 + 32 + 64);
+	cr_assert_eq(max_request, 64);
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, IBV_SEND_SIGNALED, 4, 0, 16), 0);
+	wc = wc_of(4, IBV_WC_RDMA_WRITE);
+	cr_assert_eq(r2cc_qp_shadow_wc(sh, &wc), 0);
+	r2cc_qp_shadow_bytes(sh, &posted, &retired, &max_request);
+	cr_assert_eq(retired, 28 + 32 + 64 + 16);
+
+	/* A flag past what the record holds: refused, the shadow broken. */
+	cr_assert_eq(post1(sh, IBV_WR_RDMA_WRITE, 1u << 16, 5, 0, 8), -EOPNOTSUPP);
+	cr_assert_eq(r2cc_qp_shadow_error(sh), -EOPNOTSUPP);
+	r2cc_qp_shadow_destroy(sh);
+}
