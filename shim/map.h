@@ -139,7 +139,7 @@ static inline unsigned r2cc_map_cache_way(uint64_t key)
 	return (unsigned)((key * 0x9e3779b97f4a7c15ULL) >> (64 - R2CC_MAP_CACHE_BITS));
 }
 
-/* The cache alone: the value of a hit, NULL on a miss (then r2cc_map_get_cached). */
+/* The cache alone: the value of a hit, NULL on a miss (then r2cc_map_get_miss). */
 static inline void *r2cc_map_peek_cached(const struct r2cc_map *m, const struct r2cc_map_cache *c,
 					 uint64_t key)
 {

@@ -155,16 +155,13 @@ static int ring_init(struct shadow_ring *r, uint32_t cap, uint32_t max_sge)
 
 int r2cc_qp_shadow_create(const struct r2cc_qp_shadow_attr *attr, struct r2cc_qp_shadow **shadow_p)
 {
-	if (!attr || !shadow_p)
+	/* a send record counts its SGEs in a byte */
+	if (!attr || !shadow_p || attr->max_send_sge > UINT8_MAX)
 		return -EINVAL;
 	struct r2cc_qp_shadow *sh = aligned_alloc(64, sizeof(*sh));
 	if (!sh)
 		return -ENOMEM;
 	memset(sh, 0, sizeof(*sh));
-	if (attr->max_send_sge > UINT8_MAX) { /* a send record counts its SGEs in a byte */
-		free(sh);
-		return -EINVAL;
-	}
 	if (ring_init(&sh->sq, attr->max_send_wr, attr->max_send_sge) ||
 	    ring_init(&sh->rq, attr->max_recv_wr, attr->max_recv_sge))
 		goto err_free;
@@ -712,6 +709,8 @@ int r2cc_qp_shadow_plan_build(const struct r2cc_qp_shadow *sh,
 	size_t sge_used = 0, inline_used = 0, nc = 0;
 	bool read_before = false;
 	for (uint64_t seq = s_tail + 1; seq <= s_head; seq++) {
+		/* expanded into the next candidate's place: a landed one is used at once
+		 * and its place taken by the next */
 		struct r2cc_shadow_send *e = &cand[nc];
 		rec_expand(sh, seq, e);
 		/* At or before the k-th consuming request: landed. */
