@@ -7,6 +7,8 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* Only interposed entry points and include/r2cc.h carry this. */
@@ -16,6 +18,17 @@
 #define r2cc_unlikely(x) __builtin_expect(!!(x), 0)
 
 #define R2CC_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Zeroed memory that starts on a cache line, its size rounded up to whole lines
+ * (aligned_alloc's contract); freed with free(). */
+static inline void *r2cc_zalloc_lines(size_t size)
+{
+	size = (size + 63) & ~(size_t)63;
+	void *p = aligned_alloc(64, size ? size : 64);
+	if (p)
+		memset(p, 0, size ? size : 64);
+	return p;
+}
 
 /* *p = max(*p, v), atomically; order is the memory order of the store that raises it. */
 static inline void r2cc_atomic_max_i64(int64_t *p, int64_t v, int order)

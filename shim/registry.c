@@ -187,11 +187,9 @@ R2CC_EXPORT int r2cc_nic_stats(struct r2cc_nic_stat *out, int max)
  * one line. */
 static void *record_add(struct r2cc_map *m, const void *key, size_t size)
 {
-	size = (size + 63) & ~(size_t)63;
-	void *rec = aligned_alloc(64, size);
+	void *rec = r2cc_zalloc_lines(size);
 	if (!rec)
 		return NULL;
-	memset(rec, 0, size);
 	int rc = r2cc_map_insert(m, (uint64_t)(uintptr_t)key, rec);
 	if (rc) {
 		R2CC_WARN_ONCE(

@@ -9,6 +9,7 @@
  * and reads the other's with an acquire load.
  */
 #include "repair/model/qp_shadow.h"
+#include "shim/common.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -20,7 +21,9 @@ struct shadow_ring {
 	uint64_t tail; /* last sequence number retired (poller) */
 	uint32_t mask;
 	uint32_t max_sge;
-	struct r2cc_shadow_sge *sge; /* (mask + 1) * max_sge */
+	/* (mask + 1) * max_sge; the send ring's only where max_sge > 1 (a send's
+	 * first SGE lives in its record) */
+	struct r2cc_shadow_sge *sge;
 };
 
 /*
@@ -128,8 +131,8 @@ static void rec_expand(const struct r2cc_qp_shadow *sh, uint64_t seq, struct r2c
 	d->opcode = (enum ibv_wr_opcode)e->opcode;
 	d->send_flags = e->send_flags;
 	d->num_sge = e->num_sge;
-	d->sge = e->num_sge == 1 ? (struct r2cc_shadow_sge *)&e->sge0
-				 : &sh->sq.sge[slot * sh->sq.max_sge];
+	d->sge = e->num_sge > 1 ? &sh->sq.sge[slot * sh->sq.max_sge]
+				: (struct r2cc_shadow_sge *)&e->sge0;
 	if (e->send_flags & IBV_SEND_INLINE) {
 		d->inline_len = e->byte_len;
 		d->inline_data = &sh->inline_buf[slot * sh->max_inline];
@@ -144,12 +147,15 @@ static uint32_t pow2_at_least(uint32_t n)
 	return p;
 }
 
-static int ring_init(struct shadow_ring *r, uint32_t cap, uint32_t max_sge)
+/* side: how many SGEs a request keeps outside its record */
+static int ring_init(struct shadow_ring *r, uint32_t cap, uint32_t max_sge, uint32_t side)
 {
 	uint32_t n = pow2_at_least(cap ? cap : 1);
 	r->mask = n - 1;
 	r->max_sge = max_sge ? max_sge : 1;
-	r->sge = calloc((size_t)n * r->max_sge, sizeof(*r->sge));
+	if (!side)
+		return 0;
+	r->sge = calloc((size_t)n * side, sizeof(*r->sge));
 	return r->sge ? 0 : -ENOMEM;
 }
 
@@ -158,18 +164,18 @@ int r2cc_qp_shadow_create(const struct r2cc_qp_shadow_attr *attr, struct r2cc_qp
 	/* a send record counts its SGEs in a byte */
 	if (!attr || !shadow_p || attr->max_send_sge > UINT8_MAX)
 		return -EINVAL;
-	struct r2cc_qp_shadow *sh = aligned_alloc(64, sizeof(*sh));
+	struct r2cc_qp_shadow *sh = r2cc_zalloc_lines(sizeof(*sh));
 	if (!sh)
 		return -ENOMEM;
-	memset(sh, 0, sizeof(*sh));
-	if (ring_init(&sh->sq, attr->max_send_wr, attr->max_send_sge) ||
-	    ring_init(&sh->rq, attr->max_recv_wr, attr->max_recv_sge))
+	uint32_t send_sge = attr->max_send_sge ? attr->max_send_sge : 1;
+	uint32_t recv_sge = attr->max_recv_sge ? attr->max_recv_sge : 1;
+	if (ring_init(&sh->sq, attr->max_send_wr, send_sge, send_sge > 1 ? send_sge : 0) ||
+	    ring_init(&sh->rq, attr->max_recv_wr, recv_sge, recv_sge))
 		goto err_free;
-	sh->sends = aligned_alloc(64, ((size_t)sh->sq.mask + 1) * sizeof(*sh->sends));
+	sh->sends = r2cc_zalloc_lines(((size_t)sh->sq.mask + 1) * sizeof(*sh->sends));
 	sh->recvs = calloc((size_t)sh->rq.mask + 1, sizeof(*sh->recvs));
 	if (!sh->sends || !sh->recvs)
 		goto err_free;
-	memset(sh->sends, 0, ((size_t)sh->sq.mask + 1) * sizeof(*sh->sends));
 	sh->max_inline = attr->max_inline_data;
 	if (sh->max_inline) {
 		sh->inline_buf = malloc(((size_t)sh->sq.mask + 1) * sh->max_inline);
@@ -256,7 +262,7 @@ static int record_sends(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *lis
 			e->sge0.length = w->sg_list[0].length;
 			e->sge0.lkey = w->sg_list[0].lkey;
 			bytes = w->sg_list[0].length;
-		} else {
+		} else if (w->num_sge > 1) {
 			struct r2cc_shadow_sge *sge = &sh->sq.sge[slot * sh->sq.max_sge];
 			for (int i = 0; i < w->num_sge; i++) {
 				sge[i].addr = w->sg_list[i].addr;

@@ -898,3 +898,43 @@ Test(qp_shadow, compact_record_keeps_sges_bytes_and_its_limits)
 	cr_assert_eq(r2cc_qp_shadow_error(sh), -EOPNOTSUPP);
 	r2cc_qp_shadow_destroy(sh);
 }
+
+/* A QP of one SGE a send keeps each SGE in the record itself: a zero-SGE write with
+ * immediate (NCCL's completion notice) and a one-SGE write replay as posted, and a
+ * second SGE is refused before anything is written. */
+Test(qp_shadow, single_sge_queue_keeps_zero_and_one_sge_sends)
+{
+	struct r2cc_qp_shadow_attr a = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1};
+	struct r2cc_qp_shadow *sh = NULL;
+	cr_assert_eq(r2cc_qp_shadow_create(&a, &sh), 0);
+
+	struct ibv_send_wr w[2];
+	struct ibv_sge s[2];
+	mkwr(&w[0], &s[0], IBV_WR_RDMA_WRITE, 0, 1, 0x9000, 5, 0x400, 32, 14);
+	mkwr(&w[1], &s[1], IBV_WR_RDMA_WRITE_WITH_IMM, IBV_SEND_SIGNALED, 2, 0x9100, 5, 0, 0, 0);
+	w[1].sg_list = NULL;
+	w[1].num_sge = 0;
+	w[1].imm_data = 77;
+	w[0].next = &w[1];
+	cr_assert_eq(r2cc_qp_shadow_post_send(sh, w, NULL), 0);
+
+	struct r2cc_qp_shadow_plan p = plan_k(sh, 0);
+	cr_assert_eq(p.n_send, 2);
+	cr_assert_eq(p.send[0].num_sge, 1);
+	cr_assert_eq(p.send[0].sge[0].addr, 0x400);
+	cr_assert_eq(p.send[0].sge[0].length, 32);
+	cr_assert_eq(p.send[0].sge[0].lkey, 14);
+	cr_assert_eq(p.send[1].num_sge, 0);
+	cr_assert_eq(p.send[1].byte_len, 0);
+	cr_assert_eq(p.send[1].imm_data, 77);
+	cr_assert_eq(p.send[1].remote_addr, 0x9100);
+	r2cc_qp_shadow_plan_free(&p);
+
+	struct ibv_sge two[2] = {{0x100, 8, 11}, {0x200, 16, 12}};
+	mkwr(&w[0], &s[0], IBV_WR_RDMA_WRITE, 0, 3, 0x9200, 5, 0, 8, 2);
+	w[0].sg_list = two;
+	w[0].num_sge = 2;
+	cr_assert_eq(r2cc_qp_shadow_post_send(sh, w, NULL), -E2BIG);
+	cr_assert_eq(r2cc_qp_shadow_error(sh), -E2BIG);
+	r2cc_qp_shadow_destroy(sh);
+}
