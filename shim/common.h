@@ -23,10 +23,10 @@
  * (aligned_alloc's contract); freed with free(). */
 static inline void *r2cc_zalloc_lines(size_t size)
 {
-	size = (size + 63) & ~(size_t)63;
-	void *p = aligned_alloc(64, size ? size : 64);
+	size = size ? (size + 63) & ~(size_t)63 : 64;
+	void *p = aligned_alloc(64, size);
 	if (p)
-		memset(p, 0, size ? size : 64);
+		memset(p, 0, size);
 	return p;
 }
 

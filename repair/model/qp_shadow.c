@@ -147,15 +147,15 @@ static uint32_t pow2_at_least(uint32_t n)
 	return p;
 }
 
-/* side: how many SGEs a request keeps outside its record */
-static int ring_init(struct shadow_ring *r, uint32_t cap, uint32_t max_sge, uint32_t side)
+/* max_sge: at least 1; side: whether a request keeps its SGEs outside its record */
+static int ring_init(struct shadow_ring *r, uint32_t cap, uint32_t max_sge, bool side)
 {
 	uint32_t n = pow2_at_least(cap ? cap : 1);
 	r->mask = n - 1;
-	r->max_sge = max_sge ? max_sge : 1;
+	r->max_sge = max_sge;
 	if (!side)
 		return 0;
-	r->sge = calloc((size_t)n * side, sizeof(*r->sge));
+	r->sge = calloc((size_t)n * max_sge, sizeof(*r->sge));
 	return r->sge ? 0 : -ENOMEM;
 }
 
@@ -169,8 +169,8 @@ int r2cc_qp_shadow_create(const struct r2cc_qp_shadow_attr *attr, struct r2cc_qp
 		return -ENOMEM;
 	uint32_t send_sge = attr->max_send_sge ? attr->max_send_sge : 1;
 	uint32_t recv_sge = attr->max_recv_sge ? attr->max_recv_sge : 1;
-	if (ring_init(&sh->sq, attr->max_send_wr, send_sge, send_sge > 1 ? send_sge : 0) ||
-	    ring_init(&sh->rq, attr->max_recv_wr, recv_sge, recv_sge))
+	if (ring_init(&sh->sq, attr->max_send_wr, send_sge, send_sge > 1) ||
+	    ring_init(&sh->rq, attr->max_recv_wr, recv_sge, true))
 		goto err_free;
 	sh->sends = r2cc_zalloc_lines(((size_t)sh->sq.mask + 1) * sizeof(*sh->sends));
 	sh->recvs = calloc((size_t)sh->rq.mask + 1, sizeof(*sh->recvs));
