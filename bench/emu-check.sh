@@ -105,6 +105,21 @@ run 0 nocorrupt-bcast env R2CC_PERF_EMU_CORRUPT=2 "$E"/broadcast_perf -b 1K -e 4
 rows nocorrupt-bcast 0 0
 echo "checker: done"
 
+# --split-cpus: each emulated node on its own cores, disjoint; one core cannot be split
+run 0 split "$E"/all_reduce_perf -b 1M -e 1M -n 2 --nodes 2 --gpus-per-node 1 --split-cpus
+rows split 0 0
+n0=$(sed -n 's/^# node0 runs on CPUs //p' "$T/split.out")
+n1=$(sed -n 's/^# node1 runs on CPUs //p' "$T/split.out")
+if [ "$(nproc)" -ge 2 ]; then
+	[ -n "$n0" ] && [ -n "$n1" ] && [ "$n0" != "$n1" ] || bad "split: node CPUs '$n0' / '$n1'"
+fi
+run 0 split-one taskset -c 0 "$E"/all_reduce_perf -b 1K -e 1K -n 1 --nodes 2 --gpus-per-node 1 \
+	--split-cpus
+grep -q 'fewer cores than nodes' "$T/split-one.err" || bad "split on one core: no warning"
+run 4 split-alone "$E"/all_reduce_perf -b 1K -e 1K --split-cpus
+grep -q -- '--split-cpus goes with --nodes' "$T/split-alone.err" || bad "split without --nodes"
+echo "split-cpus: done"
+
 # hot-repair table
 run 0 iters "$E"/all_reduce_perf -b 1M -e 1M -n 3 -w 0 --iters-table --nodes 2 --gpus-per-node 1
 [ "$(grep -c '^\[Rank 0\] Iter [1-3]/3 END: OK (elapsed [0-9]* ms)$' "$T/iters.out")" -eq 3 ] ||

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,83 @@ static void describe(int rank, pid_t pid, int st)
 			(int)pid, WEXITSTATUS(st));
 }
 
+/* A CPU's core, as "package:core" folded into one number; the CPU itself where the
+ * topology cannot be read. */
+static long core_of(int cpu)
+{
+	char path[96];
+	long id[2] = {-1, -1};
+	const char *file[2] = {"physical_package_id", "core_id"};
+
+	for (int k = 0; k < 2; k++) {
+		FILE *f;
+		snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu%d/topology/%s", cpu,
+			 file[k]);
+		f = fopen(path, "r");
+		if (!f || fscanf(f, "%ld", &id[k]) != 1)
+			id[k] = -1;
+		if (f)
+			fclose(f);
+	}
+	return id[0] < 0 || id[1] < 0 ? -1 - cpu : id[0] * 65536 + id[1];
+}
+
+/*
+ * --split-cpus: node i's share of the cores this process may run on (whole cores, so
+ * that two emulated nodes never share one core's hyperthreads), in order; *set stays
+ * untouched and 0 is returned when there are fewer cores than nodes.
+ */
+static int node_cpus(int node, int nodes, cpu_set_t *set)
+{
+	static long cores[CPU_SETSIZE];
+	static int cpu_core[CPU_SETSIZE];
+	cpu_set_t all;
+	int ncores = 0, lo, hi, n = 0;
+
+	if (sched_getaffinity(0, sizeof(all), &all) != 0)
+		return 0;
+	for (int c = 0; c < CPU_SETSIZE; c++) {
+		int k;
+		long id;
+		if (!CPU_ISSET(c, &all))
+			continue;
+		id = core_of(c);
+		for (k = 0; k < ncores && cores[k] != id; k++)
+			;
+		if (k == ncores)
+			cores[ncores++] = id;
+		cpu_core[c] = k;
+	}
+	if (ncores < nodes)
+		return 0;
+	lo = node * ncores / nodes;
+	hi = (node + 1) * ncores / nodes;
+	CPU_ZERO(set);
+	for (int c = 0; c < CPU_SETSIZE; c++)
+		if (CPU_ISSET(c, &all) && cpu_core[c] >= lo && cpu_core[c] < hi) {
+			CPU_SET(c, set);
+			n++;
+		}
+	return n;
+}
+
+/* "0-3,8-11" */
+static void cpus_str(const cpu_set_t *set, char *buf, size_t len)
+{
+	size_t at = 0;
+	buf[0] = '\0';
+	for (int c = 0; c < CPU_SETSIZE && at + 24 < len; c++) {
+		int e = c;
+		if (!CPU_ISSET(c, set))
+			continue;
+		while (e + 1 < CPU_SETSIZE && CPU_ISSET(e + 1, set))
+			e++;
+		at += (size_t)snprintf(buf + at, len - at, e > c ? "%s%d-%d" : "%s%d",
+				       at ? "," : "", c, e);
+		c = e;
+	}
+}
+
 int perf_spawn(const struct perf_opts *o, int argc, char **argv)
 {
 	int total = o->nodes * o->gpus_per_node, left, result = 0, killing = 0;
@@ -145,6 +223,19 @@ int perf_spawn(const struct perf_opts *o, int argc, char **argv)
 	sa.sa_handler = forward_signal;
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	if (o->split_cpus) {
+		for (int node = 0; node < o->nodes; node++) {
+			cpu_set_t set;
+			char buf[256];
+			if (!node_cpus(node, o->nodes, &set)) {
+				fprintf(stderr, "r2cc-perf: --split-cpus: fewer cores than nodes; "
+						"the nodes share all CPUs\n");
+				break;
+			}
+			cpus_str(&set, buf, sizeof(buf));
+			printf("# node%d runs on CPUs %s\n", node, buf);
+		}
+	}
 	fflush(stdout);
 	fflush(stderr);
 
@@ -169,6 +260,14 @@ int perf_spawn(const struct perf_opts *o, int argc, char **argv)
 			setenv_int("NODE_RANK", node);
 			setenv_int("R2CC_PERF_DEVICE", rank);
 			setenv("NCCL_HOSTID", hostid, 1);
+			if (o->split_cpus) {
+				cpu_set_t set;
+				if (node_cpus(node, o->nodes, &set) &&
+				    sched_setaffinity(0, sizeof(set), &set) != 0)
+					fprintf(stderr,
+						"r2cc-perf: rank %d: sched_setaffinity: %s\n", rank,
+						strerror(errno));
+			}
 			execv("/proc/self/exe", argv);
 			fprintf(stderr, "r2cc-perf: exec of /proc/self/exe failed: %s\n",
 				strerror(errno));

@@ -229,6 +229,8 @@ void perf_opts_usage(const char *prog)
 	    "  [--coll allreduce|allgather|reducescatter|broadcast|reduce|alltoall|sendrecv]\n"
 	    "  [--nodes N --gpus-per-node G]  spawn N x G ranks on this host, one NCCL_HOSTID\n"
 	    "                                 per emulated node (node0, node1, ...)\n"
+	    "  [--split-cpus]  with --nodes: each emulated node's ranks run on their own\n"
+	    "                  share of this process's cores, as separate hosts would\n"
 	    "  [--nic-table[=node]] [--nic-table-all]  per-iteration NIC bytes (last size / all)\n"
 	    "  [--iters-table]  verify and report every iteration (hot-repair test)\n"
 	    "  [--selftest-wrong]  corrupt one output element to prove the checker\n"
@@ -268,6 +270,7 @@ enum {
 	OPT_COLL = 256,
 	OPT_NODES,
 	OPT_GPN,
+	OPT_SPLITCPUS,
 	OPT_SELFTEST,
 	OPT_NICTABLE,
 	OPT_NICTABLE_ALL,
@@ -312,6 +315,7 @@ int perf_opts_parse(struct perf_opts *o, int argc, char **argv)
 	    {"coll", required_argument, 0, OPT_COLL},
 	    {"nodes", required_argument, 0, OPT_NODES},
 	    {"gpus-per-node", required_argument, 0, OPT_GPN},
+	    {"split-cpus", no_argument, 0, OPT_SPLITCPUS},
 	    {"selftest-wrong", no_argument, 0, OPT_SELFTEST},
 	    {"nic-table", optional_argument, 0, OPT_NICTABLE},
 	    {"nic-table-all", no_argument, 0, OPT_NICTABLE_ALL},
@@ -457,6 +461,9 @@ int perf_opts_parse(struct perf_opts *o, int argc, char **argv)
 		case OPT_GPN:
 			rc = parse_int(optarg, "--gpus-per-node", 1, &o->gpus_per_node);
 			break;
+		case OPT_SPLITCPUS:
+			o->split_cpus = 1;
+			break;
 		case OPT_SELFTEST:
 			o->selftest_wrong = 1;
 			break;
@@ -501,6 +508,10 @@ int perf_opts_parse(struct perf_opts *o, int argc, char **argv)
 	}
 	if ((o->nodes > 0) != (o->gpus_per_node > 0)) {
 		fprintf(stderr, "r2cc-perf: --nodes and --gpus-per-node go together\n");
+		return -EINVAL;
+	}
+	if (o->split_cpus && !o->nodes) {
+		fprintf(stderr, "r2cc-perf: --split-cpus goes with --nodes\n");
 		return -EINVAL;
 	}
 	if (o->nodes && o->ngpus != 1) {

@@ -26,6 +26,7 @@ struct perf_opts {
 	int timeout_s;
 	/* R2CC extensions */
 	int nodes, gpus_per_node; /* --nodes/--gpus-per-node: spawn the ranks ourselves */
+	int split_cpus;		  /* --split-cpus: each emulated node its own cores */
 	int selftest_wrong;
 	int nic_table, nic_table_all;
 	char nic_node[64]; /* "" = rank 0's node */

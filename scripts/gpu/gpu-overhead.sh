@@ -14,6 +14,10 @@
 # MIN_BYTES=1M starts it there (MIN_BYTES=1M MAX_BYTES=1M ITERS=2000: one size, timed over
 # about a second a run, so that a round's figure is not a few milliseconds' worth).
 # MODE=auto (or 1, 3) measures that R2CC_MODE instead of 2.
+# SPLIT_CPUS=1 runs each emulated node on its own share of the cores (r2cc-perf
+# --split-cpus), as separate hosts would, instead of all ranks and their soft NICs' threads
+# sharing every core. DEADLINE=S starts no round after S seconds (the rounds done are
+# summarised), so that a bounded call still prints its summary.
 set -u
 cd "$(dirname "$0")/../.."
 export R2CC_ROOT=$PWD
@@ -25,6 +29,7 @@ mkdir -p "$LOG"
 . scripts/softfabric.sh
 args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b "${MIN_BYTES:-256K}" -e "${MAX_BYTES:-256M}" -f 4
 	-n "${ITERS:-40}" -w 5 -N 2 -c 1 -d float -o sum)
+[ "${SPLIT_CPUS:-0}" = 1 ] && args+=(--split-cpus)
 # Variants: plain (no R2CC), r2cc (R2CC_MODE=2, hot repair armed, nothing failed) and,
 # with MODE0=1, r2cc-mode0 (the library loaded, R2CC_MODE=0: pure pass-through), a control
 # for effects of loading anything at all. The order rotates every round, so that no variant
@@ -45,6 +50,11 @@ done
 for v in $(printf '%s\n' "${!libs[@]}" | sort); do variants+=("$v"); done
 nv=${#variants[@]}
 for r in $(seq "$ROUNDS"); do
+	if [ -n "${DEADLINE:-}" ] && [ "$SECONDS" -ge "$DEADLINE" ]; then
+		echo "DEADLINE=$DEADLINE s reached: $((r - 1)) rounds done"
+		ROUNDS=$((r - 1))
+		break
+	fi
 	for k in $(seq 0 $((nv - 1))); do
 		v=${variants[$(((k + r) % nv))]}
 		g=${GBPS:-100}
@@ -59,7 +69,7 @@ for r in $(seq "$ROUNDS"); do
 		softfabric_reset
 	done
 done
-echo "healthy-path cost, ${SHAPE} over 3 soft NICs per node${GBPS:+ shaped to $GBPS Gb/s each}, AllReduce float sum, $ROUNDS rounds, order rotated every round"
+echo "healthy-path cost, ${SHAPE} over 3 soft NICs per node${GBPS:+ shaped to $GBPS Gb/s each}${SPLIT_CPUS:+ (SPLIT_CPUS=$SPLIT_CPUS)}, AllReduce float sum, $ROUNDS rounds, order rotated every round"
 echo "(busbw GB/s out-of-place of the second sweep, median of rounds; ratio = with R2CC / without,"
 echo " taken per round, median of rounds [lowest, highest])"
 python3 - "$LOG" "$ROUNDS" <<'PY'
