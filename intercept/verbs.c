@@ -178,13 +178,19 @@ static struct r2cc_ctx *ctx_of(const struct ibv_context *ctx)
 	return r2cc_ctx_find(ctx);
 }
 
-/* What a post handed the provider, counted; out of q's gate. */
+/* What a post handed the provider, counted (registry.h, struct r2cc_fold); out of
+ * q's gate. */
 static inline void post_send_counted(struct r2cc_qp *q, uint64_t n, uint64_t bytes, int door)
 {
-	struct r2cc_nic *nic = q->ctx->nic;
-	r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
-	r2cc_counter_add(&nic->cnt.tx_wrs, n);
-	r2cc_counter_add_door(&q->tx_wrs, n, door);
+	if (r2cc_likely(r2cc_counts_own(door))) {
+		r2cc_count_own(&q->tx_wrs, n);
+		r2cc_count_own(&q->tx_bytes, bytes);
+	} else {
+		struct r2cc_nic *nic = q->ctx->nic;
+		r2cc_counter_add(&nic->cnt.tx_bytes, bytes);
+		r2cc_counter_add(&nic->cnt.tx_wrs, n);
+		r2cc_counter_add(&q->other_tx, n);
+	}
 	r2cc_cq_gate_exit(&q->gate, door);
 }
 
@@ -280,8 +286,12 @@ static int wrap_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 	const struct ibv_recv_wr *stop = rc ? *bad : NULL;
 	for (const struct ibv_recv_wr *w = wr; w && w != stop; w = w->next)
 		n++;
-	r2cc_counter_add(&c->nic->cnt.recv_posted, n);
-	r2cc_counter_add_door(&q->rx_wrs, n, door);
+	if (r2cc_likely(r2cc_counts_own(door))) {
+		r2cc_count_own(&q->recv_wrs, n);
+	} else {
+		r2cc_counter_add(&c->nic->cnt.recv_posted, n);
+		r2cc_counter_add(&q->other_rx, n);
+	}
 	r2cc_cq_gate_exit(&q->gate, door);
 	if (r2cc_unlikely(rc != 0) && q->rep)
 		rc = r2cc_to_verbs(r2cc_repair_recv_refused(q, r2cc_from_verbs(rc), bad));
@@ -304,10 +314,12 @@ static unsigned err_qpn(const struct ibv_wc *wc, int n)
 	return 0;
 }
 
-/* A poll that found completions: probes taken out, shadows retired, counters; errors
- * to hot repair. Out of line, so that the empty poll (most of NCCL's polls) keeps few
- * registers live and saves few. Inside the CQ's gate. */
-static __attribute__((noinline)) int poll_got(struct r2cc_cq *rc, int got, struct ibv_wc *wc)
+/* A poll that found completions: probes taken out, shadows retired, counters (own:
+ * into rc's own counts); errors to hot repair. Out of line, so that the empty poll
+ * (most of NCCL's polls) keeps few registers live and saves few. Inside the CQ's
+ * gate. */
+static __attribute__((noinline)) int poll_got(struct r2cc_cq *rc, int got, struct ibv_wc *wc,
+					      bool own)
 {
 	struct r2cc_nic *nic = rc->ctx->nic;
 	uint64_t rx_bytes = 0, rx = 0, tx = 0, err = 0;
@@ -337,12 +349,18 @@ static __attribute__((noinline)) int poll_got(struct r2cc_cq *rc, int got, struc
 		}
 	}
 	got = kept;
-	if (rx) {
-		r2cc_counter_add(&nic->cnt.rx_wrs, rx);
-		r2cc_counter_add(&nic->cnt.rx_bytes, rx_bytes);
+	if (r2cc_likely(own)) {
+		r2cc_count_own(&rc->rx_wrs, rx);
+		r2cc_count_own(&rc->rx_bytes, rx_bytes);
+		r2cc_count_own(&rc->tx_cqes, tx);
+	} else {
+		if (rx) {
+			r2cc_counter_add(&nic->cnt.rx_wrs, rx);
+			r2cc_counter_add(&nic->cnt.rx_bytes, rx_bytes);
+		}
+		if (tx)
+			r2cc_counter_add(&nic->cnt.tx_cqes, tx);
 	}
-	if (tx)
-		r2cc_counter_add(&nic->cnt.tx_cqes, tx);
 	if (r2cc_unlikely(err)) {
 		r2cc_counter_add(&nic->cnt.err_cqes, err);
 		int left = shadows ? r2cc_repair_poll_errors(rc, wc, got) : got;
@@ -381,7 +399,7 @@ static __attribute__((noinline)) int poll_slow(struct ibv_cq *cq, int num, struc
 		return r2cc_repair_poll(rc, num, wc);
 	int got = rc->ctx->poll_cq(cq, num, wc);
 	if (got > 0)
-		got = poll_got(rc, got, wc);
+		got = poll_got(rc, got, wc, r2cc_counts_own(door));
 	r2cc_cq_gate_exit(&rc->gate, door);
 	return got;
 }
@@ -395,7 +413,7 @@ static int wrap_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
 		return poll_slow(cq, num, wc);
 	int got = rc->ctx->poll_cq(cq, num, wc);
 	if (got > 0)
-		got = poll_got(rc, got, wc);
+		got = poll_got(rc, got, wc, r2cc_counts_own(R2CC_DOOR_SOLO));
 	r2cc_cq_gate_solo_exit(&rc->gate);
 	return got;
 }

@@ -185,9 +185,8 @@ void r2cc_declared_apply(void)
 static void declared_move(struct r2cc_rqp *r)
 {
 	pthread_mutex_lock(&r->mu);
-	bool fresh = r->q && !__atomic_load_n(&r->q->tx_wrs, __ATOMIC_RELAXED) &&
-		     !__atomic_load_n(&r->q->rx_wrs, __ATOMIC_RELAXED) &&
-		     load_state(r) == RQ_HEALTHY;
+	bool fresh =
+	    r->q && !r2cc_qp_sent(r->q) && !r2cc_qp_received(r->q) && load_state(r) == RQ_HEALTHY;
 	if (fresh) {
 		r->declared_pending = true;
 		r2cc_cq_gate_close(&r->q->gate);

@@ -445,6 +445,8 @@ static void *repair_main(void *arg)
 {
 	(void)arg;
 	int64_t next_scan = now_ns() + SCAN_NS;
+	/* the data path's counts reach the NICs' counters through this thread */
+	r2cc_counters_folding(true);
 	pthread_mutex_lock(&r2cc_eng.mu);
 	while (!__atomic_load_n(&r2cc_eng.stop, __ATOMIC_ACQUIRE)) {
 		/* The scan runs between pieces of work too: the load model the
@@ -463,6 +465,7 @@ static void *repair_main(void *arg)
 			r2cc_eng.next_failback = t0 + SCAN_NS;
 			pthread_mutex_unlock(&r2cc_eng.mu);
 			r2cc_failback_tick(t0);
+			r2cc_counters_fold();
 			pthread_mutex_lock(&r2cc_eng.mu);
 		}
 		if (!r2cc_eng.work_head && !r2cc_eng.in_head) {
@@ -508,6 +511,7 @@ static void *repair_main(void *arg)
 		pthread_mutex_lock(&r2cc_eng.mu);
 	}
 	pthread_mutex_unlock(&r2cc_eng.mu);
+	r2cc_counters_folding(false);
 	__atomic_store_n(&r2cc_eng.running, false, __ATOMIC_RELEASE);
 	return NULL;
 }

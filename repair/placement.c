@@ -20,8 +20,7 @@ bool r2cc_rqp_receiving(const struct r2cc_rqp *r)
 {
 	const struct r2cc_qp *q = r2cc_rqp_qp(r);
 	return q && __atomic_load_n(&r->ready, __ATOMIC_ACQUIRE) &&
-	       ((q->access & IBV_ACCESS_REMOTE_ATOMIC) ||
-		__atomic_load_n(&q->rx_wrs, __ATOMIC_RELAXED) > 0);
+	       ((q->access & IBV_ACCESS_REMOTE_ATOMIC) || r2cc_qp_received(q));
 }
 
 static int nic_load(const struct r2cc_nic *nic, bool rx)

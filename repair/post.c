@@ -212,7 +212,7 @@ static void declared_first_post(struct r2cc_rqp *r, bool recv)
 	r->declared_pending = false;
 	r->hold_all = true;
 	if (recv)
-		r2cc_counter_add(&r->q->rx_wrs, 1);
+		r2cc_counter_add(&r->q->other_rx, 1);
 	r2cc_detect(r, "declared failed (R2CC_FAILED_NODE/R2CC_FAILED_HCA)", 0);
 }
 

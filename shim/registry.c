@@ -36,6 +36,99 @@ static uint64_t mr_max_len;
 
 static size_t nqps;
 
+/* --- counts folded into the NICs' counters (registry.h, struct r2cc_fold) ------ */
+
+static pthread_mutex_t fold_lock = PTHREAD_MUTEX_INITIALIZER; /* a leaf lock */
+static struct r2cc_fold *folds;
+bool r2cc_fold_live;
+
+/* Under fold_lock. */
+static void fold_one(struct r2cc_fold *f)
+{
+	for (int i = 0; i < 3; i++) {
+		uint64_t v = __atomic_load_n(&f->own[i], __ATOMIC_RELAXED);
+		if (v != f->done[i]) {
+			r2cc_counter_add(f->to[i], v - f->done[i]);
+			f->done[i] = v;
+		}
+	}
+}
+
+static void fold_link(struct r2cc_fold *f, uint64_t *own, uint64_t *a, uint64_t *b, uint64_t *c)
+{
+	f->own = own;
+	f->to[0] = a;
+	f->to[1] = b;
+	f->to[2] = c;
+	pthread_mutex_lock(&fold_lock);
+	f->next = folds;
+	if (folds)
+		folds->pprev = &f->next;
+	f->pprev = &folds;
+	folds = f;
+	pthread_mutex_unlock(&fold_lock);
+}
+
+/* The record is going: what it counted goes to its NIC now. */
+static void fold_unlink(struct r2cc_fold *f)
+{
+	if (!f->pprev)
+		return;
+	pthread_mutex_lock(&fold_lock);
+	fold_one(f);
+	*f->pprev = f->next;
+	if (f->next)
+		f->next->pprev = f->pprev;
+	f->pprev = NULL;
+	pthread_mutex_unlock(&fold_lock);
+}
+
+void r2cc_counters_fold(void)
+{
+	pthread_mutex_lock(&fold_lock);
+	for (struct r2cc_fold *f = folds; f; f = f->next)
+		fold_one(f);
+	pthread_mutex_unlock(&fold_lock);
+}
+
+_Static_assert(offsetof(struct r2cc_qp, tx_bytes) == offsetof(struct r2cc_qp, tx_wrs) + 16,
+	       "a QP's own counts are three in a row");
+_Static_assert(offsetof(struct r2cc_cq, tx_cqes) == offsetof(struct r2cc_cq, rx_wrs) + 16,
+	       "a CQ's own counts are three in a row");
+_Static_assert(offsetof(struct r2cc_qp, rep) + sizeof(void *) <= 64 &&
+		   offsetof(struct r2cc_cq, tx_cqes) + sizeof(uint64_t) <= 64,
+	       "what a post or a poll reads and writes of its record is in its first line");
+
+/* fork(2) with the fold lock free in the child, whose parent's threads are gone:
+ * nobody folds there. */
+static void fold_atfork_prepare(void)
+{
+	pthread_mutex_lock(&fold_lock);
+}
+
+static void fold_atfork_parent(void)
+{
+	pthread_mutex_unlock(&fold_lock);
+}
+
+static void fold_atfork_child(void)
+{
+	__atomic_store_n(&r2cc_fold_live, false, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&fold_lock);
+}
+
+void r2cc_counters_folding(bool live)
+{
+	if (!live) {
+		/* a post that read the flag just before counts own after this fold: the
+		 * next reader's fold (r2cc_nic_stats(), a record's removal) takes it */
+		__atomic_store_n(&r2cc_fold_live, false, __ATOMIC_RELAXED);
+		r2cc_counters_fold();
+		return;
+	}
+	__atomic_store_n(&r2cc_fold_live, true, __ATOMIC_RELAXED);
+}
+
 /* --- the CQ gate's owner door (registry.h) ---------------------------------- */
 
 __thread char r2cc_self_tag __attribute__((tls_model("initial-exec")));
@@ -102,6 +195,7 @@ int r2cc_registry_init(void)
 			    {&lkey_map, 1 << 16},    {&rkey_map, 1 << 16}};
 		for (size_t i = 0; i < sizeof(maps) / sizeof(maps[0]) && !rc; i++)
 			rc = r2cc_map_init(maps[i].m, maps[i].cap);
+		pthread_atfork(fold_atfork_prepare, fold_atfork_parent, fold_atfork_child);
 		done = 1;
 	}
 	pthread_mutex_unlock(&registry_lock);
@@ -168,6 +262,7 @@ int r2cc_nic_count(void)
 R2CC_EXPORT int r2cc_nic_stats(struct r2cc_nic_stat *out, int max)
 {
 	int n = r2cc_nic_count();
+	r2cc_counters_fold();
 	for (int i = 0; i < n && i < max; i++) {
 		const struct r2cc_nic *nic = r2cc_nic_by_index(i);
 		memset(&out[i], 0, sizeof(out[i]));
@@ -250,13 +345,19 @@ struct r2cc_cq *r2cc_cq_add(struct ibv_cq *cq, struct r2cc_ctx *ctx, int depth)
 		c->cq = cq;
 		c->ctx = ctx;
 		c->depth = depth;
+		if (ctx && ctx->nic)
+			fold_link(&c->fold, &c->rx_wrs, &ctx->nic->cnt.rx_wrs,
+				  &ctx->nic->cnt.rx_bytes, &ctx->nic->cnt.tx_cqes);
 	}
 	return c;
 }
 
 void r2cc_cq_remove(struct ibv_cq *cq)
 {
-	free(r2cc_map_remove(&r2cc_cq_map, (uint64_t)(uintptr_t)cq));
+	struct r2cc_cq *c = r2cc_map_remove(&r2cc_cq_map, (uint64_t)(uintptr_t)cq);
+	if (c)
+		fold_unlink(&c->fold);
+	free(c);
 }
 
 /* --- QPs --------------------------------------------------------------------- */
@@ -279,8 +380,11 @@ struct r2cc_qp *r2cc_qp_add(struct ibv_qp *qp, struct r2cc_ctx *ctx, struct r2cc
 	q->qpn = qpn;
 	q->qp_type = qp_type;
 	q->state = IBV_QPS_RESET;
-	if (ctx && ctx->nic)
+	if (ctx && ctx->nic) {
 		r2cc_map_insert(&qpnum_map, nic_key(ctx->nic, qpn), q);
+		fold_link(&q->fold, &q->tx_wrs, &ctx->nic->cnt.tx_wrs, &ctx->nic->cnt.recv_posted,
+			  &ctx->nic->cnt.tx_bytes);
+	}
 	__atomic_fetch_add(&nqps, 1, __ATOMIC_RELAXED);
 	return q;
 }
@@ -308,6 +412,7 @@ struct r2cc_qp *r2cc_qp_unlink(struct ibv_qp *qp)
 		return NULL;
 	if (q->ctx && q->ctx->nic)
 		r2cc_map_remove(&qpnum_map, nic_key(q->ctx->nic, q->qpn));
+	fold_unlink(&q->fold);
 	__atomic_fetch_sub(&nqps, 1, __ATOMIC_RELAXED);
 	return q;
 }

@@ -3,8 +3,9 @@
  * (one per physical device, shared by every context opened on it), contexts
  * (with the original data-path ops R2CC replaced), PDs, MRs, CQs and QPs.
  * Hot repair (repair/) and the reports read them; the post/poll wrappers
- * reach a QP's or CQ's record with one lock-free lookup and update per-NIC
- * counters with relaxed atomics.
+ * reach a QP's or CQ's record with one lock-free lookup and count in it without a
+ * locked add (struct r2cc_fold: folded into the per-NIC counters every few
+ * milliseconds).
  *
  * Lock order: registry lock (creation/destruction of any object) before a
  * map's own writer lock. Nothing in here calls into NCCL or verbs with a lock
@@ -122,12 +123,45 @@ struct r2cc_cq_gate {
 	const void *owner; /* r2cc_self() of the owning thread, NULL: none yet */
 };
 
+/*
+ * What the data path counts of one QP or CQ without a locked add: its owner-door
+ * thread (the only writer) adds plain stores to three counts in the record's first
+ * line, and r2cc_counters_fold() adds what is new in them to the NIC's counters, the
+ * ones readers see (r2cc_nic_stats(), the stats page). Posts and polls through the
+ * counting door, and every one while no thread folds (r2cc_fold_live false), add to
+ * the NIC's counters at once, atomically. So the counters are exact, and the stats
+ * page is at most one fold period (the repair thread's 5 ms scan) behind.
+ */
+struct r2cc_fold {
+	uint64_t *own;			 /* the record's three counts */
+	uint64_t *to[3];		 /* the NIC's counters they go to */
+	uint64_t done[3];		 /* of own[], added to to[] so far */
+	struct r2cc_fold **pprev, *next; /* every record's, under the fold lock */
+};
+
+extern bool r2cc_fold_live;
+
+/* Plain add by the one thread that writes c (a reader may load it at any time). */
+static inline void r2cc_count_own(uint64_t *c, uint64_t v)
+{
+	__atomic_store_n(c, __atomic_load_n(c, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
+}
+
+/* Adds what is new in every record's counts to its NIC's counters. */
+void r2cc_counters_fold(void);
+/* A thread folds every few milliseconds from now on (true), or none does (false:
+ * what was counted is folded first). */
+void r2cc_counters_folding(bool live);
+
 struct r2cc_cq {
 	struct ibv_cq *cq;
 	struct r2cc_ctx *ctx;
-	int depth;
 	struct r2cc_cq_gate gate;
 	struct r2cc_vcq *v; /* made with the CQ when hot repair is on */
+	/* the owner's counts of polled completions (struct r2cc_fold), in this order */
+	uint64_t rx_wrs, rx_bytes, tx_cqes;
+	int depth;
+	struct r2cc_fold fold;
 };
 
 struct r2cc_qp_shadow;
@@ -151,9 +185,13 @@ struct r2cc_qp {
 	struct r2cc_ctx *ctx;
 	struct r2cc_cq_gate gate;      /* its posts' gate (the CQ's kind of gate) */
 	struct r2cc_qp_shadow *shadow; /* hot repair on: what is posted and not retired */
-	uint64_t tx_wrs, rx_wrs;       /* posted; an owner-door poster adds without a lock */
-	struct r2cc_rqp *rep;	       /* hot repair's record of this QP */
+	/* the owner's counts of posted sends and receives (struct r2cc_fold), in this
+	 * order; other_tx and other_rx count the rest (r2cc_qp_sent(), r2cc_qp_received()) */
+	uint64_t tx_wrs, recv_wrs, tx_bytes;
+	struct r2cc_rqp *rep; /* hot repair's record of this QP */
 	struct ibv_qp *qp;
+	uint64_t other_tx, other_rx; /* atomic */
+	struct r2cc_fold fold;
 	struct r2cc_cq *send_cq, *recv_cq;
 	uint32_t qpn;
 	int state; /* enum ibv_qp_state, as last set through ibv_modify_qp */
@@ -184,6 +222,18 @@ struct r2cc_qp {
 	bool cts_unknown;
 	const char *transport;
 };
+
+/* Whether anything was posted to q, sends or receives: its direction. */
+static inline bool r2cc_qp_sent(const struct r2cc_qp *q)
+{
+	return __atomic_load_n(&q->tx_wrs, __ATOMIC_RELAXED) ||
+	       __atomic_load_n(&q->other_tx, __ATOMIC_RELAXED);
+}
+static inline bool r2cc_qp_received(const struct r2cc_qp *q)
+{
+	return __atomic_load_n(&q->recv_wrs, __ATOMIC_RELAXED) ||
+	       __atomic_load_n(&q->other_rx, __ATOMIC_RELAXED);
+}
 
 /* Initialise once (idempotent); -ENOMEM when the tables cannot be made. */
 int r2cc_registry_init(void);
@@ -372,16 +422,6 @@ static inline void r2cc_cq_gate_exit(struct r2cc_cq_gate *g, int door)
 void r2cc_cq_gate_close(struct r2cc_cq_gate *g);
 void r2cc_cq_gates_close(struct r2cc_cq_gate *a, struct r2cc_cq_gate *b);
 
-/* A counter of one object that its owner-door user adds to without a lock (door
- * R2CC_DOOR_SOLO) and others atomically. A lost add needs two threads posting to one
- * QP at once; the counters it is used for are only ever tested against zero. */
-static inline void r2cc_counter_add_door(uint64_t *c, uint64_t v, int door)
-{
-	if (r2cc_likely(door == R2CC_DOOR_SOLO))
-		__atomic_store_n(c, __atomic_load_n(c, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
-	else
-		__atomic_fetch_add(c, v, __ATOMIC_RELAXED);
-}
 /* Called once at start-up: registers the process for membarrier(2) and sets
  * r2cc_cq_gate_solo_ok where that works. */
 void r2cc_cq_gate_init(void);
@@ -389,6 +429,13 @@ void r2cc_cq_gate_init(void);
 static inline void r2cc_counter_add(uint64_t *c, uint64_t v)
 {
 	__atomic_fetch_add(c, v, __ATOMIC_RELAXED);
+}
+
+/* Whether the data path may count into the record's own counts: the owner door, and
+ * a thread folds them. */
+static inline bool r2cc_counts_own(int door)
+{
+	return door == R2CC_DOOR_SOLO && __atomic_load_n(&r2cc_fold_live, __ATOMIC_RELAXED);
 }
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * Live statistics a process publishes for `r2cc top`: a page in shared
  * memory (/dev/shm/r2cc-stats.<pid>) that holds the process's NIC records
- * themselves, so the data path updates published counters at no extra cost.
+ * themselves: the repair thread folds the data path's counts into them every 5 ms
+ * (registry.h, struct r2cc_fold), at no cost to the data path.
  * Readers map it read-only, check magic and version, and treat a page whose
  * process is gone as stale. R2CC_STATS=0 keeps the records in private memory.
  */

@@ -252,6 +252,99 @@ Test(registry, qps_and_cqs)
 	cr_expect_null(r2cc_ctx_find(&ctx));
 }
 
+/*
+ * The data path's own counts (registry.h, struct r2cc_fold): an owner thread adds
+ * with plain stores, another thread's posts go to the NIC at once, a folder runs all
+ * the while; the NIC's counters come out exact, and a record's removal folds what
+ * was left. Only the owner writes its counts, so no add can be lost.
+ */
+struct fold_run {
+	struct r2cc_qp *q;
+	struct r2cc_cq *c;
+	struct r2cc_nic *nic;
+	volatile int stop;
+};
+
+#define FOLD_N 200000
+
+static void *fold_owner(void *arg)
+{
+	struct fold_run *f = arg;
+	for (int i = 0; i < FOLD_N; i++) {
+		r2cc_count_own(&f->q->tx_wrs, 1);
+		r2cc_count_own(&f->q->tx_bytes, 3);
+		r2cc_count_own(&f->q->recv_wrs, 2);
+		r2cc_count_own(&f->c->rx_wrs, 1);
+		r2cc_count_own(&f->c->rx_bytes, 5);
+		r2cc_count_own(&f->c->tx_cqes, 1);
+	}
+	return NULL;
+}
+
+static void *fold_other(void *arg)
+{
+	struct fold_run *f = arg;
+	for (int i = 0; i < FOLD_N; i++) {
+		r2cc_counter_add(&f->nic->cnt.tx_wrs, 1);
+		r2cc_counter_add(&f->nic->cnt.tx_bytes, 7);
+		r2cc_counter_add(&f->q->other_tx, 1);
+	}
+	return NULL;
+}
+
+static void *fold_folder(void *arg)
+{
+	struct fold_run *f = arg;
+	while (!f->stop)
+		r2cc_counters_fold();
+	return NULL;
+}
+
+Test(registry, own_counts_fold_exactly)
+{
+	struct r2cc_nic *n = r2cc_nic_get("f0");
+	static struct ibv_context ctx;
+	static struct ibv_cq cq;
+	static struct ibv_qp qp;
+	struct r2cc_ctx *c = r2cc_ctx_add(&ctx, n);
+	struct r2cc_cq *rcq = r2cc_cq_add(&cq, c, 64);
+	struct r2cc_qp *q = r2cc_qp_add(&qp, c, rcq, rcq, 0x200, IBV_QPT_RC);
+	cr_assert(c && rcq && q);
+	cr_expect_not(r2cc_qp_sent(q) || r2cc_qp_received(q), "nothing posted yet");
+	struct fold_run f = {.q = q, .c = rcq, .nic = n};
+	pthread_t t[3];
+	pthread_create(&t[0], NULL, fold_folder, &f);
+	pthread_create(&t[1], NULL, fold_owner, &f);
+	pthread_create(&t[2], NULL, fold_other, &f);
+	pthread_join(t[1], NULL);
+	pthread_join(t[2], NULL);
+	f.stop = 1;
+	pthread_join(t[0], NULL);
+	cr_expect(r2cc_qp_sent(q) && r2cc_qp_received(q));
+
+	struct r2cc_nic_stat st[16];
+	int k = r2cc_nic_stats(st, 16);
+	for (k = k - 1; k >= 0 && strcmp(st[k].name, "f0"); k--)
+		;
+	cr_assert_geq(k, 0);
+	cr_expect_eq(st[k].tx_wrs, 2ull * FOLD_N);
+	cr_expect_eq(st[k].tx_bytes, 10ull * FOLD_N);
+	cr_expect_eq(st[k].rx_wrs, 1ull * FOLD_N);
+	cr_expect_eq(st[k].rx_bytes, 5ull * FOLD_N);
+	cr_expect_eq(n->cnt.recv_posted, 2ull * FOLD_N);
+	cr_expect_eq(n->cnt.tx_cqes, 1ull * FOLD_N);
+
+	/* counted after the last fold, then the records go: nothing is lost */
+	r2cc_count_own(&q->tx_wrs, 4);
+	r2cc_count_own(&rcq->tx_cqes, 6);
+	r2cc_qp_remove(&qp);
+	r2cc_cq_remove(&cq);
+	r2cc_counters_fold();
+	cr_expect_eq(n->cnt.tx_wrs, 2ull * FOLD_N + 4);
+	cr_expect_eq(n->cnt.tx_cqes, 1ull * FOLD_N + 6);
+	r2cc_ctx_remove(&ctx);
+}
+
 /* The NIC records live in the published page: a reader sees the counters the
  * data path updates, and the page goes away when the process unpublishes. */
 Test(stats, published_page)
