@@ -69,6 +69,12 @@ for r in $(seq "$ROUNDS"); do
 		softfabric_reset
 	done
 done
+# the machine, since timings compare only within one
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+tpc=$(lscpu 2>/dev/null | sed -n 's/^Thread(s) per core:[[:space:]]*//p')
+gpu=$(nvidia-smi -L 2>/dev/null | head -1)
+echo "machine: $(nproc) CPUs (${tpc:-?} threads a core), ${cpu:-unknown CPU}; ${gpu:-no GPU listed}"
+[ "${SPLIT_CPUS:-0}" = 1 ] && sed -n 's/^# \(node[0-9]* runs on CPUs .*\)/\1/p' "$LOG/overhead-plain-1.log" 2>/dev/null
 echo "healthy-path cost, ${SHAPE} over 3 soft NICs per node${GBPS:+ shaped to $GBPS Gb/s each}${SPLIT_CPUS:+ (SPLIT_CPUS=$SPLIT_CPUS)}, AllReduce float sum, $ROUNDS rounds, order rotated every round"
 echo "(busbw GB/s out-of-place of the second sweep, median of rounds; ratio = with R2CC / without,"
 echo " taken per round, median of rounds [lowest, highest])"
