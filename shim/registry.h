@@ -130,7 +130,8 @@ struct r2cc_cq_gate {
  * ones readers see (r2cc_nic_stats(), the stats page). Posts and polls through the
  * counting door, and every one while no thread folds (r2cc_fold_live false), add to
  * the NIC's counters at once, atomically. So the counters are exact, and the stats
- * page is at most one fold period (the repair thread's 5 ms scan) behind.
+ * page trails by one fold period (the repair thread's 5 ms scan; longer while that
+ * thread works out a repair).
  */
 struct r2cc_fold {
 	uint64_t *own;			 /* the record's three counts */
