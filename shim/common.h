@@ -19,6 +19,15 @@
 
 #define R2CC_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
+/* A counter only one thread adds to, with a plain load and store (no locked add); any
+ * thread may read it at any time with a relaxed atomic load. The writer's own read need
+ * not be atomic (no other thread writes it), which leaves the compiler free to keep it in
+ * a register. */
+static inline void r2cc_count_own(uint64_t *c, uint64_t v)
+{
+	__atomic_store_n(c, *c + v, __ATOMIC_RELAXED);
+}
+
 /* Zeroed memory that starts on a cache line, its size rounded up to whole lines
  * (aligned_alloc's contract); freed with free(). */
 static inline void *r2cc_zalloc_lines(size_t size)

@@ -142,12 +142,6 @@ struct r2cc_fold {
 
 extern bool r2cc_fold_live;
 
-/* Plain add by the one thread that writes c (a reader may load it at any time). */
-static inline void r2cc_count_own(uint64_t *c, uint64_t v)
-{
-	__atomic_store_n(c, __atomic_load_n(c, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
-}
-
 /* Adds what is new in every record's counts to its NIC's counters. */
 void r2cc_counters_fold(void);
 /* A thread folds every few milliseconds from now on (true), or none does (false:

@@ -93,13 +93,8 @@ static void store_rel(uint64_t *p, uint64_t v)
 	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
-/* The statistics: one side writes each, the stall scan reads them from the repair
- * thread (relaxed atomics: on x86-64 the same plain moves). */
-static void stat_add(uint64_t *p, uint64_t v)
-{
-	__atomic_store_n(p, *p + v, __ATOMIC_RELAXED);
-}
-
+/* The statistics: one side writes each (r2cc_count_own), the stall scan reads them
+ * from the repair thread. */
 static uint64_t stat_get(const uint64_t *p)
 {
 	return __atomic_load_n(p, __ATOMIC_RELAXED);
@@ -317,8 +312,8 @@ static int record_sends(struct r2cc_qp_shadow *sh, const struct ibv_send_wr *lis
 		__atomic_store_n(&sh->max_request, big, __ATOMIC_RELAXED);
 	if (sig)
 		store_rel(&sh->sig_posted, sh->sig_posted + sig);
-	stat_add(&sh->send_posted, n);
-	stat_add(&sh->send_bytes_posted, bytes_all);
+	r2cc_count_own(&sh->send_posted, n);
+	r2cc_count_own(&sh->send_bytes_posted, bytes_all);
 	store_rel(&sh->sq.head, head);
 	if (wrs)
 		*wrs = n;
@@ -379,7 +374,7 @@ int r2cc_qp_shadow_post_recv(struct r2cc_qp_shadow *sh, const struct ibv_recv_wr
 			e->sge[i].lkey = w->sg_list[i].lkey;
 		}
 	}
-	stat_add(&sh->recv_posted, n);
+	r2cc_count_own(&sh->recv_posted, n);
 	store_rel(&sh->rq.head, head);
 	return 0;
 }
@@ -418,13 +413,13 @@ int r2cc_qp_shadow_unpost_send(struct r2cc_qp_shadow *sh, const struct ibv_send_
 		return set_broken(sh, -EINVAL);
 	for (uint64_t seq = head - (uint64_t)m + 1; seq <= head; seq++) {
 		const struct shadow_rec *e = &sh->sends[seq & sh->sq.mask];
-		stat_add(&sh->send_bytes_posted, -(uint64_t)e->byte_len);
+		r2cc_count_own(&sh->send_bytes_posted, -(uint64_t)e->byte_len);
 		sh->msgs_posted -= is_consumer(e->opcode);
 		if (e->send_flags & IBV_SEND_SIGNALED)
 			store_rel(&sh->sig_posted, sh->sig_posted - 1);
 	}
 	head -= (uint64_t)m;
-	stat_add(&sh->send_posted, -(uint64_t)m);
+	r2cc_count_own(&sh->send_posted, -(uint64_t)m);
 	store_rel(&sh->sq.head, head);
 	return 0;
 }
@@ -438,7 +433,7 @@ int r2cc_qp_shadow_unpost_recv(struct r2cc_qp_shadow *sh, const struct ibv_recv_
 	uint64_t head = sh->rq.head;
 	if (m < 0 || head - load_acq(&sh->rq.tail) < (uint64_t)m)
 		return set_broken(sh, -EINVAL);
-	stat_add(&sh->recv_posted, -(uint64_t)m);
+	r2cc_count_own(&sh->recv_posted, -(uint64_t)m);
 	store_rel(&sh->rq.head, head - (uint64_t)m);
 	return 0;
 }
@@ -464,7 +459,7 @@ int r2cc_qp_shadow_send_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 		if (e->wr_id != wc->wr_id)
 			return set_broken(sh, -EPROTO);
 		sh->msgs_retired = e->msgs;
-		stat_add(&sh->send_retired, seq - sh->sq.tail);
+		r2cc_count_own(&sh->send_retired, seq - sh->sq.tail);
 		store_rel(&sh->send_bytes_retired, sh->send_bytes_retired + bytes);
 		store_rel(&sh->sig_retired, sh->sig_retired + 1);
 		store_rel(&sh->sq.tail, seq);
@@ -486,7 +481,7 @@ int r2cc_qp_shadow_recv_completed(struct r2cc_qp_shadow *sh, const struct ibv_wc
 	if (e->wr_id != wc->wr_id)
 		return set_broken(sh, -EPROTO);
 	if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM)
-		stat_add(&sh->recv_imm, 1);
+		r2cc_count_own(&sh->recv_imm, 1);
 	store_rel(&sh->rq.tail, tail + 1);
 	return 0;
 }
