@@ -223,18 +223,22 @@ int perf_spawn(const struct perf_opts *o, int argc, char **argv)
 	sa.sa_handler = forward_signal;
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	if (o->split_cpus) {
-		for (int node = 0; node < o->nodes; node++) {
-			cpu_set_t set;
-			char buf[256];
-			if (!node_cpus(node, o->nodes, &set)) {
-				fprintf(stderr, "r2cc-perf: --split-cpus: fewer cores than nodes; "
-						"the nodes share all CPUs\n");
-				break;
-			}
-			cpus_str(&set, buf, sizeof(buf));
-			printf("# node%d runs on CPUs %s\n", node, buf);
+	/* --split-cpus: each node's CPUs, worked out once; a child takes its node's */
+	cpu_set_t *sets = o->split_cpus ? calloc((size_t)o->nodes, sizeof(*sets)) : NULL;
+	if (o->split_cpus && !sets)
+		fprintf(stderr,
+			"r2cc-perf: --split-cpus: out of memory; the nodes share all CPUs\n");
+	for (int node = 0; sets && node < o->nodes; node++) {
+		char buf[256];
+		if (!node_cpus(node, o->nodes, &sets[node])) {
+			fprintf(stderr, "r2cc-perf: --split-cpus: fewer cores than nodes; "
+					"the nodes share all CPUs\n");
+			free(sets);
+			sets = NULL;
+			break;
 		}
+		cpus_str(&sets[node], buf, sizeof(buf));
+		printf("# node%d runs on CPUs %s\n", node, buf);
 	}
 	fflush(stdout);
 	fflush(stderr);
@@ -260,14 +264,9 @@ int perf_spawn(const struct perf_opts *o, int argc, char **argv)
 			setenv_int("NODE_RANK", node);
 			setenv_int("R2CC_PERF_DEVICE", rank);
 			setenv("NCCL_HOSTID", hostid, 1);
-			if (o->split_cpus) {
-				cpu_set_t set;
-				if (node_cpus(node, o->nodes, &set) &&
-				    sched_setaffinity(0, sizeof(set), &set) != 0)
-					fprintf(stderr,
-						"r2cc-perf: rank %d: sched_setaffinity: %s\n", rank,
-						strerror(errno));
-			}
+			if (sets && sched_setaffinity(0, sizeof(sets[node]), &sets[node]) != 0)
+				fprintf(stderr, "r2cc-perf: rank %d: sched_setaffinity: %s\n", rank,
+					strerror(errno));
 			execv("/proc/self/exe", argv);
 			fprintf(stderr, "r2cc-perf: exec of /proc/self/exe failed: %s\n",
 				strerror(errno));
@@ -314,6 +313,7 @@ int perf_spawn(const struct perf_opts *o, int argc, char **argv)
 			}
 		}
 	}
+	free(sets);
 	free(children);
 	children = NULL;
 	nchildren = 0;

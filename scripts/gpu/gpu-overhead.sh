@@ -25,6 +25,8 @@ B=${BUILD:-build}
 LOG=${1:-logs/local}
 ROUNDS=${2:-3}
 SHAPE=${3:-2x1}
+case ${SPLIT_CPUS:-0} in 0 | 1) ;; *) echo "SPLIT_CPUS='$SPLIT_CPUS': 0 or 1" >&2; exit 2 ;; esac
+case ${DEADLINE:-0} in '' | *[!0-9]*) echo "DEADLINE='$DEADLINE': whole seconds" >&2; exit 2 ;; esac
 mkdir -p "$LOG"
 . scripts/softfabric.sh
 args=(--nodes "${SHAPE%x*}" --gpus-per-node "${SHAPE#*x}" --coll allreduce -b "${MIN_BYTES:-256K}" -e "${MAX_BYTES:-256M}" -f 4
